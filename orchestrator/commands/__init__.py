@@ -1,0 +1,1 @@
+"""Click commands, one module per group; imported lazily by orchestrator.cli."""

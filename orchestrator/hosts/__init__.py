@@ -1,0 +1,1 @@
+"""Hosts: one small interface (base.Host), implemented by LocalHost and SshHost."""
