@@ -1,0 +1,7 @@
+"""Shared fixtures live in tests/plugins/*: one module per kind of test host, so they stay apart."""
+
+pytest_plugins = [
+    "tests.plugins.sim_hosts",      # the default simulated host (LocalHost + sim programs)
+    "tests.plugins.remote_hosts",   # a real sshd on loopback; real-systemd hosts (nspawn)
+    "tests.plugins.vllm_parser",    # the cached venv holding the real vLLM argument parser
+]

@@ -1,0 +1,1 @@
+"""Fixtures: see tests/conftest.py."""
