@@ -49,6 +49,9 @@ class HostEntry(Strict):
     state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
     log_dir: str | None = Field(None, description="Service logs for `process` hosts. Default: state_dir/../logs.")
     service_user: str = Field("root", description="User= of the rendered units.")
+    models_disk_budget_gib: float | None = Field(
+        None, gt=0, description="Most GiB that managed models may use in models_root (a disk budget); "
+                                "downloads that would exceed it free or refuse like a full disk.")
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment for every command vllm-orch runs on the host (e.g. HF_ENDPOINT for a "

@@ -26,9 +26,10 @@ class Script:
     """Shell text run with `sh -c` (use for pipelines; quote every value with shlex.quote)."""
 
     text: str
+    display: str | None = None      # what plans show instead of text (e.g. for embedded scripts)
 
     def __str__(self) -> str:
-        return self.text
+        return self.display or self.text
 
 
 Arg = Union[str, Secret]
@@ -38,7 +39,7 @@ Command = Union[Sequence[Arg], Script]
 def printable(cmd: Command) -> str:
     """The command as a user reads it in a plan: shell-quoted, secrets as ***."""
     if isinstance(cmd, Script):
-        return cmd.text
+        return cmd.display or cmd.text
     return " ".join("***" if isinstance(a, Secret) else shlex.quote(str(a)) for a in cmd)
 
 
@@ -72,6 +73,18 @@ class Result:
                 f"{what or self.cmd} exited {self.exit_code}" + (f": {tail[-1]}" if tail else ""),
                 host=host or None, details=tail)
         return self
+
+
+class Spawned(ABC):
+    """A running command started by Host.spawn."""
+
+    @abstractmethod
+    def readline(self, timeout: float) -> str | None:
+        """The next stdout line (without newline), or None at EOF or after timeout seconds."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close stdin and release the command (it exits on EOF)."""
 
 
 @dataclass
@@ -112,6 +125,12 @@ class Host(ABC):
     @abstractmethod
     def connect_tcp(self, port: int, address: str = "127.0.0.1", timeout: float = 5.0):
         """A connected socket-like object (sendall/recv/makefile/settimeout/close)."""
+
+    def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
+              sudo: bool | None = None) -> "Spawned":
+        """Start a long-lived command whose stdin stays open until Spawned.close(): when this
+        process dies (or the SSH connection drops) the command sees EOF. Used for the host lock."""
+        raise NotImplementedError(f"{type(self).__name__} cannot spawn processes")
 
     def close(self) -> None:
         pass

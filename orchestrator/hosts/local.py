@@ -10,7 +10,38 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .base import Command, Host, Result, printable
+import queue
+
+from .base import Command, Host, Result, Spawned, printable
+
+
+class LocalSpawned(Spawned):
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for raw in self.proc.stdout:
+            self.lines.put(raw.decode(errors="replace").rstrip("\n"))
+        self.lines.put(None)
+
+    def readline(self, timeout: float) -> str | None:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class LocalHost(Host):
@@ -54,6 +85,14 @@ class LocalHost(Host):
         self._count(started)
         return Result(printable(cmd), code, "\n".join(out_lines),
                       b"".join(err_chunks).decode(errors="replace"), time.monotonic() - started)
+
+    def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
+              sudo: bool | None = None) -> Spawned:
+        started = time.monotonic()
+        proc = subprocess.Popen(["sh", "-c", self.wrap(cmd, env, sudo)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._count(started)
+        return LocalSpawned(proc)
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         started = time.monotonic()

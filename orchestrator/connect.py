@@ -1,0 +1,16 @@
+"""Opening a Host for an inventory entry: LocalHost for `local`, SshHost (paramiko) otherwise."""
+
+from __future__ import annotations
+
+from .hosts.base import Host
+from .inventory import HostEntry
+
+
+def open_host(entry: HostEntry, accept_new_host_key: bool = False) -> Host:
+    if entry.is_local:
+        from .hosts.local import LocalHost
+
+        return LocalHost(entry.name, sudo=entry.sudo, env=entry.env)
+    from .hosts.ssh import SshHost   # paramiko is imported only when a remote host is used
+
+    return SshHost.from_entry(entry, accept_new_host_key=accept_new_host_key)

@@ -1,0 +1,101 @@
+"""Reading vLLM's start-up log: fatal signatures (facts/vllm.md section 3) and progress markers
+(section 2). Pure functions over lines; the readiness gate feeds them the service log as it grows."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    key: str
+    pattern: re.Pattern
+    meaning: str
+    fix: str
+
+
+def _sig(key: str, pattern: str, meaning: str, fix: str) -> Signature:
+    return Signature(key, re.compile(pattern), meaning, fix)
+
+
+# Order matters: the first match on a line wins; root causes before generic wrappers.
+FATAL: list[Signature] = [
+    _sig("unrecognized-arguments", r"error: unrecognized arguments: ",
+         "the installed vLLM does not accept a flag (removed or misspelt)",
+         "remove or rename the flag in the manifest; `vllm-orch check MODEL --host H` validates flags "
+         "with the host's own vLLM before anything is downloaded"),
+    _sig("argparse", r"vllm[^:]*: error: (argument |invalid )",
+         "vLLM rejected an argument value", "fix the value in the manifest (see the message)"),
+    _sig("flashinfer-mismatch", r"flashinfer-cubin version \(.*\) does not match flashinfer version",
+         "flashinfer-python and flashinfer-cubin are at different versions",
+         "install the same version of both packages in the vLLM venv (pip install "
+         "flashinfer-python==X flashinfer-cubin==X)"),
+    _sig("gpu-memory-busy", r"Free memory on device .* is less than desired GPU memory utilization",
+         "other processes (often leftover VLLM::Worker processes) hold GPU memory",
+         "free the GPUs (`vllm-orch deploy` kills leftover vLLM workers) or lower gpu_memory_utilization"),
+    _sig("trust-remote-code", r"contains custom code which must be executed|trust_remote_code=True",
+         "the model needs --trust-remote-code", "set vllm.trust_remote_code: true in the manifest"),
+    _sig("cuda-oom", r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory)",
+         "the GPUs ran out of memory", "lower gpu_memory_utilization, max_model_len or max_num_batched_tokens"),
+    _sig("no-kv-memory", r"No available memory for the cache blocks",
+         "weights and activations left no room for the KV cache",
+         "raise gpu_memory_utilization or use more GPUs / fp8 KV cache"),
+    _sig("nccl-calloc", r"NCCL error: Failed to CUDA calloc",
+         "NCCL could not allocate (NCCL graph XML with gpu-util 0.95)", "lower gpu_memory_utilization to <= 0.93"),
+    _sig("no-attention-backend", r"No valid attention backend found",
+         "no attention kernel for this GPU and attention type", "choose vllm.attention_backend (e.g. TRITON_MLA on SM120)"),
+    _sig("deepgemm-sm120", r"deepgemm/csrc/apis/layout\.hpp:\d+\): Unknown SF transformation",
+         "DeepGEMM does not support this checkpoint on SM120", "set env VLLM_USE_DEEP_GEMM=0 and VLLM_MOE_USE_DEEP_GEMM=0"),
+    _sig("flashinfer-jit", r"CalledProcessError: Command '\['ninja'.*flashinfer",
+         "FlashInfer's JIT build failed (on SM120 needs CUDA toolkit >= 12.9)", "install a matching CUDA toolkit or prebuilt flashinfer kernels"),
+    _sig("nan-probability", r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
+         "NaN in sampling (flashinfer FP4 MoE race on SM120)", "use vllm.moe_backend: marlin"),
+    _sig("engine-core-failed", r"Engine core initialization failed|EngineCore failed to start",
+         "the engine failed to start (the root cause is earlier in the log)", "read the log lines above"),
+]
+
+# Lines that show loading progress (for the live view); (regex, phase label).
+PROGRESS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"Loading (safetensors checkpoint shards|weights)"), "loading weights"),
+    (re.compile(r"Loading weights took|Model loading took"), "weights loaded"),
+    (re.compile(r"torch\.compile takes|Compiling a graph"), "compiling"),
+    (re.compile(r"GPU KV cache size|Available KV cache memory"), "KV cache"),
+    (re.compile(r"Capturing CUDA graph|Graph capturing finished"), "CUDA graphs"),
+    (re.compile(r"Starting vLLM API server"), "starting API server"),
+    (re.compile(r"Application startup complete"), "API server up"),
+]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def clean(line: str) -> str:
+    return _ANSI.sub("", line).rstrip()
+
+
+def fatal_in(line: str) -> Signature | None:
+    line = clean(line)
+    for sig in FATAL:
+        if sig.pattern.search(line):
+            return sig
+    return None
+
+
+def phase_of(line: str) -> str | None:
+    for pattern, label in PROGRESS:
+        if pattern.search(line):
+            return label
+    return None
+
+
+def root_cause(lines: list[str]) -> tuple[Signature | None, str | None]:
+    """The most specific fatal signature in a log (root causes beat the generic wrapper)."""
+    found: list[tuple[int, Signature, str]] = []
+    for line in lines:
+        sig = fatal_in(line)
+        if sig:
+            found.append((FATAL.index(sig), sig, clean(line)))
+    if not found:
+        return None, None
+    _, sig, line = min(found, key=lambda t: t[0])
+    return sig, line

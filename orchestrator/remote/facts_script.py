@@ -1,0 +1,173 @@
+"""Host-side fact gathering: ONE round trip that reports everything a plan needs, as one JSON object.
+
+Run by the host's Python (stdlib only, Python >= 3.8) as `python -c <this file> '<json args>'`.
+Raw command output (nvidia-smi) is returned as text and parsed on the controller by pure parsers
+(orchestrator/gpu.py), so the parsers are tested on recorded real output.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def sh(argv, timeout=20):
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        return {"rc": p.returncode, "out": p.stdout.decode(errors="replace"),
+                "err": p.stderr.decode(errors="replace")[-2000:]}
+    except FileNotFoundError:
+        return {"rc": 127, "out": "", "err": "%s: not found" % argv[0]}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "out": "", "err": "%s: timed out after %ss" % (argv[0], timeout)}
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def disk(path):
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe.rstrip("/")) or "/"
+    st = os.statvfs(probe)
+    return {"path": probe, "total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+
+
+def dir_bytes(path):
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def models(root):
+    out = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(root, name)
+        if not os.path.isdir(path) or name.startswith("."):
+            continue
+        out.append({"name": name, "bytes": dir_bytes(path), "mtime": os.path.getmtime(path),
+                    "verified": read_json(os.path.join(path, ".vllm-orch", "verified.json"))})
+    return out
+
+
+def proc_info(pid):
+    info = {"pid": pid, "alive": os.path.exists("/proc/%d" % pid)}
+    if not info["alive"]:
+        return info
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        rest = stat[stat.rindex(")") + 2:].split()
+        info["ppid"], info["pgid"] = int(rest[1]), int(rest[2])
+        with open("/proc/%d/comm" % pid) as f:
+            info["comm"] = f.read().strip()
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            info["cmdline"] = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        with open("/proc/%d/cgroup" % pid) as f:
+            info["cgroup"] = f.read().strip()
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+def systemd_state(unit):
+    r = sh(["systemctl", "show", unit, "-p",
+            "LoadState,ActiveState,SubState,MainPID,Result,NRestarts,ExecMainStartTimestampMonotonic,ControlGroup"])
+    state = {}
+    for line in r["out"].splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            state[k] = v
+    return state
+
+
+def process_state(pidfile):
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return {"ActiveState": "inactive", "MainPID": "0"}
+    alive = os.path.exists("/proc/%d" % pid)
+    started = os.path.getmtime(pidfile)
+    return {"ActiveState": "active" if alive else "failed", "MainPID": str(pid) if alive else "0",
+            "PGID": str(pid), "StartedAt": str(started)}
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    state_dir = args["state_dir"]
+    facts = {"hostname": socket.gethostname(), "time": time.time(),
+             "python": sys.version.split()[0]}
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            facts["boot_id"] = f.read().strip()
+    except OSError:
+        facts["boot_id"] = None
+    facts["disk"] = disk(args["models_root"])
+    smi = args["nvidia_smi"]
+    facts["gpus_raw"] = sh(args["gpu_query"])
+    facts["apps_raw"] = sh(args["apps_query"])
+    facts["banner_raw"] = sh([smi])
+    version = None
+    try:
+        from importlib import metadata
+        version = metadata.version("vllm")
+    except Exception:
+        pass
+    facts["vllm"] = {"path": args["vllm"], "exists": os.access(args["vllm"], os.X_OK) if "/" in args["vllm"]
+                     else None, "version": version}
+    if version is None and facts["vllm"]["exists"] is not False:
+        r = sh([args["vllm"], "--version"], timeout=120)
+        lines = [l for l in r["out"].splitlines() if l.strip()]
+        facts["vllm"]["version"] = lines[-1].strip() if r["rc"] == 0 and lines else None
+        facts["vllm"]["error"] = None if r["rc"] == 0 else (r["err"] or r["out"])[-500:]
+    facts["models"] = models(args["models_root"])
+    facts["active"] = read_json(os.path.join(state_dir, "active.json"))
+    facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}
+    installed = {}
+    inst_dir = os.path.join(state_dir, "installed")
+    if os.path.isdir(inst_dir):
+        for name in sorted(os.listdir(inst_dir)):
+            if name.endswith(".json"):
+                rec = read_json(os.path.join(inst_dir, name))
+                if rec:
+                    installed[name[:-5]] = rec
+    facts["installed"] = installed
+    services = {}
+    for name in sorted(set(installed) | set(args.get("models", []))):
+        if args["manager"] == "systemd":
+            services[name] = systemd_state("vllm-%s.service" % name)
+        else:
+            services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name))
+    facts["services"] = services
+    pids = set()
+    for line in facts["apps_raw"]["out"].splitlines():
+        first = line.split(",")[0].strip()
+        if first.isdigit():
+            pids.add(int(first))
+    for svc in services.values():
+        if svc.get("MainPID", "0").isdigit() and int(svc.get("MainPID", "0")):
+            pids.add(int(svc["MainPID"]))
+    facts["procs"] = {str(p): proc_info(p) for p in sorted(pids)}
+    lock = read_json(os.path.join(state_dir, "deploy.lock.json"))
+    facts["lock_info"] = lock
+    print(json.dumps(facts))
+
+
+main()
