@@ -23,12 +23,14 @@ What the client sees (huggingface_hub 2.x, checked against its source):
 Faults (from <hostdir>/faults.json, see fault_file.py), checked on each /resolve request:
   hub-5xx (one 503), hub-drop (close the connection half way through one LFS body),
   hub-corrupt (flip bytes in one .safetensors body), hub-slow (throttle bodies to `rate_bps`,
-  default 2 MB/s; NOT consumed: it lasts until cleared, like a slow link).
+  default 2 MB/s; NOT consumed: it lasts until cleared, like a slow link). An entry may add
+  "file": GLOB to hit only matching paths (tests use it to drop one chosen shard).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import signal
@@ -76,15 +78,17 @@ class HubState:
         with self._log_lock, open(self.hostdir / REQUEST_LOG, "a") as f:
             f.write(line)
 
-    def fault_matches(self, entry: dict, name: str, repo_id: str) -> bool:
+    def fault_matches(self, entry: dict, name: str, repo_id: str, path: str = "") -> bool:
         if entry.get("fault") != name:
+            return False
+        if entry.get("file") and not fnmatch.fnmatch(path, entry["file"]):
             return False
         model = entry.get("model")
         return (model is None or model == repo_id or str(model).lower() == repo_id.split("/")[-1].lower()
                 or self.model_repos.get(model) == repo_id)
 
-    def take(self, name: str, repo_id: str, consume: bool = True) -> dict | None:
-        return fault_file.take_fault(self.hostdir, lambda e: self.fault_matches(e, name, repo_id),
+    def take(self, name: str, repo_id: str, path: str = "", consume: bool = True) -> dict | None:
+        return fault_file.take_fault(self.hostdir, lambda e: self.fault_matches(e, name, repo_id, path),
                                      consume=consume)
 
 
@@ -321,7 +325,7 @@ class HubHandler(BaseHTTPRequestHandler):
         if f is None:
             raise HubError(404, "EntryNotFound", f"Entry not found: {path}", commit)
         state = self.state
-        if state.take("hub-5xx", repo.repo_id):
+        if state.take("hub-5xx", repo.repo_id, path):
             self.close_connection = True
             body = b'{"error":"Service Unavailable (SIMULATED hub-5xx)"}'
             self.send_response(503)
@@ -366,11 +370,11 @@ class HubHandler(BaseHTTPRequestHandler):
         state = self.state
         fault = None
         drop_at = corrupt_at = None
-        if f.lfs and end - start >= 2 and state.take("hub-drop", repo.repo_id):
+        if f.lfs and end - start >= 2 and state.take("hub-drop", repo.repo_id, f.path):
             fault, drop_at = "hub-drop", start + (end - start) // 2
-        elif f.path.endswith(".safetensors") and state.take("hub-corrupt", repo.repo_id):
+        elif f.path.endswith(".safetensors") and state.take("hub-corrupt", repo.repo_id, f.path):
             fault, corrupt_at = "hub-corrupt", start + (end - start) // 2
-        slow = state.take("hub-slow", repo.repo_id, consume=False)
+        slow = state.take("hub-slow", repo.repo_id, f.path, consume=False)
         rate = float(slow.get("rate_bps") or SLOW_DEFAULT_BPS) if slow else None
         if slow and not fault:
             fault = "hub-slow"

@@ -21,9 +21,10 @@ GATED = "vllm-orch-sim/gated-tiny"
 
 
 def client(mirror, code: str, **env) -> dict:
-    """Run `code` with the real huggingface_hub against the mirror; it prints one JSON object."""
+    """Run `code` with the real huggingface_hub against the mirror, in the mirror's (temporary) host
+    folder so relative local_dirs never outlive the test; it prints one JSON object."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=mirror.env(**env), timeout=120)
+                          env=mirror.env(**env), timeout=120, cwd=mirror.hostdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -100,6 +101,8 @@ def test_tree_pagination_follows_link_headers(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         class M:   # the bits of HubMirror `client` needs
+            hostdir = tmp_path
+
             def env(self, **extra):
                 from tests.plugins.sim_hosts import HubMirror
                 return HubMirror(tmp_path, server.server_address[1], None).env(**extra)
