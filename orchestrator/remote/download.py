@@ -1,0 +1,523 @@
+#!/usr/bin/env python3
+"""Download a pinned Hugging Face repo into a local folder, verified, resumable. Runs ON THE HOST with
+the host's Python (a vLLM venv has huggingface_hub): Python >= 3.9, huggingface_hub + stdlib only.
+
+    python download.py --repo R --revision REV --local-dir D [--allow P ...] [--ignore P ...]
+                       [--workers 8] [--plan-only] [--token-file PATH]
+
+Token: HF_TOKEN from the environment, or --token-file (never printed, never on the command line).
+stdout carries JSON lines only (stderr is free text):
+  {"event":"plan","repo","revision","commit","files","total_bytes","have_bytes","to_fetch_bytes",
+   "partial_bytes","to_fetch":[...]}                               (--plan-only stops here)
+  {"event":"progress","file","done","size"}                        (<= ~4/s per file)
+  {"event":"file","file","size","sha256","status":"ok|refetched|skipped"}
+  {"event":"error","kind":"auth|not_found|network|checksum|disk","message"[,"file"]}
+  {"event":"done","verified":true,"bytes","seconds","files","total_bytes","commit"}
+Exit status: 0 done, 1 error (an error event was printed), 2 bad arguments.
+
+Why not snapshot_download: it gives no sha256 check of what was streamed (the Hub's sha256 is only
+compared when metadata is missing, and by re-reading the file), no resume across runs in 2.x (each
+try is a fresh temporary file), and no machine-readable progress. huggingface_hub is still used for
+what it does well: metadata at the pinned revision (model_info(files_metadata=True)), the allow/
+ignore filtering (filter_repo_objects), file URLs (hf_hub_url) and headers (build_hf_headers).
+Bytes are streamed with urllib so that every shard's sha256 is computed while it arrives, a
+partial file resumes with a Range request, and a stall (no byte for --stall-timeout s) is retried.
+
+What "have" means: listed in <local_dir>/.vllm-orch/verified.json with the hub's size and sha256
+(git oid for small files) and the file's current size and mtime. Such files are never read again.
+Partial data lives in <local_dir>/.cache/huggingface/download/<file>.<etag>.incomplete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timezone
+from http.client import HTTPException
+from pathlib import Path
+from urllib.parse import urlsplit
+
+CHUNK = 1 << 20
+PROGRESS_INTERVAL = 0.25
+RECORD_DIR = ".vllm-orch"
+RECORD_FILE = "verified.json"
+PARTIAL_DIR = os.path.join(".cache", "huggingface", "download")
+
+_emit_lock = threading.Lock()
+_secrets: list = []
+
+
+def emit(event: str, **fields) -> None:
+    """One JSON line on stdout. Any secret value is replaced by *** (defence in depth)."""
+    line = json.dumps(dict(event=event, **fields), separators=(",", ":"))
+    for s in _secrets:
+        line = line.replace(s, "***")
+    with _emit_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class Fail(Exception):
+    """A classified, user-facing failure: kind is auth|not_found|network|checksum|disk."""
+
+    def __init__(self, kind: str, message: str, file: str | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.file = kind, message, file
+
+
+class Aborted(Exception):
+    """Another file failed: stop this one, keep its partial data for the next run."""
+
+
+# -- metadata --------------------------------------------------------------------------------------
+def classify_hub_error(exc: BaseException) -> Fail | None:
+    """Map huggingface_hub / HTTP exceptions to our kinds; None = transient (retry)."""
+    try:
+        from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
+                                            RepositoryNotFoundError, RevisionNotFoundError)
+    except ImportError:   # huggingface_hub < 0.24
+        from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,  # type: ignore
+                                           RepositoryNotFoundError, RevisionNotFoundError)
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    first = " ".join(lines[:2]) if lines else type(exc).__name__
+    if isinstance(exc, GatedRepoError):
+        return Fail("auth", "gated repo: the token is missing or has no access (" + first + ")")
+    if isinstance(exc, RevisionNotFoundError):
+        return Fail("not_found", "revision not found: " + first)
+    if isinstance(exc, RepositoryNotFoundError):
+        return Fail("not_found", "repository not found (or private without a valid token): " + first)
+    if isinstance(exc, EntryNotFoundError):
+        return Fail("not_found", first)
+    if isinstance(exc, HfHubHTTPError):
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            return Fail("auth", first)
+        if status is not None and (status >= 500 or status in (408, 429)):
+            return None
+        return Fail("network", first)
+    return None
+
+
+def fetch_metadata(repo: str, revision: str, token: str | None, endpoint: str | None,
+                   retries: int, backoff: float) -> tuple:
+    """(commit, [file dicts]) at the pinned revision, from one model_info(files_metadata=True)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint, token=token, library_name="vllm-orch")
+    attempt = 0
+    while True:
+        try:
+            info = api.model_info(repo, revision=revision, files_metadata=True)
+            break
+        except Exception as exc:  # noqa: BLE001 - classified below
+            fail = classify_hub_error(exc)
+            if fail is not None:
+                fail.message = "%s@%s: %s" % (repo, revision, fail.message)
+                raise fail
+            attempt += 1
+            if attempt > retries:
+                raise Fail("network", "cannot reach the hub: %s: %s" % (type(exc).__name__, exc))
+            time.sleep(min(30.0, backoff * 2 ** (attempt - 1)))
+    files = []
+    for s in info.siblings or []:
+        lfs = s.lfs
+        files.append({
+            "name": s.rfilename,
+            "size": s.size if s.size is not None else (lfs.size if lfs else None),
+            "sha256": (lfs.sha256 if hasattr(lfs, "sha256") else lfs["sha256"]) if lfs else None,
+            "blob_id": s.blob_id,
+            "lfs": lfs is not None,
+        })
+    return info.sha, files
+
+
+def select(files: list, allow: list | None, ignore: list | None) -> list:
+    """The same filtering as snapshot_download (fnmatch, a trailing '/' means the whole folder)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    return list(filter_repo_objects(files, allow_patterns=allow or None, ignore_patterns=ignore or None,
+                                    key=lambda f: f["name"]))
+
+
+# -- our record ------------------------------------------------------------------------------------
+class Record:
+    """<local_dir>/.vllm-orch/verified.json, updated after each verified file (atomic replace), so an
+    interrupted run keeps the files it finished."""
+
+    def __init__(self, local_dir: Path, repo: str, revision: str, commit: str):
+        self.path = local_dir / RECORD_DIR / RECORD_FILE
+        self.lock = threading.Lock()
+        data = {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            pass
+        files = data.get("files") if isinstance(data, dict) and data.get("repo") == repo else None
+        self.data = {"repo": repo, "revision": revision, "commit": commit, "complete": False,
+                     "files": files if isinstance(files, dict) else {}, "total_bytes": 0, "verified_at": None}
+
+    def verified(self, local_dir: Path, f: dict) -> bool:
+        """Present and verified: recorded with the hub's size/hash, same size and mtime on disk."""
+        entry = self.data["files"].get(f["name"])
+        if not entry or entry.get("size") != f["size"]:
+            return False
+        if f["lfs"]:
+            if not f["sha256"] or entry.get("sha256") != f["sha256"]:
+                return False
+        elif f["blob_id"] and entry.get("blob_id") != f["blob_id"]:
+            return False
+        try:
+            st = (local_dir / f["name"]).stat()
+        except OSError:
+            return False
+        return st.st_size == f["size"] and st.st_mtime_ns == entry.get("mtime_ns")
+
+    def add(self, name: str, entry: dict) -> None:
+        with self.lock:
+            self.data["files"][name] = entry
+            self._save()
+
+    def finish(self, selected: list) -> None:
+        with self.lock:
+            self.data["complete"] = True
+            self.data["total_bytes"] = sum(f["size"] for f in selected)
+            self.data["verified_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self._save()
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(".%s.%d.tmp" % (RECORD_FILE, os.getpid()))
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+        os.replace(str(tmp), str(self.path))
+
+
+# -- streaming -------------------------------------------------------------------------------------
+class _Redirect(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but never send the token to another host (a CDN's signed URL)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+class Hashers:
+    """sha256 of the content, plus the git blob sha1 for small (non-LFS) files."""
+
+    def __init__(self, f: dict):
+        self.sha256 = hashlib.sha256()
+        self.git = None if f["lfs"] else hashlib.sha1(b"blob %d\0" % f["size"])
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        if self.git is not None:
+            self.git.update(data)
+
+
+class Downloader:
+    def __init__(self, args, commit: str, token: str | None, record: Record):
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        self.args = args
+        self.local_dir = Path(args.local_dir)
+        self.commit = commit
+        self.record = record
+        self.hf_hub_url = hf_hub_url
+        self.headers = dict(build_hf_headers(token=token, library_name="vllm-orch"))
+        self.headers["Accept-Encoding"] = "identity"
+        self.opener = urllib.request.build_opener(_Redirect)
+        self.abort = threading.Event()
+        self.fetched = 0
+        self._fetched_lock = threading.Lock()
+
+    def run_file(self, f: dict) -> str:
+        """Download, verify and install one file; returns its status (ok|refetched)."""
+        final = self.local_dir / f["name"]
+        if final.is_file() and final.stat().st_size == f["size"]:
+            digest = self._hash_existing(final, f)   # e.g. left by `hf download`: reading beats fetching
+            if digest is not None:
+                self._install(f, None, digest)
+                return "ok"
+        refetched = False
+        while True:
+            part = partial_path(self.local_dir, f)
+            hashers, have = self._resume(part, f)
+            self._stream(f, part, hashers, have)
+            digest = self._check(f, hashers)
+            if digest is not None:
+                self._install(f, part, digest)
+                return "refetched" if refetched else "ok"
+            part.unlink()
+            if refetched:
+                raise Fail("checksum", "%s: sha256 mismatch again after a re-fetch (expected %s)"
+                           % (f["name"], f["sha256"] or f["blob_id"]), f["name"])
+            refetched = True
+
+    def _hash_existing(self, path: Path, f: dict) -> str | None:
+        h = Hashers(f)
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(CHUNK), b""):
+                h.update(block)
+        return self._check(f, h)
+
+    def _check(self, f: dict, h: Hashers) -> str | None:
+        """The sha256 hex when the content matches the hub's metadata, else None."""
+        digest = h.sha256.hexdigest()
+        if f["lfs"]:
+            return digest if digest == f["sha256"] else None
+        if f["blob_id"] and h.git is not None and h.git.hexdigest() != f["blob_id"]:
+            return None
+        return digest
+
+    def _resume(self, part: Path, f: dict) -> tuple:
+        """Hashers primed with the partial prefix (read once), and its length."""
+        h = Hashers(f)
+        try:
+            size = part.stat().st_size
+        except OSError:
+            return h, 0
+        if size > f["size"]:
+            part.unlink()
+            return h, 0
+        with open(part, "rb") as fh:
+            for block in iter(lambda: fh.read(CHUNK), b""):
+                h.update(block)
+        return h, size
+
+    def _stream(self, f: dict, part: Path, h: Hashers, have: int) -> None:
+        url = self.hf_hub_url(self.args.repo, f["name"], revision=self.commit, endpoint=self.args.endpoint)
+        try:
+            part.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise Fail("disk", "cannot create %s: %s" % (part.parent, exc), f["name"])
+        if f["size"] == 0:
+            part.write_bytes(b"")
+            return
+        attempts = 0
+        last_emit = 0.0
+        while have < f["size"]:
+            if self.abort.is_set():
+                raise Aborted()
+            headers = dict(self.headers)
+            if have:
+                headers["Range"] = "bytes=%d-" % have
+            progressed = False
+            try:
+                resp = self.opener.open(urllib.request.Request(url, headers=headers),
+                                        timeout=self.args.stall_timeout)
+                with resp:
+                    if have and resp.status == 200:      # server ignored the Range: start over
+                        h, have = Hashers(f), 0
+                        mode = "wb"
+                    else:
+                        mode = "ab" if have else "wb"
+                    try:
+                        out = open(part, mode)
+                    except OSError as exc:
+                        raise Fail("disk", "cannot write %s: %s" % (part, exc), f["name"])
+                    with out:
+                        while True:
+                            if self.abort.is_set():
+                                raise Aborted()
+                            block = resp.read(CHUNK)
+                            if not block:
+                                break
+                            try:
+                                out.write(block)
+                            except OSError as exc:
+                                raise Fail("disk", "cannot write %s: %s" % (part, exc), f["name"])
+                            h.update(block)
+                            have += len(block)
+                            progressed = True
+                            with self._fetched_lock:
+                                self.fetched += len(block)
+                            now = time.monotonic()
+                            if now - last_emit >= PROGRESS_INTERVAL and have < f["size"]:
+                                last_emit = now
+                                emit("progress", file=f["name"], done=have, size=f["size"])
+                if have < f["size"]:
+                    raise ConnectionError("connection closed at byte %d of %d" % (have, f["size"]))
+                if have > f["size"]:
+                    raise Fail("checksum", "%s: got %d bytes, expected %d" % (f["name"], have, f["size"]),
+                               f["name"])
+            except urllib.error.HTTPError as exc:
+                if exc.code in (401, 403):
+                    raise Fail("auth", "%s: HTTP %d %s" % (f["name"], exc.code,
+                                                           exc.headers.get("X-Error-Message") or exc.reason),
+                               f["name"])
+                if exc.code == 404:
+                    raise Fail("not_found", "%s: HTTP 404 %s" % (f["name"], exc.headers.get("X-Error-Message")
+                                                                  or exc.reason), f["name"])
+                if exc.code == 416:          # our partial is longer than the file: start over
+                    part.unlink()
+                    h, have = Hashers(f), 0
+                    continue
+                if exc.code < 500 and exc.code not in (408, 429):
+                    raise Fail("network", "%s: HTTP %d %s" % (f["name"], exc.code, exc.reason), f["name"])
+                attempts = self._backoff(f, attempts, "HTTP %d" % exc.code)
+            except (urllib.error.URLError, HTTPException, ConnectionError, socket.timeout, TimeoutError) as exc:
+                if progressed:
+                    attempts = 0     # bytes arrived: a fresh budget of retries, like huggingface_hub
+                attempts = self._backoff(f, attempts, "%s: %s" % (type(exc).__name__, exc))
+
+    def _backoff(self, f: dict, attempts: int, why: str) -> int:
+        attempts += 1
+        if attempts > self.args.retries:
+            raise Fail("network", "%s: giving up after %d retries (%s)" % (f["name"], self.args.retries, why),
+                       f["name"])
+        print("retry %d/%d for %s: %s" % (attempts, self.args.retries, f["name"], why), file=sys.stderr)
+        time.sleep(min(30.0, self.args.backoff * 2 ** (attempts - 1)))
+        return attempts
+
+    def _install(self, f: dict, part: Path | None, sha256: str) -> None:
+        final = self.local_dir / f["name"]
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if part is not None:
+                os.replace(str(part), str(final))
+            st = final.stat()
+        except OSError as exc:
+            raise Fail("disk", "cannot install %s: %s" % (final, exc), f["name"])
+        entry = {"size": f["size"], "sha256": sha256, "lfs": f["lfs"], "mtime_ns": st.st_mtime_ns}
+        if f["blob_id"]:
+            entry["blob_id"] = f["blob_id"]
+        self.record.add(f["name"], entry)
+        self._write_hf_metadata(f)
+
+    def _write_hf_metadata(self, f: dict) -> None:
+        """Also tell huggingface_hub the file is current (its .cache/huggingface/download/*.metadata),
+        so a later hf_hub_download(local_dir=...) does not fetch it again. Best effort: private API."""
+        try:
+            from huggingface_hub._local_folder import write_download_metadata
+            write_download_metadata(local_dir=self.local_dir, filename=f["name"], commit_hash=self.commit,
+                                    etag=f["sha256"] or f["blob_id"])
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# -- main ------------------------------------------------------------------------------------------
+def load_token(args) -> str | None:
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise Fail("auth", "cannot read the token file %s: %s" % (args.token_file, exc.strerror))
+    else:
+        token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+    if token:
+        _secrets.append(token)
+    return token or None
+
+
+def parse_args(argv: list | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Verified, resumable download of a pinned Hub repo (JSON lines).")
+    ap.add_argument("--repo", required=True)
+    ap.add_argument("--revision", required=True)
+    ap.add_argument("--local-dir", required=True)
+    ap.add_argument("--allow", action="append", default=[])
+    ap.add_argument("--ignore", action="append", default=[])
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--plan-only", action="store_true")
+    ap.add_argument("--token-file", default=None)
+    ap.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or huggingface.co)")
+    ap.add_argument("--retries", type=int, default=5)
+    ap.add_argument("--backoff", type=float, default=1.0, help="first retry delay, doubled each time")
+    ap.add_argument("--stall-timeout", type=float, default=60.0, help="no byte for this long = retry")
+    return ap.parse_args(argv)
+
+
+def partial_path(local_dir: Path, f: dict) -> Path:
+    """Where a file's partial data waits for the next resume (named by its etag, so a changed file
+    never resumes from stale bytes)."""
+    etag = f["sha256"] or f["blob_id"] or "noetag"
+    return local_dir / PARTIAL_DIR / ("%s.%s.incomplete" % (f["name"], etag))
+
+
+def plan(args, record: Record, commit: str, selected: list) -> tuple:
+    local_dir = Path(args.local_dir)
+    have, fetch = [], []
+    for f in selected:
+        (have if record.verified(local_dir, f) else fetch).append(f)
+    partial = 0
+    for f in fetch:
+        try:
+            partial += partial_path(local_dir, f).stat().st_size
+        except OSError:
+            pass
+    emit("plan", repo=args.repo, revision=args.revision, commit=commit, files=len(selected),
+         total_bytes=sum(f["size"] for f in selected), have_bytes=sum(f["size"] for f in have),
+         to_fetch_bytes=sum(f["size"] for f in fetch), partial_bytes=partial,
+         to_fetch=[f["name"] for f in fetch])
+    return have, fetch
+
+
+def main(argv: list | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    try:
+        token = load_token(args)
+        commit, files = fetch_metadata(args.repo, args.revision, token, args.endpoint, args.retries, args.backoff)
+        missing = [f["name"] for f in files if f["size"] is None]
+        if missing:
+            raise Fail("network", "the hub gave no size for %d files (e.g. %s)" % (len(missing), missing[0]))
+        selected = select(files, args.allow, args.ignore)
+        local_dir = Path(args.local_dir)
+        record = Record(local_dir, args.repo, args.revision, commit)
+        have, fetch = plan(args, record, commit, selected)
+        if args.plan_only:
+            return 0
+        for f in have:
+            emit("file", file=f["name"], size=f["size"], sha256=record.data["files"][f["name"]].get("sha256"),
+                 status="skipped")
+        dl = Downloader(args, commit, token, record)
+        first_fail = None
+        with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+            futures = {pool.submit(dl.run_file, f): f for f in fetch}
+            for fut in as_completed(futures):
+                f = futures[fut]
+                try:
+                    status = fut.result()
+                except Aborted:
+                    continue
+                except Fail as fail:
+                    if first_fail is None:
+                        first_fail = fail
+                        dl.abort.set()
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a bug or an unexpected OS error: report it
+                    if first_fail is None:
+                        first_fail = Fail("network", "%s: %s: %s" % (f["name"], type(exc).__name__, exc), f["name"])
+                        dl.abort.set()
+                    continue
+                emit("file", file=f["name"], size=f["size"],
+                     sha256=record.data["files"][f["name"]]["sha256"], status=status)
+        if first_fail is not None:
+            raise first_fail
+        record.finish(selected)
+        emit("done", verified=True, bytes=dl.fetched, seconds=round(time.monotonic() - started, 3),
+             files=len(selected), total_bytes=sum(f["size"] for f in selected), commit=commit)
+        return 0
+    except Fail as fail:
+        fields = {"kind": fail.kind, "message": fail.message}
+        if fail.file:
+            fields["file"] = fail.file
+        emit("error", **fields)
+        return 1
+    except KeyboardInterrupt:
+        emit("error", kind="network", message="interrupted")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

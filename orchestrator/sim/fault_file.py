@@ -1,0 +1,80 @@
+"""`<hostdir>/faults.json`: pending faults `[{"fault": NAME, "model": NAME|null, ...}]`.
+
+Shared by whoever adds faults (`vllm-orch sim fault`) and whoever consumes them (the simulated vLLM,
+the Hub mirror). Every read-modify-write holds an exclusive flock on `<hostdir>/faults.json.lock`
+and replaces the file atomically, so two consumers never both take a one-shot fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+FAULTS = "faults.json"
+
+
+@contextlib.contextmanager
+def _locked(hostdir: Path) -> Iterator[None]:
+    fd = os.open(hostdir / (FAULTS + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing releases the lock
+
+
+def _read(hostdir: Path) -> list[dict]:
+    try:
+        data = json.loads((hostdir / FAULTS).read_text() or "[]")
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError):
+        return []
+    return [e for e in data if isinstance(e, dict) and "fault" in e] if isinstance(data, list) else []
+
+
+def _write(hostdir: Path, entries: list[dict]) -> None:
+    tmp = hostdir / f".{FAULTS}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(entries, indent=1) + "\n")
+    os.replace(tmp, hostdir / FAULTS)
+
+
+def read_faults(hostdir: str | Path) -> list[dict]:
+    """The pending faults (an empty list when the file is missing or unreadable)."""
+    return _read(Path(hostdir))
+
+
+def add_fault(hostdir: str | Path, fault: str, model: str | None = None, **extra) -> None:
+    hostdir = Path(hostdir)
+    with _locked(hostdir):
+        entries = _read(hostdir)
+        entries.append({"fault": fault, "model": model, **extra})
+        _write(hostdir, entries)
+
+
+def clear_faults(hostdir: str | Path, prefix: str = "") -> None:
+    """Remove every fault whose name starts with `prefix` (all of them by default)."""
+    hostdir = Path(hostdir)
+    with _locked(hostdir):
+        _write(hostdir, [e for e in _read(hostdir) if not str(e["fault"]).startswith(prefix)])
+
+
+def take_fault(hostdir: str | Path, match: Callable[[dict], bool], *, consume: bool = True) -> dict | None:
+    """The first pending fault for which match(entry) is true; removed from the file if `consume`.
+    Cheap when the file is absent (no lock taken)."""
+    hostdir = Path(hostdir)
+    if not (hostdir / FAULTS).exists():
+        return None
+    with _locked(hostdir):
+        entries = _read(hostdir)
+        for i, entry in enumerate(entries):
+            if match(entry):
+                if consume:
+                    del entries[i]
+                    _write(hostdir, entries)
+                return entry
+    return None

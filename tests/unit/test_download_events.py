@@ -1,0 +1,68 @@
+"""Controller-side parsing and rendering of the download script's JSON lines; the script's own rules."""
+
+import ast
+
+from rich.console import Console
+
+from orchestrator.download import DownloadProgress, download_argv, parse_event
+from orchestrator.paths import package_file
+from orchestrator.secret import Secret
+
+
+def test_parse_event_accepts_only_known_json_events():
+    assert parse_event('{"event":"done","verified":true,"bytes":3}') == {"event": "done", "verified": True,
+                                                                         "bytes": 3}
+    assert parse_event("  {\"event\": \"plan\", \"files\": 1}\n")["files"] == 1
+    for line in ("", "retry 1/5 ...", "{not json", '{"event":"other"}', "[1,2]", '{"kind":"x"}'):
+        assert parse_event(line) is None
+
+
+def test_progress_renders_bytes_files_and_summary():
+    console = Console(record=True, width=120, force_terminal=False)
+    p = DownloadProgress(console=console, label="kimi-k25-int4")
+    events = [
+        {"event": "plan", "files": 3, "total_bytes": 3000, "have_bytes": 1000, "to_fetch_bytes": 2000,
+         "to_fetch": ["a", "b"]},
+        {"event": "file", "file": "c", "size": 1000, "sha256": "x", "status": "skipped"},
+        {"event": "progress", "file": "a", "done": 500, "size": 1000},
+        {"event": "file", "file": "a", "size": 1000, "sha256": "x", "status": "ok"},
+        {"event": "file", "file": "b", "size": 1000, "sha256": "y", "status": "refetched"},
+        {"event": "done", "verified": True, "bytes": 2000, "seconds": 2.0, "files": 3, "total_bytes": 3000},
+    ]
+    with p:
+        for e in events:
+            p.handle(e)
+    task = p.progress.tasks[0]
+    assert task.total == 2000 and task.completed == 2000
+    assert p.files_done == 2 and p.skipped == 1 and p.refetched == 1
+    summary = p.summary()
+    assert "3 files verified" in summary and "1 already verified" in summary
+    assert "1 re-fetched" in summary
+    assert "2/2 files" in console.export_text()
+
+
+def test_progress_summary_on_error():
+    p = DownloadProgress(console=Console(record=True))
+    p.handle({"event": "error", "kind": "auth", "message": "gated"})
+    assert p.summary() == "download failed (auth): gated"
+
+
+def test_argv_never_carries_a_token():
+    argv = download_argv("python3", "/s/d.py", "o/r", "main", "/m/x", allow=["*.json"], ignore=["*.png"],
+                         token_file="/state/secrets/t")
+    assert argv[:2] == ["python3", "/s/d.py"]
+    assert ["--allow", "*.json"] == argv[argv.index("--allow"):argv.index("--allow") + 2]
+    assert all(not isinstance(a, Secret) for a in argv)
+
+
+def test_host_script_is_python39_syntax_and_stdlib_plus_hub_only():
+    src = package_file("remote", "download.py").read_text()
+    tree = ast.parse(src, feature_version=(3, 9))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    import sys
+    assert imported - set(sys.stdlib_module_names) == {"huggingface_hub"}
