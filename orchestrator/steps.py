@@ -202,12 +202,23 @@ def plan_download(ctx: Ctx) -> dict:
 
     src = ctx.manifest.source
     return hub_plan(ctx.host, ctx.entry.python, src.repo, src.revision, model_path(ctx.entry, ctx.name),
-                    src.allow_patterns, src.ignore_patterns, env=hf_env(ctx))
+                    src.allow_patterns, src.ignore_patterns, state_dir=ctx.entry.state_dir,
+                    token=hf_token())
 
 
-def hf_env(ctx: Ctx) -> dict:
-    """Environment for the host-side download script (the Hub endpoint comes from the host's env)."""
-    return {}
+def hf_token():
+    """The Hub token for downloads: $HF_TOKEN, else the file named by $HF_TOKEN_FILE (a Secret)."""
+    import os
+    from pathlib import Path
+
+    from .secret import Secret
+
+    if os.environ.get("HF_TOKEN"):
+        return Secret(os.environ["HF_TOKEN"])
+    path = os.environ.get("HF_TOKEN_FILE")
+    if path and Path(path).expanduser().is_file():
+        return Secret(Path(path).expanduser().read_text().strip())
+    return None
 
 
 def disk_action(ctx: Ctx, keep: set[str], stage_both: bool = False) -> tuple[Action, RefusedError | None]:
@@ -267,20 +278,32 @@ def download_action(ctx: Ctx) -> Action:
         return Action("download", f"nothing to do, because {where} is downloaded and verified "
                                   f"({dl['files']} files, {fmt_bytes(dl['total_bytes'])}; checked against {how})",
                       noop=True)
-    from .download import download_command
+    import hashlib
 
-    cmd = download_command(ctx.entry, src.repo, src.revision, model_path(ctx.entry, ctx.name),
-                           src.allow_patterns, src.ignore_patterns)
+    from .download import DownloadProgress, download_argv, run_download, script_bytes
+
+    script = f"{ctx.entry.state_dir}/scripts/download-{hashlib.sha256(script_bytes()).hexdigest()[:12]}.py"
+    token = hf_token()
+    cmd = download_argv(ctx.entry.python, script, src.repo, src.revision, model_path(ctx.entry, ctx.name),
+                        allow=src.allow_patterns, ignore=src.ignore_patterns,
+                        token_file=f"{ctx.entry.state_dir}/secrets/hf-token-<run>" if token else None)
 
     def run(c: Ctx) -> str:
-        from .download import run_download
-
-        result = run_download(c.host, c.entry, src.repo, src.revision, model_path(c.entry, c.name),
-                              src.allow_patterns, src.ignore_patterns, env=hf_env(c),
-                              reporter=c.reporter, total_hint=dl["to_fetch_bytes"])
+        quiet = c.reporter is None or c.reporter.quiet
+        progress = None if quiet else DownloadProgress(c.reporter.console, label=c.name)
+        if progress is not None:
+            progress.__enter__()
+        try:
+            result = run_download(c.host, c.entry.python, src.repo, src.revision, model_path(c.entry, c.name),
+                                  src.allow_patterns, src.ignore_patterns, state_dir=c.entry.state_dir,
+                                  token=token, on_event=progress.handle if progress else None)
+        finally:
+            if progress is not None:
+                progress.__exit__(None, None, None)
         c.results["download"] = result
-        return (f"{fmt_bytes(result.get('bytes', 0))} in {result.get('seconds', 0):.1f}s, every file "
-                f"verified (sha256 for LFS shards)")
+        done = result["done"]
+        return (f"{fmt_bytes(done.get('bytes', 0))} in {result['seconds']:.1f}s, every file verified "
+                f"(sha256 of each LFS shard while downloading)")
 
     have = f", {fmt_bytes(dl['have_bytes'])} already present and verified" if dl.get("have_bytes") else ""
     return Action("download", f"fetch {fmt_bytes(dl['to_fetch_bytes'])} ({len(dl.get('to_fetch') or [])} of "
