@@ -19,7 +19,7 @@ import paramiko
 
 from ..errors import ConnectError
 from .base import Command, Host, Result, printable
-from .ssh_connect import DEFAULT_KNOWN_HOSTS, Target, connect, resolve_target
+from .ssh_connect import Target, connect, resolve_target
 
 TIMED_OUT = 124           # like coreutils `timeout` and LocalHost
 _GET_MISSING = 44         # exit code of the sudo `get` script when the file does not exist
@@ -37,7 +37,7 @@ class SshHost(Host):
         super().__init__(name, sudo=sudo, env=env)
         self.target: Target = resolve_target(
             name, address, port=port, user=user, identity_file=identity_file,
-            known_hosts_file=known_hosts_file or DEFAULT_KNOWN_HOSTS,
+            known_hosts_file=known_hosts_file,
             accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout,
             ssh_config=ssh_config)
         self.connects = 0              # how many times a connection was opened (1 per run, ideally)
