@@ -76,7 +76,7 @@ def test_timeout_kills_the_command_and_its_children(ssh_host):
     assert r.exit_code == 124 and "timed out after 0.5 s" in r.stderr
     assert time.monotonic() - started < 3
     deadline = time.monotonic() + 3
-    while ssh_host.run(["pgrep", "-f", "sleep 31.4"]).exit_code == 0:
+    while ssh_host.run(["pgrep", "-f", "^sleep 31.4"]).exit_code == 0:
         assert time.monotonic() < deadline, "timed-out command still running on the host"
         time.sleep(0.05)
 
