@@ -23,6 +23,7 @@ from ..errors import ConnectError, RefusedError
 ACCEPT_FLAG = "--accept-new-host-key"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
 
     fail = lambda cause: ConnectError(f"cannot connect to {target.where}: {cause}",  # noqa: E731
                                       host=target.name)
-    jump_client = client = None
+    jump_client = client = sock = None
     try:
         if target.jump is not None:
             jump_client = _connect_once(replace(target.jump, connect_timeout=target.connect_timeout),
@@ -160,6 +161,8 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
         else:
             sock = socket.create_connection((target.hostname, target.port), timeout=left())
         client = paramiko.SSHClient()
+        if Path(SYSTEM_KNOWN_HOSTS).is_file():          # read-only, like OpenSSH
+            client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
         kh = Path(target.known_hosts_file)
         if kh.is_file():
             client.load_host_keys(str(kh))
@@ -173,10 +176,10 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
         client._vllm_orch_jump = jump_client        # keep the hop alive as long as the client
         return client
     except (ConnectError, RefusedError):
-        _close(client, jump_client)
+        _close(client, jump_client, sock)
         raise
     except paramiko.BadHostKeyException as exc:
-        _close(client, jump_client)
+        _close(client, jump_client, sock)
         raise RefusedError(
             f"HOST KEY CHANGED for {target.known_hosts_name}: it now presents "
             f"{exc.key.get_name()} {fingerprint(exc.key)}, known_hosts has "
@@ -185,7 +188,7 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
             hint=f"if the host was reinstalled, remove its line from {target.known_hosts_file} "
                  f"(ssh-keygen -R '{target.known_hosts_name}') and verify the new key")
     except Exception as exc:  # noqa: BLE001 - every other failure becomes one readable line
-        _close(client, jump_client)
+        _close(client, jump_client, sock)
         if time.monotonic() >= deadline or isinstance(exc, (socket.timeout, TimeoutError)):
             raise fail(f"timed out after {target.connect_timeout:g} s") from None
         if _is_transient(exc):
@@ -220,7 +223,7 @@ def _cause(exc: Exception, target: Target) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _close(*clients) -> None:
-    for c in clients:
+def _close(client, jump_client, sock=None) -> None:
+    for c in (client, sock, jump_client):
         if c is not None:
             c.close()

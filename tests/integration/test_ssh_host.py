@@ -304,3 +304,45 @@ Host behind
                  known_hosts_file=sshd_local.known_hosts_file) as h:
         assert h.target.jump is not None and h.target.jump.hostname == sshd_local.address
         assert h.run(["echo", "jumped"]).stdout == "jumped\n"
+
+
+# -- keys from the SSH agent; hashed known_hosts -----------------------------------------------------
+@pytest.mark.skipif(not shutil.which("ssh-agent"), reason="ssh-agent not found (openssh-client)")
+def test_key_from_the_ssh_agent(sshd_local, tmp_path, monkeypatch):
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 5
+        while not sock.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        monkeypatch.setenv("HOME", str(tmp_path))            # no ~/.ssh/id_* to fall back on
+        subprocess.run(["ssh-add", "-q", sshd_local.identity_file], check=True,
+                       capture_output=True)
+        with make_host(sshd_local, identity_file=None) as h:
+            assert h.target.identity_files == ()
+            assert h.run(["echo", "agent"]).stdout == "agent\n"
+    finally:
+        agent.terminate()
+        agent.wait(5)
+
+
+def test_hashed_known_hosts_entries_are_honoured(sshd_local, tmp_path):
+    kh = tmp_path / "known_hosts"
+    kh.write_text(Path(sshd_local.known_hosts_file).read_text())
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(kh)], check=True, capture_output=True)
+    assert str(sshd_local.port) not in kh.read_text()                 # really hashed
+    with make_host(sshd_local, known_hosts_file=str(kh)) as h:
+        assert h.run(["true"]).ok
+
+
+@pytest.mark.skipif(not shutil.which("sudo"), reason="sudo not installed (apt-get install sudo)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="sudo -n only works without a password as root")
+def test_sudo_command_timeout_kills_it_too(sshd_local):
+    with make_host(sshd_local, sudo=True) as h:
+        assert h.run(["sleep", "32.71"], timeout=0.5).exit_code == 124
+        deadline = time.monotonic() + 3
+        while h.run(["pgrep", "-f", "^sleep 32.71"]).exit_code == 0:
+            assert time.monotonic() < deadline, "sudo'd command survived its timeout"
+            time.sleep(0.05)
