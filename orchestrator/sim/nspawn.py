@@ -42,6 +42,20 @@ def _veth(index: int) -> str:
     return f"vorch{index}"           # interface names are limited to 15 characters
 
 
+def index_in_use(index: int) -> bool:
+    """Whether host number `index` already has its veth (a live or stale container)."""
+    return Path(f"/sys/class/net/{_veth(index)}").exists()
+
+
+def free_index(lo: int = 1, hi: int = 254) -> int:
+    """The lowest host number whose addresses are unused (hold a lock across this and boot when
+    several processes allocate at once)."""
+    for index in range(lo, hi + 1):
+        if not index_in_use(index):
+            return index
+    raise RuntimeError(f"no free host number in {lo}..{hi}")
+
+
 def cgroup_dirs(name: str) -> list[Path]:
     """Where the container's processes live: its own folder in each hierarchy systemd uses, so
     several containers do not share one `payload` cgroup (hybrid v1/v2 or pure v2)."""

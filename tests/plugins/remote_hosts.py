@@ -11,6 +11,7 @@ Skips say exactly what is missing; CI is root and installs everything these need
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
@@ -63,7 +64,8 @@ def systemd_skip_reason() -> str | None:
 
 @pytest.fixture(scope="session")
 def systemd_hosts(tmp_path_factory):
-    """systemd_hosts(n): n booted containers (names sd-1..sd-n), shared across the session."""
+    """systemd_hosts(n): n booted containers (names sd1-<pid>...), shared across the session.
+    The tree is cached in $VLLM_ORCH_NSPAWN_CACHE (default ~/.cache/vllm-orch/nspawn)."""
     reason = systemd_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -74,13 +76,21 @@ def systemd_hosts(tmp_path_factory):
 
     def factory(n: int = 1) -> list[dict]:
         started = time.monotonic()
-        tree = nspawn.ensure_tree(Path(os.environ.get("VLLM_ORCH_NSPAWN_CACHE",
-                                                      nspawn.DEFAULT_CACHE_DIR)))
+        cache = Path(os.environ.get("VLLM_ORCH_NSPAWN_CACHE", nspawn.DEFAULT_CACHE_DIR))
+        tree = nspawn.ensure_tree(cache)
         _timed("nspawn tree (cached after the first build)", started)
-        missing = range(len(booted) + 1, n + 1)
         started = time.monotonic()
-        new = nspawn.boot_many([(f"sd-{i}", 200 + i, _host_dir(root / f"sd-{i}")) for i in missing],
-                               tree)
+        # Unique names and free addresses, allocated under a machine-wide lock, so two pytest
+        # runs (or xdist workers) on one machine never collide.
+        with open(cache / "hosts.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            specs = []
+            for i in range(len(booted) + 1, n + 1):
+                index = nspawn.free_index(150, 254) if not specs else \
+                    nspawn.free_index(specs[-1][1] + 1, 254)
+                name = f"sd{i}-{os.getpid()}"
+                specs.append((name, index, _host_dir(root / name)))
+            new = nspawn.boot_many(specs, tree)
         booted.extend(new)
         if new:
             _timed("nspawn boot", started)
