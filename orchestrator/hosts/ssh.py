@@ -47,6 +47,16 @@ class SshHost(Host):
         self._lock = threading.Lock()       # guards _client
         self._sftp_lock = threading.Lock()  # SFTPClient is not safe for concurrent requests
 
+    @classmethod
+    def from_inventory(cls, name: str, entry: Mapping, *, accept_new_host_key: bool = False,
+                       connect_timeout: float | None = None) -> "SshHost":
+        """Build from an inventory entry (a dict; keys this class does not use are ignored)."""
+        return cls(name, entry["address"], port=entry.get("port"), user=entry.get("user"),
+                   identity_file=entry.get("identity_file"), sudo=bool(entry.get("sudo", False)),
+                   env=entry.get("env"), known_hosts_file=entry.get("known_hosts_file"),
+                   accept_new_host_key=accept_new_host_key,
+                   connect_timeout=connect_timeout or float(entry.get("connect_timeout", 10.0)))
+
     # -- connection ------------------------------------------------------------------------------
     def transport(self) -> paramiko.Transport:
         """The live Transport, connecting on first use (and again if the connection died)."""

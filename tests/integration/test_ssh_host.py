@@ -346,3 +346,53 @@ def test_sudo_command_timeout_kills_it_too(sshd_local):
         while h.run(["pgrep", "-f", "^sleep 32.71"]).exit_code == 0:
             assert time.monotonic() < deadline, "sudo'd command survived its timeout"
             time.sleep(0.05)
+
+
+def test_a_dropped_handshake_is_retried(sshd_local):
+    """The first connection is closed before the banner (a daemon at MaxStartups); the retry
+    goes through. A forwarder in front of the real sshd plays the flaky network."""
+    front = socket.socket()
+    front.bind(("127.0.0.1", 0))
+    front.listen(4)
+    seen = []
+
+    def pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            b.close()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = front.accept()
+            except OSError:
+                return
+            seen.append(conn)
+            if len(seen) == 1:
+                conn.close()                                    # drop the first attempt
+                continue
+            back = socket.create_connection((sshd_local.address, sshd_local.port))
+            threading.Thread(target=pipe, args=(conn, back), daemon=True).start()
+            threading.Thread(target=pipe, args=(back, conn), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    kh = Path(sshd_local.folder) / "known_hosts"
+    entry = f"[127.0.0.1]:{front.getsockname()[1]} {sshd_local.host_key_pub}\n"
+    front_kh = Path(sshd_local.folder) / f"known_hosts.front{front.getsockname()[1]}"
+    front_kh.write_text(kh.read_text() + entry)
+    try:
+        with make_host(sshd_local, port=front.getsockname()[1], known_hosts_file=str(front_kh)) as h:
+            assert h.run(["echo", "retried"]).stdout == "retried\n"
+            assert h.connects == 1 and len(seen) == 2
+    finally:
+        front.close()
+
+
+def test_from_inventory_entry(sshd_local):
+    entry = {**sshd_local.inventory(), "service_manager": "process", "env": {"X": "1"}}
+    with SshHost.from_inventory("inv", entry) as h:
+        assert h.run(Script("echo $X")).stdout == "1\n"
