@@ -1,1 +1,117 @@
-"""Fixtures: see tests/conftest.py."""
+"""Fixtures for remote test hosts: a real OpenSSH sshd on loopback, and real-systemd hosts booted
+with systemd-nspawn. Both are session-scoped (started once) and stopped by PID at the end.
+
+    sshd_local      -> orchestrator.sim.sshd.Sshd (address, port, user, identity_file,
+                       known_hosts_file, host_key_pub, pid, folder)
+    ssh_host        -> an SshHost connected to sshd_local (fresh per test, closed after)
+    systemd_hosts   -> factory: systemd_hosts(n) -> list of inventory dicts (see sim/nspawn.boot),
+                       booted once per session and shared by every test asking for <= n
+Skips say exactly what is missing; CI is root and installs everything these need.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hosts.ssh import SshHost
+from orchestrator.sim import sshd as sshd_mod
+
+HOST_SECONDS: dict[str, float] = {}   # what the suite spent starting/stopping hosts, by fixture
+
+
+def _timed(key: str, started: float) -> None:
+    HOST_SECONDS[key] = HOST_SECONDS.get(key, 0.0) + time.monotonic() - started
+
+
+@pytest.fixture(scope="session")
+def sshd_local(tmp_path_factory):
+    reason = sshd_mod.available()
+    if reason:
+        pytest.skip(f"real sshd: {reason}")
+    started = time.monotonic()
+    info = sshd_mod.start(tmp_path_factory.mktemp("sshd"))
+    _timed("sshd start", started)
+    yield info
+    sshd_mod.stop(info)
+
+
+@pytest.fixture
+def ssh_host(sshd_local):
+    host = SshHost("sshd-local", sshd_local.address, port=sshd_local.port, user=sshd_local.user,
+                   identity_file=sshd_local.identity_file,
+                   known_hosts_file=sshd_local.known_hosts_file, connect_timeout=5,
+                   ssh_config=None)
+    yield host
+    host.close()
+
+
+def systemd_skip_reason() -> str | None:
+    """Why real-systemd hosts cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "real-systemd hosts need root (systemd-nspawn, network namespaces)"
+    for tool, pkg in (("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"),
+                      ("ip", "iproute2")):
+        if not shutil.which(tool):
+            return f"{tool} not found (apt-get install {pkg})"
+    return None
+
+
+@pytest.fixture(scope="session")
+def systemd_hosts(tmp_path_factory):
+    """systemd_hosts(n): n booted containers (names sd1-<pid>...), shared across the session.
+    The tree is cached in $VLLM_ORCH_NSPAWN_CACHE (default ~/.cache/vllm-orch/nspawn)."""
+    reason = systemd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from orchestrator.sim import nspawn
+
+    booted: list[dict] = []
+    root = tmp_path_factory.mktemp("systemd-hosts")
+
+    def factory(n: int = 1) -> list[dict]:
+        started = time.monotonic()
+        cache = Path(os.environ.get("VLLM_ORCH_NSPAWN_CACHE", nspawn.DEFAULT_CACHE_DIR))
+        tree = nspawn.ensure_tree(cache)
+        _timed("nspawn tree (cached after the first build)", started)
+        started = time.monotonic()
+        # Unique names and free addresses, allocated under a machine-wide lock, so two pytest
+        # runs (or xdist workers) on one machine never collide.
+        with open(cache / "hosts.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            specs = []
+            for i in range(len(booted) + 1, n + 1):
+                index = nspawn.free_index(150, 254) if not specs else \
+                    nspawn.free_index(specs[-1][1] + 1, 254)
+                name = f"sd{i}-{os.getpid()}"
+                specs.append((name, index, _host_dir(root / name)))
+            new = nspawn.boot_many(specs, tree)
+        booted.extend(new)
+        if new:
+            _timed("nspawn boot", started)
+        return booted[:n]
+
+    yield factory
+    started = time.monotonic()
+    for info in booted:
+        nspawn.shutdown(info)
+    _timed("nspawn shutdown", started)
+
+
+def _host_dir(path: Path) -> Path:
+    """A minimal host folder (the sim's layout) when the sim programs are not needed."""
+    for sub in ("bin", "site-packages", "models", "state", "logs", "gpu-procs"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    if HOST_SECONDS:
+        terminalreporter.write_sep("-", "time spent on test hosts")
+        for key, secs in HOST_SECONDS.items():
+            terminalreporter.write_line(f"{key}: {secs:.2f} s")

@@ -1,0 +1,295 @@
+"""Real-systemd simulated hosts: a Debian tree booted by systemd-nspawn in its own network
+namespace, reached over real SSH (facts/test-hosts.md has the recipe and why each flag is there).
+
+    tree = ensure_tree(cache_dir)                  # once per machine (~55 s), cached
+    info = boot("sim", 1, host_dir, tree)          # ~1-2 s; returns the host's inventory entry
+    shutdown(info)                                 # stops it and removes everything boot made
+
+Addresses: host N is 10.200.N.2 inside its namespace; 10.200.N.1 is this machine's side of the
+veth pair (where the host's hub mirror must listen). Fields starting with "_" are for shutdown and
+diagnosis, not for the inventory reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .nspawn_tree import DEFAULT_CACHE_DIR, SIM_MOUNT, ensure_tree, tree_key_path  # noqa: F401
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NSPAWN_RUN = Path("/run/systemd/nspawn")
+
+
+def addresses(index: int) -> tuple[str, str]:
+    """(this machine's side, the container's address) for host number `index` (1..254)."""
+    if not 1 <= index <= 254:
+        raise ValueError(f"host index must be 1..254, got {index}")
+    return f"10.200.{index}.1", f"10.200.{index}.2"
+
+
+def netns_name(name: str) -> str:
+    return f"vllm-orch-{name}"
+
+
+def _veth(index: int) -> str:
+    return f"vorch{index}"           # interface names are limited to 15 characters
+
+
+def index_in_use(index: int) -> bool:
+    """Whether host number `index` already has its veth (a live or stale container)."""
+    return Path(f"/sys/class/net/{_veth(index)}").exists()
+
+
+def free_index(lo: int = 1, hi: int = 254) -> int:
+    """The lowest host number whose addresses are unused (hold a lock across this and boot when
+    several processes allocate at once)."""
+    for index in range(lo, hi + 1):
+        if not index_in_use(index):
+            return index
+    raise RuntimeError(f"no free host number in {lo}..{hi}")
+
+
+def cgroup_dirs(name: str) -> list[Path]:
+    """Where the container's processes live: its own folder in each hierarchy systemd uses, so
+    several containers do not share one `payload` cgroup (hybrid v1/v2 or pure v2)."""
+    leaf = f"vllm-orch-{name}"
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return [CGROUP_ROOT / leaf]
+    return [CGROUP_ROOT / h / leaf for h in ("unified", "systemd") if (CGROUP_ROOT / h).is_dir()]
+
+
+def prepare_network(name: str, index: int) -> dict:
+    """Namespace + veth pair with addresses, idempotent (a stale one is rebuilt). Call this
+    before starting anything that must listen on the root side (the hub mirror)."""
+    ns, veth = netns_name(name), _veth(index)
+    outside, inside = addresses(index)
+    _cleanup_network(ns, veth)
+    _ip("netns", "add", ns)
+    _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}c", "netns", ns)
+    _ip("-n", ns, "link", "set", f"{veth}c", "name", "eth0")
+    _ip("addr", "add", f"{outside}/24", "dev", veth)
+    _ip("link", "set", veth, "up")
+    _ip("-n", ns, "addr", "add", f"{inside}/24", "dev", "eth0")
+    _ip("-n", ns, "link", "set", "eth0", "up")
+    _ip("-n", ns, "link", "set", "lo", "up")
+    return {"netns": ns, "veth": veth, "gateway": outside, "address": inside}
+
+
+def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,
+         timeout: float = 60.0) -> dict:
+    """Boot one container and return its inventory entry once sshd answers and systemd is up."""
+    from ..hosts.ssh import SshHost
+
+    host_dir = Path(host_dir).resolve()
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    running = find_running(name)
+    if running:
+        raise RuntimeError(f"a container named {name} is already running (pid {running})")
+    net = prepare_network(name, index)
+    cgroups = cgroup_dirs(name)
+    for cg in cgroups:
+        _rmdir_tree(cg)
+        cg.mkdir(parents=True, exist_ok=True)
+    timings["network+cgroups"] = time.monotonic() - t0
+
+    t = time.monotonic()
+    (host_dir / "logs").mkdir(parents=True, exist_ok=True)
+    console = host_dir / "logs" / "nspawn-console.log"
+    argv = ["systemd-nspawn", "-D", str(tree), "-M", name, "--register=no", "--keep-unit",
+            "--volatile=overlay", "--resolv-conf=off", "--link-journal=no", "--timezone=off",
+            "--console=read-only", f"--network-namespace-path=/run/netns/{net['netns']}",
+            f"--bind={host_dir}:{SIM_MOUNT}", "-b"]
+    # Move the launching shell into our cgroups first, then exec nspawn (same PID).
+    enter = "; ".join(f"echo $$ > {cg}/cgroup.procs" for cg in cgroups)
+    with open(console, "wb") as out:
+        proc = subprocess.Popen(["sh", "-c", f'{enter}; exec "$@"', "nspawn", *argv],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    kh = host_dir / "known_hosts"
+    key_type, key_b64 = (tree / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    kh.write_text(f"{net['address']} {key_type} {key_b64}\n")
+    info = {
+        "address": net["address"], "port": 22, "user": "root",
+        "identity_file": str(tree_key_path(tree)), "known_hosts_file": str(kh), "sudo": False,
+        "service_manager": "systemd", "models_root": "/var/lib/vllm-orch/models",
+        "units_dir": "/etc/systemd/system", "state_dir": "/var/lib/vllm-orch/state",
+        "vllm": "/opt/vllm/bin/vllm", "python": "/opt/vllm/bin/python",
+        "nvidia_smi": "/usr/local/bin/nvidia-smi",
+        "env": {"PYTHONPATH": f"{SIM_MOUNT}/site-packages", "HF_HUB_DISABLE_TELEMETRY": "1"},
+        "simulated": True,
+        "_name": name, "_pid": proc.pid, "_netns": net["netns"], "_veth": net["veth"],
+        "_gateway": net["gateway"], "_cgroups": [str(c) for c in cgroups],
+        "_console_log": str(console), "_timings": timings,
+    }
+    port = hub_port or _hub_port(host_dir)
+    if port:
+        info["env"]["HF_ENDPOINT"] = f"http://{net['gateway']}:{port}"
+    try:
+        _wait_port(net["address"], 22, proc, console, time.monotonic() + timeout)
+        timings["launch->sshd listening"] = time.monotonic() - t
+        t = time.monotonic()
+        with SshHost(name, net["address"], user="root", identity_file=info["identity_file"],
+                     known_hosts_file=str(kh), connect_timeout=10, ssh_config=None) as host:
+            first = host.run(["true"], timeout=10)
+            timings["first ssh command (connect included)"] = time.monotonic() - t
+            t = time.monotonic()
+            state = host.run(["systemctl", "is-system-running", "--wait"], timeout=timeout)
+            timings["systemd up"] = time.monotonic() - t
+            if first.exit_code != 0 or state.stdout.strip() not in ("running", "degraded"):
+                raise RuntimeError(f"{name}: systemd is {state.stdout.strip() or state.stderr}")
+            if state.stdout.strip() == "degraded":
+                failed = host.run(["systemctl", "--failed", "--no-legend", "--plain"])
+                info["_degraded"] = failed.stdout.split("\n")
+    except BaseException:
+        shutdown(info)
+        raise
+    timings["total"] = time.monotonic() - t0
+    return info
+
+
+def boot_many(specs: list[tuple[str, int, Path]], tree: Path, **kw) -> list[dict]:
+    """Boot several containers at once (each boot mostly waits); all or none."""
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def one(i: int, spec) -> None:
+        try:
+            results[i] = boot(*spec, tree, **kw)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i, s)) for i, s in enumerate(specs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        for info in results.values():
+            shutdown(info)
+        raise errors[0]
+    return [results[i] for i in range(len(specs))]
+
+
+def shutdown(info: dict, timeout: float = 15.0) -> dict[str, float]:
+    """Stop the container (SIGTERM = clean poweroff), then remove its namespace, veth, cgroups
+    and nspawn's runtime leftovers. Safe to call twice, and on a half-booted container."""
+    t = time.monotonic()
+    pid = info.get("_pid")
+    if pid and _is_our_nspawn(pid, info["_name"]):
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_exit(pid, timeout):
+            os.kill(pid, signal.SIGKILL)
+            _wait_exit(pid, 5)
+    stopped = time.monotonic() - t
+    for cg in info.get("_cgroups", []):
+        _rmdir_tree(Path(cg))
+    _cleanup_network(info.get("_netns", ""), info.get("_veth", ""))
+    for leftover in (NSPAWN_RUN / "propagate" / info["_name"],
+                     NSPAWN_RUN / "unix-export" / info["_name"]):
+        _rmdir_tree(leftover)
+    for empty in (NSPAWN_RUN / "propagate", NSPAWN_RUN / "locks", NSPAWN_RUN):
+        try:
+            empty.rmdir()                   # only when no other container still uses it
+        except OSError:
+            pass
+    return {"stop": stopped, "total": time.monotonic() - t}
+
+
+def find_running(name: str) -> int | None:
+    """PID of a live systemd-nspawn booted by us as machine `name`, if any."""
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and _is_our_nspawn(int(p.name), name):
+            return int(p.name)
+    return None
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def _hub_port(host_dir: Path) -> int | None:
+    try:
+        return json.loads((host_dir / "sim.json").read_text()).get("hub_port")
+    except (OSError, ValueError):
+        return None
+
+
+def _is_our_nspawn(pid: int, name: str) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and argv[0].endswith(b"systemd-nspawn") and b"-M" in argv \
+        and name.encode() in argv and b"--register=no" in argv
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:           # not our child (e.g. `sim down` in a new process)
+            if not Path(f"/proc/{pid}").exists():
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def _wait_port(address: str, port: int, proc: subprocess.Popen, console: Path,
+               deadline: float) -> None:
+    while True:
+        if proc.poll() is not None:
+            tail = console.read_text(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"systemd-nspawn exited {proc.returncode}: " + " | ".join(tail))
+        try:
+            socket.create_connection((address, port), timeout=0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd at {address}:{port} did not answer in time") from None
+            time.sleep(0.02)
+
+
+def _cleanup_network(ns: str, veth: str) -> None:
+    if ns and Path(f"/run/netns/{ns}").exists():
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    if veth and Path(f"/sys/class/net/{veth}").exists():
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+
+
+def _rmdir_tree(path: Path) -> None:
+    """Remove a cgroup (or runtime) folder, deepest first; kill what is still in a cgroup first
+    (only processes inside our own cgroup, so never anything we did not start)."""
+    if not path.exists():
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
+        procs = Path(dirpath) / "cgroup.procs"
+        if procs.exists():
+            for pid in procs.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for attempt in range(50):
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if not procs.exists():          # a plain folder (runtime leftovers): files inside
+                    subprocess.run(["rm", "-rf", "--one-file-system", dirpath])
+                    break
+                time.sleep(0.02)
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip()}")

@@ -1,0 +1,213 @@
+"""Real systemd (PID 1 in a systemd-nspawn container), reached only over real SSH, as the
+orchestrator reaches a GPU host. Fixture: systemd_hosts (tests/plugins/remote_hosts.py)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hosts.base import Script
+from orchestrator.hosts.ssh import SshHost
+from orchestrator.sim import nspawn
+from tests.plugins.remote_hosts import systemd_skip_reason
+
+pytestmark = pytest.mark.systemd
+
+
+def connect(info: dict) -> SshHost:
+    return SshHost(info["_name"], info["address"], port=info["port"], user=info["user"],
+                   identity_file=info["identity_file"], known_hosts_file=info["known_hosts_file"],
+                   env=info["env"], connect_timeout=10, ssh_config=None)
+
+
+@pytest.fixture(scope="module")
+def sd(systemd_hosts):
+    info = systemd_hosts(1)[0]
+    host = connect(info)
+    yield info, host
+    host.close()
+
+
+def wait_for(predicate, budget: float = 5.0, every: float = 0.05):
+    deadline = time.monotonic() + budget
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(every)
+
+
+def install_unit(host: SshHost, name: str, text: str) -> None:
+    host.put(f"/etc/systemd/system/{name}", text.encode())
+    host.run(["systemctl", "daemon-reload"]).check(host.name)
+
+
+def test_boot_is_fast_and_the_first_command_answers(sd):
+    info, host = sd
+    t = info["_timings"]
+    assert t["total"] < 30, t
+    started = time.monotonic()
+    r = host.run(["systemctl", "is-system-running"])
+    assert r.stdout.strip() in ("running", "degraded"), info.get("_degraded")
+    assert host.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
+    assert host.run(["hostname"]).stdout.strip() == info["_name"]
+    assert time.monotonic() - started < 5
+    assert host.connects == 1
+
+
+def test_inventory_entry_has_the_contract_fields(sd):
+    info, _ = sd
+    for key in ("address", "port", "user", "identity_file", "known_hosts_file", "service_manager",
+                "models_root", "units_dir", "state_dir", "vllm", "python", "nvidia_smi", "env"):
+        assert key in info
+    assert info["service_manager"] == "systemd" and info["simulated"] is True
+    assert info["address"].startswith("10.200.") and info["address"].endswith(".2")
+
+
+def test_unit_lifecycle_journal_and_stop_kills_forked_children(sd):
+    _, host = sd
+    install_unit(host, "vo-forks.service", """[Unit]
+Description=forks children
+
+[Service]
+Type=exec
+ExecStart=/bin/sh -c 'echo started-$$; sleep 1001 & sleep 1002 & wait'
+""")
+    host.run(["systemctl", "start", "vo-forks.service"]).check(host.name)
+    assert host.run(["systemctl", "is-active", "vo-forks.service"]).stdout.strip() == "active"
+    wait_for(lambda: host.run(["pgrep", "-c", "-f", "^sleep 100[12]"]).stdout.strip() == "2")
+    journal = wait_for(lambda: (r := host.run(["journalctl", "-u", "vo-forks.service",
+                                               "--no-pager"])).stdout.count("started-") and r)
+    assert "Started vo-forks.service" in journal.stdout or "forks children" in journal.stdout
+    host.run(["systemctl", "stop", "vo-forks.service"]).check(host.name)
+    assert host.run(["pgrep", "-f", "^sleep 100[12]"]).exit_code == 1     # cgroup: none left
+    assert host.run(["systemctl", "is-active", "vo-forks.service"]).stdout.strip() == "inactive"
+
+
+def test_restart_on_failure_after_kill_9(sd):
+    _, host = sd
+    install_unit(host, "vo-restart.service", """[Service]
+ExecStart=/bin/sleep 1003
+Restart=on-failure
+RestartSec=100ms
+""")
+    host.run(["systemctl", "start", "vo-restart.service"]).check(host.name)
+    show = ["systemctl", "show", "-p", "MainPID,NRestarts", "--value", "vo-restart.service"]
+    first_pid = host.run(show).stdout.split()[0]
+    host.run(["kill", "-9", first_pid]).check(host.name)
+    pid, restarts = wait_for(lambda: (v := host.run(show).stdout.split()) and v[1] == "1"
+                             and v[0] != "0" and v)
+    assert pid != first_pid and restarts == "1"
+    host.run(["systemctl", "stop", "vo-restart.service"])
+
+
+def test_failing_execstart_ends_failed(sd):
+    _, host = sd
+    install_unit(host, "vo-fails.service", "[Service]\nType=exec\nExecStart=/bin/false\n")
+    host.run(["systemctl", "start", "vo-fails.service"])
+    wait_for(lambda: host.run(["systemctl", "is-failed", "vo-fails.service"]).stdout.strip()
+             == "failed")
+    host.run(["systemctl", "reset-failed", "vo-fails.service"])
+
+
+def test_systemd_analyze_verify_inside_the_host(sd):
+    _, host = sd
+    host.put("/etc/systemd/system/vo-good.service",
+             b"[Service]\nType=exec\nExecStart=/bin/sleep 1\n")
+    host.put("/etc/systemd/system/vo-bad.service",
+             b"[Service]\nExecStart=/bin/sleep 1\nBogusKey=1\n")
+    good = host.run(["systemd-analyze", "verify", "/etc/systemd/system/vo-good.service"])
+    assert good.exit_code == 0 and good.stderr.strip() == ""
+    bad = host.run(["systemd-analyze", "verify", "/etc/systemd/system/vo-bad.service"])
+    assert "Unknown key 'BogusKey'" in bad.stderr     # a warning only: exit code stays 0
+
+
+def test_sim_programs_find_their_host_folder_and_venv_has_huggingface_hub(sd):
+    info, host = sd
+    host_dir = Path(info["_console_log"]).parent.parent
+    script = host_dir / "bin" / "vllm"
+    script.write_text("#!/usr/bin/env python3\nfrom pathlib import Path\n"
+                      "print(Path(__file__).resolve().parent.parent)\n")
+    script.chmod(0o755)
+    assert host.run([info["vllm"]]).stdout.strip() == nspawn.SIM_MOUNT
+    r = host.run([info["python"], "-c", "import huggingface_hub; print(huggingface_hub.__name__)"])
+    assert r.stdout.strip() == "huggingface_hub", r.stderr
+
+
+def test_the_host_reaches_a_server_on_the_gateway_address(sd):
+    """Where the per-host hub mirror listens: the veth's root side (10.200.N.1)."""
+    info, host = sd
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer((info["_gateway"], 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://{info['_gateway']}:{server.server_address[1]}/api/models"
+        r = host.run([info["python"], "-c",
+                      f"import urllib.request; print(urllib.request.urlopen({url!r}).read())"])
+        assert "/api/models" in r.stdout, r.stderr
+    finally:
+        server.shutdown()
+
+
+def test_connect_tcp_reaches_a_port_bound_to_the_hosts_loopback(sd):
+    info, host = sd
+    host.run(Script("nohup /opt/vllm/bin/python -m http.server 18080 --bind 127.0.0.1 "
+                    ">/dev/null 2>&1 &")).check(host.name)
+    try:
+        def answer():
+            try:
+                chan = host.connect_tcp(18080)
+            except ConnectionRefusedError:
+                return None
+            with chan:
+                chan.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                return chan.recv(12)
+        assert wait_for(answer) == b"HTTP/1.0 200"
+    finally:
+        host.run(["pkill", "-f", "http.server 18080"])
+
+
+def test_two_hosts_at_once_each_in_its_own_cgroup_and_network(systemd_hosts):
+    a, b = systemd_hosts(2)
+    assert a["address"] != b["address"]
+    names = set()
+    for info in (a, b):
+        with connect(info) as h:
+            names.add(h.run(["hostname"]).stdout.strip())
+            assert h.run(["ip", "-4", "-br", "addr", "show", "eth0"]).stdout.split()[2] == \
+                info["address"] + "/24"
+        assert all(Path(cg).is_dir() for cg in info["_cgroups"])
+    assert names == {a["_name"], b["_name"]}
+
+
+def test_shutdown_leaves_nothing_behind_and_boot_recovers_a_stale_network(tmp_path):
+    if systemd_skip_reason():
+        pytest.skip(systemd_skip_reason())
+    tree = nspawn.ensure_tree()
+    nspawn.prepare_network("vo-stale", 240)             # left over by a killed run
+    info = nspawn.boot("vo-stale", 240, tmp_path, tree)
+    with connect(info) as h:
+        assert h.run(["true"]).ok
+    nspawn.shutdown(info)
+    nspawn.shutdown(info)                                # twice is fine
+    assert not Path("/run/netns/vllm-orch-vo-stale").exists()
+    assert not Path("/sys/class/net/vorch240").exists()
+    assert not any(Path(cg).exists() for cg in info["_cgroups"])
+    assert nspawn.find_running("vo-stale") is None
