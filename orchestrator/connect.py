@@ -13,4 +13,4 @@ def open_host(entry: HostEntry, accept_new_host_key: bool = False) -> Host:
         return LocalHost(entry.name, sudo=entry.sudo, env=entry.env)
     from .hosts.ssh import SshHost   # paramiko is imported only when a remote host is used
 
-    return SshHost.from_entry(entry, accept_new_host_key=accept_new_host_key)
+    return SshHost.from_inventory(entry.name, entry.model_dump(), accept_new_host_key=accept_new_host_key)

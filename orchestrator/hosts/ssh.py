@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import paramiko
 
 from ..errors import ConnectError
-from .base import Command, Host, Result, printable
+from .base import Command, Host, Result, Spawned, printable
 from .ssh_connect import Target, connect, resolve_target
 
 TIMED_OUT = 124           # like coreutils `timeout` and LocalHost
@@ -235,6 +235,18 @@ class SshHost(Host):
         finally:
             self._count(started)
 
+    # -- long-lived commands (the host lock) -------------------------------------------------------
+    def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
+              sudo: bool | None = None) -> Spawned:
+        """Run cmd on its own channel; its stdin stays open until close(). If this process dies the
+        connection drops, the remote command reads EOF and exits (that releases the lock)."""
+        started = time.monotonic()
+        chan = self.transport().open_session()
+        chan.set_combine_stderr(True)
+        chan.exec_command(self.wrap(cmd, env, sudo))
+        self._count(started)
+        return _SshSpawned(chan)
+
     # -- tunnels ---------------------------------------------------------------------------------
     def connect_tcp(self, port: int, address: str = "127.0.0.1", timeout: float = 5.0):
         """A `direct-tcpip` channel to address:port as seen from the host (so a server bound to
@@ -254,6 +266,39 @@ class SshHost(Host):
             raise TimeoutError(f"{self.name}: tunnel to {address}:{port}: {exc}") from None
         finally:
             self._count(started)
+
+
+class _SshSpawned(Spawned):
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+        self.buf = b""
+
+    def readline(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.chan.settimeout(remaining)
+            try:
+                data = self.chan.recv(4096)
+            except Exception:   # socket.timeout
+                return None
+            if not data:
+                if self.buf:
+                    line, self.buf = self.buf, b""
+                    return line.decode(errors="replace")
+                return None
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        try:
+            self.chan.shutdown_write()
+            self.chan.close()
+        except Exception:
+            pass
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
