@@ -221,11 +221,12 @@ def load_state(home: Path | None = None) -> dict:
     return _read_json((home or sim_home()) / "sim.json", {})
 
 
-def up(hosts: int = 1, *, speed: float = DEFAULT_SPEED, scale: int = DEFAULT_SCALE,
+def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE,
        systemd: bool = False, vllm_python: str | None = None,
        home: Path | None = None) -> dict:
     """Create/refresh `hosts` simulated hosts and start what is not running. Idempotent: hosts
-    already up keep their processes (hosts beyond `hosts` from an earlier `up` are kept too)."""
+    already up keep their processes (hosts beyond `hosts` from an earlier `up` are kept too);
+    speed None keeps a host's speed (DEFAULT_SPEED for a new host)."""
     if hosts < 1:
         raise ConfigError("--hosts must be at least 1")
     home = home or sim_home()
@@ -245,7 +246,8 @@ def up(hosts: int = 1, *, speed: float = DEFAULT_SPEED, scale: int = DEFAULT_SCA
         rec = rec or {"flavour": flavour, "processes": {}}
         hdir = host_dir(name, home)
         started = []
-        info = prepare_host(name, hdir, speed=speed if i < hosts else rec.get("speed", speed),
+        keep = rec.get("speed") or DEFAULT_SPEED
+        info = prepare_host(name, hdir, speed=speed if speed and i < hosts else keep,
                             scale=scale, flavour=rec["flavour"],
                             python=sys.executable if rec["flavour"] == "process"
                             else "/usr/bin/env python3")

@@ -964,6 +964,15 @@ class Launch:
         if not model:
             raise StartupFailed("ValueError: model must be provided")
         mpath = Path(model)
+        if model.startswith(("/", "./", "../", "~")) and not mpath.is_dir():
+            raise StartupFailed(traceback_text(
+                [("vllm/transformers_utils/config.py", 612, "get_config",
+                  "config_dict, config = config_parser.parse("),
+                 ("huggingface_hub/utils/_validators.py", 154, "validate_repo_id",
+                  "raise HFValidationError(")],
+                "huggingface_hub.errors.HFValidationError: Repo id must be in the form "
+                f"'repo_name' or 'namespace/repo_name': '{model}'. Use `repo_type` argument if "
+                "needed."))
         cfg_json = _read_json(mpath / "config.json", {}) if mpath.is_dir() else {}
         ident = cfg_json.get("_name_or_path") or model
         ep = bool(a.enable_expert_parallel)
