@@ -116,6 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except Exception as exc:  # a bug: one line, the traceback only with --debug
+        if debug:
+            raise
+        click.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
+        click.echo("hint: run again with --debug for the traceback, and report it", err=True)
+        sys.exit(1)
 
 
 def _print_error(err: OrchestratorError) -> None:

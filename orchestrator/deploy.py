@@ -72,7 +72,8 @@ def session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key
 def make_ctx(host: Host, entry: HostEntry, m: Manifest, opts: Options, reporter, extra_models=()) -> Ctx:
     secrets = secrets_from_environ(m)
     ctx = Ctx(host=host, entry=entry, manifest=m, rendered=render(m, entry, secrets),
-              facts=gather(host, entry, [m.name, *extra_models]), opts=opts, reporter=reporter)
+              facts=gather(host, entry, [m.name, *extra_models], ports=[m.serving.port]),
+              opts=opts, reporter=reporter)
     ctx.results["secrets"] = secrets
     return ctx
 

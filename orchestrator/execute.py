@@ -54,6 +54,10 @@ class Reporter:
             self._status = self.console.status("starting...", spinner="dots")
             self._status.start()
 
+    def step_skip(self, index: int, total: int, action: Action) -> None:
+        if not self.quiet:
+            self.console.print(f"[dim]\\[{index}/{total}] {action.step}: {action.summary}[/]", soft_wrap=True)
+
     def step_end(self, res: StepResult) -> None:
         self._stop_status()
         if self.quiet:
@@ -107,7 +111,7 @@ def run_plan(plan: Plan, ctx, reporter: Reporter, start_at: int = 0) -> RunOutco
                 action.run(ctx)
             res = StepResult(action.step, "skipped", action.summary, time.monotonic() - t0)
             outcome.results.append(res)
-            reporter.step_end(res) if not reporter.quiet else None
+            reporter.step_skip(i, total, action)
             continue
         reporter.step_start(i, total, action)
         try:

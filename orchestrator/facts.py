@@ -34,6 +34,8 @@ class GpuProc:
     def describe(self) -> str:
         who = f"owned by running {self.owner}" if self.owner else (
             f"left behind by {self.left_by}" if self.left_by else "not a managed service")
+        if self.gpu_index is None and not self.used_mib:
+            return f"PID {self.pid or '?'} {self.name} bound to the service port ({who})"
         gpu_txt = f"GPU {self.gpu_index}" if self.gpu_index is not None else "GPU ?"
         return f"PID {self.pid} {self.name} on {gpu_txt}, {self.used_mib} MiB ({who})"
 
@@ -64,6 +66,7 @@ class HostFacts:
     installed: dict[str, dict]
     services: dict[str, ServiceState]
     usage: dict[str, float]
+    ports: dict[int, list[GpuProc]] = field(default_factory=dict)   # port -> processes bound to it
     raw: dict = field(repr=False, default_factory=dict)
 
     def running(self) -> list[str]:
@@ -82,8 +85,9 @@ def script_command(entry: HostEntry, name: str, *args: str) -> Script:
     return Script(text, display=" ".join([entry.python, f"<vllm-orch {name}>", *map(shlex.quote, args)]))
 
 
-def gather(host: Host, entry: HostEntry, models: list[str] | None = None) -> HostFacts:
-    args = {"models_root": entry.models_root, "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
+def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
+           ports: list[int] | None = None) -> HostFacts:
+    args = {"ports": ports or [],"models_root": entry.models_root, "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
             "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [],
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
@@ -103,13 +107,15 @@ def parse(raw: dict) -> HostFacts:
     gpu_error = None
     gpus = []
     if gpus_raw["rc"] == 0:
-        gpus = gpu.parse_gpus(gpus_raw["out"])
+        gpus = gpu.parse_gpus(gpus_raw["out"], gpu.GPU_QUERY_FIELDS)
     else:
         gpu_error = (gpus_raw["err"] or gpus_raw["out"]).strip() or f"nvidia-smi exited {gpus_raw['rc']}"
     info = gpu.parse_driver_info(raw["banner_raw"]["out"]) if raw["banner_raw"]["rc"] == 0 else None
     driver, cuda = (info.driver_version, info.cuda_version) if info else (None, None)
     services = {name: ServiceState.from_facts(st) for name, st in raw["services"].items()}
-    procs = _gpu_procs(gpu.parse_compute_apps(apps_raw["out"]) if apps_raw["rc"] == 0 else [],
+    ports = {int(port): [_owned(pid, raw.get("procs", {}), raw["services"], services) for pid in pids]
+             for port, pids in (raw.get("ports") or {}).items()}
+    procs = _gpu_procs(gpu.parse_compute_apps(apps_raw["out"], gpu.COMPUTE_APPS_FIELDS) if apps_raw["rc"] == 0 else [],
                        gpus, raw.get("procs", {}), raw["services"], services)
     usage = raw.get("usage") or {}
     models = {}
@@ -122,7 +128,28 @@ def parse(raw: dict) -> HostFacts:
         disk_free=raw["disk"]["free"], gpus=gpus, gpu_error=gpu_error, driver_version=driver,
         cuda_version=cuda, procs=procs, vllm_version=raw["vllm"].get("version"),
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
-        installed=raw.get("installed") or {}, services=services, usage=usage, raw=raw)
+        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports, raw=raw)
+
+
+def _owner(info: dict, raw_services: dict, services: dict[str, ServiceState]) -> tuple[str | None, str | None]:
+    """(model whose running service owns the process, model whose dead service left it behind):
+    by systemd cgroup, or by the process group a `process` service was started in."""
+    cgroup, pgid = info.get("cgroup", ""), info.get("pgid")
+    for model, raw in raw_services.items():
+        mine = (f"/vllm-{model}.service" in cgroup) or (
+            raw.get("PGID") is not None and pgid is not None and str(pgid) == str(raw.get("PGID")))
+        if mine:
+            return (model, None) if services[model].active else (None, model)
+    return None, None
+
+
+def _owned(pid: int | None, procs: dict, raw_services: dict, services: dict[str, ServiceState]) -> GpuProc:
+    info = procs.get(str(pid), {}) if pid else {}
+    owner, left_by = _owner(info, raw_services, services)
+    cmdline = " ".join(info.get("cmdline") or [])
+    name = info.get("comm") or "?"
+    return GpuProc(pid=pid or 0, name=name, used_mib=0, gpu_index=None, owner=owner, left_by=left_by,
+                   vllm_like=bool(_VLLM_LIKE.search(name + " " + cmdline)), cmdline=cmdline)
 
 
 def _gpu_procs(apps, gpus, procs: dict, raw_services: dict, services: dict[str, ServiceState]) -> list[GpuProc]:
@@ -130,17 +157,7 @@ def _gpu_procs(apps, gpus, procs: dict, raw_services: dict, services: dict[str, 
     out = []
     for app in apps:
         info = procs.get(str(app.pid), {})
-        cgroup, pgid = info.get("cgroup", ""), info.get("pgid")
-        owner = left_by = None
-        for model, raw in raw_services.items():
-            mine = (f"/vllm-{model}.service" in cgroup) or (
-                raw.get("PGID") is not None and pgid is not None and str(pgid) == str(raw.get("PGID")))
-            if mine:
-                if services[model].active:
-                    owner = model
-                else:
-                    left_by = model
-                break
+        owner, left_by = _owner(info, raw_services, services)
         cmdline = " ".join(info.get("cmdline") or [])
         name = app.process_name or info.get("comm") or "?"
         out.append(GpuProc(pid=app.pid, name=name, used_mib=app.used_memory_mib or 0,

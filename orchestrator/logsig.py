@@ -34,7 +34,7 @@ FATAL: list[Signature] = [
     _sig("gpu-memory-busy", r"Free memory on device .* is less than desired GPU memory utilization",
          "other processes (often leftover VLLM::Worker processes) hold GPU memory",
          "free the GPUs (`vllm-orch deploy` kills leftover vLLM workers) or lower gpu_memory_utilization"),
-    _sig("trust-remote-code", r"contains custom code which must be executed|trust_remote_code=True",
+    _sig("trust-remote-code", r"contains custom code which must be executed|pass the argument `?trust_remote_code=True`? to allow",
          "the model needs --trust-remote-code", "set vllm.trust_remote_code: true in the manifest"),
     _sig("cuda-oom", r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory)",
          "the GPUs ran out of memory", "lower gpu_memory_utilization, max_model_len or max_num_batched_tokens"),

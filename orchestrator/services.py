@@ -160,24 +160,30 @@ class ProcessService(Service):
         q = shlex.quote
         run_dir = f"{self.entry.state_dir}/run"
         return [Script(
-            f"mkdir -p {q(run_dir)} {q(self.entry.log_dir)} && "
-            f"printf '%s\\n' \"--- vllm-orch start $(date -u +%FT%TZ)\" >> {q(self.logfile)} && "
-            f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null & "
-            f"echo $! > {q(self.pidfile)}")]
+            f"mkdir -p {q(run_dir)} {q(self.entry.log_dir)} || exit 1\n"
+            f"printf '%s\\n' \"--- vllm-orch start $(date -u +%FT%TZ)\" >> {q(self.logfile)}\n"
+            f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &\n"
+            f"echo $! > {q(self.pidfile)}",
+            display=f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &  (PID into {q(self.pidfile)})")]
 
     def stop_commands(self) -> list[Command]:
         q = shlex.quote
+        # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
+        group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
         return [Script(
             f"P=$(cat {q(self.pidfile)} 2>/dev/null) || exit 0; "
             f"kill -TERM -- -$P 2>/dev/null; i=0; "
-            f"while kill -0 -- -$P 2>/dev/null && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
-            f"kill -KILL -- -$P 2>/dev/null; rm -f {q(self.pidfile)}; true")]
+            f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
+            f"kill -KILL -- -$P 2>/dev/null; rm -f {q(self.pidfile)}; true",
+            display=f"kill -TERM the process group in {self.pidfile}; wait up to {self.STOP_WAIT_S}s; "
+                    f"kill -KILL what is left")]
 
     def state(self) -> ServiceState:
         q = shlex.quote
         r = self.host.run(Script(
             f"P=$(cat {q(self.pidfile)} 2>/dev/null) || {{ echo none; exit 0; }}; "
-            f"if kill -0 $P 2>/dev/null; then echo running $P $(stat -c %Y {q(self.pidfile)}); "
+            f"S=$(ps -o stat= -p $P 2>/dev/null); "
+            f"if [ -n \"$S\" ] && [ \"${{S#Z}}\" = \"$S\" ]; then echo running $P $(stat -c %Y {q(self.pidfile)}); "
             f"else echo dead $P; fi"))
         words = r.stdout.split()
         if not words or words[0] == "none":

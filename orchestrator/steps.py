@@ -317,14 +317,16 @@ def gpu_holders(ctx: Ctx, stopping: set[str]) -> tuple[list[GpuProc], list[GpuPr
     """(vLLM leftovers to kill, foreign processes, processes of other running managed models)."""
     want = set(ctx.manifest.serving.visible_devices)
     leftovers, foreign, others = [], [], []
-    for p in ctx.facts.procs:
+    port_holders = ctx.facts.ports.get(ctx.manifest.serving.port, [])
+    gpu_pids = {p.pid for p in ctx.facts.procs}
+    for p in ctx.facts.procs + [h for h in port_holders if h.pid not in gpu_pids]:
         if p.gpu_index is not None and p.gpu_index not in want:
             continue                                   # never touch processes on other GPUs
         if p.owner == ctx.name or (p.owner in stopping and p.owner is not None):
             continue
         if p.owner:
             others.append(p)
-        elif p.vllm_like or p.left_by:
+        elif p.pid and (p.vllm_like or p.left_by):
             leftovers.append(p)
         else:
             foreign.append(p)
@@ -346,9 +348,9 @@ def wait_gpus_free(host: Host, entry: HostEntry, indices: list[int], timeout: fl
     while True:
         r = host.run(gpu.query_gpus_argv(entry.nvidia_smi))
         a = host.run(gpu.query_compute_apps_argv(entry.nvidia_smi))
-        gpus = {g.index: g for g in gpu.parse_gpus(r.stdout)} if r.ok else {}
+        gpus = {g.index: g for g in gpu.parse_gpus(r.stdout, gpu.GPU_QUERY_FIELDS)} if r.ok else {}
         uuids = {gpus[i].uuid for i in indices if i in gpus}
-        apps = [x for x in gpu.parse_compute_apps(a.stdout) if x.gpu_uuid in uuids] if a.ok else []
+        apps = [x for x in gpu.parse_compute_apps(a.stdout, gpu.COMPUTE_APPS_FIELDS) if x.gpu_uuid in uuids] if a.ok else []
         used = {i: gpus[i].memory_used_mib or 0 for i in indices if i in gpus}
         busy = {i: u for i, u in used.items() if u >= IDLE_GPU_MIB}
         if not apps and not busy:
@@ -371,10 +373,10 @@ def gpus_action(ctx: Ctx, stopping: set[str] = frozenset()) -> tuple[Action, Ref
             host=ctx.entry.name, step="gpus",
             hint=f"use `vllm-orch swap {ctx.name} --host {ctx.entry.name}` (stages, switches, rolls back)")
     if foreign and not ctx.opts.kill_foreign:
-        return Action("gpus", f"{len(foreign)} non-vLLM processes hold {gpu_list(want)}",
-                      details=[p.describe() for p in foreign]), RefusedError(
-            f"GPUs {','.join(str(p.gpu_index) for p in foreign)} are used by processes that are not vLLM: "
-            + "; ".join(f"PID {p.pid} {p.name}" for p in foreign), host=ctx.entry.name, step="gpus",
+        return Action("gpus", f"{len(foreign)} non-vLLM processes hold {gpu_list(want)} or port "
+                              f"{ctx.manifest.serving.port}", details=[p.describe() for p in foreign]), RefusedError(
+            f"{gpu_list(want)} or port {ctx.manifest.serving.port} are used by processes that are not vLLM: "
+            + "; ".join(f"PID {p.pid or '?'} {p.name}" for p in foreign), host=ctx.entry.name, step="gpus",
             hint="stop them yourself, or pass --kill-foreign to let vllm-orch kill them")
     victims = leftovers + (foreign if ctx.opts.kill_foreign else [])
     if not victims:

@@ -66,8 +66,18 @@ def models(root):
     return out
 
 
+def alive(pid):
+    """Running and not a zombie (an unreaped zombie still has a /proc entry)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def proc_info(pid):
-    info = {"pid": pid, "alive": os.path.exists("/proc/%d" % pid)}
+    info = {"pid": pid, "alive": alive(pid)}
     if not info["alive"]:
         return info
     try:
@@ -84,6 +94,44 @@ def proc_info(pid):
     except (OSError, ValueError, IndexError):
         pass
     return info
+
+
+def port_holders(ports):
+    """Processes with a TCP socket bound (LISTEN, or bound-but-not-listening as vLLM is while it
+    loads) on each port: {port: [pid or None]} from /proc/net/tcp{,6} and /proc/*/fd."""
+    wanted = {int(p) for p in ports}
+    inodes = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    port = int(parts[1].rsplit(":", 1)[1], 16)
+                    remote_port = int(parts[2].rsplit(":", 1)[1], 16)
+                    if port in wanted and parts[3] in ("0A", "07") and remote_port == 0:
+                        inodes[parts[9]] = port
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    found = {str(p): [] for p in wanted}
+    if not inodes:
+        return found
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir("/proc/%s/fd" % pid):
+                target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    port = str(inodes[target[8:-1]])
+                    if int(pid) not in found[port]:
+                        found[port].append(int(pid))
+        except OSError:
+            continue
+    for port in found:
+        if not found[port] and int(port) in inodes.values():
+            found[port].append(None)        # bound, but the owner is not visible to us
+    return found
 
 
 def systemd_state(unit):
@@ -103,9 +151,9 @@ def process_state(pidfile):
             pid = int(f.read().strip())
     except (OSError, ValueError):
         return {"ActiveState": "inactive", "MainPID": "0"}
-    alive = os.path.exists("/proc/%d" % pid)
+    running = alive(pid)
     started = os.path.getmtime(pidfile)
-    return {"ActiveState": "active" if alive else "failed", "MainPID": str(pid) if alive else "0",
+    return {"ActiveState": "active" if running else "failed", "MainPID": str(pid) if running else "0",
             "PGID": str(pid), "StartedAt": str(started)}
 
 
@@ -156,7 +204,8 @@ def main():
         else:
             services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name))
     facts["services"] = services
-    pids = set()
+    facts["ports"] = port_holders(args.get("ports", []))
+    pids = set(p for holders in facts["ports"].values() for p in holders if p)
     for line in facts["apps_raw"]["out"].splitlines():
         first = line.split(",")[0].strip()
         if first.isdigit():
