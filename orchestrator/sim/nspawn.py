@@ -66,10 +66,14 @@ def cgroup_dirs(name: str) -> list[Path]:
 
 
 def prepare_network(name: str, index: int) -> dict:
-    """Namespace + veth pair with addresses, idempotent (a stale one is rebuilt). Call this
-    before starting anything that must listen on the root side (the hub mirror)."""
+    """Namespace + veth pair with addresses, idempotent: a complete one is kept as it is (so a
+    hub mirror already bound to the root side keeps its address), a partial one is rebuilt.
+    Call this before starting anything that must listen on the root side (the hub mirror)."""
     ns, veth = netns_name(name), _veth(index)
     outside, inside = addresses(index)
+    result = {"netns": ns, "veth": veth, "gateway": outside, "address": inside}
+    if _has_addr([], veth, outside) and _has_addr(["-n", ns], "eth0", inside):
+        return result
     _cleanup_network(ns, veth)
     _ip("netns", "add", ns)
     _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}c", "netns", ns)
@@ -79,7 +83,13 @@ def prepare_network(name: str, index: int) -> dict:
     _ip("-n", ns, "addr", "add", f"{inside}/24", "dev", "eth0")
     _ip("-n", ns, "link", "set", "eth0", "up")
     _ip("-n", ns, "link", "set", "lo", "up")
-    return {"netns": ns, "veth": veth, "gateway": outside, "address": inside}
+    return result
+
+
+def _has_addr(where: list[str], dev: str, address: str) -> bool:
+    proc = subprocess.run(["ip", *where, "-4", "-o", "addr", "show", "dev", dev, "up"],
+                          capture_output=True, text=True)
+    return proc.returncode == 0 and f" {address}/24 " in proc.stdout
 
 
 def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,

@@ -211,3 +211,24 @@ def test_shutdown_leaves_nothing_behind_and_boot_recovers_a_stale_network(tmp_pa
     assert not Path("/sys/class/net/vorch240").exists()
     assert not any(Path(cg).exists() for cg in info["_cgroups"])
     assert nspawn.find_running("vo-stale") is None
+
+
+def test_prepare_network_keeps_a_complete_network_so_a_bound_mirror_survives_boot(tmp_path):
+    if systemd_skip_reason():
+        pytest.skip(systemd_skip_reason())
+    import socket
+    net = nspawn.prepare_network("vo-keep", 241)
+    mirror = socket.socket()
+    mirror.bind((net["gateway"], 0))            # the hub mirror, started before the container
+    mirror.listen(1)
+    info = nspawn.boot("vo-keep", 241, tmp_path, nspawn.ensure_tree(),
+                       hub_port=mirror.getsockname()[1])
+    try:
+        assert info["env"]["HF_ENDPOINT"] == f"http://{net['gateway']}:{mirror.getsockname()[1]}"
+        with connect(info) as h:
+            r = h.run([info["python"], "-c", "import socket; socket.create_connection("
+                       f"({net['gateway']!r}, {mirror.getsockname()[1]}), timeout=3); print('ok')"])
+        assert r.stdout.strip() == "ok", r.stderr
+    finally:
+        mirror.close()
+        nspawn.shutdown(info)
