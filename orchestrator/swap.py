@@ -40,7 +40,7 @@ def build_swap_plan(ctx: Ctx, old: Manifest | None, holder: dict | None, held: b
     info: dict = {"from": old.name if old else None, "to": m.name, "staged": True}
     plan = Plan("swap", ctx.entry.describe(), f"{old.name if old else '(nothing)'} -> {m.name}",
                 warnings=unpinned_warning(m))
-    plan.add(steps.lock_action(ctx, holder, held))
+    plan.add(steps.lock_action(ctx.entry, holder, held))
 
     def refuse(action: Action, err: RefusedError | None) -> bool:
         plan.add(action)
@@ -101,15 +101,19 @@ def rollback(ctx: Ctx, old: Manifest, reporter: Reporter, opts: Options) -> tupl
     host, entry = ctx.host, ctx.entry
     new_svc = ctx.service
     reporter.print(f"[yellow]rolling back to {old.name}[/]")
-    new_svc.run_all(new_svc.stop_commands(), f"stop {ctx.name}", timeout=600)
-    steps.wait_gpus_free(host, entry, old.serving.visible_devices, opts.gpu_release_timeout_s, opts.poll_s)
-    old_svc = Service.for_host(host, entry, old.name)
-    cursor = old_svc.log_cursor()
-    old_svc.run_all(old_svc.start_commands(), f"start {old.name}")
     try:
+        new_svc.run_all(new_svc.stop_commands(), f"stop {ctx.name}", timeout=600)
+        reporter.print(f"      stopped {ctx.name}")
+        freed = steps.wait_gpus_free(host, entry, old.serving.visible_devices, opts.gpu_release_timeout_s,
+                                     opts.poll_s)
+        reporter.print(f"      {freed}")
+        old_svc = Service.for_host(host, entry, old.name)
+        cursor = old_svc.log_cursor()
+        old_svc.run_all(old_svc.start_commands(), f"start {old.name}")
+        reporter.print(f"      started {old.name} with its previous unit")
         ready = wait_ready(host, old_svc, old, cursor, on_event=reporter.event,
                            budget_s=opts.budget_s, no_progress_s=opts.no_progress_s, poll_s=opts.poll_s)
-    except NotReady as err:
+    except OrchestratorError as err:
         return False, f"{old.name} did not come back: {err.message}", time.monotonic() - t0
     state.touch_usage(host, entry, old.name, {})
     return True, f"{old.name} serves again ({ready.smoke.summary()})", time.monotonic() - t0
