@@ -1,0 +1,91 @@
+"""Manifests: the shipped ones load; each bad-manifest fixture gives exactly its expected message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.manifest import Manifest, get_manifest, load_all, load_manifest, manifest_schema
+from orchestrator.paths import shipped_dir
+
+BAD = Path(__file__).parent.parent / "fixtures" / "bad-manifests"
+SHIPPED = ["example", "kimi-k25-int4", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]
+
+
+def test_shipped_manifests_load():
+    good, bad = load_all(shipped_dir("models"))
+    assert not bad, [str(b) for b in bad]
+    assert sorted(good) == sorted(SHIPPED)
+    kimi = good["kimi-k25-int4"]
+    assert kimi.source.repo == "moonshotai/Kimi-K2.5"
+    assert kimi.vllm.tensor_parallel_size == 8 and kimi.vllm.trust_remote_code
+    assert kimi.vllm.tool_call_parser == kimi.vllm.reasoning_parser == "kimi_k2"
+    assert good["minimax-m25"].vllm.tensor_parallel_size == 4
+    ep = good["minimax-m25-ep"].vllm
+    assert ep.enable_expert_parallel and ep.world_size == 8
+
+
+@pytest.mark.parametrize("fixture", sorted(p.stem for p in BAD.glob("*.yaml")))
+def test_bad_manifest_message(fixture, monkeypatch):
+    monkeypatch.chdir(BAD)
+    expected = (BAD / f"{fixture}.expected").read_text().strip()
+    with pytest.raises(ConfigError) as info:
+        load_manifest(Path(f"{fixture}.yaml"))
+    assert str(info.value) == expected
+    assert info.value.exit_code == 2
+
+
+def test_every_bad_fixture_has_an_expectation():
+    assert {p.stem for p in BAD.glob("*.yaml")} == {p.stem for p in BAD.glob("*.expected")}
+
+
+def test_cli_validate_exit_code_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate",
+                           str(BAD / "misspelt-key.yaml"), str(shipped_dir("models") / "minimax-m25.yaml")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "did you mean 'tensor_parallel_size'" in proc.stdout
+    assert "ok      " in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_unknown_model_suggests_name():
+    with pytest.raises(ConfigError) as info:
+        get_manifest("kimi-k25-in4", shipped_dir("models"))
+    assert info.value.hint == "did you mean 'kimi-k25-int4'?"
+
+
+def test_schema_has_descriptions_for_every_field():
+    schema = manifest_schema()
+    missing = []
+
+    def walk(node, path):
+        for name, prop in node.get("properties", {}).items():
+            if "description" not in prop:
+                missing.append(f"{path}{name}")
+    walk(schema, "")
+    for name, sub in schema.get("$defs", {}).items():
+        walk(sub, f"{name}.")
+    assert not missing
+    json.dumps(schema)
+
+
+def test_every_field_has_a_description_in_the_models():
+    def walk(model, path=""):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{path}{name} has no description"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, Manifest.__mro__[1]):
+                walk(ann, f"{path}{name}.")
+    walk(Manifest)
+
+
+def test_secret_like_env_is_refused_but_secret_env_allowed(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("source: {repo: a/b}\nserving: {gpus: 1, secret_env: [HF_TOKEN, VLLM_API_KEY]}\n")
+    m = load_manifest(f)
+    assert m.serving.secret_env == ["HF_TOKEN", "VLLM_API_KEY"]
