@@ -7,7 +7,8 @@ Run by the host's vLLM Python, standard library + the installed vLLM only:
 The orchestrator sends this file as the program text (`python -` with the file on stdin); then the
 request comes as a first line `_REQUEST = '<json>'` prepended to the text instead of on stdin.
 
-Request: {"argv": [...], "env": {NAME: VALUE}}. argv may be `["vllm", "serve", MODEL, ...]`,
+Request: {"argv": [...], "env": {NAME: VALUE}}, or {"batch": [request, ...]} (answered with
+{"results": [result, ...], "seconds": float}; the parser is built once). argv may be `["vllm", "serve", MODEL, ...]`,
 `["serve", MODEL, ...]`, `[MODEL, --flags...]` or the flags only. env is applied before vLLM is
 imported (VLLM_* variables can change defaults).
 
@@ -64,8 +65,8 @@ def _target_device(env):
 def _strip_prefix(argv):
     """The tokens after `serve` (vllm's parser sees exactly these)."""
     argv = list(argv)
-    if len(argv) >= 2 and os.path.basename(argv[0]) == "vllm" and argv[1] == "serve":
-        argv = argv[1:]
+    if len(argv) >= 2 and argv[1] == "serve" and not argv[0].startswith("-"):
+        argv = argv[1:]          # the vllm executable (any path) then `serve`
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     return argv
@@ -157,7 +158,41 @@ def _deprecated_used(parser, tokens, notes):
     return found
 
 
+_PARSER = {}   # built once per process: importing vLLM is the slow part (~5 s)
+
+
+def _parser(env, out):
+    """Build (once) the serve parser; fills out's version/device/parser/import_seconds fields."""
+    if not _PARSER:
+        os.environ.update(env)
+        device = _target_device(env)
+        if device:
+            os.environ["VLLM_TARGET_DEVICE"] = device
+        _PARSER["device"] = device
+        try:
+            from importlib.metadata import version
+            _PARSER["version"] = version("vllm")
+        except Exception:
+            _PARSER["version"] = None
+        t0 = time.monotonic()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _PARSER["built"] = _build_parser()
+        except Exception as exc:  # noqa: BLE001 - report any import failure as data
+            _PARSER["error"] = f"{type(exc).__name__}: {exc}"
+        _PARSER["import_seconds"] = round(time.monotonic() - t0, 3)
+    out.update(vllm_version=_PARSER["version"], target_device=_PARSER["device"],
+               import_seconds=_PARSER["import_seconds"])
+    if "error" in _PARSER:
+        out.update(stage="import", error=_PARSER["error"])
+        return None
+    out["parser"] = _PARSER["built"][2]
+    return _PARSER["built"]
+
+
 def check(request):
+    """One request {"argv", "env"} -> the result object described at the top of this file."""
     started = time.monotonic()
     env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
     out = {"ok": False, "stage": None, "error": None, "bad_args": [], "deprecated": [],
@@ -169,30 +204,12 @@ def check(request):
         out.update(stage="request", error="request.argv must be a list of strings")
         return out
     tokens = _strip_prefix(argv)
-    os.environ.update(env)
-    device = _target_device(env)
-    if device:
-        os.environ["VLLM_TARGET_DEVICE"] = device
-    out["target_device"] = device
-    try:
-        from importlib.metadata import version
-        out["vllm_version"] = version("vllm")
-    except Exception:
-        pass
-
-    recorder = _Recorder()
-    logging.getLogger("vllm").addHandler(recorder)
-    t0 = time.monotonic()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            top, serve, kind, validate = _build_parser()
-    except Exception as exc:  # noqa: BLE001 - report any import failure as data
-        out.update(stage="import", error=f"{type(exc).__name__}: {exc}")
+    built = _parser(env, out)
+    if built is None:
         out["seconds"] = round(time.monotonic() - started, 3)
         return out
-    out["import_seconds"] = round(time.monotonic() - t0, 3)
-    out["parser"] = kind
+    top, serve, kind, validate = built
+    os.environ.update(env)
     try:
         import vllm.envs as envs
         known = set(getattr(envs, "environment_variables", {}))
@@ -201,6 +218,8 @@ def check(request):
     except Exception:
         pass
 
+    recorder = _Recorder()
+    logging.getLogger("vllm").addHandler(recorder)
     errors = []
     original_error = argparse.ArgumentParser.error
 
@@ -210,7 +229,6 @@ def check(request):
 
     argparse.ArgumentParser.error = recording_error
     parse_argv = (["serve"] + tokens) if kind == "vllm serve" else tokens
-    del recorder.messages[:]
     stderr = io.StringIO()
     try:
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(stderr):
@@ -246,6 +264,16 @@ def check(request):
     return out
 
 
+def handle(request):
+    """A single request, or {"batch": [request, ...]} -> {"results": [...], "seconds": total}:
+    the parser is built once for the whole batch (tests check many argvs in one process)."""
+    if "batch" in request:
+        started = time.monotonic()
+        results = [check(r if isinstance(r, dict) else {}) for r in request["batch"]]
+        return {"results": results, "seconds": round(time.monotonic() - started, 3)}
+    return check(request)
+
+
 def main():
     # vLLM logs to stdout by default: keep the real stdout for our one JSON line only.
     real_stdout = os.fdopen(os.dup(1), "w")
@@ -260,7 +288,7 @@ def main():
         result = {"ok": False, "stage": "request", "error": f"bad request: {exc}", "bad_args": [],
                   "deprecated": []}
     else:
-        result = check(request)
+        result = handle(request)
     real_stdout.write(json.dumps(result) + "\n")
     real_stdout.close()
     return 0
