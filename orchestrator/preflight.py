@@ -362,14 +362,16 @@ def check_gpus(gpus: Sequence[Mapping[str, Any]], needs: GpuNeeds) -> Check:
                      fix="check the NVIDIA driver (nvidia-smi) on the host")
     chosen = [g for g in gpus if needs.indices is None or g["index"] in needs.indices]
     problems = []
+    if len(gpus) < needs.count:
+        problems.append(f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} available, "
+                        f"{needs.count} needed")
     if needs.indices is not None:
         absent = sorted(set(needs.indices) - {g["index"] for g in gpus})
         if absent:
             problems.append(f"GPU index {', '.join(map(str, absent))} does not exist "
                             f"(the host has {len(gpus)}: 0-{len(gpus) - 1})")
-    if len(chosen) < needs.count:
-        problems.append(f"{len(chosen)} GPU{'s' if len(chosen) != 1 else ''} available, "
-                        f"{needs.count} needed")
+    if len(chosen) < needs.count and len(gpus) >= needs.count and not problems:
+        problems.append(f"{len(chosen)} of the chosen GPUs exist, {needs.count} needed")
     if needs.name_contains:
         wrong = [g for g in chosen if needs.name_contains.lower() not in g["name"].lower()]
         if wrong:

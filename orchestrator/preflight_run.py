@@ -184,3 +184,14 @@ def run_preflight(host: Host, python: str, argv: Sequence[str],
             c.seconds = t_env if c.status != "skipped" else None
             checks.append(c)
     return checks + gpu_checks
+
+
+def manifest_kwargs(m: Any) -> dict[str, Any]:
+    """run_preflight keyword arguments from a Manifest (orchestrator.manifest), duck-typed:
+    run_preflight(host, entry.python, r.argv, r.provenance, manifest_label=path, **manifest_kwargs(m))."""
+    vram = getattr(m.requires, "vram_per_gpu_gib", 0) or 0
+    return {"env": dict(m.env),
+            "min_vllm": m.requires.min_vllm_version,
+            "gpu_needs": GpuNeeds(count=m.serving.gpus, name_contains=m.requires.gpu_name,
+                                  min_vram_mib=int(vram * 1024) or None,
+                                  indices=list(m.serving.visible_devices))}

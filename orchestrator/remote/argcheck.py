@@ -107,7 +107,7 @@ def _build_parser():
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     try:
         import vllm.entrypoints.cli.serve as serve_mod
-        top = FlexibleArgumentParser(description="vLLM CLI")
+        top = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")  # prog: as `vllm` runs
         subparsers = top.add_subparsers(required=False, dest="subparser")
         serve = serve_mod.ServeSubcommand().subparser_init(subparsers)
         return top, serve, "vllm serve", serve_mod.ServeSubcommand().validate
