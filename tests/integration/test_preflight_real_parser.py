@@ -8,11 +8,9 @@ each parse after it ~1 ms.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 from orchestrator.hosts.local import LocalHost
 from orchestrator.inventory import HostEntry
 from orchestrator.manifest import load_manifest, manifest_files
-from orchestrator.paths import package_file, shipped_dir
+from orchestrator.paths import shipped_dir
 from orchestrator.preflight import FAIL, OK, WARN, check_env, check_flags
 from orchestrator.preflight_run import manifest_kwargs, run_host_script, run_preflight
 from orchestrator.render import build_argv
@@ -81,26 +79,94 @@ def shipped_manifests():
     return [p for p in manifest_files(shipped_dir("models")) if p.stem != "example"]
 
 
+_BATCHES: dict[str, list[dict]] = {}
+
+
 def argcheck_batch(python: Path, requests: list[dict]) -> list[dict]:
-    out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": requests},
-                               timeout=300)
-    assert out is not None, res.stderr[-3000:]
-    return out["results"]
+    """Results for `requests`. The first call of the module sends every request the module will
+    ever ask (ALL_REQUESTS) in one argcheck batch, so vLLM is imported once, not once per test."""
+    if not _BATCHES:
+        everything = [r for build in ALL_REQUESTS for r in build()]
+        out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": everything},
+                                   timeout=300)
+        assert out is not None, res.stderr[-3000:]
+        for req, result in zip(everything, out["results"]):
+            _BATCHES[json.dumps(req, sort_keys=True)] = result
+    missing = [r for r in requests if json.dumps(r, sort_keys=True) not in _BATCHES]
+    if missing:   # a request not registered in ALL_REQUESTS: still answered, in its own process
+        out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": missing},
+                                   timeout=300)
+        assert out is not None, res.stderr[-3000:]
+        for req, result in zip(missing, out["results"]):
+            _BATCHES[json.dumps(req, sort_keys=True)] = result
+    return [_BATCHES[json.dumps(r, sort_keys=True)] for r in requests]
 
 
-@pytest.fixture(scope="module")
-def kimi():
+@functools.lru_cache(maxsize=None)
+def kimi_render():
     m = load_manifest(shipped_dir("models") / "kimi-k25-int4.yaml")
     return m, build_argv(m, HOST)
 
 
+@pytest.fixture
+def kimi():
+    return kimi_render()
+
+
+def shipped_rendered():
+    return {p.name: build_argv(load_manifest(p), HOST) for p in shipped_manifests()}
+
+
+def shipped_requests():
+    return [{"argv": argv} for argv, _ in shipped_rendered().values()]
+
+
+def facts_requests():
+    return [{"argv": shlex.split(v)} for v in FACTS_ARGVS.values()]
+
+
+def bad_cases():
+    _m, (argv, prov) = kimi_render()
+    cases = {}
+    for name, (extra, *_rest) in BAD.items():
+        prov_x = prov + [(tok, f"vllm.extra_args[{i}]") for i, tok in enumerate(extra)]
+        cases[name] = (argv + extra, prov_x)
+    return cases
+
+
+def bad_requests():
+    return [{"argv": a} for a, _ in bad_cases().values()]
+
+
+def typed_requests():
+    _m, (argv, _prov) = kimi_render()
+    i = argv.index("--tensor-parallel-size")
+    j = argv.index("--tool-call-parser")
+    return [{"argv": argv[:i + 1] + ["eight"] + argv[i + 2:]}, {"argv": argv[:j] + argv[j + 2:]}]
+
+
+DEPRECATED_EXTRA = ["--disable-cascade-attn", "--log-config-file", "/etc/log.json"]
+OLD_ENV = {"VLLM_ATTENTION_BACKEND": "TRITON_MLA", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+
+def deprecated_requests():
+    return [{"argv": kimi_render()[1][0] + DEPRECATED_EXTRA}]
+
+
+def env_requests():
+    return [{"argv": kimi_render()[1][0], "env": OLD_ENV}]
+
+
+ALL_REQUESTS = (shipped_requests, facts_requests, bad_requests, typed_requests, deprecated_requests,
+                env_requests)
+
+
 def test_every_shipped_manifest_and_facts_argv_parses(vllm_parser_python):
-    rendered = {p.name: build_argv(load_manifest(p), HOST) for p in shipped_manifests()}
+    rendered = shipped_rendered()
     assert len(rendered) >= 4
-    facts = {k: shlex.split(v) for k, v in FACTS_ARGVS.items()}
-    requests = [{"argv": argv} for argv, _ in rendered.values()] + [{"argv": a} for a in facts.values()]
+    requests = shipped_requests() + facts_requests()
     results = argcheck_batch(vllm_parser_python, requests)
-    names = list(rendered) + list(facts)
+    names = list(rendered) + list(FACTS_ARGVS)
     for name, r, req in zip(names, results, requests):
         assert r["ok"], f"{name}: {r['error']} ({req['argv']})"
         assert r["vllm_version"] == "0.33.0" and r["parser"] == "vllm serve"
@@ -108,13 +174,9 @@ def test_every_shipped_manifest_and_facts_argv_parses(vllm_parser_python):
         assert check_flags(r, prov, manifest=f"models/{name}").status == OK
 
 
-def test_bad_flags_fail_with_the_parsers_message_mapped_to_the_field(vllm_parser_python, kimi):
-    m, (argv, prov) = kimi
-    cases = {}
-    for name, (extra, *_rest) in BAD.items():
-        prov_x = prov + [(tok, f"vllm.extra_args[{i}]") for i, tok in enumerate(extra)]
-        cases[name] = (argv + extra, prov_x)
-    results = argcheck_batch(vllm_parser_python, [{"argv": a} for a, _ in cases.values()])
+def test_bad_flags_fail_with_the_parsers_message_mapped_to_the_field(vllm_parser_python):
+    cases = bad_cases()
+    results = argcheck_batch(vllm_parser_python, bad_requests())
     for (name, (a, prov_x)), r in zip(cases.items(), results):
         _extra, error, fld, fix = BAD[name]
         assert not r["ok"] and r["stage"] == "parse", name
@@ -128,15 +190,10 @@ def test_bad_flags_fail_with_the_parsers_message_mapped_to_the_field(vllm_parser
 
 
 def test_wrong_type_from_a_manifest_field_and_serve_validation(vllm_parser_python, kimi):
-    m, (argv, prov) = kimi
-    i = argv.index("--tensor-parallel-size")
-    bad = argv[:i + 1] + ["eight"] + argv[i + 2:]
-    j = argv.index("--tool-call-parser")
-    no_parser = argv[:j] + argv[j + 2:]
-    r1, r2 = argcheck_batch(vllm_parser_python, [{"argv": bad}, {"argv": no_parser}])
+    _m, (_argv, prov) = kimi
+    r1, r2 = argcheck_batch(vllm_parser_python, typed_requests())
     assert r1["error"] == "argument --tensor-parallel-size/-tp: invalid int value: 'eight'"
-    c = check_flags(r1, prov)
-    assert c.field == "vllm.tensor_parallel_size"
+    assert check_flags(r1, prov).field == "vllm.tensor_parallel_size"
     # `vllm serve` also validates before loading: the same check the service would die on
     assert r2["stage"] == "validate"
     assert r2["error"] == "--enable-auto-tool-choice requires --tool-call-parser"
@@ -144,10 +201,9 @@ def test_wrong_type_from_a_manifest_field_and_serve_validation(vllm_parser_pytho
 
 
 def test_deprecated_arguments_warn(vllm_parser_python, kimi):
-    m, (argv, prov) = kimi
-    extra = ["--disable-cascade-attn", "--log-config-file", "/etc/log.json"]
-    prov_x = prov + [(t, f"vllm.extra_args[{i}]") for i, t in enumerate(extra)]
-    (r,) = argcheck_batch(vllm_parser_python, [{"argv": argv + extra}])
+    _m, (_argv, prov) = kimi
+    prov_x = prov + [(t, f"vllm.extra_args[{i}]") for i, t in enumerate(DEPRECATED_EXTRA)]
+    (r,) = argcheck_batch(vllm_parser_python, deprecated_requests())
     assert r["ok"]
     args = {d["arg"]: d["message"] for d in r["deprecated"]}
     assert "--disable-cascade-attn" in args and "--log-config-file" in args
@@ -157,12 +213,10 @@ def test_deprecated_arguments_warn(vllm_parser_python, kimi):
     assert "--disable-cascade-attn" in c.summary
 
 
-def test_env_var_vllm_no_longer_reads(vllm_parser_python, kimi):
-    m, (argv, _prov) = kimi
-    env = {"VLLM_ATTENTION_BACKEND": "TRITON_MLA", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
-    (r,) = argcheck_batch(vllm_parser_python, [{"argv": argv, "env": env}])
+def test_env_var_vllm_no_longer_reads(vllm_parser_python):
+    (r,) = argcheck_batch(vllm_parser_python, env_requests())
     assert r["unknown_env"] == ["VLLM_ATTENTION_BACKEND"]
-    c = check_env(env, r["unknown_env"])
+    c = check_env(OLD_ENV, r["unknown_env"])
     assert c.status == FAIL and "--attention-backend" in c.fix
 
 
