@@ -108,12 +108,18 @@ def run_preflight(host: Host, python: str, argv: Sequence[str],
                   kill_foreign: bool = False,
                   required_packages: Mapping[str, str] | None = None,
                   skip: Collection[str] = (),
-                  timeout: float = 180.0) -> list[Check]:
+                  timeout: float = 180.0,
+                  gpu_facts: tuple[list[dict], list[dict], str | None, str | None] | None = None,
+                  parser_optional: bool = False) -> list[Check]:
     """All preflight checks for one model on one host, in plan order.
 
     env: the service's environment (the manifest's env); Secret values are not sent anywhere.
     required_packages: {package: why} on top of what packages_needed(argv, env) derives.
     gpu_needs / nvidia_smi None: the GPU checks are not made (not listed).
+    gpu_facts: (gpus, processes, driver_version, driver_cuda) already read from the host (the deploy's
+    facts): then nvidia-smi is not called again.
+    parser_optional: a host whose Python cannot import vLLM (a SIMULATED host) skips the flag check
+    instead of failing it.
     """
     skip = set(skip)
     plain_env = {k: str(v) for k, v in (env or {}).items() if not isinstance(v, Secret)}
@@ -134,10 +140,10 @@ def run_preflight(host: Host, python: str, argv: Sequence[str],
         {"gpus", "foreign-gpu-processes", "torch-cuda"} - skip)
     if want_gpus:
         started = time.monotonic()
-        r = host.run(nvidia_smi_script(nvidia_smi), timeout=30)
+        r = host.run(nvidia_smi_script(nvidia_smi), timeout=30) if gpu_facts is None else None
         t_smi = round(time.monotonic() - started, 3)
-        if r.ok:
-            smi = parse_nvidia_smi(r.stdout)
+        if r is None or r.ok:
+            smi = gpu_facts if r is None else parse_nvidia_smi(r.stdout)
             gpus, procs, _driver, _cuda = smi
             targets = gpu_needs.indices if gpu_needs.indices is not None else \
                 [g["index"] for g in gpus][:gpu_needs.count]
@@ -161,6 +167,11 @@ def run_preflight(host: Host, python: str, argv: Sequence[str],
                                  timeout=timeout)
         if ac is None:
             checks.append(_broken("flags", "argcheck.py", python, r2))
+        elif parser_optional and ac.get("stage") == "import":
+            checks.append(Check("flags", "skipped", f"{python} cannot import vLLM (a SIMULATED host without a "
+                                "real vLLM): run `vllm-orch sim up --vllm-python PATH` to check flags with one",
+                                seconds=round(r2.duration, 3)))
+            checks.append(Check("env", "skipped", "skipped with the flag check", seconds=round(r2.duration, 3)))
         else:
             c = check_flags(ac, provenance, manifest=manifest_label, skip=skip)
             c.seconds = round(r2.duration, 3)

@@ -18,7 +18,7 @@ from .errors import DeployFailed, RefusedError
 from .facts import GpuProc, HostFacts
 from .hosts.base import Command, Host, Script
 from .inventory import HostEntry
-from .manifest import Manifest, version_tuple
+from .manifest import Manifest
 from .plan import Action
 from .readiness import GATES, Ready, wait_ready
 from .render import Rendered
@@ -99,78 +99,53 @@ def lock_action(entry: HostEntry, holder: dict | None, held_by_us: bool) -> Acti
 
 # -- 2. preflight ----------------------------------------------------------------------------------
 
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    summary: str
-    fix: str | None = None
-    skipped: bool = False
-
-    def line(self) -> str:
-        mark = "skipped" if self.skipped else ("ok" if self.ok else "FAIL")
-        return f"{mark:<7} {self.name}: {self.summary}" + (f" - fix: {self.fix}" if self.fix and not self.ok else "")
+def gpu_facts(f: HostFacts) -> tuple[list[dict], list[dict], str | None, str | None]:
+    """The deploy's GPU facts in the shape orchestrator.preflight's checks take."""
+    gpus = [{"index": g.index, "uuid": g.uuid, "name": g.name or "?", "memory_total_mib": g.memory_total_mib or 0,
+             "memory_used_mib": g.memory_used_mib or 0} for g in f.gpus]
+    procs = [{"pid": p.pid, "process_name": p.name, "gpu_index": p.gpu_index, "used_mib": p.used_mib}
+             for p in f.procs if p.gpu_index is not None]
+    return gpus, procs, f.driver_version, f.cuda_version
 
 
-def basic_checks(ctx: Ctx) -> list[Check]:
+def preflight_action(ctx: Ctx) -> tuple[Action, RefusedError | None]:
+    """orchestrator.preflight's checks with the host's own vLLM (flags, versions, packages) and the
+    GPU facts already read: nothing on the host changes, nothing is downloaded before it passes."""
+    from .preflight import FAIL, SKIPPED, WARN
+    from .preflight_run import manifest_kwargs, run_preflight
+
     m, f = ctx.manifest, ctx.facts
-    checks = []
-    if f.gpu_error is not None:
-        checks.append(Check("driver", False, f"nvidia-smi failed: {f.gpu_error}",
-                            "install the NVIDIA driver, or set `nvidia_smi:` for this host"))
-    else:
-        checks.append(Check("driver", True, f"driver {f.driver_version or '?'}, CUDA {f.cuda_version or '?'}"))
-        want = m.serving.visible_devices
-        have = {g.index: g for g in f.gpus}
-        missing = [i for i in want if i not in have]
-        if missing:
-            checks.append(Check("gpus", False, f"needs {gpu_list(want)}, the host has {len(have)} GPUs "
-                                               f"({', '.join(map(str, sorted(have))) or 'none'})",
-                                "set serving.gpus / gpu_ids to GPUs the host has"))
-        else:
-            gs = [have[i] for i in want]
-            min_gib = min(g.memory_total_mib or 0 for g in gs) / 1024
-            names = sorted({g.name or "?" for g in gs})
-            problems = []
-            if min_gib + 1e-9 < m.requires.vram_per_gpu_gib:
-                problems.append(f"smallest GPU has {min_gib:.1f} GiB, the manifest needs "
-                                f"{m.requires.vram_per_gpu_gib:g} GiB per GPU")
-            if m.requires.gpu_name and not all(m.requires.gpu_name.lower() in n.lower() for n in names):
-                problems.append(f"GPU model {', '.join(names)} does not contain {m.requires.gpu_name!r}")
-            summary = (f"{len(gs)} x {names[0] if len(names) == 1 else '/'.join(names)}, "
-                       f"{min_gib:.1f} GiB each (needs {len(want)} x {m.requires.vram_per_gpu_gib:g} GiB)")
-            checks.append(Check("gpus", not problems, summary if not problems else "; ".join(problems),
-                                "deploy on a host with bigger GPUs, or change requires / the parallel layout"))
-    installed, minimum = f.vllm_version, m.requires.min_vllm_version
-    if not installed:
-        checks.append(Check("vllm", False, f"no vLLM at {ctx.entry.vllm}"
-                                           + (f" ({f.vllm_error.strip()[-120:]})" if f.vllm_error else ""),
-                            "install vLLM on the host or set `vllm:` in the inventory"))
-    elif version_tuple(installed) < version_tuple(minimum):
-        checks.append(Check("vllm", False, f"vLLM {installed} is older than the manifest's minimum {minimum}",
-                            f"upgrade vLLM on the host to >= {minimum}"))
-    else:
-        checks.append(Check("vllm", True, f"vLLM {installed} >= {minimum}"))
-    return checks
-
-
-def preflight_action(ctx: Ctx, extra_checks: list[Check] | None = None) -> tuple[Action, RefusedError | None]:
-    checks = basic_checks(ctx) + list(extra_checks or [])
+    managed = [p.pid for p in f.procs if p.owner]
+    checks = run_preflight(ctx.host, ctx.entry.python, ctx.rendered.argv, ctx.rendered.provenance,
+                           manifest_label=f"models/{m.name}.yaml", nvidia_smi=ctx.entry.nvidia_smi,
+                           managed_pids=managed, kill_foreign=ctx.opts.kill_foreign,
+                           skip=ctx.opts.skip_checks, gpu_facts=gpu_facts(f),
+                           parser_optional=ctx.entry.simulated, **manifest_kwargs(m))
+    ctx.results["preflight"] = [c.as_dict() for c in checks]
+    details = []
     for c in checks:
-        if c.name in ctx.opts.skip_checks and not c.ok:
-            c.skipped, c.ok = True, True
-    failed = [c for c in checks if not c.ok]
-    details = [c.line() for c in checks]
+        mark = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skipped": "skipped"}[c.status]
+        timing = f" ({c.seconds:.1f}s)" if c.seconds else ""
+        details.append(f"{mark:<7} {c.name}: {c.summary}{timing}")
+        if c.status in (FAIL, WARN):
+            details += [f"          {d}" for d in c.details[:4]]
+            if c.fix:
+                details.append(f"          fix: {c.fix}")
+    if f.gpu_error:
+        details.append(f"          nvidia-smi: {f.gpu_error}")
+    failed = [c for c in checks if c.status == FAIL]
+    skipped = [c.name for c in checks if c.status == SKIPPED]
     if failed:
         first = failed[0]
         err = RefusedError(f"preflight {first.name}: {first.summary}", host=ctx.entry.name, step="preflight",
-                           hint=(first.fix or "") + f" (or --skip-check {first.name} if you know better)",
-                           details=[c.line() for c in failed[1:]])
+                           hint=(first.fix + "; " if first.fix else "") + f"--skip-check {first.name} if you know better",
+                           details=[f"{c.name}: {c.summary}" for c in failed[1:]])
         return Action("preflight", f"{len(failed)} of {len(checks)} checks failed", details=details), err
-    skipped = [c.name for c in checks if c.skipped]
-    return Action("preflight", f"{len(checks)} checks passed" +
-                  (f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""), noop=True,
-                  details=details), None
+    warned = [c.name for c in checks if c.status == WARN]
+    summary = f"{len(checks) - len(skipped)} checks passed" + \
+        (f" ({len(warned)} with warnings: {', '.join(warned)})" if warned else "") + \
+        (f", {len(skipped)} skipped: {', '.join(skipped)}" if skipped else "")
+    return Action("preflight", summary, noop=True, details=details), None
 
 
 # -- 3. disk + 4. download -------------------------------------------------------------------------
