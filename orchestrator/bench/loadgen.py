@@ -72,7 +72,8 @@ async def scrape(ep: Endpoint) -> dict | None:
 
 async def run_level(ep: Endpoint, make_request: Callable[[int], bytes], concurrency: int,
                     opts: BenchOptions, progress: ProgressFn | None = None,
-                    first_index: int = 0, index_stride: int = 1) -> LevelRun:
+                    first_index: int = 0, index_stride: int = 1,
+                    start_at_ns: int | None = None) -> LevelRun:
     """Run one concurrency level to completion (warm-up, window, drain)."""
     st = _Progress()
     records: list[RequestRecord] = []
@@ -146,6 +147,8 @@ async def run_level(ep: Endpoint, make_request: Callable[[int], bytes], concurre
                 if s:
                     during.append(s)
 
+    if start_at_ns is not None:                   # sharded: all processes start together
+        await asyncio.sleep(max(0.0, (start_at_ns - perf_counter_ns()) / 1e9))
     gc.collect()
     gc.freeze()        # setup objects never need scanning again: fewer, shorter GC pauses
     t_start = perf_counter_ns()
