@@ -140,15 +140,20 @@ async def run_level(ep: Endpoint, make_request: Callable[[int], bytes], concurre
     during: list[dict] = []
 
     async def scraper() -> None:
+        next_due: float | None = None
         while not st.stop:
-            await asyncio.sleep(opts.metrics_interval_s)
-            if st.t_w and not st.stop:
+            await asyncio.sleep(0.1)
+            if not st.t_w or st.stop:
+                continue
+            now = perf_counter()
+            if next_due is None:     # the first sample comes early, so short windows get one too
+                next_due = now + min(opts.metrics_interval_s, max(0.2, opts.duration_s / 2))
+            if now >= next_due:
+                next_due = now + opts.metrics_interval_s
                 s = await scrape(ep)
                 if s:
                     during.append(s)
 
-    if start_at_ns is not None:                   # sharded: all processes start together
-        await asyncio.sleep(max(0.0, (start_at_ns - perf_counter_ns()) / 1e9))
     gc.collect()
     gc.freeze()        # setup objects never need scanning again: fewer, shorter GC pauses
     t_start = perf_counter_ns()

@@ -96,6 +96,11 @@ class _State:
         self.prompt_tokens = 0
         self.success = 0
         self.ticker: _Ticker | None = None
+        self.late_sum = 0.0      # known-latency mode: how late token writes were vs the schedule
+        self.late_max = 0.0
+        self.late_n = 0
+        self.first_late_sum = 0.0
+        self.first_late_n = 0
         cid = b'{"id":"chatcmpl-mock","object":"chat.completion.chunk","created":0,"model":' + \
             json.dumps(cfg.model).encode() + b',"choices":[{"index":0,"delta":'
         self.role = _frame(cid + b'{"role":"assistant","content":""},"logprobs":null,'
@@ -265,6 +270,14 @@ class MockProtocol(asyncio.Protocol):
                     await self._writable.wait()
                 if t.is_closing():
                     return
+                if ttft or itl:
+                    late = time.perf_counter() - due
+                    st.late_sum += late
+                    st.late_n += 1
+                    st.late_max = max(st.late_max, late)
+                    if sent == 0:
+                        st.first_late_sum += late
+                        st.first_late_n += 1
                 sent += k
                 chunks += 1
                 st.generation_tokens += k
@@ -297,6 +310,12 @@ class MockProtocol(asyncio.Protocol):
             f"vllm:prompt_tokens_total{lbl} {float(st.prompt_tokens)}\n",
             "# TYPE vllm:generation_tokens_total counter\n",
             f"vllm:generation_tokens_total{lbl} {float(st.generation_tokens)}\n",
+            "# TYPE mock:write_lateness_seconds summary (how late the mock wrote tokens)\n",
+            f"mock:write_lateness_seconds_sum {st.late_sum}\n",
+            f"mock:write_lateness_seconds_count {st.late_n}\n",
+            f"mock:write_lateness_seconds_max {st.late_max}\n",
+            f"mock:first_token_lateness_seconds_sum {st.first_late_sum}\n",
+            f"mock:first_token_lateness_seconds_count {st.first_late_n}\n",
             "# TYPE vllm:request_success_total counter\n",
             f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{st.cfg.model}"}} '
             f"{float(st.success)}\n",

@@ -27,7 +27,7 @@ class ResponseParser:
 
     __slots__ = ("on_event", "status", "headers", "complete", "keep_alive", "is_sse", "body",
                  "t_first_byte", "_head", "_chunked", "_remaining", "_skip", "_line", "_trailer",
-                 "_state", "_sse_buf", "_sse_cr")
+                 "_state", "_sse_buf", "_sse_cr", "_cr_tail")
 
     def __init__(self, on_event: EventSink | None = None):
         self.on_event = on_event
@@ -47,6 +47,7 @@ class ResponseParser:
         self._state = "head"             # head -> body -> (trailer) -> done
         self._sse_buf = b""
         self._sse_cr = False
+        self._cr_tail = False            # a CR at the end of a read: its LF may be in the next
 
     # -- input ----------------------------------------------------------------------------------
     def feed(self, data: bytes, ts: int) -> None:
@@ -156,6 +157,8 @@ class ResponseParser:
             self._trailer = buf
 
     def _finish(self, ts: int) -> None:
+        if self._cr_tail:
+            self._sse_buf += b"\n"
         if self.is_sse and self._sse_buf.strip():
             self._event_block(self._sse_buf, ts)   # unterminated last event: still deliver it
         self._sse_buf = b""
@@ -169,6 +172,11 @@ class ResponseParser:
             return
         if b"\r" in data or self._sse_cr:
             self._sse_cr = True              # CRLF framing: normalise (rare; vLLM sends LF)
+            if self._cr_tail:
+                data = b"\r" + data
+            self._cr_tail = data.endswith(b"\r")
+            if self._cr_tail:
+                data = data[:-1]
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._sse_buf + data if self._sse_buf else data
         if b"\n\n" not in buf:
