@@ -1,0 +1,118 @@
+"""`vllm-orch sim ...`: run SIMULATED GPU hosts (fake vLLM server, fake nvidia-smi, hub mirror).
+
+Everything printed and recorded says SIMULATED, so nobody mistakes a sim host for a real one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import manager
+
+
+@click.group("sim")
+def sim():
+    """Run SIMULATED GPU hosts on this machine (no GPU needed).
+
+    \b
+      vllm-orch sim up            start host `sim` (and `sim-2`... with --hosts N)
+      vllm-orch sim status        what is running
+      vllm-orch sim fault sim hang --model kimi-k25-int4
+      vllm-orch sim down          stop everything `up` started and remove its state
+    """
+
+
+@sim.command("up")
+@click.option("--hosts", "hosts", default=1, show_default=True, help="How many simulated hosts.")
+@click.option("--speed", type=float,
+              help="Weight loading runs this many times faster than the field report's "
+                   f"253 MB/s (default {manager.DEFAULT_SPEED:g}: Kimi loads in ~11 s; "
+                   "a host already up keeps its speed).")
+@click.option("--scale", default=manager.DEFAULT_SCALE, show_default=True, type=int,
+              help="The hub mirror serves files this many times smaller than the real ones.")
+@click.option("--systemd", is_flag=True,
+              help="Each host is a Debian container with real systemd and sshd (Linux, root).")
+@click.option("--vllm-python", type=click.Path(exists=True, dir_okay=False),
+              help="Record this Python (with a real vLLM installed) as the hosts' python.")
+def up_cmd(hosts, speed, scale, systemd, vllm_python):
+    """Start SIMULATED hosts (idempotent) and add them to <sim home>/inventory.yaml."""
+    state = manager.up(hosts, speed=speed, scale=scale, systemd=systemd,
+                       vllm_python=vllm_python)
+    home = manager.sim_home()
+    click.echo(f"SIMULATED GPU hosts (home {home}):")
+    for name, rec in state["hosts"].items():
+        news = rec.get("started_now") or []
+        hub = rec["processes"].get("hub")
+        click.echo(f"  {name}: SIMULATED 8x {manager.GPU_NAME} ({rec['flavour']}, "
+                   f"speed {rec['speed']:g}) in {rec['dir']}")
+        click.echo("    hub mirror: " + (f"http://127.0.0.1:{hub['port']} (pid {hub['pid']})"
+                                         if hub else "not started (orchestrator.sim.hub is "
+                                                     "not available in this build)"))
+        click.echo("    " + ("started now: " + ", ".join(news) if news else
+                             "already running, nothing started"))
+    click.echo(f"  inventory: {home / 'inventory.yaml'}")
+
+
+@sim.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status_cmd(as_json):
+    """Show the SIMULATED hosts and what runs on them."""
+    st = manager.status()
+    if as_json:
+        click.echo(json.dumps(st, indent=1))
+        return
+    if not st["up"]:
+        click.echo(f"SIMULATED hosts: none (home {st['home']}); start them with: vllm-orch sim up")
+        return
+    click.echo(f"SIMULATED hosts (home {st['home']}):")
+    for name, h in st["hosts"].items():
+        click.echo(f"  {name}: SIMULATED, {h['flavour']}, speed {h['speed']:g}, {h['dir']}")
+        for kind, p in h["processes"].items():
+            port = f" port {p['port']}" if "port" in p else ""
+            click.echo(f"    {kind}: pid {p['pid']}{port} "
+                       f"{'running' if p['alive'] else 'NOT RUNNING'}")
+        for s in h["vllm_servers"]:
+            click.echo(f"    SIMULATED vllm serve pid {s['pid']} port {s['port']}: {s['model']}")
+        by_gpu = {}
+        for g in h["gpu_holders"]:
+            by_gpu.setdefault(g["gpu_index"], []).append(f"{g['process_name']}({g['pid']})")
+        for gpu in sorted(by_gpu):
+            click.echo(f"    GPU {gpu}: " + ", ".join(by_gpu[gpu]))
+        for f in h["faults"]:
+            click.echo(f"    pending fault: {f['fault']} (model {f.get('model') or 'any'})")
+
+
+@sim.command("down")
+def down_cmd():
+    """Stop everything `sim up` started (by PID) and remove the SIMULATED hosts' state."""
+    stopped = manager.down()
+    for line in stopped:
+        click.echo(f"stopped SIMULATED {line}")
+    click.echo(f"SIMULATED hosts removed ({len(stopped)} processes stopped).")
+
+
+@sim.command("fault")
+@click.argument("host", required=False)
+@click.argument("fault", required=False)
+@click.option("--model", help="Apply at the next start of this model only (default: any model).")
+@click.option("--list", "list_", is_flag=True, help="List the faults that can be injected.")
+@click.option("--clear", is_flag=True, help="Remove HOST's pending faults and restore its packages.")
+def fault_cmd(host, fault, model, list_, clear):
+    """Inject FAULT into SIMULATED HOST: it applies to the next start of the model (or any)."""
+    if list_:
+        for name, doc in manager.fault_catalog().items():
+            click.echo(f"{name:<26} {doc}")
+        return
+    if not host:
+        raise click.UsageError("HOST is required (or --list)")
+    if clear:
+        manager.clear_faults(host)
+        click.echo(f"SIMULATED host {host}: pending faults cleared, packages restored.")
+        return
+    if not fault:
+        raise click.UsageError("FAULT is required (see --list)")
+    manager.add_fault(host, fault, model)
+    click.echo(f"SIMULATED host {host}: fault {fault} armed for the next start of "
+               f"{model or 'any model'}.")

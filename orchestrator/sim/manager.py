@@ -1,0 +1,395 @@
+"""Creating, inspecting and removing SIMULATED GPU hosts (the `vllm-orch sim` commands' logic).
+
+A sim home (`$VLLM_ORCH_SIM_HOME`, default ~/.local/state/vllm-orch/sim) holds `hosts/<name>/`
+(one folder per simulated host, layout in the sim contract), `inventory.yaml` (the hosts, in the
+inventory format the orchestrator reads) and `sim.json` (every process `up` started, by PID and
+/proc start time, so `down` stops exactly those and never a reused PID).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from ..errors import ConfigError, RefusedError
+from ..paths import package_file
+
+GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+GPU_MEMORY_MIB = 97887
+DRIVER_VERSION = "580.95.05"
+CUDA_VERSION = "13.0"
+VLLM_VERSION = "0.33.0"
+DISTS = {"vllm": VLLM_VERSION, "torch": "2.13.0+cu130", "flashinfer-python": "0.6.14",
+         "flashinfer-cubin": "0.6.14"}
+DEFAULT_SPEED = 200.0
+DEFAULT_SCALE = 10000
+HUB_START_TIMEOUT_S = 15.0
+# The mirror's faults (orchestrator/sim/hub.py documents them; it may export HUB_FAULTS instead).
+HUB_FAULTS = {
+    "hub-5xx": "the mirror answers one /resolve request with 503",
+    "hub-drop": "the mirror drops the connection half way through one LFS file",
+    "hub-corrupt": "the mirror flips bytes in one .safetensors body",
+    "hub-slow": "the mirror throttles bodies (~2 MB/s) until cleared",
+}
+
+
+def sim_home() -> Path:
+    env = os.environ.get("VLLM_ORCH_SIM_HOME")
+    return Path(env) if env else Path.home() / ".local/state/vllm-orch/sim"
+
+
+def host_name(i: int) -> str:
+    return "sim" if i == 0 else f"sim-{i + 1}"
+
+
+def host_dir(name: str, home: Path | None = None) -> Path:
+    return (home or sim_home()) / "hosts" / name
+
+
+# -- processes ---------------------------------------------------------------------------------
+def start_time(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, started: int | None) -> bool:
+    """True if `pid` runs and is the same process we recorded (not a reused PID, not a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if started is not None and Path("/proc").is_dir():
+        try:
+            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return False
+        return rest[0] != "Z" and int(rest[19]) == started
+    return True
+
+
+def stop_pid(pid: int, started: int | None, timeout: float = 5.0) -> bool:
+    """SIGTERM, wait, then SIGKILL; only if the PID is still the recorded process."""
+    if not alive(pid, started):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not alive(pid, started):
+            return True
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for _ in range(40):
+        _reap(pid)
+        if not alive(pid, started):
+            break
+        time.sleep(0.05)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+# -- host folders ------------------------------------------------------------------------------
+def gpu_uuid(host: str, index: int) -> str:
+    u = str(uuid.uuid5(uuid.NAMESPACE_URL, f"vllm-orch-sim/{host}/{index}"))
+    return f"GPU-{u}"
+
+
+def write_dist(site: Path, dist: str, version: str) -> None:
+    """A fake `<dist>-<version>.dist-info` that importlib.metadata reads like an installed one."""
+    norm = dist.replace("-", "_")
+    for old in site.glob(f"{norm}-*.dist-info"):
+        shutil.rmtree(old)
+    d = site / f"{norm}-{version}.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+                                "Summary: SIMULATED package (vllm-orch sim host)\n")
+    (d / "INSTALLER").write_text("vllm-orch-sim\n")
+
+
+def install_program(src: str, dest: Path, python: str) -> None:
+    text = package_file("sim", src).read_text()
+    lines = text.split("\n")
+    if lines[0].startswith("#!"):
+        lines = lines[1:]
+    dest.write_text(f"#!{python}\n" + "\n".join(lines))
+    dest.chmod(0o755)
+
+
+def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: str,
+                 python: str) -> dict:
+    """Create or refresh a host folder; keeps models, state, logs, pending faults and any
+    fault-modified site-packages (so `up` twice changes nothing that matters)."""
+    for sub in ("bin", "gpu-procs", "models", "units", "state", "logs", "run"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    install_program("vllm_server.py", hdir / "bin" / "vllm", python)
+    install_program("nvidia_smi.py", hdir / "bin" / "nvidia-smi", python)
+    site = hdir / "site-packages"
+    for dist, version in DISTS.items():
+        if not list(site.glob(f"{dist.replace('-', '_')}-*.dist-info")):
+            write_dist(site, dist, version)
+    if not (hdir / "faults.json").exists():
+        (hdir / "faults.json").write_text("[]\n")
+    old = _read_json(hdir / "sim.json", {})
+    info = {"host": name, "simulated": True, "flavour": flavour, "speed": float(speed),
+            "scale": int(scale),
+            "gpus": [{"index": i, "name": GPU_NAME, "memory_total_mib": GPU_MEMORY_MIB,
+                      "uuid": gpu_uuid(name, i)} for i in range(8)],
+            "driver_version": DRIVER_VERSION, "cuda_version": CUDA_VERSION,
+            "vllm_version": VLLM_VERSION, "hub_port": old.get("hub_port")}
+    _write_json(hdir / "sim.json", info)
+    return info
+
+
+def _read_json(path: Path, default):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# -- hub mirror --------------------------------------------------------------------------------
+def hub_available() -> bool:
+    return importlib.util.find_spec("orchestrator.sim.hub") is not None
+
+
+def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executable) -> dict:
+    """Start the host's Hugging Face Hub mirror; returns {"pid", "start_time", "port"}."""
+    port_file = hdir / "hub.port"
+    port_file.unlink(missing_ok=True)
+    log = open(hdir / "logs" / "hub.log", "ab")
+    env = dict(os.environ)
+    root = str(package_file().parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([python, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir),
+                             "--port", "0", "--bind", "127.0.0.1", "--scale", str(scale)],
+                            stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    log.close()
+    deadline = time.monotonic() + HUB_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip().isdigit():
+            return {"pid": proc.pid, "start_time": start_time(proc.pid),
+                    "port": int(port_file.read_text().strip())}
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    tail = (hdir / "logs" / "hub.log").read_text(errors="replace").strip().splitlines()[-3:]
+    raise RefusedError(f"the SIMULATED hub mirror for {hdir.name} did not start",
+                       details=tail, hint=f"see {hdir / 'logs' / 'hub.log'}")
+
+
+# -- inventory ---------------------------------------------------------------------------------
+def inventory_entry(hdir: Path, hub_port: int | None, python: str) -> dict:
+    env = {"PYTHONPATH": str(hdir / "site-packages"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    if hub_port:
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub_port}"
+    return {"address": "local", "simulated": True, "service_manager": "process",
+            "models_root": str(hdir / "models"), "vllm": str(hdir / "bin" / "vllm"),
+            "python": python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
+            "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
+
+
+def load_state(home: Path | None = None) -> dict:
+    return _read_json((home or sim_home()) / "sim.json", {})
+
+
+def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE,
+       systemd: bool = False, vllm_python: str | None = None,
+       home: Path | None = None) -> dict:
+    """Create/refresh `hosts` simulated hosts and start what is not running. Idempotent: hosts
+    already up keep their processes (hosts beyond `hosts` from an earlier `up` are kept too);
+    speed None keeps a host's speed (DEFAULT_SPEED for a new host)."""
+    if hosts < 1:
+        raise ConfigError("--hosts must be at least 1")
+    home = home or sim_home()
+    home.mkdir(parents=True, exist_ok=True)
+    state = load_state(home) or {"simulated": True, "hosts": {}}
+    state["simulated"] = True
+    flavour = "systemd" if systemd else "process"
+    nspawn = _nspawn() if systemd else None
+    python = vllm_python or sys.executable
+    tree = nspawn.ensure_tree(home / "cache") if nspawn else None
+    inventory = {"hosts": {}}
+    for i in range(max(hosts, len(state["hosts"]))):
+        name = host_name(i)
+        rec = state["hosts"].get(name)
+        if rec is None and i >= hosts:
+            continue
+        rec = rec or {"flavour": flavour, "processes": {}}
+        hdir = host_dir(name, home)
+        started = []
+        keep = rec.get("speed") or DEFAULT_SPEED
+        info = prepare_host(name, hdir, speed=speed if speed and i < hosts else keep,
+                            scale=scale, flavour=rec["flavour"],
+                            python=sys.executable if rec["flavour"] == "process"
+                            else "/usr/bin/env python3")
+        rec.update({"dir": str(hdir), "speed": info["speed"], "scale": scale})
+        hub = rec["processes"].get("hub")
+        if hub_available() and not (hub and alive(hub["pid"], hub["start_time"])):
+            rec["processes"]["hub"] = hub = start_hub(hdir, scale)
+            started.append(f"hub mirror pid {hub['pid']}")
+        hub_port = hub["port"] if hub and alive(hub["pid"], hub["start_time"]) else None
+        info["hub_port"] = hub_port
+        _write_json(hdir / "sim.json", info)
+        entry = inventory_entry(hdir, hub_port, rec.get("python") or python)
+        if vllm_python and i < hosts:
+            entry["python"] = rec["python"] = vllm_python
+        if rec["flavour"] == "systemd":
+            nspawn = nspawn or _nspawn()
+            box = rec["processes"].get("nspawn")
+            if not (box and alive(box["pid"], box.get("start_time"))):
+                tree = tree or nspawn.ensure_tree(home / "cache")
+                box = dict(nspawn.boot(name, i, hdir, tree))
+                box["start_time"] = start_time(box["_pid"])
+                box["pid"] = box["_pid"]
+                rec["processes"]["nspawn"] = box
+                started.append(f"systemd-nspawn container pid {box['pid']}")
+            entry.update({k: v for k, v in box.items()
+                          if not k.startswith("_") and k not in ("pid", "start_time")})
+            entry["simulated"] = True
+        rec["started_now"] = started
+        state["hosts"][name] = rec
+        inventory["hosts"][name] = entry
+    state["hub_available"] = hub_available()
+    _write_json(home / "sim.json", state)
+    (home / "inventory.yaml").write_text(
+        "# SIMULATED GPU hosts written by `vllm-orch sim up` (removed by `vllm-orch sim down`)\n"
+        + yaml.safe_dump(inventory, sort_keys=False))
+    return state
+
+
+def _nspawn():
+    if importlib.util.find_spec("orchestrator.sim.nspawn") is None:
+        raise RefusedError("--systemd needs orchestrator.sim.nspawn, which is not installed "
+                           "in this build", hint="use the default flavour: vllm-orch sim up")
+    from . import nspawn   # type: ignore[attr-defined]
+    return nspawn
+
+
+def status(home: Path | None = None) -> dict:
+    """What runs, per host: mirror, containers, simulated vLLM servers and GPU holders."""
+    home = home or sim_home()
+    state = load_state(home)
+    out = {"simulated": True, "home": str(home), "up": bool(state.get("hosts")), "hosts": {}}
+    for name, rec in (state.get("hosts") or {}).items():
+        hdir = Path(rec["dir"])
+        procs = {k: {"pid": p["pid"], "alive": alive(p["pid"], p.get("start_time")),
+                     **({"port": p["port"]} if "port" in p else {})}
+                 for k, p in rec["processes"].items()}
+        servers = [s for s in (_read_json(f, None) for f in (hdir / "run").glob("vllm-*.json"))
+                   if s and alive(s["pid"], s.get("start_time"))]
+        holders = [h for h in (_read_json(f, None) for f in (hdir / "gpu-procs").glob("*.json"))
+                   if h and alive(h["pid"], h.get("start_time"))]
+        out["hosts"][name] = {"dir": str(hdir), "flavour": rec["flavour"], "speed": rec["speed"],
+                              "processes": procs, "vllm_servers": servers,
+                              "gpu_holders": holders,
+                              "faults": _read_json(hdir / "faults.json", [])}
+    return out
+
+
+def down(home: Path | None = None) -> list:
+    """Stop every PID `up` recorded (plus simulated vLLM servers and GPU holders it finds in its
+    own host folders), then remove the sim state. Returns what was stopped."""
+    home = home or sim_home()
+    state = load_state(home)
+    stopped = []
+    for name, rec in (state.get("hosts") or {}).items():
+        hdir = Path(rec["dir"])
+        for f in list((hdir / "run").glob("vllm-*.json")) + list(
+                (hdir / "gpu-procs").glob("*.json")):
+            e = _read_json(f, None)
+            if e and stop_pid(int(e["pid"]), e.get("start_time")):
+                stopped.append(f"{name}: {e.get('process_name', 'vllm serve')} pid {e['pid']}")
+        for kind, p in rec.get("processes", {}).items():
+            if kind == "nspawn":
+                _nspawn().shutdown(p)
+                stopped.append(f"{name}: systemd-nspawn pid {p['pid']}")
+            elif stop_pid(p["pid"], p.get("start_time")):
+                stopped.append(f"{name}: {kind} pid {p['pid']}")
+    shutil.rmtree(home / "hosts", ignore_errors=True)
+    for f in ("inventory.yaml", "sim.json"):
+        (home / f).unlink(missing_ok=True)
+    return stopped
+
+
+# -- faults ------------------------------------------------------------------------------------
+def fault_catalog() -> dict:
+    """name -> one-line description: the simulated server's faults and the hub mirror's."""
+    spec = importlib.util.spec_from_file_location("_sim_vllm", package_file("sim", "vllm_server.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    faults = dict(mod.FAULTS)
+    faults.update(HUB_FAULTS)
+    if hub_available():
+        try:
+            exported = getattr(importlib.import_module("orchestrator.sim.hub"), "HUB_FAULTS", None)
+        except Exception:   # a broken hub module must not hide the server's faults
+            exported = None
+        if isinstance(exported, dict):
+            faults.update(exported)
+    return faults
+
+
+def add_fault(host: str, fault: str, model: str | None = None,
+              home: Path | None = None) -> list:
+    hdir = _existing_host(host, home)
+    catalog = fault_catalog()
+    if fault not in catalog:
+        raise ConfigError(f"unknown fault {fault!r}",
+                          hint="vllm-orch sim fault --list shows them")
+    faults = _read_json(hdir / "faults.json", [])
+    faults.append({"fault": fault, "model": model})
+    _write_json(hdir / "faults.json", faults)
+    if fault == "crash-flashinfer":   # the real cause: mismatched packages, visible to preflight
+        write_dist(hdir / "site-packages", "flashinfer-cubin", "0.6.13")
+    return faults
+
+
+def clear_faults(host: str, home: Path | None = None) -> None:
+    hdir = _existing_host(host, home)
+    _write_json(hdir / "faults.json", [])
+    for dist, version in DISTS.items():
+        write_dist(hdir / "site-packages", dist, version)
+
+
+def _existing_host(host: str, home: Path | None) -> Path:
+    hdir = host_dir(host, home)
+    if not (hdir / "sim.json").exists():
+        raise ConfigError(f"no SIMULATED host named {host!r}", hint="run: vllm-orch sim up")
+    return hdir

@@ -1,0 +1,1417 @@
+#!/usr/bin/env python3
+"""SIMULATED vLLM 0.33 OpenAI-compatible server (`vllm serve`), for hosts without a GPU.
+
+Installed as `<hostdir>/bin/vllm`; finds its host folder as the parent of its own folder
+(`VLLM_SIM_HOST_DIR` overrides, for tests). Self-contained, stdlib only, Python >= 3.9, so it also
+runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the orchestrator can see:
+
+- argv: the real flag set of vLLM 0.33.0 (extracted from the 0.33.0 wheel's engine/arg_utils.py and
+  entrypoints/common/cli_args.py), parsed with argparse the way FlexibleArgumentParser does
+  (`--x_y` == `--x-y`, `--json-arg.key value`, `--model X`, `-O3`, --enable-x/--disable-x pairs).
+  Removed flags (--enable-reasoning, --swap-space, --guided-decoding-backend,
+  --disable-log-requests) fail with argparse's own `vllm: error: unrecognized arguments: ...`, exit 2.
+- start-up: the real log lines and prefixes of 0.33 (`(APIServer pid=N) INFO 11-29 09:05:12
+  [entry.py:139] Starting vLLM server on http://...`); the port is bound but not listening while
+  loading (connects are refused), then uvicorn's "Application startup complete.".
+- GPU memory: one process per GPU rank (`VLLM::Worker_TP<n>[_EP<n>]`, or `VLLM::EngineCore` at TP=1)
+  registered in `<hostdir>/gpu-procs/`, which the fake nvidia-smi reads. Workers outlive a SIGKILLed
+  server and keep "holding" memory; a SIGTERMed server stops them. A start fails with the real
+  "Free memory on device ..." error when other live holders leave too little memory.
+- serving: /health, /v1/models, /version, /metrics, /v1/chat/completions (stream or not),
+  /v1/completions, with per-model token rates (PROFILES below) paced on an absolute schedule.
+- faults from `<hostdir>/faults.json`, consumed at start (see FAULTS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+HOST_DIR = Path(os.environ.get("VLLM_SIM_HOST_DIR") or Path(__file__).resolve().parent.parent)
+GiB = 1 << 30
+MiB = 1 << 20
+LOAD_BYTES_PER_S = 253e6     # field report: 547 GB loaded in 36 min at speed 1
+CUDA_CONTEXT_MIB = 530       # what a process holds right after CUDA init
+
+
+def _read_json(path: Path, default):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+SIM = _read_json(HOST_DIR / "sim.json", {})
+VERSION = str(SIM.get("vllm_version", "0.33.0"))
+
+# --------------------------------------------------------------------------------------------
+# Per-model profiles. `agg` is the aggregate decode rate (tokens/s summed over streams) at a given
+# number of concurrent streams; between points it is interpolated linearly in log2(C), beyond the
+# last point it stays flat (saturation). A stream's rate is agg(C) / C.
+# Sources (field report): Kimi INT4 81.4 tok/s single stream; Kimi NVFP4 61.3 at C=1, ~800 at C=32,
+# 1238 at C=128; MiniMax-M2.5 ~84 single stream and ~4000 aggregate with expert parallelism.
+# Chosen here (documented, not measured): MiniMax without --enable-expert-parallel saturates at
+# ~2500 tok/s at C=128; the intermediate points are smooth guesses; generic = a small dense model.
+# size: real checkpoint bytes (used when the model folder has no model.safetensors.index.json);
+# kv_per_gib: KV tokens per GiB of KV memory per GPU at bf16 (fp8 doubles it; DCP multiplies it),
+# calibrated on the rtx6kpro logs (MiniMax TP4: 23.62 GiB -> 399,424 tokens; Kimi fp8: ~449,600).
+PROFILES = {
+    "kimi-k25-int4": {
+        "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
+        "kv_per_gib": 10200, "prefill": 9000.0, "custom_code": True,
+        "agg": [(1, 81.4), (2, 150), (4, 272), (8, 450), (16, 690), (32, 960), (64, 1250),
+                (128, 1500)]},
+    "kimi-k25-nvfp4": {
+        "size": 540e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
+        "kv_per_gib": 10200, "prefill": 8000.0, "custom_code": True,
+        "agg": [(1, 61.3), (2, 116), (4, 215), (8, 370), (16, 570), (32, 800), (64, 1040),
+                (128, 1238)]},
+    "minimax-m25-ep": {
+        "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
+        "kv_per_gib": 16910, "prefill": 20000.0, "custom_code": True,
+        "agg": [(1, 84.0), (2, 162), (4, 310), (8, 580), (16, 1050), (32, 1800), (64, 2900),
+                (128, 4000)]},
+    "minimax-m25": {
+        "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
+        "kv_per_gib": 16910, "prefill": 20000.0, "custom_code": True,
+        "agg": [(1, 84.0), (2, 158), (4, 290), (8, 500), (16, 820), (32, 1250), (64, 1850),
+                (128, 2500)]},
+    "generic": {
+        "size": 16e9, "arch": "LlamaForCausalLM", "max_len": 32768,
+        "kv_per_gib": 8000, "prefill": 20000.0, "custom_code": False,
+        "agg": [(1, 100.0), (8, 650), (32, 1800), (128, 3200)]},
+}
+
+
+def pick_profile(name_or_path: str, expert_parallel: bool) -> str:
+    """Profile key from a repo id / config `_name_or_path` (e.g. 'nvidia/Kimi-K2.5-NVFP4')."""
+    n = name_or_path.lower()
+    if "kimi" in n:
+        return "kimi-k25-nvfp4" if "nvfp4" in n else "kimi-k25-int4"
+    if "minimax" in n:
+        return "minimax-m25-ep" if expert_parallel else "minimax-m25"
+    return "generic"
+
+
+def aggregate_rate(profile: dict, concurrency: int) -> float:
+    pts = profile["agg"]
+    c = max(1, concurrency)
+    if c <= pts[0][0]:
+        return pts[0][1] * c / pts[0][0]
+    for (c0, r0), (c1, r1) in zip(pts, pts[1:]):
+        if c <= c1:
+            f = (math.log2(c) - math.log2(c0)) / (math.log2(c1) - math.log2(c0))
+            return r0 + f * (r1 - r0)
+    return pts[-1][1]
+
+
+def stream_rate(profile: dict, concurrency: int) -> float:
+    return aggregate_rate(profile, concurrency) / max(1, concurrency)
+
+
+# --------------------------------------------------------------------------------------------
+# Faults (consumed from faults.json at start; `model` null matches any model).
+FAULTS = {
+    "crash-flashinfer": "flashinfer / flashinfer-cubin version mismatch RuntimeError after some loading",
+    "crash-gpu-memory": "'Free memory on device cuda:0 ... less than desired GPU memory utilization'",
+    "crash-unrecognized-args": "argparse 'vllm: error: unrecognized arguments: ...', exit 2",
+    "crash-trust-remote-code": "'... contains custom code which must be executed ...' ValueError",
+    "hang": "stops logging part-way through loading weights and stays alive (NCCL-hang look-alike)",
+    "die-after-ready": "engine core dies a few seconds after the server became ready",
+    "garbage": "serves random junk tokens instead of sensible answers",
+    "slow-start": "loading takes 5x longer",
+}
+
+
+def consume_fault(model_names: list) -> str | None:
+    """Pop the first pending non-hub fault for one of these model names (or for any model)."""
+    path = HOST_DIR / "faults.json"
+    if not path.exists():
+        return None
+    try:
+        import fcntl
+        lock = open(str(path) + ".lock", "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        lock = None
+    try:
+        faults = _read_json(path, [])
+        for i, f in enumerate(faults):
+            name = f.get("fault", "")
+            if name.startswith("hub-") or name not in FAULTS:
+                continue
+            if f.get("model") in (None, "", *model_names):
+                del faults[i]
+                tmp = path.with_name(f".faults.json.{os.getpid()}")
+                tmp.write_text(json.dumps(faults, indent=1))
+                os.replace(tmp, path)
+                return name
+        return None
+    finally:
+        if lock:
+            lock.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Argument parsing: the vLLM 0.33.0 flag set. `a|b` are aliases of one option.
+_FLAG_OPTS = """
+--aggregate-engine-logging --allow-credentials --allow-deprecated-quantization --async-scheduling
+--cohere-is-reasoning-model --cudagraph-metrics --data-parallel-external-lb|-dpe
+--data-parallel-hybrid-lb|-dph --data-parallel-multi-port-external-lb|-dpm --dcp-q-replicate
+--disable-cascade-attn --disable-chunked-mm-input --disable-custom-all-reduce
+--disable-fastapi-docs --disable-hybrid-kv-cache-manager --disable-log-stats
+--disable-nccl-for-dp-synchronization --disable-sliding-window --disable-uvicorn-access-log
+--enable-auto-tool-choice --enable-batch-sharded-sampling --enable-chunked-prefill
+--enable-cumem-allocator --enable-dbo --enable-elastic-ep --enable-ep-weight-filter --enable-eplb
+--enable-expert-parallel|-ep --enable-fault-tolerance --enable-flash-late-interaction
+--enable-flashinfer-autotune --enable-force-include-usage --enable-hc-sp
+--enable-layerwise-nvtx-tracing --enable-log-deltas --enable-log-outputs --enable-log-requests
+--enable-logging-iteration-details --enable-lora --enable-mamba-cache-stochastic-rounding
+--enable-mamba-shared-prefix-checkpoint --enable-mfu-metrics --enable-mixed-moe-lora-format
+--enable-mm-embeds --enable-moe-shared-loras --enable-nccl-comm-suspend --enable-offline-docs
+--enable-per-request-metrics --enable-prefix-caching --enable-prompt-embeds
+--enable-prompt-tokens-details --enable-request-id-headers --enable-return-routed-experts
+--enable-scale-out --enable-server-load-tracking --enable-shm-tensor-arena --enable-sleep-mode
+--enable-ssl-refresh --enable-tokenizer-info-endpoint --enable-tower-connector-lora
+--enable-trace-replay --enforce-eager --exclude-tools-when-tool-choice-none
+--fail-on-environ-validation --fully-sharded-loras --interleave-mm-strings --jit-monitor-verbose
+--kv-cache-metrics --kv-sharing-fast-prefill --language-model-only --log-error-stack
+--long-prefill-token-threshold-adaptive --mm-device-do-normalize --mm-encoder-only --monokernel
+--numa-bind --ray-workers-use-nsight --return-sampling-mask --return-tokens-as-token-ids
+--scheduler-reserve-full-isl --skip-mm-profiling --skip-tokenizer-init
+--sleep-mode-offload-cudagraph --specialize-active-lora --swa-bounded-replay --tokens-only
+--trust-remote-code --trust-request-chat-template --trust-request-mm-kwargs --use-fp64-gumbel
+--use-replayssm --use-tqdm-on-load
+"""
+_FLAG0_OPTS = """
+--grpc --headless
+"""
+_LIST_OPTS = """
+--allowed-media-domains --api-key --collect-detailed-traces --cpu-offload-params
+--cudagraph-capture-sizes --ignore-patterns --kv-cache-dtype-skip-layers --logits-processors
+--lora-modules --lora-target-modules --numa-bind-cpus --numa-bind-nodes --offload-params
+--served-model-name --sleep-preserve-parameter-names
+"""
+_OPTVAL_OPTS = """
+--hf-token
+"""
+_VALUE_OPTS = """
+--additional-config --all2all-backend --allowed-headers --allowed-local-media-path
+--allowed-methods --allowed-origins --anthropic-disabled-thinking-effort --api-server-count|-asc
+--attention-backend --attention-config|-ac --aux-output-config --block-size --chat-template
+--chat-template-content-format --code-revision --cohere-format --compilation-config|-cc --config
+--config-format --convert --cp-kv-cache-interleave-size --cpu-distributed-timeout-seconds
+--cpu-offload-gb --custom-histogram-buckets --data-parallel-address|-dpa
+--data-parallel-backend|-dpb --data-parallel-rank|-dpn --data-parallel-rpc-port|-dpp
+--data-parallel-size-local|-dpl --data-parallel-size|-dp --data-parallel-start-rank|-dpr
+--data-parallel-supervisor-port --dbo-decode-token-threshold --dbo-prefill-token-threshold
+--dcp-comm-backend --dcp-kv-cache-interleave-size --decode-context-parallel-size|-dcp
+--default-chat-template-kwargs --default-mm-loras --device-ids --diffusion-config|-dc
+--disable-access-log-for-endpoints --distributed-executor-backend --distributed-timeout-seconds
+--download-dir --dp-supervisor-probe-failure-threshold --dp-supervisor-probe-interval-s
+--dp-supervisor-probe-timeout-s --dp-sync-interval --dtype --ec-manager-config --ec-transfer-config
+--elastic-ep-max-dp-size --engram-config --eplb-config --expert-placement-strategy
+--fault-tolerance-config --fingerprint-mode --fingerprint-value --gdn-prefill-backend
+--generation-config --gpu-memory-utilization|--device-memory-utilization --grpc-port
+--h11-max-header-count --h11-max-incomplete-event-size --hf-config-path --hf-overrides --host
+--io-processor-plugin --ir-op-priority --jit-monitor-mode --kda-decode-backend
+--kda-prefill-backend --kernel-config --kv-cache-dtype --kv-cache-memory-bytes
+--kv-cache-metrics-sample --kv-events-config --kv-offloading-backend --kv-offloading-size
+--kv-transfer-config --limit-mm-per-prompt --linear-backend --load-format --log-config-file
+--log-level --logging-config --logprobs-mode --long-prefill-token-threshold --lora-dtype
+--mamba-backend --mamba-block-size --mamba-cache-dtype --mamba-cache-mode
+--mamba-cache-philox-rounds --mamba-ssm-cache-dtype --mamba-ssu-algorithm --master-addr
+--master-port --max-cpu-loras --max-cudagraph-capture-size --max-log-len --max-logprobs
+--max-lora-cls-labels --max-lora-rank --max-loras --max-model-len --max-num-active-seqs
+--max-num-batched-tokens --max-num-queued-reqs --max-num-queued-tokens --max-num-scheduled-tokens
+--max-num-seqs --max-parallel-loading-workers --media-io-kwargs --middleware
+--mm-encoder-attn-backend --mm-encoder-attn-dtype --mm-encoder-fp8-scale-path
+--mm-encoder-fp8-scale-save-margin --mm-encoder-fp8-scale-save-path --mm-encoder-tp-mode
+--mm-hasher-algorithm --mm-ipc-gpu-memory-gb --mm-processor-cache-gb --mm-processor-cache-type
+--mm-processor-device --mm-processor-kwargs --mm-shm-cache-max-object-size-mb --mm-tensor-ipc
+--model-class-overrides --model-impl --model-loader-extra-config --moe-backend --nnodes|-n
+--node-rank|-r --num-gpu-blocks-override --offload-backend --offload-group-size
+--offload-num-in-group --offload-prefetch-step --optimization-level --otlp-traces-endpoint
+--override-generation-config --per-request-spec-decode-metrics --performance-mode
+--pipeline-parallel-size|-pp --pooler-config --port --prefill-context-parallel-size|-pcp
+--prefill-schedule-interval --prefix-cache-retention-interval --prefix-caching-hash-algo
+--prefix-match-unit --profiler-config --pt-load-map-location --quantization-config
+--quantization|-q --reasoning-config --reasoning-effort-map --reasoning-parser
+--reasoning-parser-plugin --renderer-num-workers --replayssm-buffer-len --response-role --revision
+--root-path --runner --safetensors-load-strategy --safetensors-prefetch-block-size
+--safetensors-prefetch-num-threads --scheduler-cls --scheduling-policy --seed
+--show-hidden-metrics-for-version --shutdown-timeout --sleep-mode-backend
+--sparse-indexer-topk-backend --spec-method --spec-model --spec-tokens --speculative-config|-sc
+--sse-keep-alive-interval --ssl-ca-certs --ssl-cert-reqs --ssl-certfile --ssl-ciphers --ssl-keyfile
+--stream-interval --structured-outputs-config --tensor-parallel-size|-tp --tokenizer
+--tokenizer-mode --tokenizer-revision --tool-call-parser --tool-parser-plugin --tool-server
+--tool-strict-level --ubatch-size --uds --uvicorn-log-level --video-pruning-method
+--video-pruning-rate --watchdog-config --watermark --watermark-config --weight-transfer-config
+--worker-cls --worker-extension-cls
+"""
+_SUBCOMMANDS = ["chat", "complete", "serve", "launch", "bench", "collect-env", "download-kernels",
+                "preload", "run-batch", "snapshot"]
+
+
+class EnableDisableAction(argparse.Action):
+    """vLLM's BooleanOptionalAction variant: --x / --no-x, and --enable-x pairs with --disable-x."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.pop("nargs", None)
+        extra = []
+        for opt in option_strings:
+            if opt.startswith("--"):
+                extra.append("--no-" + opt[2:])
+                for a, b in (("--enable-", "--disable-"), ("--disable-", "--enable-")):
+                    if opt.startswith(a):
+                        extra.append(b + opt[len(a):])
+        self.negative = set(extra)
+        super().__init__(list(option_strings) + extra, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string not in self.negative)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
+    parser.add_argument("-v", "--version", action="version", version=VERSION)
+    subs = parser.add_subparsers(required=False, dest="subparser")
+    for name in _SUBCOMMANDS:
+        if name != "serve":
+            subs.add_parser(name, help=f"vllm {name} (not simulated)")
+            continue
+        serve = subs.add_parser("serve", usage="vllm serve [model_tag] [options]",
+                                help="Launch a local OpenAI-compatible API server.")
+        serve.add_argument("model_tag", nargs="?")
+        serve.add_argument("--model", dest="model")
+
+        def opts(table):
+            return [o.split("|") for o in table.split()]
+
+        for names in opts(_FLAG_OPTS):
+            serve.add_argument(*names, action=EnableDisableAction, default=None)
+        for names in opts(_FLAG0_OPTS):
+            serve.add_argument(*names, action="store_true", default=False)
+        for names in opts(_LIST_OPTS):
+            serve.add_argument(*names, nargs="+", default=None)
+        for names in opts(_OPTVAL_OPTS):
+            serve.add_argument(*names, nargs="?", const=True, default=None)
+        for names in opts(_VALUE_OPTS):
+            serve.add_argument(*names, default=None)
+    return parser
+
+
+def _value_options() -> set:
+    out = set()
+    for table in (_VALUE_OPTS, _LIST_OPTS):
+        for o in table.split():
+            out.update(o.split("|"))
+    return out
+
+
+def normalize_argv(args: list) -> list:
+    """What FlexibleArgumentParser.parse_args does before argparse sees the args."""
+    if args[:1] == ["serve"]:
+        for i, a in enumerate(args):
+            if a == "--model" and i + 1 < len(args):
+                args = ["serve", args[i + 1], *args[1:i], *args[i + 2:]]
+                break
+            if a.startswith("--model="):
+                args = ["serve", a[len("--model="):], *args[1:i], *args[i + 1:]]
+                break
+    out = []
+    for a in args:
+        if a.startswith("--"):
+            key, eq, val = a.partition("=")
+            head, dot, tail = key[2:].partition(".")
+            out.append("--" + head.replace("_", "-") + dot + tail + eq + val)
+        elif a.startswith("-O") and a != "-O":
+            out += ["--optimization-level", a[3:] if a[2:3] == "=" else a[2:]]
+        elif a == "-O":
+            out.append("--optimization-level")
+        else:
+            out.append(a)
+    # --json-arg.key value  ->  --json-arg '{"key": value}' (merged per option)
+    dicts: dict = {}
+    final, skip = [], set()
+    known = _value_options()
+    for i, a in enumerate(out):
+        if i in skip:
+            continue
+        if a.startswith("--") and "." in a.split("=", 1)[0]:
+            key, eq, val = a.partition("=")
+            base, _, path = key.partition(".")
+            if base in known:
+                if not eq and i + 1 < len(out):
+                    val = out[i + 1]
+                    skip.add(i + 1)
+                try:
+                    parsed = json.loads(val)
+                except ValueError:
+                    parsed = val
+                node = dicts.setdefault(base, {})
+                parts = path.split(".")
+                for p in parts[:-1]:
+                    node = node.setdefault(p, {})
+                node[parts[-1].rstrip("+")] = parsed
+                continue
+        final.append(a)
+    for base, d in dicts.items():
+        final += [base, json.dumps(d)]
+    return final
+
+
+# --------------------------------------------------------------------------------------------
+# Logging in vLLM's format: "(APIServer pid=N) INFO 11-29 09:05:12 [entry.py:139] message".
+def log(proc: tuple, level: str, where: str, msg: str) -> None:
+    name, pid = proc
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    sys.stdout.write(f"({name} pid={pid}) {level} {stamp} [{where}] {msg}\n")
+    sys.stdout.flush()
+
+
+def log_raw(proc: tuple, text: str) -> None:
+    name, pid = proc
+    for line in text.rstrip("\n").split("\n"):
+        sys.stdout.write(f"({name} pid={pid}) {line}\n")
+    sys.stdout.flush()
+
+
+def traceback_text(frames: list, exc: str) -> str:
+    site = "/usr/local/lib/python3.12/dist-packages"
+    lines = ["Traceback (most recent call last):"]
+    for file, line, func, code in frames:
+        lines.append(f'  File "{site}/{file}", line {line}, in {func}')
+        lines.append(f"    {code}")
+    lines.append(exc)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU memory bookkeeping shared with the fake nvidia-smi (gpu-procs/<pid>-<gpu>.json).
+def proc_start_time(pid: int):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int, start_time) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if start_time is not None and Path("/proc").is_dir():
+        now = proc_start_time(pid)
+        if now is None or now != start_time:
+            return False
+        try:   # a zombie (exited, not yet reaped) holds no memory
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        except (OSError, IndexError):
+            return False
+    return True
+
+
+def live_gpu_usage(exclude_pids: set) -> dict:
+    """MiB used per GPU index by live holders other than `exclude_pids`."""
+    used: dict = {}
+    for f in (HOST_DIR / "gpu-procs").glob("*.json"):
+        e = _read_json(f, None)
+        if not e or e.get("pid") in exclude_pids:
+            continue
+        if pid_alive(int(e["pid"]), e.get("start_time")):
+            used[int(e["gpu_index"])] = used.get(int(e["gpu_index"]), 0) + int(e["used_mib"])
+    return used
+
+
+def register_gpu(pid: int, title: str, gpu: int, used_mib: int, start_time) -> None:
+    d = HOST_DIR / "gpu-procs"
+    d.mkdir(parents=True, exist_ok=True)
+    entry = {"pid": pid, "process_name": title, "gpu_index": gpu, "used_mib": int(used_mib),
+             "start_time": start_time}
+    tmp = d / f".{pid}-{gpu}.tmp"
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, d / f"{pid}-{gpu}.json")
+
+
+def holder_main() -> None:
+    """A GPU-holding worker: renames itself, then waits. SIGTERM: unregister and exit."""
+    title = os.environ.get("VLLM_SIM_HOLDER_TITLE", "VLLM::Worker")
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, title.encode()[:15], 0, 0, 0)   # PR_SET_NAME
+    except (OSError, AttributeError, TypeError):
+        pass
+
+    def stop(*_):
+        for f in (HOST_DIR / "gpu-procs").glob(f"{os.getpid()}-*.json"):
+            try:
+                f.unlink()
+            except OSError:
+                pass
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    exit_with_parent = os.environ.get("VLLM_SIM_EXIT_WITH_PARENT") == "1"
+    while True:   # GPU holders outlive a killed parent (like real orphaned workers); an engine
+        time.sleep(0.5 if exit_with_parent else 3600)   # core without GPU memory does not
+        if exit_with_parent and os.getppid() != parent:
+            stop()
+
+
+def spawn_holder(title: str, exit_with_parent: bool = False):
+    import subprocess
+    env = dict(os.environ, VLLM_SIM_HOLDER_TITLE=title, VLLM_SIM_HOST_DIR=str(HOST_DIR),
+               VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0")
+    return subprocess.Popen([title, str(Path(__file__).resolve()), "__sim_gpu_holder__"],
+                            executable=sys.executable, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def dist_version(dist: str):
+    norm = dist.replace("-", "_").lower()
+    for d in (HOST_DIR / "site-packages").glob("*.dist-info"):
+        if d.name.lower().startswith(norm + "-"):
+            for line in (d / "METADATA").read_text().splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Answers: a few canned replies to smoke prompts, otherwise coherent filler.
+CANNED = [
+    (re.compile(r"\b2\s*\+\s*2\b"), "4"),
+    (re.compile(r"capital of france", re.I), "Paris"),
+    (re.compile(r"\b(reply|answer|respond|say)\b[^.]*\b(ok|okay)\b", re.I), "OK"),
+    (re.compile(r"^\s*(hi|hello|hey)\b", re.I), "Hello! How can I help you today?"),
+]
+FILLER = (
+    "Serving a large language model well is mostly about keeping the accelerators busy while "
+    "every request still gets a fair share of them. The scheduler batches the decode steps of "
+    "many requests together, so the cost of reading the weights is shared, and the key-value "
+    "cache keeps what each request has already seen. When the cache fills up, new requests wait "
+    "in the queue until running ones finish. Longer prompts take longer to prefill, and a higher "
+    "concurrency raises the total throughput while each single stream gets a little slower. "
+    "Careful measurements report the time to the first token, the time between tokens and the "
+    "tokens per second, for one stream and for many, because each tells a different story. "
+)
+_TOKEN_RE = re.compile(r"\s*[A-Za-z0-9]+|\s*[^A-Za-z0-9\s]|\s+")
+
+
+def tokenize(text: str) -> list:
+    return _TOKEN_RE.findall(text)
+
+
+def filler_tokens(n: int, offset: int = 0) -> list:
+    base = tokenize(FILLER)
+    return [base[(offset + i) % len(base)] for i in range(n)]
+
+
+def junk_tokens(n: int) -> list:
+    alphabet = "qxzjvkwy0123456789#@$%&"
+    return [" " + "".join(random.choice(alphabet) for _ in range(random.randint(2, 7)))
+            for _ in range(n)]
+
+
+def answer_for(prompt: str) -> tuple:
+    """(reasoning text, content text) for the last user message."""
+    short = " ".join(prompt.split())[:80]
+    for rx, reply in CANNED:
+        if rx.search(prompt):
+            return (f"A simple question; the answer is {reply}.", reply)
+    return (f"The user asks: \"{short}\". I will give a clear, well organised explanation.",
+            FILLER.strip())
+
+
+# --------------------------------------------------------------------------------------------
+class Histogram:
+    def __init__(self, name: str, doc: str, buckets: list):
+        self.name, self.doc, self.buckets = name, doc, buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.total += 1
+        self.sum += v
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+
+    def render(self, labels: str) -> list:
+        out = [f"# HELP {self.name} {self.doc}", f"# TYPE {self.name} histogram"]
+        for b, c in zip(self.buckets, self.counts):
+            out.append(f'{self.name}_bucket{{{labels},le="{float(b)}"}} {float(c)}')
+        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {float(self.total)}')
+        out.append(f"{self.name}_count{{{labels}}} {float(self.total)}")
+        out.append(f"{self.name}_sum{{{labels}}} {self.sum}")
+        return out
+
+
+class Engine:
+    """Request scheduling, token pacing and metrics."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.profile = PROFILES[cfg["profile"]]
+        self.running = 0
+        self.waiting = 0
+        self.kv_in_use = 0
+        self.slots = asyncio.Semaphore(cfg["max_num_seqs"])
+        self.counters = {"prompt": 0, "generation": 0, "preemptions": 0,
+                         "prefix_queries": 0, "prefix_hits": 0}
+        self.success: dict = {}
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.",
+                              [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0])
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.",
+                             [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                              2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0])
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.",
+                             [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                              40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])
+
+    def plan(self, prompt: str, prompt_tokens: int, body: dict) -> tuple:
+        """[(kind, token)] and finish_reason for one request."""
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        room = max(1, self.cfg["max_model_len"] - prompt_tokens)
+        limit = min(int(limit), room) if limit else room
+        min_tokens = int(body.get("min_tokens") or 0)
+        ignore_eos = bool(body.get("ignore_eos"))
+        if self.cfg["garbage"]:
+            reasoning, content = [], junk_tokens(random.randint(20, 60))
+        else:
+            r_text, c_text = answer_for(prompt)
+            reasoning = tokenize(r_text) if self.cfg["reasoning"] else []
+            content = tokenize(c_text)
+        seq = [("reasoning", t) for t in reasoning] + [("content", t) for t in content]
+        want = len(seq)
+        if ignore_eos:
+            want = limit
+        elif want < min_tokens:
+            want = min_tokens
+        if want > len(seq):
+            extra = (junk_tokens(want - len(seq)) if self.cfg["garbage"]
+                     else filler_tokens(want - len(seq), len(seq)))
+            if not content and reasoning:
+                extra[0] = "\n\n" + extra[0].lstrip()
+            seq += [("content", t) for t in extra]
+        finish = "stop"
+        if len(seq) > limit:
+            seq, finish = seq[:limit], "length"
+        elif ignore_eos and len(seq) >= limit:
+            finish = "length"
+        return seq, finish
+
+    async def run(self, seq: list, prompt_tokens: int, emit):
+        """Pace `seq` like the real engine: queue, prefill (TTFT), then decode at the profile's
+        per-stream rate for the current concurrency, on an absolute schedule (no drift)."""
+        loop = asyncio.get_running_loop()
+        t_arrive = loop.time()
+        self.waiting += 1
+        await self.slots.acquire()
+        self.waiting -= 1
+        self.running += 1
+        self.kv_in_use += prompt_tokens
+        self.counters["prefix_queries"] += prompt_tokens
+        done = 0
+        try:
+            await asyncio.sleep(0.015 + prompt_tokens / self.profile["prefill"])
+            t = loop.time()
+            self.ttft.observe(t - t_arrive)
+            self.counters["prompt"] += prompt_tokens
+            for i, item in enumerate(seq):
+                if i:
+                    itl = 1.0 / stream_rate(self.profile, self.running)
+                    t += itl
+                    delay = t - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    self.itl.observe(itl)
+                await emit(item)
+                done += 1
+                self.kv_in_use += 1
+                self.counters["generation"] += 1
+        finally:
+            self.running -= 1
+            self.kv_in_use -= prompt_tokens + done
+            self.slots.release()
+            self.e2e.observe(loop.time() - t_arrive)
+
+    def finished(self, reason: str) -> None:
+        self.success[reason] = self.success.get(reason, 0) + 1
+
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.cfg["served"][0]}"'
+        kv = min(1.0, self.kv_in_use / max(1, self.cfg["kv_tokens"]))
+        out = []
+
+        def metric(name, kind, doc, value, extra=""):
+            out.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}"])
+            sample = name + ("_total" if kind == "counter" else "")
+            out.append(f"{sample}{{{labels}{extra}}} {float(value)}")
+
+        metric("vllm:num_requests_running", "gauge",
+               "Number of requests in model execution batches.", self.running)
+        metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               self.waiting)
+        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               kv)
+        metric("vllm:prefix_cache_queries", "counter",
+               "Prefix cache queries, in terms of number of queried tokens.",
+               self.counters["prefix_queries"])
+        metric("vllm:prefix_cache_hits", "counter",
+               "Prefix cache hits, in terms of number of cached tokens.",
+               self.counters["prefix_hits"])
+        metric("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.",
+               self.counters["preemptions"])
+        metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
+               self.counters["prompt"])
+        metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
+               self.counters["generation"])
+        out.extend(["# HELP vllm:request_success Count of successfully processed requests.",
+                    "# TYPE vllm:request_success counter"])
+        for reason in ("abort", "error", "length", "repetition", "stop"):
+            out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} '
+                       f'{float(self.success.get(reason, 0))}')
+        out.extend(["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+                    "# TYPE vllm:cache_config_info gauge",
+                    f'vllm:cache_config_info{{block_size="16",cache_dtype="{self.cfg["kv_dtype"]}",'
+                    f'engine="0",gpu_memory_utilization="{self.cfg["util"]}",'
+                    f'num_gpu_blocks="{self.cfg["kv_tokens"] // 16}"}} 1.0'])
+        for h in (self.ttft, self.itl, self.e2e):
+            out.extend(h.render(labels))
+        return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+class Server:
+    """The HTTP side: a small HTTP/1.1 implementation on asyncio streams (keep-alive, chunked)."""
+
+    ROUTES = [("/openapi.json", "HEAD, GET"), ("/docs", "HEAD, GET"), ("/redoc", "HEAD, GET"),
+              ("/health", "GET"), ("/load", "GET"), ("/ping", "GET"), ("/ping", "POST"),
+              ("/tokenize", "POST"), ("/detokenize", "POST"), ("/v1/models", "GET"),
+              ("/version", "GET"), ("/v1/responses", "POST"), ("/v1/chat/completions", "POST"),
+              ("/v1/completions", "POST"), ("/metrics", "GET")]
+
+    def __init__(self, cfg: dict, engine: Engine):
+        self.cfg, self.engine = cfg, engine
+        self.healthy = True
+        self.created = int(time.time())
+
+    async def handle(self, reader, writer):
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                try:
+                    method, target, version = line.decode("latin-1").split()
+                except ValueError:
+                    break
+                headers = {}
+                while True:
+                    h = await reader.readline()
+                    if h in (b"\r\n", b"\n", b""):
+                        break
+                    k, _, v = h.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                body = b""
+                if headers.get("content-length"):
+                    body = await reader.readexactly(int(headers["content-length"]))
+                elif headers.get("transfer-encoding", "").lower() == "chunked":
+                    while True:
+                        size = int((await reader.readline()).strip() or b"0", 16)
+                        if size == 0:
+                            await reader.readline()
+                            break
+                        body += await reader.readexactly(size)
+                        await reader.readline()
+                conn = headers.get("connection", "").lower()
+                keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
+                await self.route(method, target.split("?", 1)[0], headers, body, writer)
+                if not keep:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def respond(self, writer, status: int, body: bytes = b"",
+                      ctype: str = "application/json", extra: dict = None):
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                  405: "Method Not Allowed", 503: "Service Unavailable"}.get(status, "Error")
+        head = [f"HTTP/1.1 {status} {reason}",
+                "date: " + time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
+                "server: uvicorn", f"content-length: {len(body)}"]
+        if body or ctype != "application/json":
+            head.append(f"content-type: {ctype}")
+        for k, v in (extra or {}).items():
+            head.append(f"{k}: {v}")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        await writer.drain()
+
+    async def json(self, writer, status: int, obj) -> None:
+        await self.respond(writer, status, json.dumps(obj).encode())
+
+    def error(self, message: str, kind: str, code: int, param=None) -> dict:
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+    async def route(self, method, path, headers, body, writer):
+        if path.startswith("/v1") and self.cfg["api_keys"]:
+            auth = headers.get("authorization", "")
+            if not (auth.startswith("Bearer ") and auth[7:] in self.cfg["api_keys"]):
+                return await self.json(writer, 401, {"error": "Unauthorized"})
+        if path == "/health" and method in ("GET", "HEAD"):
+            return await self.respond(writer, 200 if self.healthy else 503)
+        if path == "/ping":
+            return await self.respond(writer, 200 if self.healthy else 503)
+        if path == "/version" and method == "GET":
+            return await self.json(writer, 200, {"version": VERSION})
+        if path == "/load" and method == "GET":
+            return await self.json(writer, 200, {"server_load": self.engine.running})
+        if path == "/metrics" and method == "GET":
+            return await self.respond(writer, 200, self.engine.metrics().encode(),
+                                      "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/v1/models" and method == "GET":
+            data = [{"id": n, "object": "model", "created": self.created, "owned_by": "vllm",
+                     "root": self.cfg["model"], "parent": None,
+                     "max_model_len": self.cfg["max_model_len"],
+                     "permission": [{"id": f"modelperm-{random.getrandbits(64):016x}",
+                                     "object": "model_permission", "created": self.created,
+                                     "allow_create_engine": False, "allow_sampling": True,
+                                     "allow_logprobs": True, "allow_search_indices": False,
+                                     "allow_view": True, "allow_fine_tuning": False,
+                                     "organization": "*", "group": None, "is_blocking": False}]}
+                    for n in self.cfg["served"]]
+            return await self.json(writer, 200, {"object": "list", "data": data})
+        if path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
+            return await self.completions(path, body, writer)
+        if any(path == r for r, _ in self.ROUTES):
+            return await self.json(writer, 405, {"detail": "Method Not Allowed"})
+        return await self.json(writer, 404, {"detail": "Not Found"})
+
+    async def completions(self, path, raw, writer):
+        chat = path.endswith("chat/completions")
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            return await self.json(writer, 400, self.error("Invalid JSON body", "BadRequestError",
+                                                           400))
+        model = body.get("model") or self.cfg["served"][0]
+        if model not in self.cfg["served"]:
+            return await self.json(writer, 404, self.error(
+                f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
+        if chat:
+            msgs = body.get("messages") or []
+            texts = []
+            for m in msgs:
+                c = m.get("content")
+                if isinstance(c, list):
+                    c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+                texts.append(str(c or ""))
+            prompt = next((str(m.get("content")) for m in reversed(msgs)
+                           if m.get("role") == "user"), texts[-1] if texts else "")
+            prompt_tokens = sum(len(tokenize(t)) + 4 for t in texts) + 3
+        else:
+            prompt = str(body.get("prompt") or "")
+            prompt_tokens = len(tokenize(prompt)) + 1
+        if prompt_tokens >= self.cfg["max_model_len"]:
+            return await self.json(writer, 400, self.error(
+                f"This model's maximum context length is {self.cfg['max_model_len']} tokens. "
+                f"However, your request has {prompt_tokens} input tokens. Please reduce the length "
+                "of the input messages.", "BadRequestError", 400))
+        seq, finish = self.engine.plan(prompt, prompt_tokens, body)
+        if not chat:   # no reasoning split for the completions API
+            seq = [("content", t) for _, t in seq]
+        rid = ("chatcmpl-" if chat else "cmpl-") + "%032x" % random.getrandbits(128)
+        created = int(time.time())
+        name = model
+        obj = "chat.completion" if chat else "text_completion"
+        n_reason = sum(1 for k, _ in seq if k == "reasoning")
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(seq),
+                 "completion_tokens": len(seq), "prompt_tokens_details": None}
+        if chat and self.cfg["reasoning"]:
+            usage["completion_tokens_details"] = {"reasoning_tokens": n_reason}
+        if body.get("stream"):
+            return await self.stream(writer, body, seq, finish, prompt_tokens, rid, created,
+                                     name, obj, chat, usage)
+        parts = {"reasoning": [], "content": []}
+
+        async def collect(item):
+            parts[item[0]].append(item[1])
+
+        await self.engine.run(seq, prompt_tokens, collect)
+        self.engine.finished(finish)
+        content = "".join(parts["content"]).lstrip()
+        reasoning = "".join(parts["reasoning"]).lstrip() or None
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": content,
+                                              "refusal": None, "annotations": None,
+                                              "audio": None, "function_call": None,
+                                              "tool_calls": [], "reasoning_content": reasoning},
+                      "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None, "prompt_logprobs": None}
+        await self.json(writer, 200, {"id": rid, "object": obj, "created": created,
+                                      "model": name, "choices": [choice], "usage": usage,
+                                      "service_tier": None, "system_fingerprint": None,
+                                      "prompt_logprobs": None, "kv_transfer_params": None})
+
+    async def stream(self, writer, body, seq, finish, prompt_tokens, rid, created, name, obj,
+                     chat, usage):
+        head = ["HTTP/1.1 200 OK",
+                "date: " + time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
+                "server: uvicorn", "content-type: text/event-stream; charset=utf-8",
+                "transfer-encoding: chunked"]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        async def send(payload) -> None:
+            data = f"data: {payload}\n\n".encode()
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+
+        def chunk(choice, usage_value=None):
+            c = {"id": rid, "object": chunk_obj, "created": created, "model": name,
+                 "choices": [choice] if choice else []}
+            if include_usage:
+                c["usage"] = usage_value
+            return json.dumps(c)
+
+        if chat:
+            await send(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}))
+        state = {"first_content": True, "n": 0}
+
+        async def emit(item):
+            kind, tok = item
+            state["n"] += 1
+            last = state["n"] == len(seq)
+            if chat:
+                if kind == "content" and state["first_content"]:
+                    tok = tok.lstrip()
+                    state["first_content"] = False
+                delta = {"reasoning_content": tok} if kind == "reasoning" else {"content": tok}
+                choice = {"index": 0, "delta": delta, "logprobs": None,
+                          "finish_reason": finish if last else None}
+            else:
+                choice = {"index": 0, "text": tok, "logprobs": None,
+                          "finish_reason": finish if last else None, "stop_reason": None}
+            await send(chunk(choice))
+
+        try:
+            await self.engine.run(seq, prompt_tokens, emit)
+            if not seq:
+                await send(chunk({"index": 0, "delta": {"content": ""}, "logprobs": None,
+                                  "finish_reason": finish}))
+            if include_usage:
+                await send(chunk(None, usage))
+            await send("[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            self.engine.finished(finish)
+        except (ConnectionError, OSError):
+            self.engine.finished("abort")
+            raise
+
+
+# --------------------------------------------------------------------------------------------
+def fail_argparse(parser: argparse.ArgumentParser, message: str) -> None:
+    parser.error(message)   # prints usage + "vllm: error: ..." to stderr, exit 2
+
+
+class StartupFailed(Exception):
+    pass
+
+
+class Launch:
+    """One `vllm serve` run: start-up sequence, serving, shutdown."""
+
+    def __init__(self, args, fault):
+        self.args, self.fault = args, fault
+        self.api = ("APIServer", os.getpid())
+        self.holders: list = []        # (Popen, title, gpu)
+        self.engine_proc = None
+        self.sock = None
+        self.stopping = False
+        self.t0 = time.time()
+
+    # -- configuration -------------------------------------------------------------------------
+    def configure(self) -> dict:
+        a = self.args
+        model = a.model_tag or a.model
+        if not model:
+            raise StartupFailed("ValueError: model must be provided")
+        mpath = Path(model)
+        if model.startswith(("/", "./", "../", "~")) and not mpath.is_dir():
+            raise StartupFailed(traceback_text(
+                [("vllm/transformers_utils/config.py", 612, "get_config",
+                  "config_dict, config = config_parser.parse("),
+                 ("huggingface_hub/utils/_validators.py", 154, "validate_repo_id",
+                  "raise HFValidationError(")],
+                "huggingface_hub.errors.HFValidationError: Repo id must be in the form "
+                f"'repo_name' or 'namespace/repo_name': '{model}'. Use `repo_type` argument if "
+                "needed."))
+        cfg_json = _read_json(mpath / "config.json", {}) if mpath.is_dir() else {}
+        ident = cfg_json.get("_name_or_path") or model
+        ep = bool(a.enable_expert_parallel)
+        key = pick_profile(ident, ep)
+        prof = PROFILES[key]
+        index = _read_json(mpath / "model.safetensors.index.json", {}) if mpath.is_dir() else {}
+        size = float((index.get("metadata") or {}).get("total_size") or prof["size"])
+        tp = int(a.tensor_parallel_size or 1)
+        pp = int(a.pipeline_parallel_size or 1)
+        dp = int(a.data_parallel_size or 1)
+        dcp = int(a.decode_context_parallel_size or 1)
+        served = a.served_model_name or [model]
+        max_len = a.max_model_len
+        if max_len in (None, "auto", "-1"):
+            max_len = int(cfg_json.get("max_position_embeddings") or prof["max_len"])
+        else:
+            m = re.fullmatch(r"(\d+)([kKmM]?)", str(max_len))
+            if not m:
+                raise StartupFailed(f"argument --max-model-len: invalid value: '{max_len}'")
+            max_len = int(m.group(1)) * {"": 1, "k": 1000, "K": 1024, "m": 10**6,
+                                         "M": 1 << 20}[m.group(2)]
+        kv_dtype = a.kv_cache_dtype or "auto"
+        speed = float(os.environ.get("VLLM_SIM_SPEED") or SIM.get("speed") or 1.0)
+        keys = list(a.api_key or [])
+        if os.environ.get("VLLM_API_KEY"):
+            keys.append(os.environ["VLLM_API_KEY"])
+        return {
+            "model": model, "model_dir": mpath if mpath.is_dir() else None, "ident": ident,
+            "profile": key, "size": size, "tp": tp, "pp": pp, "dp": dp, "dcp": dcp, "ep": ep,
+            "served": served, "max_model_len": max_len, "kv_dtype": kv_dtype,
+            "util": float(a.gpu_memory_utilization or 0.9), "speed": speed,
+            "reasoning": bool(a.reasoning_parser), "api_keys": keys,
+            "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
+            "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
+                cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
+            "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
+        }
+
+    # -- start-up --------------------------------------------------------------------------------
+    async def start(self, cfg: dict) -> None:
+        api = self.api
+        log(api, "INFO", "utils.py:302", f"vLLM server version {VERSION}, serving model "
+            f"{cfg['model']}")
+        nondefault = {k: v for k, v in sorted(vars(self.args).items())
+                      if v not in (None, False, []) and k not in ("subparser", "api_key")}
+        log(api, "INFO", "utils.py:253", f"non-default args: {nondefault}")
+        if self.fault == "crash-trust-remote-code" or (cfg["custom_code"] and not cfg["trust"]):
+            m = cfg["model"]
+            log_raw(api, traceback_text([
+                ("vllm/entrypoints/cli/main.py", 112, "main", "args.dispatch_function(args)"),
+                ("vllm/entrypoints/cli/serve.py", 142, "cmd", "uvloop.run(run_server(args))"),
+                ("vllm/transformers_utils/config.py", 445, "parse",
+                 "config = AutoConfig.from_pretrained("),
+                ("transformers/dynamic_module_utils.py", 727, "resolve_trust_remote_code",
+                 "raise ValueError(")],
+                f"ValueError: The repository {m} contains custom code which must be executed to "
+                f"correctly load the model. You can inspect the repository content at "
+                f"https://hf.co/{m}.\nPlease pass the argument `trust_remote_code=True` to allow "
+                "custom code to be run."))
+            raise StartupFailed(None)
+        prof = PROFILES[cfg["profile"]]
+        arch = (cfg.get("architectures") or [prof["arch"]])[0]
+        log(api, "INFO", "model.py:591", f"Resolved architecture: {arch}")
+        log(api, "INFO", "model.py:1799", f"Using max model len {cfg['max_model_len']}")
+        if cfg["kv_dtype"].startswith("fp8"):
+            log(api, "INFO", "cache.py:232", "Using fp8 data type to store kv cache. It reduces the "
+                "GPU memory footprint and boosts the performance. Meanwhile, it may cause accuracy "
+                "drop without a proper scaling factor.")
+        log(api, "INFO", "scheduler.py:245", "Chunked prefill is enabled with "
+            f"max_num_batched_tokens={self.args.max_num_batched_tokens or 8192}.")
+        # bind, but do not listen: connects are refused until the engine is up
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self.sock.bind((cfg["host"] or "0.0.0.0", cfg["port"]))
+        await self.start_engine(cfg)
+
+    def gpus(self, cfg: dict) -> list:
+        world = cfg["tp"] * cfg["pp"] * cfg["dp"]
+        n_host = len(SIM.get("gpus") or []) or 8
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = ([int(x) for x in cvd.split(",") if x.strip().isdigit()] if cvd is not None
+                   else list(range(n_host)))
+        visible = [g for g in visible if g < n_host]
+        if world > len(visible):
+            raise StartupFailed(f"ValueError: World size ({world}) is larger than the number of "
+                                f"available GPUs ({len(visible)}) in this node.")
+        return visible[:world]
+
+    def total_mib(self, gpu: int) -> int:
+        for g in SIM.get("gpus") or []:
+            if int(g.get("index", -1)) == gpu:
+                return int(g.get("memory_total_mib", 97887))
+        return 97887
+
+    async def start_engine(self, cfg: dict) -> None:
+        ec_name = "EngineCore_DP0"
+        gpus = self.gpus(cfg)
+        multi = cfg["tp"] * cfg["pp"] > 1
+        titles = []
+        for rank, gpu in enumerate(gpus):
+            d, rest = divmod(rank, cfg["tp"] * cfg["pp"])
+            p, t = divmod(rest, cfg["tp"])
+            if multi:
+                name = "Worker"
+                name += f"_DP{d}" if cfg["dp"] > 1 else ""
+                name += f"_PP{p}" if cfg["pp"] > 1 else ""
+                name += f"_TP{t}" if cfg["tp"] > 1 else ""
+                name += f"_DCP{t % cfg['dcp']}" if cfg["dcp"] > 1 else ""
+                name += f"_EP{rank}" if cfg["ep"] else ""
+            else:
+                name = f"EngineCore_DP{d}" if cfg["dp"] > 1 else "EngineCore"
+            titles.append((name, gpu))
+        if multi:
+            self.engine_proc = spawn_holder("VLLM::EngineCore" if cfg["dp"] == 1
+                                            else "VLLM::EngineCore_DP0", exit_with_parent=True)
+            ec = (ec_name, self.engine_proc.pid)
+        for name, gpu in titles:
+            proc = spawn_holder(f"VLLM::{name}")
+            self.holders.append((proc, f"VLLM::{name}", gpu, proc_start_time(proc.pid)))
+        if not multi:
+            ec = (ec_name, self.holders[0][0].pid)
+        workers = [(t[len("VLLM::"):] if multi else ec_name, p.pid)
+                   for (p, t, _g, _s) in self.holders]
+        w0 = workers[0]
+        prof = PROFILES[cfg["profile"]]
+        log(ec, "INFO", "core.py:118", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+            f"model='{cfg['model']}', speculative_config=None, tokenizer='{cfg['model']}', "
+            f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+            f"trust_remote_code={cfg['trust']}, dtype=torch.bfloat16, "
+            f"max_seq_len={cfg['max_model_len']}, download_dir=None, load_format=auto, "
+            f"tensor_parallel_size={cfg['tp']}, pipeline_parallel_size={cfg['pp']}, "
+            f"data_parallel_size={cfg['dp']}, decode_context_parallel_size={cfg['dcp']}, "
+            f"enable_expert_parallel={cfg['ep']}, kv_cache_dtype={cfg['kv_dtype']}, "
+            f"device_config=cuda, served_model_name={','.join(cfg['served'])}, "
+            f"enable_prefix_caching=True, enable_chunked_prefill=True")
+        for (p, title, gpu, st) in self.holders:
+            register_gpu(p.pid, title, gpu, CUDA_CONTEXT_MIB, st)
+        for i, w in enumerate(workers):
+            if multi:
+                log(w, "INFO", "parallel_state.py:1411",
+                    f"rank {i} in world size {len(workers)} is assigned as DP rank "
+                    f"{i // (cfg['tp'] * cfg['pp'])}, PP rank 0, TP rank {i % cfg['tp']}, "
+                    f"EP rank {i if cfg['ep'] else 'N/A'}")
+        if multi:
+            log(w0, "INFO", "pynccl.py:148", "vLLM is using nccl==2.28.9")
+        await asyncio.sleep(0.05)
+        # the real start-up memory check (vllm/v1/worker/utils.py): other live holders count
+        own = {h[0].pid for h in self.holders}
+        used = live_gpu_usage(own)
+        for local, (p, title, gpu, st) in enumerate(self.holders):
+            total = self.total_mib(gpu) * MiB
+            requested = cfg["util"] * total
+            free = total - used.get(gpu, 0) * MiB - CUDA_CONTEXT_MIB * MiB
+            if self.fault == "crash-gpu-memory" and local == 0:
+                free = min(free, requested * 0.55)
+            if free < requested:
+                self.worker_crash(workers[local] if multi else ec, ec, multi, [
+                    ("vllm/v1/worker/gpu_worker.py", 314, "init_device",
+                     "self.requested_memory = request_memory(init_snapshot, self.cache_config)"),
+                    ("vllm/v1/worker/utils.py", 760, "request_memory", "raise ValueError(")],
+                    f"ValueError: Free memory on device cuda:{local % len(self.holders)} "
+                    f"({round(free / GiB, 2)}/{round(total / GiB, 2)} GiB) on startup is less "
+                    f"than desired GPU memory utilization ({cfg['util']}, "
+                    f"{round(requested / GiB, 2)} GiB). Decrease GPU memory utilization or "
+                    "reduce GPU memory used by other processes.")
+        # loading weights
+        load_s = cfg["size"] / LOAD_BYTES_PER_S / max(cfg["speed"], 1e-9)
+        if self.fault == "slow-start":
+            load_s *= 5
+        weights_s, compile_s, graph_s = load_s * 0.8, load_s * 0.1, load_s * 0.1
+        n_gpu_shards = cfg["tp"] * cfg["pp"] * (cfg["dp"] if cfg["ep"] else 1)
+        w_mib = cfg["size"] / n_gpu_shards / MiB
+        log(w0, "INFO", "gpu_model_runner.py:4979", f"Starting to load model {cfg['model']}...")
+        if cfg["profile"] == "kimi-k25-nvfp4":
+            log(w0, "INFO", "nvfp4.py:211", "Using 'FLASHINFER_B12X' NvFp4 MoE backend out of "
+                "potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', "
+                "'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', "
+                "'EMULATION'].")
+        shards = self.shard_count(cfg)
+        started = time.monotonic()
+        steps = max(4, min(shards, 20))
+        fi, cubin = dist_version("flashinfer-python"), dist_version("flashinfer-cubin")
+        fi_bad = (fi and cubin and fi != cubin
+                  and os.environ.get("FLASHINFER_DISABLE_VERSION_CHECK") != "1")
+        for i in range(1, steps + 1):
+            if self.fault == "crash-flashinfer" or fi_bad:
+                if i > steps // 4:
+                    fi = fi or "0.6.14"
+                    if not fi_bad:
+                        cubin = fi.rsplit(".", 1)[0] + "." + str(max(0, int(
+                            re.sub(r"\D.*", "", fi.rsplit(".", 1)[1]) or 1) - 1))
+                    self.worker_crash(w0, ec, multi, [
+                        ("vllm/v1/worker/gpu_model_runner.py", 5021, "load_model",
+                         "self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)"),
+                        ("vllm/v1/sample/ops/topk_topp_sampler.py", 38, "__init__",
+                         "import flashinfer"),
+                        ("flashinfer/__init__.py", 24, "<module>", "_check_cubin_version()")],
+                        f"RuntimeError: flashinfer-cubin version ({cubin}) does not match "
+                        f"flashinfer version ({fi}). Please install the same version of both "
+                        "packages. Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
+            if self.fault == "hang" and i > steps // 3:
+                while True:
+                    await asyncio.sleep(3600)
+            await asyncio.sleep(weights_s / steps)
+            done = round(shards * i / steps)
+            el = time.monotonic() - started
+            rate = done / el if el else 0.0
+            left = (shards - done) / rate if rate else 0.0
+            pct = int(100 * done / shards)
+            log_raw(w0, f"Loading safetensors checkpoint shards: {pct:3d}% Completed | "
+                        f"{done}/{shards} [{int(el) // 60:02d}:{int(el) % 60:02d}<"
+                        f"{int(left) // 60:02d}:{int(left) % 60:02d}, {rate:5.2f}it/s]")
+            for (p, title, gpu, st) in self.holders:
+                register_gpu(p.pid, title, gpu, CUDA_CONTEXT_MIB + w_mib * i / steps, st)
+        log(w0, "INFO", "default_loader.py:507", f"Loading weights took {weights_s:.2f} seconds")
+        w_gib = w_mib / 1024
+        log(w0, "INFO", "gpu_model_runner.py:5089",
+            f"Model loading took {w_gib:.2f} GiB memory and {time.time() - self.t0:.6f} seconds")
+        total_gib = self.total_mib(self.holders[0][2]) / 1024
+        budget_gib = cfg["util"] * total_gib
+        if w_gib + 1 > budget_gib:
+            self.worker_crash(w0, ec, multi, [
+                ("vllm/v1/worker/gpu_model_runner.py", 5061, "load_model",
+                 "self.model = model_loader.load_model("),
+                ("torch/utils/_device.py", 104, "__torch_function__",
+                 "return func(*args, **kwargs)")],
+                f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 "
+                f"has a total capacity of {total_gib:.2f} GiB of which 1.02 GiB is free. Including "
+                f"non-PyTorch memory, this process has {total_gib - 1.02:.2f} GiB memory in use.")
+        await asyncio.sleep(compile_s)
+        log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
+        kv_gib = budget_gib - w_gib - 2.4
+        if kv_gib <= 0.2:
+            self.worker_crash(w0, ec, multi, [
+                ("vllm/v1/worker/gpu_worker.py", 780, "determine_available_memory",
+                 "raise ValueError(")],
+                "ValueError: No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine.")
+        log(w0, "INFO", "gpu_worker.py:773", f"Available KV cache memory: {kv_gib:.2f} GiB")
+        per_gib = prof["kv_per_gib"] * (2 if cfg["kv_dtype"].startswith("fp8") else 1)
+        kv_tokens = int(kv_gib * per_gib * cfg["dcp"] * cfg["pp"]) // 16 * 16
+        if kv_tokens < cfg["max_model_len"]:
+            log_raw(ec, traceback_text([("vllm/v1/core/kv_cache_utils.py", 1098,
+                                         "check_enough_kv_cache_memory", "raise ValueError(")],
+                f"ValueError: To serve at least one request with the models's max seq len "
+                f"({cfg['max_model_len']}), ({cfg['max_model_len'] / per_gib:.2f} GiB KV cache "
+                f"is needed, which is larger than the available KV cache memory ({kv_gib:.2f} "
+                f"GiB). Based on the available memory, the estimated maximum model length is "
+                f"{kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing "
+                "`max_model_len` when initializing the engine."))
+            self.engine_failed(ec)
+        cfg["kv_tokens"] = kv_tokens
+        log(ec, "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {kv_tokens:,} tokens, "
+            f"Maximum concurrency for {cfg['max_model_len']:,} tokens per request: "
+            f"{kv_tokens / cfg['max_model_len']:.2f}x")
+        for (p, title, gpu, st) in self.holders:
+            register_gpu(p.pid, title, gpu, cfg["util"] * self.total_mib(gpu) - 300, st)
+        await asyncio.sleep(graph_s)
+        log(w0, "INFO", "gpu_model_runner.py:6517",
+            f"Graph capturing finished in {max(1, round(graph_s))} secs, took 0.52 GiB")
+        log(ec, "INFO", "core.py:413", "init engine (profile, create kv cache, warmup model) took "
+            f"{compile_s + graph_s + 0.5:.2f} s")
+
+    def shard_count(self, cfg: dict) -> int:
+        if cfg["model_dir"] is not None:
+            n = len(list(cfg["model_dir"].glob("*.safetensors")))
+            if n:
+                return n
+        return max(1, int(cfg["size"] / 5e9))
+
+    def worker_crash(self, where, ec, multi, frames, exc) -> None:
+        """A root-cause exception in a worker (or engine core) plus vLLM's generic wrappers."""
+        if multi:
+            log(where, "ERROR", "multiproc_executor.py:853", "WorkerProc failed to start.")
+            log_raw(where, traceback_text(
+                [("vllm/v1/executor/multiproc_executor.py", 824, "worker_main",
+                  "worker = WorkerProc(*args, **kwargs)")] + frames, exc))
+            log(ec, "ERROR", "core.py:1584", "EngineCore failed to start.")
+            log_raw(ec, traceback_text(
+                [("vllm/v1/engine/core.py", 1556, "run_engine_core",
+                  "engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)"),
+                 ("vllm/v1/executor/multiproc_executor.py", 233, "_init_executor",
+                  "self.workers = WorkerProc.wait_for_ready(unready_workers)")],
+                "Exception: WorkerProc initialization failed due to an exception in a background "
+                "process. See stack trace for root cause."))
+        else:
+            log(ec, "ERROR", "core.py:1584", "EngineCore failed to start.")
+            log_raw(ec, traceback_text(
+                [("vllm/v1/engine/core.py", 1556, "run_engine_core",
+                  "engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)")]
+                + frames, exc))
+        self.engine_failed(ec)
+
+    def engine_failed(self, ec) -> None:
+        self.stop_holders()
+        log_raw(self.api, traceback_text(
+            [("vllm/entrypoints/cli/serve.py", 142, "cmd", "uvloop.run(run_server(args))"),
+             ("vllm/v1/engine/utils.py", 1474, "wait_for_engine_startup", "raise RuntimeError(")],
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+            "proc(s): {'EngineCore_DP0': 1}"))
+        raise StartupFailed(None)
+
+    def stop_holders(self) -> None:
+        procs = [h[0] for h in self.holders] + ([self.engine_proc] if self.engine_proc else [])
+        for p in procs:
+            try:
+                p.terminate()
+            except OSError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except Exception:
+                p.kill()
+        self.holders, self.engine_proc = [], None
+
+    # -- serving ---------------------------------------------------------------------------------
+    async def serve(self, cfg: dict) -> int:
+        api = self.api
+        engine = Engine(cfg)
+        server = Server(cfg, engine)
+        log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
+        addr = cfg["host"] or "0.0.0.0"
+        log(api, "INFO", "entry.py:139", f"Starting vLLM server on http://{addr}:{cfg['port']}")
+        log(api, "INFO", "launcher.py:188", "Available routes are:")
+        for path, methods in Server.ROUTES:
+            log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
+        self.sock.listen(1024)
+        self.sock.setblocking(False)
+        srv = await asyncio.start_server(server.handle, sock=self.sock, limit=1 << 22)
+        log_raw(api, f"INFO:     Started server process [{os.getpid()}]")
+        log_raw(api, "INFO:     Waiting for application startup.")
+        log_raw(api, "INFO:     Application startup complete.")
+        self.ready = asyncio.get_running_loop().create_future()
+        if self.fault == "die-after-ready":
+            asyncio.get_running_loop().call_later(3.0, self.die, server)
+        code = await self.ready
+        srv.close()
+        return code
+
+    def die(self, server) -> None:
+        ec = ("EngineCore_DP0", self.engine_proc.pid if self.engine_proc else
+              (self.holders[0][0].pid if self.holders else os.getpid()))
+        server.healthy = False
+        log(ec, "ERROR", "core.py:1590", "EngineCore encountered a fatal error.")
+        log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1571, "run_engine_core",
+                                     "engine_core.run_busy_loop()"),
+                                    ("vllm/v1/executor/multiproc_executor.py", 412, "collective_rpc",
+                                     "raise RuntimeError(\"Worker failed with error\")")],
+                                   "RuntimeError: Worker failed with error 'CUDA error: an illegal "
+                                   "memory access was encountered', please check the stack trace "
+                                   "above for the root cause"))
+        self.stop_holders()
+        log(self.api, "ERROR", "async_llm.py:693", "AsyncLLM output_handler failed.")
+        log_raw(self.api, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+                          "issue. See stack trace (above) for the root cause.")
+        asyncio.get_running_loop().call_later(0.5, self._finish, 1)
+
+    def _finish(self, code: int) -> None:
+        if not self.ready.done():
+            self.ready.set_result(code)
+
+    def on_sigterm(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        if getattr(self, "ready", None) is not None:
+            log(self.api, "INFO", "launcher.py:251", "Shutting down FastAPI HTTP server.")
+            log_raw(self.api, "INFO:     Shutting down")
+            log_raw(self.api, "INFO:     Waiting for application shutdown.")
+            log_raw(self.api, "INFO:     Application shutdown complete.")
+        self.stop_holders()
+        if getattr(self, "ready", None) is not None:
+            self._finish(0)
+        else:
+            os._exit(0)
+
+
+async def run_serve(args, fault) -> int:
+    launch = Launch(args, fault)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, launch.on_sigterm)
+    run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
+    try:
+        cfg = launch.configure()
+        if run_file.parent.is_dir():   # lets `vllm-orch sim status/down` find simulated servers
+            run_file.write_text(json.dumps({
+                "pid": os.getpid(), "start_time": proc_start_time(os.getpid()),
+                "process_name": "vllm serve", "model": cfg["model"], "port": cfg["port"]}))
+        await launch.start(cfg)
+        return await launch.serve(cfg)
+    except StartupFailed as exc:
+        if exc.args and exc.args[0]:
+            log_raw(launch.api, str(exc.args[0]))
+        launch.stop_holders()
+        return 1
+    except OSError as exc:
+        log_raw(launch.api, f"OSError: {exc}")
+        launch.stop_holders()
+        return 1
+    finally:
+        try:
+            run_file.unlink()
+        except OSError:
+            pass
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["__sim_gpu_holder__"]:
+        holder_main()
+        return 0
+    parser = build_parser()
+    args = parser.parse_args(normalize_argv(argv))
+    if args.subparser is None:
+        parser.print_help()
+        return 0
+    if args.subparser != "serve":
+        print(f"SIMULATED vLLM: `vllm {args.subparser}` is not simulated on this host.",
+              file=sys.stderr)
+        return 1
+    model = args.model_tag or args.model or ""
+    names = [Path(model).name, model] + list(args.served_model_name or [])
+    fault = consume_fault(names)
+    if fault == "crash-unrecognized-args":
+        parser.error("unrecognized arguments: --enable-reasoning")
+    try:
+        return asyncio.run(run_serve(args, fault))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
