@@ -1,0 +1,169 @@
+"""A minimal asyncio HTTP/1.1 client: one keep-alive connection per concurrent stream.
+
+Built on asyncio's transport/protocol layer rather than StreamReader: `data_received` runs in the
+same loop callback that read the socket, so the arrival timestamp (`perf_counter_ns`) is taken before
+any task switch, buffering or JSON parsing, and there is no per-read Future/Task overhead. No pool
+limit exists: each worker owns its connection (aiohttp's default of 100 would queue requests at C=128).
+Reads are as large as the kernel hands over (asyncio reads up to 256 KiB per call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl as _ssl
+from dataclasses import dataclass
+from time import perf_counter_ns
+from urllib.parse import urlsplit
+
+from .wire import ResponseParser
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where requests go: parsed once from the base URL."""
+
+    scheme: str
+    host: str
+    port: int
+    prefix: str          # path before /v1, without trailing slash
+
+    @classmethod
+    def parse(cls, base_url: str) -> "Endpoint":
+        u = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+        if u.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported URL scheme {u.scheme!r} in {base_url!r}")
+        prefix = u.path.rstrip("/")
+        if prefix.endswith("/v1"):
+            prefix = prefix[:-3]
+        port = u.port or (443 if u.scheme == "https" else 80)
+        return cls(u.scheme, u.hostname or "127.0.0.1", port, prefix)
+
+    @property
+    def chat_path(self) -> str:
+        return f"{self.prefix}/v1/chat/completions"
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}{self.prefix}{path}"
+
+    @property
+    def host_header(self) -> str:
+        return self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
+
+
+def build_post(ep: Endpoint, path: str, body: bytes, api_key: str | None = None) -> bytes:
+    """The full request bytes, built once per prompt during setup (not on the hot path)."""
+    head = [f"POST {path} HTTP/1.1", f"Host: {ep.host_header}", "Content-Type: application/json",
+            "Accept: text/event-stream", f"Content-Length: {len(body)}", "User-Agent: vllm-orch-bench"]
+    if api_key:
+        head.append(f"Authorization: Bearer {api_key}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection; one request at a time."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pending: list[tuple[int, bytes]] = []
+        self.scheduled = False
+        self.transport: asyncio.Transport | None = None
+        self.parser: ResponseParser | None = None
+        self.waiter: asyncio.Future | None = None
+        self.closed = False
+        self.error: str | None = None
+
+    # -- protocol callbacks ------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        # Stamp and stash only. Parsing waits for a call_soon callback, which asyncio runs after
+        # every socket that was ready in this loop iteration has been read and stamped: when 128
+        # streams receive a token at the same instant, the 128th stamp is not delayed by 127 parses.
+        self.pending.append((perf_counter_ns(), data))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.process)
+
+    def process(self) -> None:
+        self.scheduled = False
+        pending, self.pending = self.pending, []
+        p = self.parser
+        if p is None or p.complete:
+            return                      # stray bytes between requests: ignored
+        for ts, data in pending:
+            try:
+                p.feed(data, ts)
+            except Exception as exc:    # a malformed response: this request fails, conn closes
+                self._resolve(f"bad response: {exc}")
+                self.close()
+                return
+            if p.complete:
+                self._resolve(None)
+                return
+
+    def eof_received(self):
+        self.process()
+        p = self.parser
+        if p is not None and not p.complete:
+            p.eof(perf_counter_ns())
+            self._resolve(None if p.complete else "disconnect: the server closed the stream")
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.process()
+        self.closed = True
+        self._resolve(f"disconnect: {exc}" if exc else "disconnect: connection closed")
+
+    def _resolve(self, error: str | None) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            self.error = error
+            w.set_result(None)
+
+    # -- use ------------------------------------------------------------------------------------
+    async def send(self, raw: bytes, parser: ResponseParser) -> str | None:
+        """Write the request and wait for the end of the response; returns an error or None."""
+        self.parser = parser
+        self.error = None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        await self.waiter
+        if not parser.keep_alive:
+            self.close()
+        return self.error
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def connect(ep: Endpoint, timeout: float = 10.0) -> Connection:
+    loop = asyncio.get_running_loop()
+    ctx = _ssl.create_default_context() if ep.scheme == "https" else None
+    _, conn = await asyncio.wait_for(
+        loop.create_connection(Connection, ep.host, ep.port, ssl=ctx), timeout)
+    return conn
+
+
+async def http_get(ep: Endpoint, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """A one-off GET (for /metrics, /v1/models, /version); returns (status, body)."""
+    conn = await connect(ep, timeout)
+    try:
+        raw = (f"GET {ep.prefix}{path} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
+               f"Accept: */*\r\nConnection: close\r\n\r\n").encode()
+        parser = ResponseParser()
+        err = await asyncio.wait_for(conn.send(raw, parser), timeout)
+        if err and not parser.complete:
+            raise ConnectionError(err)
+        return parser.status, bytes(parser.body)
+    finally:
+        conn.close()
