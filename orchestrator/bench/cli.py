@@ -29,7 +29,7 @@ at least --duration seconds and --min-requests requests, then a drain. Output to
 server's usage (reasoning included); TTFT is the first generated token (reasoning counts), TPOT =
 (E2E - TTFT) / (tokens - 1). Written to --out: result.json (formulas inside), requests.jsonl,
 summary.csv, plots/*.png and report.html. A level is marked INVALID when the client itself was the
-bottleneck (event-loop lag p99 > 5 ms or client CPU > 80%). See docs/benchmarking.md.
+bottleneck (event-loop lag p99 > 10 ms or client CPU > 80%). See docs/benchmarking.md.
 """
 
 COMPARE_HELP = """Compare bench results side by side per concurrency level.
@@ -209,15 +209,12 @@ def host_target(app, host_name: str, model: str | None) -> Target:
     connected Host; orchestrator.state.read_active(host, entry) -> {"model", "served_name", "port",
     ...metadata} | None; orchestrator.state.append_history(host, entry_dict).
     """
-    try:
-        from .. import inventory as inv_mod
-        from .. import state
-    except ImportError as exc:
-        raise ConfigError(f"--host mode needs the deployment modules ({exc.name} is missing)",
-                          hint="use --url URL --model NAME")
-    inventory = inv_mod.load_inventory(getattr(app, "inventory_path", None))
-    entry = inventory.get(host_name)
-    host = inventory.connect(entry) if hasattr(inventory, "connect") else entry.connect()
+    from .. import state
+    from ..connect import open_host
+    from ..inventory import get_host, load_inventory
+
+    entry = get_host(load_inventory(getattr(app, "inventory_path", None)), host_name)
+    host = open_host(entry)
     active = state.read_active(host, entry)
     if not active:
         host.close()
@@ -228,9 +225,9 @@ def host_target(app, host_name: str, model: str | None) -> Target:
         raise ConfigError(f"{host_name} serves {active.get('model')!r}, not {model!r}",
                           hint=f"vllm-orch swap {model} --host {host_name}")
     port = int(active["port"])
-    address = getattr(entry, "address", None) or getattr(entry, "hostname", None)
+    address = "127.0.0.1" if entry.is_local else entry.address
     closers = [host.close]
-    if address and _reachable(address, port):
+    if _reachable(address, port):
         base_url = f"http://{address}:{port}"
     else:
         from ..hosts.forward import forward_local
@@ -240,12 +237,22 @@ def host_target(app, host_name: str, model: str | None) -> Target:
         base_url = f"http://127.0.0.1:{local_port}"
     metadata = {k: v for k, v in active.items() if k not in ("port", "served_name")}
     metadata["host"] = host_name
+    metadata["simulated"] = entry.simulated
+    try:
+        from ..facts import gather
+
+        f = gather(host, entry)
+        metadata["host_gpus"] = [{"index": g.index, "name": g.name, "memory_total_mib": g.memory_total_mib}
+                                 for g in f.gpus]
+        metadata["driver_version"] = f.driver_version
+    except Exception as exc:  # the benchmark does not depend on it
+        metadata["host_gpus_error"] = str(exc)
 
     def close() -> None:
         for c in closers:
             c()
     return Target(base_url, active.get("served_name") or active["model"], metadata, close,
-                  lambda e: state.append_history(host, e))
+                  lambda e: state.append_history(host, entry, e))
 
 
 def _reachable(address: str, port: int, timeout: float = 1.0) -> bool:

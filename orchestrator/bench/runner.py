@@ -43,7 +43,7 @@ class BenchResult:
     def history_entry(self) -> dict:
         """What `--host` mode appends to the host's deploy history (and `status` shows)."""
         m = self.data["metadata"]
-        return {"kind": "bench", "time": m["started"], "model": m["model"],
+        return {"operation": "bench", "ok": True, "time": m["started"], "model": m["model"],
                 "served_name": m["served_name"], "label": m.get("label"), "result": str(self.out_dir),
                 **self.headline}
 
