@@ -124,11 +124,13 @@ def build_deploy_plan(ctx: Ctx, holder: dict | None, held: bool) -> Plan:
         return plan
     plan.add(install)
     plan.add(steps.start_action(ctx, unit_changed))
-    serving = running and not unit_changed and steps.healthy_now(ctx)
-    plan.add(steps.ready_action(ctx, serving))
     recorded = (f.active or {}).get("model") == m.name and \
         (f.active or {}).get("unit_hash") == ctx.rendered.unit_hash
-    if serving and recorded:
+    # A running service that was never recorded (a deploy killed while waiting) goes through the
+    # gates again, smoke test included, before it is recorded.
+    serving = running and not unit_changed and recorded and steps.healthy_now(ctx)
+    plan.add(steps.ready_action(ctx, serving))
+    if serving:
         plan.add(Action("record", f"nothing to do, because {m.name} is recorded as active with these hashes",
                         noop=True))
     else:

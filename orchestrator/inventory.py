@@ -57,6 +57,9 @@ class HostEntry(Strict):
         description="Environment for every command vllm-orch runs on the host (e.g. HF_ENDPOINT for a "
                     "mirror, proxies). Not passed to the service: use the manifest's env for that.")
     simulated: bool = Field(False, description="Set by `vllm-orch sim`: the host is SIMULATED.")
+    sim_scale: int | None = Field(
+        None, ge=1, description="Set by `vllm-orch sim`: file sizes on this SIMULATED host are 1/sim_scale "
+                                "of the real ones, and so is the manifest's disk reserve.")
 
     @field_validator("name")
     @classmethod

@@ -156,6 +156,69 @@ def looks_like_garbage(text: str) -> str | None:
     return None
 
 
+def stream_lines(host: Host, port: int, path: str, body: dict, headers: dict, timeout: float):
+    """POST and yield (arrival time, line) of the response body as bytes arrive.
+
+    A minimal HTTP/1.1 client on host.connect_tcp (only sendall/recv, so a paramiko channel works
+    as well as a socket): Connection: close, chunked or plain bodies. Yields ("status", code) first.
+    """
+    payload = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: {len(payload)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+    try:
+        sock = host.connect_tcp(port, "127.0.0.1", timeout=timeout)
+    except Exception as exc:
+        raise Refused(str(exc)) from None
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(head + payload)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("connection closed before the response headers")
+            buf += data
+        header_blob, buf = buf.split(b"\r\n\r\n", 1)
+        lines = header_blob.decode(errors="replace").split("\r\n")
+        yield "status", int(lines[0].split()[1])
+        chunked = any(l.lower().replace(" ", "") == "transfer-encoding:chunked" for l in lines[1:])
+        body_buf, raw, eof = b"", buf, False
+        while True:
+            if chunked:
+                while True:                       # move every complete chunk from raw to body_buf
+                    if b"\r\n" not in raw:
+                        break
+                    size_line, rest = raw.split(b"\r\n", 1)
+                    size = int(size_line.split(b";")[0] or b"0", 16)
+                    if size == 0:
+                        eof = True
+                        break
+                    if len(rest) < size + 2:
+                        break
+                    body_buf += rest[:size]
+                    raw = rest[size + 2:]
+            else:
+                body_buf, raw = body_buf + raw, b""
+            now = time.perf_counter()
+            while b"\n" in body_buf:
+                line, body_buf = body_buf.split(b"\n", 1)
+                yield now, line.decode(errors="replace").rstrip("\r")
+            if eof:
+                return
+            data = sock.recv(65536)
+            if not data:
+                if body_buf:
+                    yield time.perf_counter(), body_buf.decode(errors="replace")
+                return
+            raw += data
+    finally:
+        try:
+            sock.close()
+        except Exception:
+            pass
+
+
 def smoke_test(host: Host, port: int, served_name: str, prompt: str, expect: str, max_tokens: int,
                timeout: float, api_key: str | None = None) -> SmokeResult:
     """A real streamed chat completion; rate = (completion_tokens - 1) / (last - first token)."""
@@ -163,24 +226,19 @@ def smoke_test(host: Host, port: int, served_name: str, prompt: str, expect: str
             "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    conn = _HostConnection(host, port, timeout)
     t0 = time.perf_counter()
     first = last = None
     content, reasoning, usage = [], [], None
+    status = None
     try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json", **headers})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            text = resp.read().decode(errors="replace")[:300]
-            return SmokeResult(False, "", 0, None, None, time.perf_counter() - t0, None,
-                               f"HTTP {resp.status}: {text}")
-        while True:
-            raw = resp.readline()
-            if not raw:
-                break
-            now = time.perf_counter()
-            line = raw.decode(errors="replace").strip()
+        for when, line in stream_lines(host, port, "/v1/chat/completions", body, headers, timeout):
+            if when == "status":
+                status = line
+                continue
+            if status != 200:
+                return SmokeResult(False, "", 0, None, None, time.perf_counter() - t0, None,
+                                   f"HTTP {status}: {line[:300]}")
+            line = line.strip()
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -188,7 +246,7 @@ def smoke_test(host: Host, port: int, served_name: str, prompt: str, expect: str
                 break
             event = json.loads(data)
             if "error" in event:
-                return SmokeResult(False, "".join(content), 0, None, None, now - t0, None,
+                return SmokeResult(False, "".join(content), 0, None, None, when - t0, None,
                                    f"stream error: {event['error']}")
             if event.get("usage"):
                 usage = event["usage"]
@@ -197,15 +255,15 @@ def smoke_test(host: Host, port: int, served_name: str, prompt: str, expect: str
                 piece_c = delta.get("content") or ""
                 piece_r = delta.get("reasoning_content") or delta.get("reasoning") or ""
                 if piece_c or piece_r:
-                    first = first if first is not None else now
-                    last = now
+                    first = first if first is not None else when
+                    last = when
                 content.append(piece_c)
                 reasoning.append(piece_r)
+        if status is not None and status != 200:
+            return SmokeResult(False, "", 0, None, None, time.perf_counter() - t0, None, f"HTTP {status}")
     except Exception as exc:  # refused, reset, timeout, bad JSON: all mean "not serving"
         return SmokeResult(False, "".join(content), 0, None, None, time.perf_counter() - t0, None,
                            f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
     answer = "".join(content)
     tokens = (usage or {}).get("completion_tokens")
     rate = None

@@ -201,9 +201,11 @@ def disk_action(ctx: Ctx, keep: set[str], stage_both: bool = False) -> tuple[Act
     dl = ctx.download
     need = dl["to_fetch_bytes"]
     f, entry, m = ctx.facts, ctx.entry, ctx.manifest
-    reserve = int(m.requires.disk_reserve_gib * GIB)
+    scale = entry.sim_scale or 1
+    reserve = int(m.requires.disk_reserve_gib * GIB / scale)
     available = f.disk_free - reserve
-    limit_txt = f"{fmt_bytes(f.disk_free)} free on {f.disk_path} - {m.requires.disk_reserve_gib:g} GiB reserve"
+    limit_txt = f"{fmt_bytes(f.disk_free)} free on {f.disk_path} - {fmt_bytes(reserve)} reserve" + \
+        (f" (SIMULATED sizes: 1/{scale} of real)" if scale > 1 else "")
     if entry.models_disk_budget_gib is not None:
         used = sum(d.bytes for d in f.models.values())
         budget_left = int(entry.models_disk_budget_gib * GIB) - used

@@ -15,7 +15,13 @@ import time
 import uuid
 from typing import Callable, Mapping
 
+import logging
+
 import paramiko
+
+# paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
+# those are expected and reported by the probes themselves.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 from ..errors import ConnectError
 from .base import Command, Host, Result, Spawned, printable

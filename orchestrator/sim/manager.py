@@ -185,7 +185,8 @@ def hub_available() -> bool:
     return importlib.util.find_spec("orchestrator.sim.hub") is not None
 
 
-def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executable) -> dict:
+def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executable,
+              bind: str = "127.0.0.1") -> dict:
     """Start the host's Hugging Face Hub mirror; returns {"pid", "start_time", "port"}."""
     port_file = hdir / "hub.port"
     port_file.unlink(missing_ok=True)
@@ -194,7 +195,7 @@ def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executab
     root = str(package_file().parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen([python, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir),
-                             "--port", "0", "--bind", "127.0.0.1", "--scale", str(scale)],
+                             "--port", "0", "--bind", bind, "--scale", str(scale)],
                             stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     log.close()
@@ -244,7 +245,7 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
     flavour = "systemd" if systemd else "process"
     nspawn = _nspawn() if systemd else None
     python = vllm_python or sys.executable
-    tree = nspawn.ensure_tree(home / "cache") if nspawn else None
+    tree = nspawn.ensure_tree(_tree_cache(nspawn)) if nspawn else None
     inventory = {"hosts": {}}
     for i in range(max(hosts, len(state["hosts"]))):
         name = host_name(i)
@@ -261,21 +262,29 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
                             else "/usr/bin/env python3")
         rec.update({"dir": str(hdir), "speed": info["speed"], "scale": scale})
         hub = rec["processes"].get("hub")
+        bind = "127.0.0.1"
+        if rec["flavour"] == "systemd":
+            # The container reaches the mirror on its veth gateway: set the network up first.
+            nspawn = nspawn or _nspawn()
+            if "index" not in rec:
+                rec["index"] = nspawn.free_index(1, 149)   # tests' fixtures use 150..254
+            bind = nspawn.prepare_network(name, rec["index"])["gateway"]
         if hub_available() and not (hub and alive(hub["pid"], hub["start_time"])):
-            rec["processes"]["hub"] = hub = start_hub(hdir, scale)
+            rec["processes"]["hub"] = hub = start_hub(hdir, scale, bind=bind)
             started.append(f"hub mirror pid {hub['pid']}")
         hub_port = hub["port"] if hub and alive(hub["pid"], hub["start_time"]) else None
         info["hub_port"] = hub_port
         _write_json(hdir / "sim.json", info)
         entry = inventory_entry(hdir, hub_port, rec.get("python") or python)
+        entry["sim_scale"] = scale
         if vllm_python and i < hosts:
             entry["python"] = rec["python"] = vllm_python
         if rec["flavour"] == "systemd":
             nspawn = nspawn or _nspawn()
             box = rec["processes"].get("nspawn")
             if not (box and alive(box["pid"], box.get("start_time"))):
-                tree = tree or nspawn.ensure_tree(home / "cache")
-                box = dict(nspawn.boot(name, i, hdir, tree))
+                tree = tree or nspawn.ensure_tree(_tree_cache(nspawn))
+                box = dict(nspawn.boot(name, rec["index"], hdir, tree, hub_port=hub_port))
                 box["start_time"] = start_time(box["_pid"])
                 box["pid"] = box["_pid"]
                 rec["processes"]["nspawn"] = box
@@ -292,6 +301,11 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         "# SIMULATED GPU hosts written by `vllm-orch sim up` (removed by `vllm-orch sim down`)\n"
         + yaml.safe_dump(inventory, sort_keys=False))
     return state
+
+
+def _tree_cache(nspawn) -> Path:
+    """One container tree per machine, shared with the test fixtures (built once, ~55 s)."""
+    return Path(os.environ.get("VLLM_ORCH_NSPAWN_CACHE") or nspawn.DEFAULT_CACHE_DIR)
 
 
 def _nspawn():

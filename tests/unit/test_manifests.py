@@ -89,3 +89,10 @@ def test_secret_like_env_is_refused_but_secret_env_allowed(tmp_path):
     f.write_text("source: {repo: a/b}\nserving: {gpus: 1, secret_env: [HF_TOKEN, VLLM_API_KEY]}\n")
     m = load_manifest(f)
     assert m.serving.secret_env == ["HF_TOKEN", "VLLM_API_KEY"]
+
+
+def test_manifest_reference_is_in_sync():
+    from orchestrator.docgen import reference
+
+    doc = Path(__file__).parents[2] / "docs" / "manifest-reference.md"
+    assert doc.read_text() == reference(), "run: python -m orchestrator.docgen > docs/manifest-reference.md"
