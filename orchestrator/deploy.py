@@ -88,7 +88,7 @@ def unpinned_warning(m: Manifest) -> list[str]:
 def build_deploy_plan(ctx: Ctx, holder: dict | None, held: bool) -> Plan:
     m, f = ctx.manifest, ctx.facts
     plan = Plan("deploy", ctx.entry.describe(), m.name, warnings=unpinned_warning(m))
-    plan.add(steps.lock_action(ctx, holder, held))
+    plan.add(steps.lock_action(ctx.entry, holder, held))
 
     def refuse(action: Action, err: RefusedError | None) -> bool:
         plan.add(action)

@@ -62,7 +62,7 @@ PROGRESS: list[tuple[re.Pattern, str]] = [
     (re.compile(r"torch\.compile takes|Compiling a graph"), "compiling"),
     (re.compile(r"GPU KV cache size|Available KV cache memory"), "KV cache"),
     (re.compile(r"Capturing CUDA graph|Graph capturing finished"), "CUDA graphs"),
-    (re.compile(r"Starting vLLM API server"), "starting API server"),
+    (re.compile(r"Starting vLLM (API )?server"), "starting API server"),
     (re.compile(r"Application startup complete"), "API server up"),
 ]
 

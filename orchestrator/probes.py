@@ -139,6 +139,11 @@ def looks_like_garbage(text: str) -> str | None:
     odd = sum(not (ch.isalnum() or ch.isspace() or ch in ".,;:!?'\"()-*/+=%$#@&[]{}<>_`") for ch in stripped)
     if len(stripped) >= 8 and odd / len(stripped) > 0.3:
         return "mostly symbols"
+    tokens = stripped.split()
+    if len(tokens) >= 5:
+        wordlike = sum(1 for t in tokens if re.fullmatch(r"[\"'(]*([A-Za-z]+(['-][A-Za-z]+)*|\d+([.,:]\d+)*%?)[\"').,;:!?]*", t))
+        if wordlike / len(tokens) < 0.5:
+            return "tokens that are neither words nor numbers"
     words = _WORD.findall(stripped)
     if len(words) >= 4:
         vowelless = sum(1 for w in words if len(w) > 3 and not re.search(r"[aeiouyAEIOUY]", w))

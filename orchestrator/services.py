@@ -172,9 +172,11 @@ class ProcessService(Service):
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
         return [Script(
             f"P=$(cat {q(self.pidfile)} 2>/dev/null) || exit 0; "
-            f"kill -TERM -- -$P 2>/dev/null; i=0; "
+            f"pkill -TERM -g $P; i=0; "
             f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
-            f"kill -KILL -- -$P 2>/dev/null; rm -f {q(self.pidfile)}; true",
+            f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
+            f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
+            f"rm -f {q(self.pidfile)}",
             display=f"kill -TERM the process group in {self.pidfile}; wait up to {self.STOP_WAIT_S}s; "
                     f"kill -KILL what is left")]
 

@@ -86,10 +86,10 @@ def gpu_list(indices: list[int]) -> str:
 
 # -- 1. lock ---------------------------------------------------------------------------------------
 
-def lock_action(ctx: Ctx, holder: dict | None, held_by_us: bool) -> Action:
-    path = f"{ctx.entry.state_dir}/deploy.lock"
+def lock_action(entry: HostEntry, holder: dict | None, held_by_us: bool) -> Action:
+    path = f"{entry.state_dir}/deploy.lock"
     if held_by_us:
-        return Action("lock", f"holding the deploy lock {path} for this run")
+        return Action("lock", f"holding the deploy lock {path} for this run", run=lambda c: "held")
     if holder:
         return Action("lock", f"the deploy lock {path} is held by {holder.get('operation', '?')} "
                               f"({holder.get('holder', '?')}, since {holder.get('since', '?')}): a real run "

@@ -35,6 +35,13 @@ DISTS = {"vllm": VLLM_VERSION, "torch": "2.13.0+cu130", "flashinfer-python": "0.
 DEFAULT_SPEED = 200.0
 DEFAULT_SCALE = 10000
 HUB_START_TIMEOUT_S = 15.0
+# The mirror's faults (orchestrator/sim/hub.py documents them; it may export HUB_FAULTS instead).
+HUB_FAULTS = {
+    "hub-5xx": "the mirror answers one /resolve request with 503",
+    "hub-drop": "the mirror drops the connection half way through one LFS file",
+    "hub-corrupt": "the mirror flips bytes in one .safetensors body",
+    "hub-slow": "the mirror throttles bodies (~2 MB/s) until cleared",
+}
 
 
 def sim_home() -> Path:
@@ -178,7 +185,7 @@ def hub_available() -> bool:
     return importlib.util.find_spec("orchestrator.sim.hub") is not None
 
 
-def start_hub(hdir: Path, python: str = sys.executable) -> dict:
+def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executable) -> dict:
     """Start the host's Hugging Face Hub mirror; returns {"pid", "start_time", "port"}."""
     port_file = hdir / "hub.port"
     port_file.unlink(missing_ok=True)
@@ -187,7 +194,8 @@ def start_hub(hdir: Path, python: str = sys.executable) -> dict:
     root = str(package_file().parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen([python, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir),
-                             "--port", "0", "--bind", "127.0.0.1"], stdout=log, stderr=log,
+                             "--port", "0", "--bind", "127.0.0.1", "--scale", str(scale)],
+                            stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     log.close()
     deadline = time.monotonic() + HUB_START_TIMEOUT_S
@@ -254,7 +262,7 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         rec.update({"dir": str(hdir), "speed": info["speed"], "scale": scale})
         hub = rec["processes"].get("hub")
         if hub_available() and not (hub and alive(hub["pid"], hub["start_time"])):
-            rec["processes"]["hub"] = hub = start_hub(hdir)
+            rec["processes"]["hub"] = hub = start_hub(hdir, scale)
             started.append(f"hub mirror pid {hub['pid']}")
         hub_port = hub["port"] if hub and alive(hub["pid"], hub["start_time"]) else None
         info["hub_port"] = hub_port
@@ -347,12 +355,14 @@ def fault_catalog() -> dict:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     faults = dict(mod.FAULTS)
+    faults.update(HUB_FAULTS)
     if hub_available():
         try:
-            hub = importlib.import_module("orchestrator.sim.hub")
-            faults.update(getattr(hub, "FAULTS", {}))
+            exported = getattr(importlib.import_module("orchestrator.sim.hub"), "HUB_FAULTS", None)
         except Exception:   # a broken hub module must not hide the server's faults
-            pass
+            exported = None
+        if isinstance(exported, dict):
+            faults.update(exported)
     return faults
 
 
@@ -360,8 +370,7 @@ def add_fault(host: str, fault: str, model: str | None = None,
               home: Path | None = None) -> list:
     hdir = _existing_host(host, home)
     catalog = fault_catalog()
-    if fault not in catalog and not (fault.startswith("hub-") and not any(
-            k.startswith("hub-") for k in catalog)):
+    if fault not in catalog:
         raise ConfigError(f"unknown fault {fault!r}",
                           hint="vllm-orch sim fault --list shows them")
     faults = _read_json(hdir / "faults.json", [])

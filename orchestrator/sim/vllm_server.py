@@ -467,13 +467,18 @@ def holder_main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        time.sleep(3600)
+    parent = os.getppid()
+    exit_with_parent = os.environ.get("VLLM_SIM_EXIT_WITH_PARENT") == "1"
+    while True:   # GPU holders outlive a killed parent (like real orphaned workers); an engine
+        time.sleep(0.5 if exit_with_parent else 3600)   # core without GPU memory does not
+        if exit_with_parent and os.getppid() != parent:
+            stop()
 
 
-def spawn_holder(title: str):
+def spawn_holder(title: str, exit_with_parent: bool = False):
     import subprocess
-    env = dict(os.environ, VLLM_SIM_HOLDER_TITLE=title, VLLM_SIM_HOST_DIR=str(HOST_DIR))
+    env = dict(os.environ, VLLM_SIM_HOLDER_TITLE=title, VLLM_SIM_HOST_DIR=str(HOST_DIR),
+               VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0")
     return subprocess.Popen([title, str(Path(__file__).resolve()), "__sim_gpu_holder__"],
                             executable=sys.executable, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -1008,7 +1013,7 @@ class Launch:
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
             "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
-            "trust": bool(a.trust_remote_code),
+            "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
         }
 
     # -- start-up --------------------------------------------------------------------------------
@@ -1034,7 +1039,8 @@ class Launch:
                 "custom code to be run."))
             raise StartupFailed(None)
         prof = PROFILES[cfg["profile"]]
-        log(api, "INFO", "model.py:591", f"Resolved architecture: {prof['arch']}")
+        arch = (cfg.get("architectures") or [prof["arch"]])[0]
+        log(api, "INFO", "model.py:591", f"Resolved architecture: {arch}")
         log(api, "INFO", "model.py:1799", f"Using max model len {cfg['max_model_len']}")
         if cfg["kv_dtype"].startswith("fp8"):
             log(api, "INFO", "cache.py:232", "Using fp8 data type to store kv cache. It reduces the "
@@ -1088,7 +1094,7 @@ class Launch:
             titles.append((name, gpu))
         if multi:
             self.engine_proc = spawn_holder("VLLM::EngineCore" if cfg["dp"] == 1
-                                            else "VLLM::EngineCore_DP0")
+                                            else "VLLM::EngineCore_DP0", exit_with_parent=True)
             ec = (ec_name, self.engine_proc.pid)
         for name, gpu in titles:
             proc = spawn_holder(f"VLLM::{name}")

@@ -65,7 +65,7 @@ def make_model(host_dir: Path, name: str, repo_id: str, *, shards: int = 4,
     server picks its profile) and an index whose metadata carries the real total size."""
     d = host_dir / "models" / name
     d.mkdir(parents=True, exist_ok=True)
-    cfg = {"_name_or_path": repo_id, "architectures": ["X"]}
+    cfg = {"_name_or_path": repo_id}
     if custom_code:
         cfg["auto_map"] = {"AutoConfig": "configuration.Config"}
     (d / "config.json").write_text(json.dumps(cfg))

@@ -1,0 +1,430 @@
+"""Preflight checks: catch what would kill a vLLM service AFTER a 28-minute download and during a
+36-minute load, before anything is downloaded or stopped.
+
+Every function here is pure: plain data in (what argcheck.py / inspect_env.py / nvidia-smi reported,
+what the manifest needs), one `Check` out. Gathering the data from a host is preflight_run.py's job.
+A failing Check names what is wrong, the numbers, and the fix; `field` names the manifest field to
+edit when one is to blame.
+
+Check names (for `--skip-check NAME`): see CHECK_NAMES. A skipped check is still returned, with
+status "skipped", so the plan shows that the user chose to skip it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field as dc_field
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+
+OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
+
+CHECK_NAMES = ("flags", "env", "vllm-version", "package-pairs", "torch-cuda", "required-packages",
+               "gpus", "foreign-gpu-processes")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str                       # ok | warn | fail | skipped
+    summary: str                      # one line, the numbers included
+    details: list[str] = dc_field(default_factory=list)
+    fix: str | None = None
+    field: str | None = None          # manifest field to edit, e.g. "vllm.extra_args[0]"
+    seconds: float | None = None      # time to gather + check (set by the runner)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "summary": self.summary,
+                "details": list(self.details), "fix": self.fix, "field": self.field,
+                "seconds": self.seconds}
+
+
+def skippable(name: str) -> Callable:
+    """Decorator: `skip=` containing `name` returns a "skipped" Check instead of running it."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, skip: Collection[str] = (), **kwargs) -> Check:
+            if name in skip:
+                return Check(name, SKIPPED, f"skipped (--skip-check {name})")
+            return fn(*args, **kwargs)
+        inner.check_name = name  # type: ignore[attr-defined]
+        return inner
+    return wrap
+
+
+# -- versions ---------------------------------------------------------------------------------------
+def version_key(v: str) -> tuple:
+    """Orderable key for PEP 440-ish versions without `packaging`: 0.33.0rc1 < 0.33.0 < 0.33.0.post1;
+    a local part (+cu130) is ignored."""
+    v = v.split("+", 1)[0].strip().lower()
+    m = re.match(r"v?(\d+(?:\.\d+)*)(.*)", v)
+    if not m:
+        return ((0,), 0, v)
+    release = tuple(int(x) for x in m.group(1).split("."))
+    release = release + (0,) * (4 - len(release))
+    rest = m.group(2)
+    if not rest:
+        rank = 2
+    elif re.match(r"[.-]?post", rest):
+        rank = 3
+    elif re.match(r"[.-]?dev", rest):
+        rank = 0
+    else:                                   # a, b, rc
+        rank = 1
+    return (release, rank, rest)
+
+
+def public_version(v: str) -> str:
+    return v.split("+", 1)[0]
+
+
+@skippable("vllm-version")
+def check_vllm_version(installed: str | None, minimum: str | None, *, python: str = "") -> Check:
+    where = f" for {python}" if python else ""
+    if not installed:
+        return Check("vllm-version", FAIL, f"vLLM is not installed{where}",
+                     fix="install vLLM into the host's Python, or set the inventory's `python:` to "
+                         "the Python of the vLLM installation")
+    if minimum and version_key(installed) < version_key(minimum):
+        return Check("vllm-version", FAIL,
+                     f"vLLM {installed} is older than the manifest's minimum {minimum}",
+                     details=[f"installed: vllm {installed}{where}", f"required: >= {minimum}"],
+                     fix=f"pip install -U 'vllm>={minimum}' on the host (or deploy a model whose "
+                         f"minimum is <= {installed})", field="vllm.min_version")
+    return Check("vllm-version", OK, f"vLLM {installed}" + (f" >= {minimum}" if minimum else ""))
+
+
+# Pairs that must be installed at the very same version. The left one is the reference.
+PACKAGE_PAIRS = (("flashinfer-python", "flashinfer-cubin"), ("flashinfer-python", "flashinfer-jit-cache"))
+
+
+def flashinfer_error_text(cubin: str, flashinfer: str, other: str = "flashinfer-cubin") -> str:
+    """The start-up error FlashInfer raises (facts/vllm.md section 3; vllm #49804)."""
+    return (f"RuntimeError: {other} version ({cubin}) does not match flashinfer version "
+            f"({flashinfer}). Please install the same version of both packages. "
+            "Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
+
+
+@skippable("package-pairs")
+def check_package_pairs(versions: Mapping[str, str | None],
+                        env: Mapping[str, str] | None = None) -> Check:
+    mismatched, compared = [], []
+    for ref, other in PACKAGE_PAIRS:
+        a, b = versions.get(ref), versions.get(other)
+        if not a or not b:
+            continue
+        compared.append(f"{other} {b} = {ref} {a}")
+        if public_version(a) != public_version(b):
+            mismatched.append((ref, a, other, b))
+    if not mismatched:
+        if not compared:
+            return Check("package-pairs", OK, "no flashinfer companion packages installed")
+        return Check("package-pairs", OK, "; ".join(compared))
+    bypass = (env or {}).get("FLASHINFER_DISABLE_VERSION_CHECK") == "1"
+    ref, a, other, b = mismatched[0]
+    details = [f"{o} {vb} != {r} {va}" for r, va, o, vb in mismatched]
+    details.append("vLLM would die at start-up with: "
+                   + flashinfer_error_text(public_version(b), public_version(a), other))
+    fix = " ; ".join(f"pip install '{o}=={public_version(va)}'" for r, va, o, vb in mismatched) \
+        + f" (the same version as {ref})"
+    if bypass:
+        return Check("package-pairs", WARN,
+                     f"{other} {b} != {ref} {a}, but FLASHINFER_DISABLE_VERSION_CHECK=1 bypasses "
+                     "FlashInfer's check", details=details, fix=fix)
+    return Check("package-pairs", FAIL, f"{other} {b} does not match {ref} {a}", details=details,
+                 fix=fix)
+
+
+def _cuda_tuple(v: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", v or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# Minimum Linux driver branch per CUDA release (NVIDIA CUDA toolkit release notes, GA drivers).
+DRIVER_FOR_CUDA = {(13, 0): "580", (12, 9): "575", (12, 8): "570", (12, 6): "560", (12, 4): "550"}
+
+
+@skippable("torch-cuda")
+def check_torch_cuda(torch_cuda: str | None, driver_cuda: str | None, *,
+                     torch_version: str | None = None, driver_version: str | None = None) -> Check:
+    """torch built for CUDA X.Y needs a driver supporting >= X.Y (nvidia-smi's "CUDA Version" is the
+    newest CUDA the driver supports)."""
+    tv = f"torch {torch_version}" if torch_version else "torch"
+    if not torch_version and not torch_cuda:
+        return Check("torch-cuda", FAIL, "torch is not installed in the host's Python",
+                     fix="install vLLM with its dependencies (pip install vllm) in that Python")
+    if not torch_cuda:
+        return Check("torch-cuda", FAIL, f"{tv} is not a CUDA build: vLLM cannot use the GPUs",
+                     fix="install the CUDA build of torch that your vLLM pins")
+    if not driver_cuda:
+        return Check("torch-cuda", WARN, f"{tv} is built for CUDA {torch_cuda}; the driver's CUDA "
+                     "version is unknown (nvidia-smi did not show it)",
+                     fix="check that nvidia-smi works on the host")
+    need, have = _cuda_tuple(torch_cuda), _cuda_tuple(driver_cuda)
+    drv = f"driver {driver_version}" if driver_version else "the driver"
+    if need and have and need > have:
+        branch = DRIVER_FOR_CUDA.get(need)
+        return Check("torch-cuda", FAIL,
+                     f"{tv} is built for CUDA {torch_cuda} but {drv} supports CUDA <= {driver_cuda}",
+                     details=[f"torch CUDA build: {torch_cuda}",
+                              f"nvidia-smi 'CUDA Version' (newest the driver supports): {driver_cuda}"],
+                     fix=f"upgrade the NVIDIA driver to one supporting CUDA {torch_cuda}"
+                         + (f" (R{branch} or newer)" if branch else "")
+                         + f", or install a vLLM/torch build for CUDA <= {driver_cuda}")
+    return Check("torch-cuda", OK, f"{tv} (CUDA {torch_cuda}) runs on {drv} (CUDA {driver_cuda})")
+
+
+# -- what the argv needs ------------------------------------------------------------------------------
+def _flag_value(argv: Sequence[str], flag: str) -> str | None:
+    for i, tok in enumerate(argv):
+        key, _, val = tok.partition("=")
+        if key.replace("_", "-") == flag:
+            return val if val else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def packages_needed(argv: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Python packages the service will import because of its flags/env: {package: why}."""
+    env = env or {}
+    needs: dict[str, str] = {}
+    if (_flag_value(argv, "--load-format") or "") == "fastsafetensors":
+        needs["fastsafetensors"] = "--load-format fastsafetensors (vLLM crashes without the package)"
+    backend = (_flag_value(argv, "--attention-backend") or "").upper()
+    if backend.startswith("FLASHINFER"):
+        needs["flashinfer-python"] = f"--attention-backend {backend}"
+    moe = (_flag_value(argv, "--moe-backend") or "").lower()
+    if moe.startswith("flashinfer"):
+        needs["flashinfer-python"] = f"--moe-backend {moe}"
+    if env.get("VLLM_USE_FLASHINFER_MOE_FP4") == "1":
+        needs["flashinfer-python"] = "VLLM_USE_FLASHINFER_MOE_FP4=1"
+    return needs
+
+
+@skippable("required-packages")
+def check_required_packages(needs: Mapping[str, str], versions: Mapping[str, str | None]) -> Check:
+    """needs: {package: why} (packages_needed() or the manifest); versions: inspect_env's packages."""
+    missing = {p: why for p, why in needs.items() if not versions.get(p)}
+    if missing:
+        return Check("required-packages", FAIL,
+                     "missing Python package" + ("s" if len(missing) > 1 else "") + ": "
+                     + ", ".join(missing),
+                     details=[f"{p}: needed for {why}" for p, why in missing.items()],
+                     fix="pip install " + " ".join(missing) + " into the host's vLLM Python")
+    if not needs:
+        return Check("required-packages", OK, "no extra packages needed")
+    return Check("required-packages", OK,
+                 ", ".join(f"{p} {versions.get(p)}" for p in needs))
+
+
+# -- flags --------------------------------------------------------------------------------------------
+# Removed or renamed flags (facts/vllm.md section 3) -> the fix.
+FLAG_FIXES = {
+    "--enable-reasoning": "remove --enable-reasoning: --reasoning-parser NAME alone enables reasoning "
+                          "(deprecated in 0.8.5, rejected since 0.10)",
+    "--disable-log-requests": "drop --disable-log-requests: request logging is off by default "
+                              "(opt in with --enable-log-requests)",
+    "--guided-decoding-backend": "use --structured-outputs-config.backend NAME (all "
+                                 "--guided-decoding-* options were removed)",
+    "--swap-space": "drop --swap-space: swap_space was removed from vLLM's engine args in 0.18.0",
+}
+ENV_FIXES = {
+    "VLLM_ATTENTION_BACKEND": "use the flag --attention-backend NAME instead of the "
+                              "VLLM_ATTENTION_BACKEND env var",
+    "VLLM_FLASHINFER_MOE_BACKEND": "use the flag --moe-backend flashinfer_trtllm|flashinfer_cutlass|"
+                                   "flashinfer_cutedsl instead of VLLM_FLASHINFER_MOE_BACKEND",
+}
+
+
+def _norm(token: str) -> str:
+    """Compare argv tokens the way vLLM's parser does: --a_b=1 and --a-b match."""
+    if not token.startswith("-"):
+        return token
+    key = token.split("=", 1)[0]
+    head, dot, rest = key.partition(".")
+    return head.replace("_", "-") + dot + rest
+
+
+def field_for(bad_args: Iterable[str], provenance: Sequence[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """(field, token): the manifest field that produced the first bad argv token it knows about."""
+    by_token: dict[str, str] = {}
+    for tok, fld in provenance:
+        by_token.setdefault(_norm(tok), fld)
+    bad = list(bad_args)
+    for tok in [t for t in bad if t.startswith("-")] + [t for t in bad if not t.startswith("-")]:
+        if _norm(tok) in by_token:
+            return by_token[_norm(tok)], tok
+    return None, (bad[0] if bad else None)
+
+
+def fix_for_flag(token: str | None) -> str | None:
+    if not token:
+        return None
+    key = _norm(token)
+    if key in FLAG_FIXES:
+        return FLAG_FIXES[key]
+    if key.startswith("--guided-decoding"):
+        return FLAG_FIXES["--guided-decoding-backend"]
+    return None
+
+
+@skippable("flags")
+def check_flags(argcheck_result: Mapping[str, Any], provenance: Sequence[tuple[str, str]], *,
+                manifest: str | None = None) -> Check:
+    """argcheck_result: argcheck.py's JSON; provenance: [(argv_token, manifest field)] from render."""
+    r = argcheck_result
+    version = r.get("vllm_version") or "?"
+    where = f"{manifest}: " if manifest else ""
+    if r.get("stage") in ("import", "request"):
+        return Check("flags", FAIL, f"could not build vLLM's argument parser on the host: {r.get('error')}",
+                     fix="check that the inventory's `python:` is the Python of the host's vLLM")
+    if not r.get("ok"):
+        error = r.get("error") or "?"
+        bad = list(r.get("bad_args") or [])
+        fld, token = field_for(bad, provenance)
+        summary = f"{where}{fld + ': ' if fld else ''}vLLM {version} rejects it: {error}"
+        details = []
+        if r.get("error_line"):
+            details.append(r["error_line"])
+        for tok in bad:
+            f2, _ = field_for([tok], provenance)
+            if f2:
+                details.append(f"{tok}: from {f2}")
+        fixes = [f for f in (fix_for_flag(t) for t in bad) if f]
+        fix = "; ".join(dict.fromkeys(fixes)) or (
+            f"edit {fld}" if fld else "edit the manifest's vllm flags") + \
+            f" (see `vllm serve --help=all` for vLLM {version})"
+        return Check("flags", FAIL, summary, details=details, fix=fix, field=fld)
+    deprecated = list(r.get("deprecated") or [])
+    if deprecated:
+        details = []
+        first_field = None
+        for d in deprecated:
+            fld, _ = field_for([d["arg"]] if d.get("arg") else [], provenance)
+            first_field = first_field or fld
+            details.append(f"{where}{fld + ': ' if fld else ''}{d.get('arg') or ''}: {d['message']}")
+        args = ", ".join(d["arg"] for d in deprecated if d.get("arg"))
+        fixes = [f for f in (fix_for_flag(d.get("arg")) for d in deprecated) if f]
+        return Check("flags", WARN, f"vLLM {version} accepts the command line but deprecates {args}",
+                     details=details, fix="; ".join(fixes) or "replace or drop the deprecated arguments",
+                     field=first_field)
+    seconds = r.get("seconds")
+    return Check("flags", OK, f"vLLM {version} parser accepts the command line"
+                 + (f" ({seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""))
+
+
+@skippable("env")
+def check_env(env: Mapping[str, str], unknown_env: Iterable[str] = (), *,
+              env_fields: Mapping[str, str] | None = None) -> Check:
+    """VLLM_* variables that were renamed into flags, or that the host's vLLM does not read at all
+    (unknown_env, from argcheck: silently ignored, like VLLM_ATTENTION_BACKEND since 0.26)."""
+    unknown = set(unknown_env)
+    env_fields = env_fields or {}
+    fails, warns = [], []
+    for name in env:
+        fld = env_fields.get(name, f"env.{name}")
+        if name in ENV_FIXES and name in unknown:
+            fails.append((name, fld, f"{fld}: this vLLM ignores {name}; {ENV_FIXES[name]}"))
+        elif name in ENV_FIXES:
+            warns.append((name, fld, f"{fld}: {name} is deprecated; {ENV_FIXES[name]}"))
+        elif name in unknown:
+            warns.append((name, fld, f"{fld}: this vLLM does not read {name} (misspelt or removed?)"))
+    if fails:
+        return Check("env", FAIL, f"{fails[0][2]}", details=[x[2] for x in fails + warns],
+                     fix=ENV_FIXES[fails[0][0]], field=fails[0][1])
+    if warns:
+        return Check("env", WARN, warns[0][2], details=[x[2] for x in warns],
+                     fix=ENV_FIXES.get(warns[0][0], f"remove {warns[0][0]} or fix its name"),
+                     field=warns[0][1])
+    return Check("env", OK, f"{sum(1 for n in env if n.startswith('VLLM_'))} VLLM_* variables known "
+                            "to this vLLM")
+
+
+# -- hardware -----------------------------------------------------------------------------------------
+@dataclass
+class GpuNeeds:
+    """What the manifest asks of the host's GPUs."""
+
+    count: int
+    name_contains: str | None = None          # e.g. "RTX PRO 6000"
+    min_vram_mib: int | None = None           # per GPU
+    indices: list[int] | None = None          # the GPUs the service will use (CUDA_VISIBLE_DEVICES)
+
+
+@skippable("gpus")
+def check_gpus(gpus: Sequence[Mapping[str, Any]], needs: GpuNeeds) -> Check:
+    """gpus: [{"index", "name", "memory_total_mib", ...}] as nvidia-smi reports them."""
+    if not gpus:
+        return Check("gpus", FAIL, f"no GPU visible (nvidia-smi lists none); {needs.count} needed",
+                     fix="check the NVIDIA driver (nvidia-smi) on the host")
+    chosen = [g for g in gpus if needs.indices is None or g["index"] in needs.indices]
+    problems = []
+    if len(gpus) < needs.count:
+        problems.append(f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} available, "
+                        f"{needs.count} needed")
+    if needs.indices is not None:
+        absent = sorted(set(needs.indices) - {g["index"] for g in gpus})
+        if absent:
+            problems.append(f"GPU index {', '.join(map(str, absent))} does not exist "
+                            f"(the host has {len(gpus)}: 0-{len(gpus) - 1})")
+    if len(chosen) < needs.count and len(gpus) >= needs.count and not problems:
+        problems.append(f"{len(chosen)} of the chosen GPUs exist, {needs.count} needed")
+    if needs.name_contains:
+        wrong = [g for g in chosen if needs.name_contains.lower() not in g["name"].lower()]
+        if wrong:
+            problems.append(f"GPU {wrong[0]['index']} is a {wrong[0]['name']}, the manifest needs "
+                            f"'{needs.name_contains}'" + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+    if needs.min_vram_mib:
+        small = [g for g in chosen if g["memory_total_mib"] < needs.min_vram_mib]
+        if small:
+            problems.append(f"GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
+                            f"{needs.min_vram_mib} MiB per GPU needed")
+    desc = f"{len(chosen)}x {chosen[0]['name'] if chosen else '?'}"
+    if problems:
+        return Check("gpus", FAIL, problems[0], details=problems + [f"host: {len(gpus)}x {gpus[0]['name']}"
+                                                                     f", {gpus[0]['memory_total_mib']} MiB each"],
+                     fix="deploy onto a host with enough matching GPUs, or change the manifest's "
+                         "GPU requirements (tensor/data parallel size)", field="gpus")
+    return Check("gpus", OK, f"{desc}, {min(g['memory_total_mib'] for g in chosen)} MiB each "
+                 f"({needs.count} needed)")
+
+
+VLLM_PROCESS = re.compile(r"VLLM::|vllm|EngineCore|ray::", re.IGNORECASE)
+
+
+@skippable("foreign-gpu-processes")
+def check_foreign_gpu_processes(processes: Sequence[Mapping[str, Any]], gpu_indices: Collection[int],
+                                managed_pids: Collection[int] = (), *,
+                                kill_foreign: bool = False) -> Check:
+    """processes: [{"pid", "process_name", "gpu_index", "used_mib"}] from nvidia-smi. A process on a
+    target GPU that no managed service owns is a leftover (a vLLM worker: the deploy stops it) or a
+    stranger (not vLLM: refused unless --kill-foreign)."""
+    foreign = [p for p in processes if p["gpu_index"] in gpu_indices and p["pid"] not in managed_pids]
+    if not foreign:
+        return Check("foreign-gpu-processes", OK,
+                     f"no foreign process on GPU{'s' if len(gpu_indices) != 1 else ''} "
+                     f"{','.join(map(str, sorted(gpu_indices)))}")
+    details = [f"GPU {p['gpu_index']}: pid {p['pid']} {p['process_name']} holds {p.get('used_mib', '?')} MiB"
+               for p in foreign]
+    strangers = [p for p in foreign if not VLLM_PROCESS.search(p["process_name"])]
+    if strangers and not kill_foreign:
+        s = strangers[0]
+        return Check("foreign-gpu-processes", FAIL,
+                     f"{len(strangers)} non-vLLM process{'es' if len(strangers) > 1 else ''} on the "
+                     f"target GPUs (pid {s['pid']} {s['process_name']} on GPU {s['gpu_index']})",
+                     details=details,
+                     fix="stop them yourself, or pass --kill-foreign to let the deploy stop them")
+    return Check("foreign-gpu-processes", WARN,
+                 f"{len(foreign)} leftover GPU process{'es' if len(foreign) > 1 else ''} on the target "
+                 "GPUs; the deploy stops them (SIGTERM, then SIGKILL) before starting",
+                 details=details)
+
+
+def worst(checks: Iterable[Check]) -> str:
+    """The overall status: fail > warn > ok (skipped counts as ok)."""
+    order = {FAIL: 3, WARN: 2, OK: 1, SKIPPED: 0}
+    statuses = [c.status for c in checks]
+    return max(statuses, key=lambda s: order[s]) if statuses else OK

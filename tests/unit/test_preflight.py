@@ -1,0 +1,288 @@
+"""Preflight's pure checks, the host-side inspect_env.py (with fake dist-info folders, as simulated
+hosts have), nvidia-smi parsing, and the runner on a LocalHost without a real vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from orchestrator.hosts.local import LocalHost
+from orchestrator.paths import package_file
+from orchestrator.preflight import (FAIL, OK, SKIPPED, WARN, GpuNeeds, check_env, check_flags,
+                                    check_foreign_gpu_processes, check_gpus, check_package_pairs,
+                                    check_required_packages, check_torch_cuda, check_vllm_version,
+                                    field_for, packages_needed, version_key, worst)
+from orchestrator.preflight_run import parse_nvidia_smi, run_preflight
+
+PROVENANCE = [("/opt/vllm/bin/vllm", "host.vllm"), ("serve", "(command)"),
+              ("/models/kimi", "name"), ("--tensor-parallel-size", "vllm.tensor_parallel_size"),
+              ("eight", "vllm.tensor_parallel_size"), ("--enable-reasoning", "vllm.extra_args[0]"),
+              ("--swap-space", "vllm.extra_args[1]"), ("4", "vllm.extra_args[2]")]
+
+RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def gpus(n=8, name=RTX, mib=97887):
+    return [{"index": i, "name": name, "memory_total_mib": mib, "uuid": f"GPU-{i}"} for i in range(n)]
+
+
+# -- flags --------------------------------------------------------------------------------------------
+def test_unrecognized_flag_is_reported_against_the_field_that_produced_it():
+    result = {"ok": False, "stage": "parse", "vllm_version": "0.33.0",
+              "error": "unrecognized arguments: --enable-reasoning",
+              "error_line": "vllm: error: unrecognized arguments: --enable-reasoning",
+              "bad_args": ["--enable-reasoning"]}
+    c = check_flags(result, PROVENANCE, manifest="models/x.yaml")
+    assert c.status == FAIL and c.field == "vllm.extra_args[0]"
+    assert c.summary == ("models/x.yaml: vllm.extra_args[0]: vLLM 0.33.0 rejects it: "
+                         "unrecognized arguments: --enable-reasoning")
+    assert "--reasoning-parser" in c.fix
+    assert "vllm: error: unrecognized arguments: --enable-reasoning" in c.details
+
+
+def test_several_removed_flags_each_get_their_field_and_fix():
+    result = {"ok": False, "stage": "parse", "vllm_version": "0.33.0",
+              "error": "unrecognized arguments: --swap-space 4 --enable_reasoning",
+              "bad_args": ["--swap-space", "4", "--enable_reasoning"]}
+    c = check_flags(result, PROVENANCE)
+    assert c.field == "vllm.extra_args[1]"
+    assert "--enable_reasoning: from vllm.extra_args[0]" in c.details  # underscores = dashes
+    assert "swap_space was removed" in c.fix and "--reasoning-parser" in c.fix
+
+
+def test_wrong_type_maps_through_the_option_name():
+    result = {"ok": False, "stage": "parse", "vllm_version": "0.33.0",
+              "error": "argument --tensor-parallel-size/-tp: invalid int value: 'eight'",
+              "bad_args": ["--tensor-parallel-size", "-tp", "eight"]}
+    c = check_flags(result, PROVENANCE, manifest="models/x.yaml")
+    assert c.status == FAIL and c.field == "vllm.tensor_parallel_size"
+    assert c.summary.endswith("invalid int value: 'eight'")
+    assert "vllm serve --help=all" in c.fix
+
+
+def test_deprecated_argument_is_a_warning_with_its_message():
+    result = {"ok": True, "vllm_version": "0.33.0", "bad_args": [],
+              "deprecated": [{"arg": "--swap-space", "message": "--swap-space is deprecated"}]}
+    c = check_flags(result, PROVENANCE)
+    assert c.status == WARN and c.field == "vllm.extra_args[1]"
+    assert "deprecates --swap-space" in c.summary and "swap_space was removed" in c.fix
+
+
+def test_parser_that_cannot_be_built_fails_and_accepted_argv_passes():
+    c = check_flags({"ok": False, "stage": "import", "error": "ModuleNotFoundError: No module named 'vllm'"}, [])
+    assert c.status == FAIL and "No module named 'vllm'" in c.summary and "python" in c.fix
+    c = check_flags({"ok": True, "vllm_version": "0.33.0", "deprecated": [], "seconds": 5.2}, [])
+    assert c.status == OK and "0.33.0" in c.summary and "5.2 s" in c.summary
+
+
+def test_field_for_prefers_option_tokens_and_handles_equals_form():
+    assert field_for(["4", "--swap-space"], PROVENANCE) == ("vllm.extra_args[1]", "--swap-space")
+    assert field_for(["--tensor_parallel_size=eight"], PROVENANCE)[0] == "vllm.tensor_parallel_size"
+    assert field_for(["--nope"], PROVENANCE) == (None, "--nope")
+
+
+def test_skip_check_yields_a_skipped_check():
+    c = check_flags({"ok": False, "error": "x"}, [], skip={"flags"})
+    assert c.status == SKIPPED and "--skip-check flags" in c.summary
+    assert check_gpus([], GpuNeeds(8), skip={"gpus"}).status == SKIPPED
+
+
+# -- env ----------------------------------------------------------------------------------------------
+def test_env_renamed_and_ignored_fails_with_the_flag_to_use():
+    c = check_env({"VLLM_ATTENTION_BACKEND": "TRITON_MLA"}, ["VLLM_ATTENTION_BACKEND"])
+    assert c.status == FAIL and c.field == "env.VLLM_ATTENTION_BACKEND"
+    assert "--attention-backend" in c.fix
+    w = check_env({"VLLM_SLEEP_WHEN_IDL": "1"}, ["VLLM_SLEEP_WHEN_IDL"])
+    assert w.status == WARN and "misspelt" in w.summary
+    assert check_env({"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NCCL_PROTO": "LL"}, []).status == OK
+
+
+# -- versions -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("low,high", [("0.19.1", "0.33.0"), ("0.33.0rc1", "0.33.0"),
+                                      ("0.33.0.dev12+gabc", "0.33.0"), ("0.33.0", "0.33.0.post1"),
+                                      ("0.9.2", "0.10.0"), ("1.0", "1.0.1")])
+def test_version_order(low, high):
+    assert version_key(low) < version_key(high)
+
+
+def test_vllm_version_check():
+    assert check_vllm_version("0.33.0", "0.19.1").status == OK
+    c = check_vllm_version("0.18.0", "0.19.1", python="/opt/vllm/bin/python")
+    assert c.status == FAIL and "0.18.0" in c.summary and "0.19.1" in c.summary
+    assert "vllm>=0.19.1" in c.fix
+    assert check_vllm_version(None, "0.19.1").status == FAIL
+
+
+def test_flashinfer_pair_mismatch_quotes_the_runtime_error():
+    c = check_package_pairs({"flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"})
+    assert c.status == FAIL
+    assert ("RuntimeError: flashinfer-cubin version (0.6.13) does not match flashinfer version "
+            "(0.6.14). Please install the same version of both packages. Set "
+            "FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.") in c.details[-1]
+    assert "flashinfer-cubin==0.6.14" in c.fix
+    bypassed = check_package_pairs({"flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"},
+                                   {"FLASHINFER_DISABLE_VERSION_CHECK": "1"})
+    assert bypassed.status == WARN
+    jit = check_package_pairs({"flashinfer-python": "0.7.2", "flashinfer-cubin": "0.7.2",
+                               "flashinfer-jit-cache": "0.7.1+cu130"})
+    assert jit.status == FAIL and "flashinfer-jit-cache" in jit.summary
+    ok = check_package_pairs({"flashinfer-python": "0.7.2", "flashinfer-jit-cache": "0.7.2+cu130"})
+    assert ok.status == OK
+
+
+def test_torch_cuda_against_driver():
+    assert check_torch_cuda("13.0", "13.0", torch_version="2.13.0+cu130").status == OK
+    assert check_torch_cuda("12.8", "13.0").status == OK
+    c = check_torch_cuda("13.0", "12.8", torch_version="2.13.0+cu130", driver_version="570.86.15")
+    assert c.status == FAIL
+    assert "CUDA 13.0" in c.summary and "CUDA <= 12.8" in c.summary and "570.86.15" in c.summary
+    assert "R580" in c.fix
+    assert check_torch_cuda(None, "13.0", torch_version="2.13.0+cpu").status == FAIL
+    assert check_torch_cuda("13.0", None).status == WARN
+
+
+def test_required_packages_from_flags():
+    needs = packages_needed(["serve", "m", "--load-format", "fastsafetensors",
+                             "--attention-backend=FLASHINFER"])
+    assert set(needs) == {"fastsafetensors", "flashinfer-python"}
+    c = check_required_packages(needs, {"flashinfer-python": "0.7.2", "fastsafetensors": None})
+    assert c.status == FAIL and c.fix == "pip install fastsafetensors into the host's vLLM Python"
+    assert "--load-format fastsafetensors" in c.details[0]
+    assert check_required_packages({}, {}).status == OK
+
+
+# -- hardware -----------------------------------------------------------------------------------------
+def test_gpu_count_model_and_vram():
+    assert check_gpus(gpus(8), GpuNeeds(8, "RTX PRO 6000", 83 * 1024)).status == OK
+    c = check_gpus(gpus(4), GpuNeeds(8))
+    assert c.status == FAIL and c.summary == "4 GPUs available, 8 needed"
+    c = check_gpus(gpus(8, name="NVIDIA H100 80GB HBM3", mib=81559), GpuNeeds(8, "RTX PRO 6000"))
+    assert c.status == FAIL and "H100" in c.summary and "RTX PRO 6000" in c.summary
+    c = check_gpus(gpus(8, mib=49140), GpuNeeds(8, None, 83 * 1024))
+    assert "49140 MiB" in c.summary and "84992 MiB" in c.summary
+    c = check_gpus(gpus(8), GpuNeeds(4, indices=[6, 7, 8, 9]))
+    assert c.status == FAIL and "8, 9 does not exist" in c.summary
+    assert check_gpus([], GpuNeeds(1)).status == FAIL
+
+
+def test_foreign_gpu_processes():
+    procs = [{"pid": 11, "process_name": "VLLM::Worker_TP0", "gpu_index": 0, "used_mib": 90000},
+             {"pid": 12, "process_name": "python3 train.py", "gpu_index": 5, "used_mib": 1000},
+             {"pid": 13, "process_name": "VLLM::Worker_TP1", "gpu_index": 1, "used_mib": 90000}]
+    assert check_foreign_gpu_processes(procs, [2, 3]).status == OK
+    leftover = check_foreign_gpu_processes(procs, [0, 1, 2, 3])
+    assert leftover.status == WARN and len(leftover.details) == 2
+    assert check_foreign_gpu_processes(procs, [0, 1], managed_pids={11, 13}).status == OK
+    stranger = check_foreign_gpu_processes(procs, range(8))
+    assert stranger.status == FAIL and "pid 12" in stranger.summary and "--kill-foreign" in stranger.fix
+    assert check_foreign_gpu_processes(procs, range(8), kill_foreign=True).status == WARN
+    assert worst([leftover, stranger]) == FAIL
+
+
+NVIDIA_SMI_OUT = textwrap.dedent(f"""\
+    0, GPU-aaa, {RTX}, 97887, 90000, 580.95.05
+    1, GPU-bbb, {RTX}, 97887, 1, 580.95.05
+    @@vllm-orch@@
+    4242, VLLM::Worker_TP0, GPU-aaa, 90000
+    @@vllm-orch@@
+    +-----------------------------------------------------------------------------------------+
+    | NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |
+    +-----------------------------------------+------------------------+----------------------+
+    """)
+
+
+def test_parse_nvidia_smi():
+    g, procs, driver, cuda = parse_nvidia_smi(NVIDIA_SMI_OUT)
+    assert [x["index"] for x in g] == [0, 1] and g[0]["memory_total_mib"] == 97887
+    assert procs == [{"pid": 4242, "process_name": "VLLM::Worker_TP0", "gpu_index": 0,
+                      "gpu_uuid": "GPU-aaa", "used_mib": 90000}]
+    assert (driver, cuda) == ("580.95.05", "13.0")
+
+
+# -- inspect_env.py (host-side, stdlib only) ----------------------------------------------------------
+def run_inspect(site_packages, *args):
+    env = {**os.environ, "PYTHONPATH": str(site_packages)}
+    out = subprocess.run([sys.executable, "-S", str(package_file("remote", "inspect_env.py")), *args],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout)
+
+
+def test_inspect_env_reads_fake_dist_info_and_torch_cuda_suffix(fake_site_packages):
+    sp = fake_site_packages({"vllm": "0.33.0", "torch": "2.13.0+cu130",
+                             "flashinfer-python": "0.7.2", "flashinfer-cubin": "0.7.1"})
+    info = run_inspect(sp, "fastapi")
+    p = info["packages"]
+    assert (p["vllm"], p["torch"], p["flashinfer-cubin"], p["fastsafetensors"]) == \
+        ("0.33.0", "2.13.0+cu130", "0.7.1", None)
+    assert "fastapi" in p
+    assert (info["torch_cuda"], info["torch_cuda_source"]) == ("13.0", "version suffix")
+    assert check_package_pairs(p).status == FAIL
+
+
+def test_inspect_env_reads_torch_version_py_without_importing_torch(fake_site_packages, tmp_path):
+    sp = fake_site_packages({"torch": "2.13.0"})
+    (sp / "torch").mkdir()
+    # importing this package would raise: proves inspect_env reads version.py as text only
+    (sp / "torch" / "__init__.py").write_text("raise SystemExit('torch was imported')\n")
+    (sp / "torch" / "version.py").write_text("__version__ = '2.13.0'\ncuda: Optional[str] = '12.8'\n")
+    info = run_inspect(sp)
+    assert (info["torch_cuda"], info["torch_cuda_source"]) == ("12.8", "torch/version.py")
+
+
+# -- the runner, on this machine, without a real vLLM -------------------------------------------------
+def fake_nvidia_smi(tmp_path, text=NVIDIA_SMI_OUT):
+    parts = text.split("@@vllm-orch@@\n")
+    script = tmp_path / "nvidia-smi"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in
+          --query-gpu=*) cat <<'EOF'
+        {parts[0].rstrip()}
+        EOF
+          ;;
+          --query-compute-apps=*) cat <<'EOF'
+        {parts[1].rstrip()}
+        EOF
+          ;;
+          *) cat <<'EOF'
+        {parts[2].rstrip()}
+        EOF
+          ;;
+        esac
+        """).replace("\n        ", "\n"))
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp_path):
+    sp = fake_site_packages({"vllm": "0.18.0", "torch": "2.13.0+cu130",
+                             "flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"})
+    host = LocalHost("t", env={"PYTHONPATH": str(sp)})
+    checks = run_preflight(host, sys.executable, ["vllm", "serve", "m", "--load-format", "fastsafetensors"],
+                           [], min_vllm="0.19.1", gpu_needs=GpuNeeds(8, "RTX PRO 6000"),
+                           nvidia_smi=fake_nvidia_smi(tmp_path), skip={"flags", "env"})
+    by = {c.name: c for c in checks}
+    assert [c.name for c in checks] == ["flags", "env", "vllm-version", "package-pairs", "torch-cuda",
+                                        "required-packages", "gpus", "foreign-gpu-processes"]
+    assert by["flags"].status == SKIPPED and by["env"].status == SKIPPED
+    assert by["vllm-version"].status == FAIL and "0.18.0" in by["vllm-version"].summary
+    assert by["package-pairs"].status == FAIL
+    assert by["torch-cuda"].status == OK and "13.0" in by["torch-cuda"].summary
+    assert by["required-packages"].status == FAIL and "fastsafetensors" in by["required-packages"].summary
+    assert by["gpus"].status == FAIL and by["gpus"].summary == "2 GPUs available, 8 needed"
+    assert by["foreign-gpu-processes"].status == WARN        # the leftover VLLM::Worker_TP0 on GPU 0
+    assert all(c.seconds is not None for c in checks if c.status != SKIPPED)
+
+
+def test_run_preflight_with_a_python_lacking_vllm_fails_the_flag_check(tmp_path):
+    checks = run_preflight(LocalHost("t"), sys.executable, ["serve", "m"], [], gpu_needs=None)
+    flags = checks[0]
+    assert flags.name == "flags" and flags.status == FAIL
+    assert "could not build vLLM's argument parser" in flags.summary
+    missing = run_preflight(LocalHost("t"), str(tmp_path / "no-python"), ["serve", "m"], [])
+    assert missing[0].status == FAIL and "exit 127" in missing[0].summary

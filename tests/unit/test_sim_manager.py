@@ -1,0 +1,79 @@
+"""`vllm-orch sim up/status/fault/down` on a tmp sim home (the hub mirror is started only when
+orchestrator.sim.hub is present)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import yaml
+from click.testing import CliRunner
+
+from orchestrator.sim import manager
+from orchestrator.sim.cli import sim
+
+
+def test_up_is_idempotent_and_writes_the_inventory(tmp_path):
+    home = tmp_path / "home"
+    manager.up(2, speed=500, home=home)
+    inv1 = (home / "inventory.yaml").read_text()
+    manager.up(2, home=home)
+    assert (home / "inventory.yaml").read_text() == inv1
+    hosts = yaml.safe_load(inv1)["hosts"]
+    assert list(hosts) == ["sim", "sim-2"]
+    e = hosts["sim"]
+    hdir = home / "hosts" / "sim"
+    assert e["simulated"] is True and e["address"] == "local"
+    assert e["service_manager"] == "process"
+    assert e["vllm"] == str(hdir / "bin" / "vllm") and e["models_root"] == str(hdir / "models")
+    assert e["env"]["PYTHONPATH"] == str(hdir / "site-packages")
+    info = json.loads((hdir / "sim.json").read_text())
+    assert info["simulated"] and info["speed"] == 500 and len(info["gpus"]) == 8
+    assert info["gpus"][0]["memory_total_mib"] == 97887 and info["vllm_version"] == "0.33.0"
+    # the host's Python sees the fake packages through the entry's PYTHONPATH
+    code = "import importlib.metadata as m; print(m.version('flashinfer-cubin'), m.version('torch'))"
+    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": e["env"]["PYTHONPATH"]},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0.6.14", "2.13.0+cu130"]
+    out = subprocess.run([str(hdir / "bin" / "vllm"), "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "0.33.0"
+    manager.down(home)
+    assert not (home / "hosts").exists() and not (home / "inventory.yaml").exists()
+
+
+def test_vllm_python_is_recorded(tmp_path):
+    home = tmp_path / "home"
+    manager.up(1, home=home, vllm_python=sys.executable)
+    assert yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]["python"] == \
+        sys.executable
+    manager.down(home)
+
+
+def test_faults_cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ORCH_SIM_HOME", str(tmp_path / "home"))
+    r = CliRunner()
+    out = r.invoke(sim, ["up", "--speed", "2000"])
+    assert out.exit_code == 0 and "SIMULATED" in out.output
+    listed = r.invoke(sim, ["fault", "--list"]).output.splitlines()
+    assert {ln.split()[0] for ln in listed} >= {
+        "crash-flashinfer", "crash-gpu-memory", "crash-unrecognized-args",
+        "crash-trust-remote-code", "hang", "die-after-ready", "garbage", "slow-start"}
+    assert r.invoke(sim, ["fault", "sim", "crash-flashinfer", "--model", "m1"]).exit_code == 0
+    hdir = tmp_path / "home" / "hosts" / "sim"
+    assert json.loads((hdir / "faults.json").read_text()) == [
+        {"fault": "crash-flashinfer", "model": "m1"}]
+    assert (hdir / "site-packages" / "flashinfer_cubin-0.6.13.dist-info").is_dir()
+    st = json.loads(r.invoke(sim, ["status", "--json"]).output)
+    assert st["simulated"] and st["hosts"]["sim"]["faults"][0]["fault"] == "crash-flashinfer"
+    assert r.invoke(sim, ["fault", "sim", "--clear"]).exit_code == 0
+    assert json.loads((hdir / "faults.json").read_text()) == []
+    assert (hdir / "site-packages" / "flashinfer_cubin-0.6.14.dist-info").is_dir()
+    bad = r.invoke(sim, ["fault", "sim", "no-such-fault"])
+    assert bad.exit_code != 0
+    assert r.invoke(sim, ["fault", "nohost", "hang"]).exit_code != 0
+    down = r.invoke(sim, ["down"])
+    assert down.exit_code == 0 and "SIMULATED" in down.output
+    assert "none" in r.invoke(sim, ["status"]).output

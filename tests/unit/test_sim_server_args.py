@@ -1,0 +1,88 @@
+"""The simulated server's argv handling mirrors vLLM 0.33's FlexibleArgumentParser, and its
+rate profiles match the field report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from orchestrator.paths import package_file
+
+spec = importlib.util.spec_from_file_location("sim_vllm", package_file("sim", "vllm_server.py"))
+vs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(vs)
+
+
+def parse(line: str):
+    return vs.build_parser().parse_args(vs.normalize_argv(line.split()))
+
+
+def test_manifest_style_argv():
+    a = parse("serve /m/kimi --served-model-name kimi-k25 kimi -tp 8 --trust-remote-code "
+              "--enable-expert-parallel --decode-context-parallel-size 8 --max_model_len 65536 "
+              "--gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA "
+              "--moe-backend marlin --mm-encoder-tp-mode data --language-model-only "
+              "--load-format fastsafetensors --max-num-batched-tokens 4096 --max-num-seqs 128 "
+              "--enable-prefix-caching --enable-chunked-prefill --async-scheduling "
+              "--disable-custom-all-reduce --shutdown-timeout 30 --api-key k "
+              "--uvicorn-log-level warning --enable-auto-tool-choice --tool-call-parser kimi_k2 "
+              "--reasoning-parser kimi_k2 --host 0.0.0.0 --port 8000")
+    assert a.model_tag == "/m/kimi" and a.served_model_name == ["kimi-k25", "kimi"]
+    assert (a.tensor_parallel_size, a.decode_context_parallel_size, a.max_model_len) == (
+        "8", "8", "65536")
+    assert a.enable_expert_parallel and a.disable_custom_all_reduce and a.language_model_only
+    assert a.api_key == ["k"] and a.moe_backend == "marlin"
+
+
+def test_dotted_json_args_and_model_option():
+    a = parse("serve --model /m/x --compilation-config.pass_config.fuse_allreduce_rms true "
+              "--compilation_config.cudagraph_mode=PIECEWISE -O3")
+    assert a.model_tag == "/m/x"
+    assert json.loads(a.compilation_config) == {
+        "pass_config": {"fuse_allreduce_rms": True}, "cudagraph_mode": "PIECEWISE"}
+    assert a.optimization_level == "3"
+
+
+def test_enable_disable_pairs():
+    assert parse("serve m --no-enable-prefix-caching").enable_prefix_caching is False
+    assert parse("serve m --disable-prefix-caching").enable_prefix_caching is False
+    # real 0.33 pairs --enable-log-requests with --disable-log-requests, so the latter parses
+    assert parse("serve m --disable-log-requests").enable_log_requests is False
+
+
+@pytest.mark.parametrize("flag", ["--swap-space 4", "--enable-reasoning",
+                                  "--guided-decoding-backend xgrammar", "--no-such-flag"])
+def test_removed_and_unknown_flags_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(f"serve m {flag}")
+    assert exc.value.code == 2
+    assert f"vllm: error: unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        vs.build_parser().parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == "0.33.0"
+
+
+def test_profiles_match_the_field_report():
+    p = vs.PROFILES
+    assert vs.pick_profile("moonshotai/Kimi-K2.5", False) == "kimi-k25-int4"
+    assert vs.pick_profile("nvidia/Kimi-K2.5-NVFP4", False) == "kimi-k25-nvfp4"
+    assert vs.pick_profile("MiniMaxAI/MiniMax-M2.5", True) == "minimax-m25-ep"
+    assert vs.pick_profile("Qwen/Qwen3-8B", False) == "generic"
+    assert vs.stream_rate(p["kimi-k25-int4"], 1) == 81.4
+    assert vs.stream_rate(p["kimi-k25-nvfp4"], 1) == 61.3
+    assert vs.aggregate_rate(p["kimi-k25-nvfp4"], 32) == 800
+    assert vs.aggregate_rate(p["kimi-k25-nvfp4"], 128) == 1238
+    assert vs.aggregate_rate(p["minimax-m25-ep"], 128) == 4000
+    assert vs.aggregate_rate(p["minimax-m25"], 128) < 4000
+    rates = [vs.aggregate_rate(p["kimi-k25-nvfp4"], c) for c in range(1, 200)]
+    assert rates == sorted(rates)          # more streams never lower the total
+
+
+def test_canned_answers():
+    assert vs.answer_for("What is 2+2? Answer with one number.")[1] == "4"
+    assert vs.answer_for("Explain KV caches")[1] == vs.FILLER.strip()
