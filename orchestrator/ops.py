@@ -218,7 +218,7 @@ def delete_script(models_root: str, name: str) -> Script:
 def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) -> dict:
     """Delete the planned folders (the caller holds the lock and has the user's go-ahead)."""
     t0 = time.monotonic()
-    deleted, refused = [], []
+    deleted, kept = [], []
     for c in plan.delete:
         r = host.run(delete_script(entry.models_root, c.name), timeout=3600)
         if r.ok:
@@ -226,10 +226,10 @@ def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) ->
             say(f"deleted {entry.models_root}/{c.name} ({fmt_bytes(c.bytes)})")
         else:
             why = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
-            refused.append({"name": c.name, "why": why})
+            kept.append({"name": c.name, "why": why})
             say(f"kept {entry.models_root}/{c.name}: {why}")
-    record = {"operation": "gc", "ok": not refused, "deleted": deleted,
-              "freed_bytes": sum(d["bytes"] for d in deleted), "refused": refused,
+    record = {"operation": "gc", "ok": not kept, "deleted": deleted,
+              "freed_bytes": sum(d["bytes"] for d in deleted), "kept": kept,
               "seconds": round(time.monotonic() - t0, 3)}
     state.append_history(host, entry, record)
     return record

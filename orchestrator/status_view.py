@@ -179,7 +179,8 @@ def history_details(rec: dict) -> str:
         return f"{rec.get('failure_kind', 'error')}: {rec.get('root_cause') or rec.get('error')}"
     if op == "gc":
         names = ", ".join(d["name"] for d in rec.get("deleted") or []) or "nothing"
-        return f"deleted {names} ({fmt_bytes(rec.get('freed_bytes') or 0)})"
+        kept = "; ".join(f"kept {k['name']}: {k['why']}" for k in rec.get("kept") or [])
+        return f"deleted {names} ({fmt_bytes(rec.get('freed_bytes') or 0)})" + (f"; {kept}" if kept else "")
     if op == "stop":
         killed = rec.get("killed") or []
         parts = [f"was {rec.get('was', '?')}"]

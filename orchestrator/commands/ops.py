@@ -287,6 +287,6 @@ def gc(app, host_name, dry_run, yes, as_json, accept_new_host_key):
         from ..steps import fmt_bytes
 
         c.print(f"[bold]gc on {entry.name}:[/] deleted {len(record['deleted'])} folders, freed "
-                f"{fmt_bytes(record['freed_bytes'])}" + (f"; kept {len(record['refused'])} (see above)"
-                                                        if record["refused"] else ""))
+                f"{fmt_bytes(record['freed_bytes'])}" + (f"; kept {len(record['kept'])} (see above)"
+                                                        if record["kept"] else ""))
     sys.exit(0 if record["ok"] else 1)
