@@ -1,0 +1,154 @@
+"""Pure parts of status / stop / gc / history: state rules, leftover selection, gc planning,
+the on-host delete guard, history lines."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import RefusedError
+from orchestrator.facts import GpuProc, HostFacts, ModelDir
+from orchestrator.ops import deploy_started_at, delete_script, leftovers, model_gpus, plan_gc
+from orchestrator.services import ServiceState
+from orchestrator.status import bench_summary, decide_state, deploy_summary, pick_model
+from orchestrator.status_view import gpu_lines, history_details, process_lines
+
+
+@pytest.mark.parametrize("active,failed,health,listed,expected", [
+    (False, False, None, None, "stopped"),
+    (False, True, None, None, "failed"),
+    (True, False, None, None, "loading"),          # bound but not listening yet
+    (True, False, 503, None, "failed"),            # engine dead
+    (True, False, 200, False, "loading"),          # up, served name not listed yet
+    (True, False, 200, True, "ready"),
+    (True, False, 500, None, "loading"),
+])
+def test_decide_state(active, failed, health, listed, expected):
+    state, reason = decide_state(active, failed, health, listed)
+    assert state == expected and reason
+
+
+def test_pick_model_prefers_the_running_recorded_model_then_a_loading_one():
+    assert pick_model({"model": "a"}, ["a"]) == "a"
+    assert pick_model({"model": "a"}, []) == "a"             # recorded, now failed/stopped
+    assert pick_model({"model": "a"}, ["b"]) == "b"          # a swap loading b before it is recorded
+    assert pick_model(None, ["b"]) == "b"                    # a first deploy still loading
+    assert pick_model(None, []) is None
+
+
+def test_deploy_and_bench_summaries():
+    ok = deploy_summary({"operation": "deploy", "model": "m", "ok": True, "at": "x", "seconds": 3.2})
+    assert ok["result"] == "ok" and ok["seconds"] == 3.2
+    bad = deploy_summary({"operation": "swap", "model": "m", "ok": False, "root_cause": "RuntimeError: boom",
+                          "error": "long"})
+    assert bad["result"] == "failed" and bad["error"] == "RuntimeError: boom"
+    refused = deploy_summary({"operation": "deploy", "ok": False, "refused": "disk"})
+    assert refused["result"] == "refused"
+    assert bench_summary({"operation": "bench", "model": "m", "single_stream_tok_s": 81.0}) == \
+        {"model": "m", "single_stream_tok_s": 81.0}
+    assert deploy_summary(None) is None and bench_summary(None) is None
+
+
+def proc(pid, gpu, owner=None, left_by=None, vllm=True, name="VLLM::Worker_TP0"):
+    return GpuProc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, owner=owner, left_by=left_by,
+                   vllm_like=vllm)
+
+
+def test_leftovers_only_on_the_models_gpus_and_never_another_models_or_foreign():
+    procs = [proc(1, 0, owner="m"), proc(2, 1, left_by="m"), proc(3, 2),            # ours / unowned vLLM
+             proc(4, 5, left_by="m"),                                               # another GPU
+             proc(5, 3, owner="other"), proc(6, 3, left_by="other"),                # another model's
+             proc(7, 2, vllm=False, name="python")]                                 # foreign
+    assert [p.pid for p in leftovers(procs, "m", [0, 1, 2, 3])] == [1, 2, 3]
+
+
+def facts(**kw) -> HostFacts:
+    base = dict(hostname="h", disk_path="/", disk_total=10, disk_free=5, gpus=[], gpu_error=None,
+                driver_version=None, cuda_version=None, procs=[], vllm_version=None, vllm_error=None,
+                models={}, active=None, installed={}, services={}, usage={})
+    base.update(kw)
+    return HostFacts(**base)
+
+
+def test_model_gpus_from_record_then_manifest_then_processes():
+    f = facts(active={"model": "m", "gpus": [3, 1]}, procs=[proc(1, 6, left_by="m")])
+    assert model_gpus(f, "m", [0]) == [1, 3]
+    assert model_gpus(f, "x", [4, 5]) == [4, 5]
+    assert model_gpus(facts(procs=[proc(1, 6, left_by="m")]), "m", None) == [6]
+
+
+def test_plan_gc_keeps_active_and_running_and_orders_by_last_use():
+    models = {n: ModelDir(n, b, {"ok": 1} if n != "c" else None, t)
+              for n, b, t in (("a", 10, 5.0), ("b", 20, 1.0), ("c", 30, 2.0), ("d", 40, 3.0))}
+    f = facts(models=models, active={"model": "a"},
+              services={"d": ServiceState(active=True, main_pid=9)})
+    plan = plan_gc(f)
+    assert [c.name for c in plan.delete] == ["b", "c"]
+    assert plan.bytes == 50
+    assert dict(plan.keep) == {"a": "the active model", "d": "its service is running"}
+
+
+@pytest.mark.parametrize("name", ["", "..", ".", "a/b", ".vllm-orch"])
+def test_delete_script_refuses_odd_names(name):
+    with pytest.raises(RefusedError):
+        delete_script("/models", name)
+
+
+def test_delete_script_deletes_a_child_and_refuses_symlinks_and_escapes(tmp_path: Path):
+    root = tmp_path / "models"
+    outside = tmp_path / "outside"
+    (root / "old").mkdir(parents=True)
+    (root / "old" / "w.safetensors").write_bytes(b"x")
+    outside.mkdir()
+    (outside / "precious").write_text("keep")
+    (root / "link").symlink_to(outside)
+    (root / "old" / "escape").symlink_to(outside)      # a symlink inside is removed, not followed
+
+    def run(name):
+        return subprocess.run(["sh", "-c", delete_script(str(root), name).text], capture_output=True, text=True)
+
+    assert run("old").returncode == 0 and not (root / "old").exists()
+    r = run("link")
+    assert r.returncode == 3 and "symlink" in r.stderr
+    assert (outside / "precious").read_text() == "keep"
+    assert run("missing").returncode == 0                # already gone: nothing to do
+    # The models root itself reached through a symlinked root still only deletes its children.
+    alias = tmp_path / "alias"
+    alias.symlink_to(root)
+    (root / "n2").mkdir()
+    assert subprocess.run(["sh", "-c", delete_script(str(alias), "n2").text]).returncode == 0
+    assert not (root / "n2").exists() and root.is_dir()
+
+
+def test_deploy_started_at_uses_the_last_deploy_of_that_model():
+    hist = [{"operation": "deploy", "model": "m", "at": "2026-01-01T00:00:10+00:00", "seconds": 4},
+            {"operation": "stop", "model": "m", "at": "2026-01-01T00:01:00+00:00"},
+            {"operation": "deploy", "model": "m", "at": "2026-01-01T00:02:00+00:00", "seconds": 10},
+            {"operation": "deploy", "model": "x", "at": "2026-01-01T00:03:00+00:00", "seconds": 1}]
+    from datetime import datetime
+
+    expected = datetime.fromisoformat("2026-01-01T00:02:00+00:00").timestamp() - 10 - 1
+    assert deploy_started_at(hist, "m") == expected
+    assert deploy_started_at(hist, "nope") is None
+
+
+def test_history_details_and_views():
+    assert "deleted a, b" in history_details({"operation": "gc", "deleted": [{"name": "a"}, {"name": "b"}],
+                                              "freed_bytes": 2e9})
+    assert "killed 2 leftovers" in history_details({"operation": "stop", "was": "failed",
+                                                    "killed": [{}, {}]})
+    assert history_details({"operation": "deploy", "ok": False, "failure_kind": "crash",
+                            "root_cause": "ValueError: x"}) == "crash: ValueError: x"
+    assert "downtime 3.5s" in history_details({"operation": "swap", "ok": True, "downtime_s": 3.5})
+    assert gpu_lines([{"index": i, "memory_used_mib": 1024 if i < 4 else 0, "memory_total_mib": 2048}
+                      for i in range(8)]) == "GPU 0-3 1/2 GiB, GPU 4-7 0/2 GiB"
+    lines = process_lines([{"pid": 1, "name": "W", "gpu": 0, "used_mib": 1024, "owner": "m", "left_by": None,
+                            "kind": "service"},
+                           {"pid": 2, "name": "W", "gpu": 1, "used_mib": 1024, "owner": "m", "left_by": None,
+                            "kind": "service"},
+                           {"pid": 3, "name": "python", "gpu": 2, "used_mib": 5, "owner": None,
+                            "left_by": None, "kind": "foreign"}])
+    assert lines[0] == ("2 processes of m on GPUs 0,1 (2 GiB, e.g. PID 1 W)", False)
+    assert lines[1] == ("GPU 2: PID 3 python 5 MiB (foreign)", True)
