@@ -137,7 +137,7 @@ def preflight_action(ctx: Ctx) -> tuple[Action, RefusedError | None]:
     skipped = [c.name for c in checks if c.status == SKIPPED]
     if failed:
         first = failed[0]
-        err = RefusedError(f"preflight {first.name}: {first.summary}", host=ctx.entry.name, step="preflight",
+        err = RefusedError(f"{first.name}: {first.summary}", host=ctx.entry.name, step="preflight",
                            hint=(first.fix + "; " if first.fix else "") + f"--skip-check {first.name} if you know better",
                            details=[f"{c.name}: {c.summary}" for c in failed[1:]])
         return Action("preflight", f"{len(failed)} of {len(checks)} checks failed", details=details), err

@@ -1,0 +1,63 @@
+"""Helpers for deploy/swap tests: shipped manifests on a free port, quick options, a quiet run."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from orchestrator.deploy import run_deploy
+from orchestrator.execute import Reporter
+from orchestrator.inventory import HostEntry
+from orchestrator.manifest import Manifest, load_all
+from orchestrator.paths import shipped_dir
+from orchestrator.steps import Options
+from orchestrator.swap import run_swap
+
+SHIPPED, _ = load_all(shipped_dir("models"))
+DEPLOYABLE = ["kimi-k25-int4", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def on_port(name: str, port: int | None = None, **startup) -> Manifest:
+    """A shipped manifest moved to a free port (tests must not touch a user's sim on 8000)."""
+    m = SHIPPED[name]
+    data = m.model_dump()
+    data["serving"]["port"] = port or free_port()
+    data["startup"].update(startup)
+    return Manifest.model_validate(data)
+
+
+def write_models(folder: Path, manifests: list[Manifest]) -> Path:
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for m in manifests:
+        (folder / f"{m.name}.yaml").write_text(yaml.safe_dump(m.model_dump(exclude={"name"}), sort_keys=False))
+    return folder
+
+
+def entry(sim_host, **changes) -> HostEntry:
+    return HostEntry.model_validate({**sim_host.entry, "name": sim_host.name, **changes})
+
+
+def opts(**kw) -> Options:
+    base = dict(poll_s=0.1, budget_s=60, gpu_release_timeout_s=30)
+    base.update(kw)
+    return Options(**base)
+
+
+def deploy(e: HostEntry, m: Manifest, dry_run: bool = False, **kw):
+    return run_deploy(e, m, opts(**kw), Reporter(None, quiet=True), dry_run)
+
+
+def swap(e: HostEntry, m: Manifest, manifests: dict, dry_run: bool = False, **kw):
+    return run_swap(e, m, manifests, opts(**kw), Reporter(None, quiet=True), dry_run)
+
+
+def statuses(result) -> dict[str, str]:
+    return {r.step: r.status for r in result.outcome.results}

@@ -1,0 +1,246 @@
+"""deploy on the default SIMULATED host: every shipped model, no-op redeploys, each safety refusal,
+each fault the simulator injects, and convergence after a killed deploy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import RefusedError
+from orchestrator.readiness import NotReady
+from orchestrator.sim import manager
+from orchestrator.state import HostLock, read_active, read_history
+
+from .deployhelp import DEPLOYABLE, deploy, entry, on_port, statuses, write_models
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
+
+
+@pytest.mark.parametrize("model", DEPLOYABLE)
+def test_deploy_each_shipped_model_then_nothing_to_do(sim_host, model):
+    e, m = entry(sim_host), on_port(model)
+    result = deploy(e, m)
+    assert result.ok, result.error
+    assert statuses(result)["ready"] == "done" and statuses(result)["download"] == "done"
+    active = read_active(sim_host.host, e)
+    assert active["model"] == model and active["port"] == m.serving.port
+    history = read_history(sim_host.host, e)
+    assert history[-1]["ok"] and history[-1]["smoke"].startswith("answer '4'")
+    assert history[-1]["tokens_per_s"] > 10
+    again = deploy(e, m)
+    assert again.ok and not again.plan.changes
+    assert all(a.noop for a in again.plan.actions if a.step != "lock")
+    assert read_history(sim_host.host, e)[-1]["noop"] is True
+
+
+def _normalise(text: str, sim_host, port: int) -> str:
+    text = text.replace(str(sim_host.dir), "<SIM>").replace(sys.executable, "<PYTHON>")
+    text = text.replace(f"port {port}", "port <PORT>")
+    text = re.sub(r"@[0-9a-f]{12}", "@<COMMIT>", text)
+    text = re.sub(r"download-[0-9a-f]{12}\.py", "download-<HASH>.py", text)
+    text = re.sub(r"\(\d+\.\d+s\)", "(<T>)", text)
+    text = re.sub(r"[\d.]+ [GT]B (available|free)", r"<N> \1", text)
+    text = re.sub(r"PID \d+", "PID <PID>", text)
+    text = re.sub(r"\d+(\.\d+)? GB free on \S+", "<FREE> on <DISK>", text)
+    text = re.sub(r"(?m)^(\s+)\$ (\S*python\S*) ", r"\1$ <PYTHON> ", text)
+    return text
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"plan text changed: review and re-run with UPDATE_GOLDEN=1 ({path})"
+
+
+def test_plan_text_of_a_fresh_and_of_a_deployed_host(sim_host):
+    e, m = entry(sim_host), on_port("kimi-k25-int4")
+    fresh = deploy(e, m, dry_run=True)
+    assert fresh.ok and fresh.plan.changes
+    assert not (sim_host.dir / "models" / m.name).exists(), "a dry run downloaded something"
+    assert read_active(sim_host.host, e) is None
+    _golden("deploy-fresh.txt", _normalise(fresh.plan.text(), sim_host, m.serving.port))
+    assert deploy(e, m).ok
+    done = deploy(e, m, dry_run=True)
+    _golden("deploy-deployed.txt", _normalise(done.plan.text(), sim_host, m.serving.port))
+    assert "Nothing to change." in done.plan.text()
+
+
+@pytest.mark.parametrize("fault,kind,signature", [
+    ("crash-gpu-memory", "fatal-log", "Free memory on device"),
+    ("crash-unrecognized-args", "fatal-log", "unrecognized arguments"),
+    ("crash-trust-remote-code", "fatal-log", "contains custom code which must be executed"),
+    ("garbage", "smoke", None),
+])
+def test_fault_fails_fast_with_the_root_cause(sim_host, fault, kind, signature):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    manager.add_fault("sim", fault, model=m.name, home=sim_host.home)
+    t0 = time.monotonic()
+    result = deploy(e, m)
+    assert not result.ok and isinstance(result.error, NotReady)
+    assert result.error.kind == kind
+    if signature:
+        assert signature in result.error.root_cause
+    assert time.monotonic() - t0 < 20
+    # the failed service was stopped: its GPUs are free again
+    assert "VLLM::" not in sim_host.nvidia_smi("--query-compute-apps=pid,process_name", "--format=csv,noheader")
+    assert read_history(sim_host.host, e)[-1]["failure_kind"] == kind
+
+
+def test_package_mismatch_is_refused_by_preflight_before_any_download(sim_host):
+    e, m = entry(sim_host), on_port("kimi-k25-int4")
+    manager.add_fault("sim", "crash-flashinfer", model=m.name, home=sim_host.home)   # cubin 0.6.13
+    result = deploy(e, m)
+    assert isinstance(result.error, RefusedError) and result.error.step == "preflight"
+    assert "flashinfer" in str(result.error)
+    assert [a.step for a in result.plan.actions] == ["lock", "preflight"]
+    assert not (sim_host.dir / "models" / m.name).exists()
+
+
+def test_hang_fails_after_the_no_progress_window(sim_host):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    manager.add_fault("sim", "hang", model=m.name, home=sim_host.home)
+    result = deploy(e, m, no_progress_s=2)
+    assert isinstance(result.error, NotReady) and result.error.kind == "hang"
+    assert "no new log line" in str(result.error)
+
+
+def test_die_after_ready_is_redeployed(sim_host):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    manager.add_fault("sim", "die-after-ready", model=m.name, home=sim_host.home)
+    assert deploy(e, m).ok
+    deadline = time.monotonic() + 20
+    from orchestrator.services import Service
+    while Service.for_host(sim_host.host, e, m.name).state().active and time.monotonic() < deadline:
+        time.sleep(0.2)
+    again = deploy(e, m)
+    assert again.ok and statuses(again)["start"] == "done"
+
+
+def test_leftover_workers_of_a_killed_service_are_killed(sim_host):
+    e, m = entry(sim_host), on_port("kimi-k25-int4")
+    assert deploy(e, m).ok
+    pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text())
+    os.kill(pid, signal.SIGKILL)                       # workers survive, holding GPU memory
+    time.sleep(0.5)
+    assert "VLLM::Worker" in sim_host.nvidia_smi("--query-compute-apps=process_name", "--format=csv,noheader")
+    result = deploy(e, m)
+    assert result.ok, result.error
+    gpus = [a for a in result.plan.actions if a.step == "gpus"][0]
+    assert gpus.summary.startswith("kill 8 leftover processes")
+    assert all("left behind by kimi-k25-int4" in d or "not a managed" in d for d in gpus.details)
+
+
+def test_foreign_gpu_process_is_refused_unless_kill_foreign(sim_host):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        (sim_host.dir / "gpu-procs" / f"{proc.pid}-2.json").write_text(json.dumps(
+            {"pid": proc.pid, "process_name": "python3 train.py", "gpu_index": 2, "used_mib": 40000,
+             "start_time": manager.start_time(proc.pid)}))
+        refused = deploy(e, m)
+        assert isinstance(refused.error, RefusedError)
+        assert "non-vLLM" in str(refused.error) and str(proc.pid) in str(refused.error)
+        ok = deploy(e, m, kill_foreign=True)
+        assert ok.ok, ok.error
+        assert proc.wait(timeout=15) != 0
+    finally:
+        proc.kill()
+
+
+def test_a_held_lock_refuses_naming_the_holder_and_a_killed_holder_frees_it(sim_host):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    with HostLock(sim_host.host, e, "swap to somewhere"):
+        with pytest.raises(RefusedError) as info:
+            deploy(e, m)
+    assert info.value.step == "lock" and "swap to somewhere by " in str(info.value)
+    # A holder killed with SIGKILL releases the lock by itself.
+    code = ("import sys, time; from orchestrator.hosts.local import LocalHost; "
+            "from orchestrator.inventory import HostEntry; from orchestrator.state import HostLock; "
+            f"e = HostEntry.model_validate({dict(sim_host.entry, name='sim')!r}); "
+            "HostLock(LocalHost('sim'), e, 'doomed').acquire(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    assert deploy(e, m).ok
+
+
+def test_disk_budget_evicts_least_recently_used_then_refuses(sim_host):
+    e = entry(sim_host)
+    small, big = on_port("minimax-m25"), on_port("kimi-k25-int4")
+    assert deploy(e, small).ok
+    from orchestrator.ops import stop_model
+    stop_model(sim_host.host, e, small.name)
+    # Budget fits Kimi only if minimax's folder goes: it is inactive, so it is deleted (LRU).
+    fits_after_eviction = entry(sim_host, models_disk_budget_gib=0.07)
+    result = deploy(fits_after_eviction, big, dry_run=True)
+    disk = [a for a in result.plan.actions if a.step == "disk"][0]
+    assert disk.summary.startswith("free ") and "minimax-m25" in disk.details[0]
+    assert ["rm", "-rf", "--one-file-system", f"{e.models_root}/minimax-m25"] in disk.commands
+    too_small = entry(sim_host, models_disk_budget_gib=0.01)
+    refused = deploy(too_small, big)
+    assert isinstance(refused.error, RefusedError) and refused.error.step == "disk"
+    assert "not enough disk" in str(refused.error) and "MB" in str(refused.error)
+    assert (sim_host.dir / "models" / "minimax-m25").exists(), "a refused plan deleted something"
+
+
+@pytest.mark.parametrize("fault", ["hub-drop", "hub-corrupt"])
+def test_download_faults_are_recovered(sim_host, fault):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    manager.add_fault("sim", fault, home=sim_host.home)
+    result = deploy(e, m)
+    assert result.ok, result.error
+    files = result.outcome and [r for r in result.outcome.results if r.step == "download"][0]
+    assert files.status == "done"
+    record = json.loads((sim_host.dir / "models" / m.name / ".vllm-orch" / "verified.json").read_text())
+    assert record["complete"] is True
+
+
+def test_a_killed_deploy_converges_when_run_again(sim_host, tmp_path):
+    m = on_port("kimi-k25-int4", budget_seconds=120)
+    models = write_models(tmp_path / "models", [m])
+    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    cmd = [sys.executable, "-m", "orchestrator.cli", "deploy", m.name, "--host", "sim"]
+    manager.add_fault("sim", "slow-start", model=m.name, home=sim_host.home)
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in first.stdout:                          # kill it while it waits for readiness
+        if "ready:" in line:
+            break
+    first.kill()
+    first.wait()
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "already running" in second.stdout          # it did not start a second server
+    assert read_active(sim_host.host, entry(sim_host))["model"] == m.name
+
+
+def test_cli_exit_codes(sim_host, tmp_path):
+    m = on_port("minimax-m25")
+    models = write_models(tmp_path / "models", [m])
+    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    assert run("deploy", "nope", "--host", "sim").returncode == 2
+    assert run("deploy", m.name, "--host", "nohost").returncode == 2
+    manager.add_fault("sim", "crash-flashinfer", home=sim_host.home)
+    refused = run("deploy", m.name, "--host", "sim")
+    assert refused.returncode == 3 and "Traceback" not in refused.stderr
+    skipped = run("deploy", m.name, "--host", "sim", "--dry-run", "--skip-check", "package-pairs", "--json")
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert json.loads(skipped.stdout)["ok"] is True
+    manager.clear_faults("sim", home=sim_host.home)
+    ok = run("deploy", m.name, "--host", "sim", "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True
