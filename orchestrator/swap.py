@@ -75,13 +75,16 @@ def build_swap_plan(ctx: Ctx, old: Manifest | None, holder: dict | None, held: b
     if refuse(disk, err):
         return plan, info
     plan.add(steps.download_action(ctx))
-    plan.add(steps.install_action(ctx))
-    if old is not None:
+    install = plan.add(steps.install_action(ctx))
+    # After an interrupted swap the old model may already be stopped and the new one running:
+    # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
+    old_running = old is not None and bool(f.services.get(old.name) and f.services[old.name].active)
+    if old_running:
         plan.add(steps.stop_action(ctx, old.name, "downtime starts"))
-    gpus, err = steps.gpus_action(ctx, stopping={old.name} if old else set())
+    gpus, err = steps.gpus_action(ctx, stopping={old.name} if old_running else set())
     if refuse(gpus, err):
         return plan, info
-    plan.add(steps.start_action(ctx, unit_changed=True))
+    plan.add(steps.start_action(ctx, unit_changed=not install.noop))
     plan.add(steps.ready_action(ctx, already_serving=False))
     plan.add(steps.record_action(ctx, "swap"))
     return plan, info

@@ -1,0 +1,135 @@
+"""swap and regen on the default SIMULATED host: staged swaps with measured downtime, rollback
+after each kind of failure (previous model serving, nothing deleted), unstageable disk, regen."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.errors import RefusedError
+from orchestrator.execute import Reporter
+from orchestrator.paths import shipped_dir
+from orchestrator.probes import health
+from orchestrator.readiness import NotReady
+from orchestrator.regen import run_regen
+from orchestrator.sim import manager
+from orchestrator.state import read_active, read_history
+
+from .deployhelp import deploy, entry, free_port, on_port, opts, statuses, swap, write_models
+
+
+@pytest.fixture
+def pair(sim_host):
+    """kimi-k25-int4 serving, kimi-k25-nvfp4 ready to swap in, on one free port."""
+    port = free_port()
+    old, new = on_port("kimi-k25-int4", port), on_port("kimi-k25-nvfp4", port)
+    e = entry(sim_host)
+    assert deploy(e, old).ok
+    return e, old, new, {old.name: old, new.name: new}
+
+
+def test_staged_swap_measures_downtime(sim_host, pair):
+    e, old, new, manifests = pair
+    result = swap(e, new, manifests)
+    assert result.ok, result.error
+    steps = [a.step for a in result.plan.actions]
+    assert steps.index("download") < steps.index("stop"), "the download must happen while the old model serves"
+    assert result.extra["staged"] is True
+    downtime, load = result.extra["downtime_s"], result.extra["load_s"]
+    assert load <= downtime <= load + 2.0, (downtime, load)
+    assert read_active(sim_host.host, e)["model"] == new.name
+    assert read_history(sim_host.host, e)[-1]["operation"] == "swap"
+    assert (sim_host.dir / "models" / old.name).is_dir(), "the previous model's files must stay"
+
+
+def test_swap_to_the_active_healthy_model_does_nothing(sim_host, pair):
+    e, old, _new, manifests = pair
+    result = swap(e, old, manifests)
+    assert result.ok and [a.summary for a in result.plan.actions][0].startswith("nothing to do")
+
+
+@pytest.mark.parametrize("fault,kind", [
+    ("crash-gpu-memory", "fatal-log"),
+    ("crash-unrecognized-args", "fatal-log"),
+    ("crash-trust-remote-code", "fatal-log"),
+    ("hang", "hang"),
+    ("garbage", "smoke"),
+])
+def test_failed_swap_rolls_back_to_the_previous_model(sim_host, pair, fault, kind):
+    e, old, new, manifests = pair
+    before = sorted(p.name for p in (sim_host.dir / "models" / old.name).rglob("*"))
+    manager.add_fault("sim", fault, model=new.name, home=sim_host.home)
+    result = swap(e, new, manifests, no_progress_s=2)
+    assert not result.ok and isinstance(result.error, NotReady) and result.error.kind == kind
+    assert result.extra["rollback"]["ok"], result.extra["rollback"]
+    assert any("serves again" in d for d in result.error.details)
+    assert health(sim_host.host, old.serving.port) == 200
+    assert read_active(sim_host.host, e)["model"] == old.name
+    assert sorted(p.name for p in (sim_host.dir / "models" / old.name).rglob("*")) == before
+    ops = [h["operation"] for h in read_history(sim_host.host, e)[-2:]]
+    assert ops == ["swap", "rollback"]
+
+
+def test_swap_when_the_disk_cannot_stage_both(sim_host, pair):
+    e, old, new, manifests = pair
+    tight = entry(sim_host, models_disk_budget_gib=0.06)      # room for one Kimi only
+    refused = swap(tight, new, manifests)
+    assert isinstance(refused.error, RefusedError) and refused.error.step == "disk"
+    assert "cannot stage" in refused.plan.text() and "min of downtime" in refused.plan.text()
+    assert refused.error.hint.startswith("pass --yes")
+    assert health(sim_host.host, old.serving.port) == 200, "a refused swap must not stop the old model"
+    accepted = swap(tight, new, manifests, yes=True)
+    assert accepted.ok, accepted.error
+    assert accepted.extra["staged"] is False
+    steps = [a.step for a in accepted.plan.actions]
+    assert steps.index("stop") < steps.index("download")
+
+
+def test_an_interrupted_swap_converges(sim_host, pair, tmp_path):
+    e, old, new, _ = pair
+    models = write_models(tmp_path / "models", [old, new])
+    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    cmd = [sys.executable, "-m", "orchestrator.cli", "swap", new.name, "--host", "sim"]
+    manager.add_fault("sim", "slow-start", model=new.name, home=sim_host.home)
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in first.stdout:
+        if "ready:" in line:
+            break
+    first.kill()
+    first.wait()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert read_active(sim_host.host, e)["model"] == new.name
+    assert health(sim_host.host, new.serving.port) == 200
+
+
+def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatch):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    assert deploy(e, m).ok
+    manifests = {m.name: m}
+    quiet = Reporter(None, quiet=True)
+    same = run_regen(e, manifests, opts(), quiet, dry_run=False, restart=False)
+    assert same.ok and same.extra["changed"] == []
+    templates = tmp_path / "templates"
+    shutil.copytree(shipped_dir("templates"), templates)
+    script = templates / "vllm-process.sh.j2"
+    script.write_text(script.read_text().replace("set -a\n", "# local tuning\nset -a\n"))
+    monkeypatch.setenv("VLLM_ORCH_TEMPLATES", str(templates))
+    preview = run_regen(e, manifests, opts(), quiet, dry_run=True, restart=False)
+    text = preview.plan.text()
+    assert "+# local tuning" in text and "--- " in text and "+++ " in text
+    pid_before = (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text()
+    changed = run_regen(e, manifests, opts(), quiet, dry_run=False, restart=False)
+    assert changed.ok and changed.extra["changed"] == [m.name]
+    assert "# local tuning" in (sim_host.dir / "units" / f"vllm-{m.name}.sh").read_text()
+    assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() == pid_before
+    script.write_text(script.read_text().replace("# local tuning\n", "# local tuning 2\n"))
+    restarted = run_regen(e, manifests, opts(), quiet, dry_run=False, restart=True)
+    assert restarted.ok, restarted.error
+    assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() != pid_before
+    assert health(sim_host.host, m.serving.port) == 200
