@@ -1,0 +1,92 @@
+"""deploy and swap over real SSH: a real sshd in front of the simulated host, and real-systemd
+simulated hosts (systemd-nspawn containers with their own network namespace, reached over SSH)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from orchestrator.errors import RefusedError
+from orchestrator.inventory import HostEntry
+from orchestrator.probes import health
+from orchestrator.readiness import NotReady
+from orchestrator.sim import manager
+
+from tests.plugins.remote_hosts import systemd_skip_reason
+
+from .deployhelp import DEPLOYABLE, deploy, free_port, on_port, statuses, swap
+
+
+@pytest.fixture
+def ssh_sim(sim_host, sshd_local):
+    """The default simulated host, reached through a real sshd on loopback."""
+    return HostEntry.model_validate({**sim_host.entry, "name": "sim", **sshd_local.inventory()})
+
+
+@pytest.fixture(scope="module")
+def systemd_sim(tmp_path_factory):
+    """A real-systemd SIMULATED host (`vllm-orch sim up --systemd`), shared by this module."""
+    reason = systemd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path_factory.mktemp("sim-systemd")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ORCH_SIM_HOME", str(home))
+    manager.up(1, speed=2000, systemd=True, home=home)
+    entry = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+    try:
+        yield home, HostEntry.model_validate({**entry, "name": "sim"})
+    finally:
+        manager.down(home)
+        mp.undo()
+
+
+def test_deploy_over_real_ssh(ssh_sim, sim_host):
+    m = on_port("kimi-k25-int4")
+    result = deploy(ssh_sim, m)
+    assert result.ok, result.error
+    assert statuses(result)["ready"] == "done"
+    assert deploy(ssh_sim, m).plan.changes is False
+    assert health(sim_host.host, m.serving.port) == 200
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(sim_host, sshd_local, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    e = HostEntry.model_validate({**sim_host.entry, "name": "sim", **sshd_local.inventory(),
+                                  "known_hosts_file": str(empty)})
+    with pytest.raises(RefusedError) as info:
+        deploy(e, on_port("minimax-m25"), dry_run=True)
+    assert "SHA256:" in str(info.value) and "--accept-new-host-key" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize("model", DEPLOYABLE)
+def test_deploy_each_model_on_real_systemd(systemd_sim, model):
+    home, e = systemd_sim
+    from orchestrator.connect import open_host
+    from orchestrator.ops import stop_model
+
+    m = on_port(model, 8000)
+    result = deploy(e, m)
+    assert result.ok, result.error
+    with open_host(e) as host:
+        assert host.run(["systemctl", "is-active", f"vllm-{model}.service"]).stdout.strip() == "active"
+        unit = host.get(f"/etc/systemd/system/vllm-{model}.service").decode()
+        assert "KillMode=control-group" in unit
+        verify = host.run(["systemd-analyze", "verify", f"/etc/systemd/system/vllm-{model}.service"])
+        assert verify.ok and verify.stderr.strip() == "", verify.stderr
+        stop_model(host, e, model)
+        assert host.run(["systemctl", "is-active", f"vllm-{model}.service"]).stdout.strip() != "active"
+
+
+def test_swap_with_rollback_on_real_systemd(systemd_sim):
+    home, e = systemd_sim
+    old, new = on_port("minimax-m25", 8000), on_port("minimax-m25-ep", 8000)
+    manifests = {old.name: old, new.name: new}
+    assert deploy(e, old).ok
+    manager.add_fault("sim", "crash-gpu-memory", model=new.name, home=home)
+    failed = swap(e, new, manifests)
+    assert isinstance(failed.error, NotReady) and failed.extra["rollback"]["ok"]
+    ok = swap(e, new, manifests)
+    assert ok.ok, ok.error
+    assert ok.extra["load_s"] <= ok.extra["downtime_s"] <= ok.extra["load_s"] + 2.0
