@@ -291,19 +291,24 @@ def download_action(ctx: Ctx) -> Action:
 # -- 5. GPUs free ----------------------------------------------------------------------------------
 
 def gpu_holders(ctx: Ctx, stopping: set[str]) -> tuple[list[GpuProc], list[GpuProc], list[GpuProc]]:
-    """(vLLM leftovers to kill, foreign processes, processes of other running managed models)."""
+    """(vLLM leftovers to kill, foreign processes, processes of other running managed models).
+
+    GPU processes count on the model's GPUs only. A process bound to the service port counts as a
+    leftover only when a dead managed service left it (same process group / cgroup); any other
+    holder of the port may belong to someone else's server on other GPUs, so it is foreign."""
     want = set(ctx.manifest.serving.visible_devices)
     leftovers, foreign, others = [], [], []
-    port_holders = ctx.facts.ports.get(ctx.manifest.serving.port, [])
     gpu_pids = {p.pid for p in ctx.facts.procs}
-    for p in ctx.facts.procs + [h for h in port_holders if h.pid not in gpu_pids]:
-        if p.gpu_index is not None and p.gpu_index not in want:
+    port_holders = [h for h in ctx.facts.ports.get(ctx.manifest.serving.port, []) if h.pid not in gpu_pids]
+    for p in ctx.facts.procs + port_holders:
+        on_port = p in port_holders
+        if not on_port and p.gpu_index is not None and p.gpu_index not in want:
             continue                                   # never touch processes on other GPUs
         if p.owner == ctx.name or (p.owner in stopping and p.owner is not None):
             continue
         if p.owner:
             others.append(p)
-        elif p.pid and (p.vllm_like or p.left_by):
+        elif p.pid and (p.left_by or (p.vllm_like and not on_port)):
             leftovers.append(p)
         else:
             foreign.append(p)
@@ -350,11 +355,12 @@ def gpus_action(ctx: Ctx, stopping: set[str] = frozenset()) -> tuple[Action, Ref
             host=ctx.entry.name, step="gpus",
             hint=f"use `vllm-orch swap {ctx.name} --host {ctx.entry.name}` (stages, switches, rolls back)")
     if foreign and not ctx.opts.kill_foreign:
-        return Action("gpus", f"{len(foreign)} non-vLLM processes hold {gpu_list(want)} or port "
-                              f"{ctx.manifest.serving.port}", details=[p.describe() for p in foreign]), RefusedError(
-            f"{gpu_list(want)} or port {ctx.manifest.serving.port} are used by processes that are not vLLM: "
-            + "; ".join(f"PID {p.pid or '?'} {p.name}" for p in foreign), host=ctx.entry.name, step="gpus",
-            hint="stop them yourself, or pass --kill-foreign to let vllm-orch kill them")
+        return Action("gpus", f"{len(foreign)} processes vllm-orch does not manage hold {gpu_list(want)} or "
+                              f"port {ctx.manifest.serving.port}", details=[p.describe() for p in foreign]), RefusedError(
+            f"{gpu_list(want)} or port {ctx.manifest.serving.port} are used by processes vllm-orch does not "
+            f"manage: " + "; ".join(f"PID {p.pid or '?'} {p.name}" for p in foreign), host=ctx.entry.name,
+            step="gpus", hint="stop them yourself, choose another serving.port, or pass --kill-foreign to let "
+                              "vllm-orch kill them")
     victims = leftovers + (foreign if ctx.opts.kill_foreign else [])
     if not victims:
         reason = "no process holds " + gpu_list(want) if not ctx.facts.procs or all(

@@ -244,3 +244,20 @@ def test_cli_exit_codes(sim_host, tmp_path):
     manager.clear_faults("sim", home=sim_host.home)
     ok = run("deploy", m.name, "--host", "sim", "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True
+
+
+def test_someone_elses_server_on_the_port_is_refused_not_killed(sim_host):
+    e, m = entry(sim_host), on_port("minimax-m25")
+    import socket as _socket
+    code = ("import socket, time; s = socket.socket(); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(('127.0.0.1', {m.serving.port})); s.listen(); print('up', flush=True); time.sleep(120)")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "up"
+        result = deploy(e, m)
+        assert isinstance(result.error, RefusedError) and result.error.step == "gpus"
+        assert f"port {m.serving.port}" in str(result.error) and str(other.pid) in str(result.error)
+        assert other.poll() is None, "vllm-orch killed a process it does not manage"
+    finally:
+        other.kill()
