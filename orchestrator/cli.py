@@ -8,7 +8,6 @@ by the commands that use them, so `vllm-orch --help` and `vllm-orch models` star
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from . import state, steps
 from .connect import open_host
-from .errors import DeployFailed, OrchestratorError, RefusedError
+from .errors import OrchestratorError, RefusedError
 from .execute import Reporter, RunOutcome, run_plan
 from .facts import gather
 from .hosts.base import Host
@@ -90,13 +90,7 @@ def build_deploy_plan(ctx: Ctx, holder: dict | None, held: bool) -> Plan:
     plan = Plan("deploy", ctx.entry.describe(), m.name, warnings=unpinned_warning(m))
     plan.add(steps.lock_action(ctx.entry, holder, held))
 
-    def refuse(action: Action, err: RefusedError | None) -> bool:
-        plan.add(action)
-        if err is not None:
-            plan.refusal = err
-        return err is not None
-
-    if refuse(*steps.preflight_action(ctx)):
+    if plan.add_checked(*steps.preflight_action(ctx)):
         return plan
     # Another managed model serving on our GPUs: deploy never stops it (swap does).
     active = f.active or {}
@@ -110,7 +104,7 @@ def build_deploy_plan(ctx: Ctx, holder: dict | None, held: bool) -> Plan:
         plan.add(Action("start", f"{other} serves on {steps.gpu_list(m.serving.visible_devices)}"))
         return plan
     ctx.download = steps.plan_download(ctx)
-    if refuse(*steps.disk_action(ctx, keep=set())):
+    if plan.add_checked(*steps.disk_action(ctx, keep=set())):
         return plan
     plan.add(steps.download_action(ctx))
     st = f.services.get(m.name)
@@ -120,7 +114,7 @@ def build_deploy_plan(ctx: Ctx, holder: dict | None, held: bool) -> Plan:
     if running and not unit_changed:
         plan.add(Action("gpus", f"nothing to do, because {m.name} itself holds "
                                 f"{steps.gpu_list(m.serving.visible_devices)}", noop=True))
-    elif refuse(*steps.gpus_action(ctx, stopping={m.name} if running else set())):
+    elif plan.add_checked(*steps.gpus_action(ctx, stopping={m.name} if running else set())):
         return plan
     plan.add(install)
     plan.add(steps.start_action(ctx, unit_changed))

@@ -4,7 +4,6 @@ sync): `python -m orchestrator.docgen > docs/manifest-reference.md`."""
 from __future__ import annotations
 
 import json
-import typing
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined

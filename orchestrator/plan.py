@@ -44,6 +44,13 @@ class Plan:
         self.actions.append(action)
         return action
 
+    def add_checked(self, action: Action, refusal: RefusedError | None) -> bool:
+        """Add a step that may refuse; True (stop planning) when it did."""
+        self.add(action)
+        if refusal is not None:
+            self.refusal = refusal
+        return refusal is not None
+
     @property
     def changes(self) -> bool:
         return any(not a.noop for a in self.actions if a.step not in ("lock", "preflight", "record"))

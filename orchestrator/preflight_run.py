@@ -15,13 +15,13 @@ call that fed it (flags/env share argcheck's; the version checks share inspect_e
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import time
 from typing import Any, Collection, Mapping, Sequence
 
 from .hosts.base import Host, Result, Script
 from .paths import package_file
+from . import gpu
 from .preflight import (FAIL, GpuNeeds, Check, check_env, check_flags, check_foreign_gpu_processes,
                         check_gpus, check_package_pairs, check_required_packages, check_torch_cuda,
                         check_vllm_version, packages_needed)
@@ -61,38 +61,27 @@ def _broken(name: str, what: str, python: str, result: Result) -> Check:
 
 # -- nvidia-smi ---------------------------------------------------------------------------------------
 def nvidia_smi_script(nvidia_smi: str) -> Script:
-    s = shlex.quote(nvidia_smi)
-    return Script(f"{s} --query-gpu=index,uuid,name,memory.total,memory.used,driver_version "
-                  f"--format=csv,noheader,nounits && echo {_SEP} && "
-                  f"{s} --query-compute-apps=pid,process_name,gpu_uuid,used_memory "
-                  f"--format=csv,noheader,nounits && echo {_SEP} && {s}")
+    """The GPU list, the compute processes and the banner, in one round trip."""
+    gpus = " ".join(shlex.quote(a) for a in gpu.query_gpus_argv(nvidia_smi))
+    apps = " ".join(shlex.quote(a) for a in gpu.query_compute_apps_argv(nvidia_smi))
+    return Script(f"{gpus} && echo {_SEP} && {apps} && echo {_SEP} && {shlex.quote(nvidia_smi)}")
 
 
 def parse_nvidia_smi(text: str) -> tuple[list[dict], list[dict], str | None, str | None]:
-    """(gpus, processes, driver_version, driver_cuda) from nvidia_smi_script()'s output."""
+    """(gpus, processes, driver_version, driver_cuda) from nvidia_smi_script()'s output, parsed by
+    orchestrator.gpu (the parsers tested on recorded real nvidia-smi output)."""
     parts = text.split(_SEP)
     gpu_text, apps_text, plain = (parts + ["", "", ""])[:3]
-    gpus, by_uuid = [], {}
-    for line in gpu_text.strip().splitlines():
-        f = [x.strip() for x in line.split(",")]
-        if len(f) < 5 or not f[0].isdigit():
-            continue
-        g = {"index": int(f[0]), "uuid": f[1], "name": f[2], "memory_total_mib": int(float(f[3])),
-             "memory_used_mib": int(float(f[4])), "driver_version": f[5] if len(f) > 5 else None}
-        gpus.append(g)
-        by_uuid[g["uuid"]] = g["index"]
-    procs = []
-    for line in apps_text.strip().splitlines():
-        f = [x.strip() for x in line.split(",")]
-        if len(f) < 4 or not f[0].isdigit():
-            continue
-        used = f[3].split()[0] if f[3] else "0"
-        procs.append({"pid": int(f[0]), "process_name": f[1], "gpu_index": by_uuid.get(f[2], -1),
-                      "gpu_uuid": f[2], "used_mib": int(float(used)) if used.replace(".", "").isdigit() else None})
-    cuda = re.search(r"CUDA Version:\s*([\d.]+)", plain)
-    driver = re.search(r"Driver Version:\s*([\d.]+)", plain)
-    driver_version = driver.group(1) if driver else (gpus[0]["driver_version"] if gpus else None)
-    return gpus, procs, driver_version, cuda.group(1) if cuda else None
+    parsed = [g for g in gpu.parse_gpus(gpu_text.strip(), gpu.GPU_QUERY_FIELDS) if g.index is not None]
+    gpus = [{"index": g.index, "uuid": g.uuid, "name": g.name or "?", "memory_total_mib": g.memory_total_mib or 0,
+             "memory_used_mib": g.memory_used_mib or 0, "driver_version": g.driver_version} for g in parsed]
+    by_uuid = {g["uuid"]: g["index"] for g in gpus}
+    procs = [{"pid": p.pid, "process_name": p.process_name or "?", "gpu_index": by_uuid.get(p.gpu_uuid, -1),
+              "gpu_uuid": p.gpu_uuid, "used_mib": p.used_memory_mib}
+             for p in gpu.parse_compute_apps(apps_text.strip(), gpu.COMPUTE_APPS_FIELDS)]
+    info = gpu.parse_driver_info(plain)
+    driver_version = info.driver_version or (gpus[0]["driver_version"] if gpus else None)
+    return gpus, procs, driver_version, info.cuda_version
 
 
 # -- the runner ---------------------------------------------------------------------------------------

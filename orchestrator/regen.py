@@ -9,7 +9,6 @@ import time
 
 from . import state, steps
 from .deploy import OpResult, session
-from .errors import DeployFailed
 from .execute import Reporter, run_plan
 from .facts import gather
 from .inventory import HostEntry
@@ -17,7 +16,6 @@ from .manifest import Manifest
 from .plan import Action, Plan
 from .readiness import NotReady, wait_ready
 from .render import render, secrets_from_environ
-from .services import Service
 from .steps import Ctx, Options
 
 

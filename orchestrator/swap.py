@@ -13,13 +13,12 @@ import time
 
 from . import state, steps
 from .deploy import OpResult, make_ctx, session, unpinned_warning
-from .errors import ConfigError, DeployFailed, OrchestratorError, RefusedError
-from .execute import Reporter, RunOutcome, StepResult, run_plan
+from .errors import ConfigError, OrchestratorError, RefusedError
+from .execute import Reporter, RunOutcome, run_plan
 from .inventory import HostEntry
 from .manifest import Manifest
 from .plan import Action, Plan
 from .readiness import NotReady, wait_ready
-from .render import render, secrets_from_environ
 from .services import Service
 from .steps import Ctx, Options
 
@@ -42,13 +41,7 @@ def build_swap_plan(ctx: Ctx, old: Manifest | None, holder: dict | None, held: b
                 warnings=unpinned_warning(m))
     plan.add(steps.lock_action(ctx.entry, holder, held))
 
-    def refuse(action: Action, err: RefusedError | None) -> bool:
-        plan.add(action)
-        if err is not None:
-            plan.refusal = err
-        return err is not None
-
-    if refuse(*steps.preflight_action(ctx)):
+    if plan.add_checked(*steps.preflight_action(ctx)):
         return plan, info
     ctx.download = steps.plan_download(ctx)
     keep = {old.name} if old else set()
@@ -72,7 +65,7 @@ def build_swap_plan(ctx: Ctx, old: Manifest | None, holder: dict | None, held: b
             return plan, info
         plan.warnings.append(text)
         return plan, info
-    if refuse(disk, err):
+    if plan.add_checked(disk, err):
         return plan, info
     plan.add(steps.download_action(ctx))
     install = plan.add(steps.install_action(ctx))
@@ -82,7 +75,7 @@ def build_swap_plan(ctx: Ctx, old: Manifest | None, holder: dict | None, held: b
     if old_running:
         plan.add(steps.stop_action(ctx, old.name, "downtime starts"))
     gpus, err = steps.gpus_action(ctx, stopping={old.name} if old_running else set())
-    if refuse(gpus, err):
+    if plan.add_checked(gpus, err):
         return plan, info
     plan.add(steps.start_action(ctx, unit_changed=not install.noop))
     plan.add(steps.ready_action(ctx, already_serving=False))

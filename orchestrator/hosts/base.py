@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence, Union
 
 from ..errors import CommandFailed

@@ -61,3 +61,15 @@ def swap(e: HostEntry, m: Manifest, manifests: dict, dry_run: bool = False, **kw
 
 def statuses(result) -> dict[str, str]:
     return {r.step: r.status for r in result.outcome.results}
+
+
+def kill_when(cmd: list[str], env: dict, marker: str) -> None:
+    """Run a vllm-orch command and SIGKILL it once its output shows marker (an interrupted run)."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if marker in line:
+            break
+    proc.kill()
+    proc.wait()

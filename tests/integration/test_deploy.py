@@ -19,7 +19,7 @@ from orchestrator.readiness import NotReady
 from orchestrator.sim import manager
 from orchestrator.state import HostLock, read_active, read_history
 
-from .deployhelp import DEPLOYABLE, deploy, entry, on_port, statuses, write_models
+from .deployhelp import kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
 
@@ -212,12 +212,7 @@ def test_a_killed_deploy_converges_when_run_again(sim_host, tmp_path):
     env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
     cmd = [sys.executable, "-m", "orchestrator.cli", "deploy", m.name, "--host", "sim"]
     manager.add_fault("sim", "slow-start", model=m.name, home=sim_host.home)
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in first.stdout:                          # kill it while it waits for readiness
-        if "ready:" in line:
-            break
-    first.kill()
-    first.wait()
+    kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already running" in second.stdout          # it did not start a second server
@@ -248,7 +243,6 @@ def test_cli_exit_codes(sim_host, tmp_path):
 
 def test_someone_elses_server_on_the_port_is_refused_not_killed(sim_host):
     e, m = entry(sim_host), on_port("minimax-m25")
-    import socket as _socket
     code = ("import socket, time; s = socket.socket(); "
             "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
             f"s.bind(('127.0.0.1', {m.serving.port})); s.listen(); print('up', flush=True); time.sleep(120)")

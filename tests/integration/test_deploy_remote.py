@@ -14,7 +14,7 @@ from orchestrator.sim import manager
 
 from tests.plugins.remote_hosts import systemd_skip_reason
 
-from .deployhelp import DEPLOYABLE, deploy, free_port, on_port, statuses, swap
+from .deployhelp import DEPLOYABLE, deploy, on_port, statuses, swap
 
 
 @pytest.fixture

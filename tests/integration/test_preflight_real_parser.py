@@ -221,8 +221,9 @@ def test_env_var_vllm_no_longer_reads(vllm_parser_python):
 
 
 def fake_nvidia_smi(folder: Path, n: int = 8, cuda: str = "13.0", apps: str = "") -> str:
-    gpus = "\n".join(f"{i}, GPU-{i:04d}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 1, "
-                     "580.95.05" for i in range(n))
+    # the field order of orchestrator.gpu.GPU_QUERY_FIELDS
+    gpus = "\n".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 1, 97441, GPU-{i:04d}, "
+                     "580.95.05, 0" for i in range(n))
     script = folder / "nvidia-smi"
     script.write_text(
         "#!/bin/sh\ncase \"$1\" in\n"

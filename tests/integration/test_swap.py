@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ from orchestrator.regen import run_regen
 from orchestrator.sim import manager
 from orchestrator.state import read_active, read_history
 
-from .deployhelp import deploy, entry, free_port, on_port, opts, statuses, swap, write_models
+from .deployhelp import kill_when, deploy, entry, free_port, on_port, opts, swap, write_models
 
 
 @pytest.fixture
@@ -96,12 +95,7 @@ def test_an_interrupted_swap_converges(sim_host, pair, tmp_path):
     env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
     cmd = [sys.executable, "-m", "orchestrator.cli", "swap", new.name, "--host", "sim"]
     manager.add_fault("sim", "slow-start", model=new.name, home=sim_host.home)
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in first.stdout:
-        if "ready:" in line:
-            break
-    first.kill()
-    first.wait()
+    kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
     assert read_active(sim_host.host, e)["model"] == new.name

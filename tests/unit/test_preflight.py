@@ -185,10 +185,10 @@ def test_foreign_gpu_processes():
 
 
 NVIDIA_SMI_OUT = textwrap.dedent(f"""\
-    0, GPU-aaa, {RTX}, 97887, 90000, 580.95.05
-    1, GPU-bbb, {RTX}, 97887, 1, 580.95.05
+    0, {RTX}, 97887, 90000, 7442, GPU-aaa, 580.95.05, 0
+    1, {RTX}, 97887, 1, 97441, GPU-bbb, 580.95.05, 0
     @@vllm-orch@@
-    4242, VLLM::Worker_TP0, GPU-aaa, 90000
+    4242, VLLM::Worker_TP0, 90000, GPU-aaa
     @@vllm-orch@@
     +-----------------------------------------------------------------------------------------+
     | NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |
