@@ -41,8 +41,9 @@ def systemd_sim(tmp_path_factory):
         mp.undo()
 
 
-def test_deploy_over_real_ssh(ssh_sim, sim_host):
-    m = on_port("kimi-k25-int4")
+@pytest.mark.parametrize("model", DEPLOYABLE)
+def test_deploy_over_real_ssh(ssh_sim, sim_host, model):
+    m = on_port(model)
     result = deploy(ssh_sim, m)
     assert result.ok, result.error
     assert statuses(result)["ready"] == "done"
@@ -79,14 +80,38 @@ def test_deploy_each_model_on_real_systemd(systemd_sim, model):
         assert host.run(["systemctl", "is-active", f"vllm-{model}.service"]).stdout.strip() != "active"
 
 
-def test_swap_with_rollback_on_real_systemd(systemd_sim):
+# A crash is reported as "fatal-log" when the fatal line is read first, or "crash" when the exit is
+# seen first (systemd can reap it within one poll); both carry the root-cause line.
+CRASH = ("fatal-log", "crash")
+
+
+@pytest.mark.parametrize("fault,kinds,cause", [
+    ("crash-gpu-memory", CRASH, "Free memory on device"),
+    ("crash-unrecognized-args", CRASH, "unrecognized arguments"),
+    ("crash-trust-remote-code", CRASH, "contains custom code"),
+    ("hang", ("hang",), None), ("garbage", ("smoke",), None)])
+def test_failed_swap_rolls_back_on_real_systemd(systemd_sim, fault, kinds, cause):
     home, e = systemd_sim
     old, new = on_port("minimax-m25", 8000), on_port("minimax-m25-ep", 8000)
     manifests = {old.name: old, new.name: new}
     assert deploy(e, old).ok
-    manager.add_fault("sim", "crash-gpu-memory", model=new.name, home=home)
-    failed = swap(e, new, manifests)
-    assert isinstance(failed.error, NotReady) and failed.extra["rollback"]["ok"]
+    manager.add_fault("sim", fault, model=new.name, home=home)
+    failed = swap(e, new, manifests, no_progress_s=2)
+    assert isinstance(failed.error, NotReady) and failed.error.kind in kinds
+    if cause:
+        assert cause in failed.error.root_cause
+    assert failed.extra["rollback"]["ok"], failed.extra["rollback"]
+    from orchestrator.connect import open_host
+    with open_host(e) as host:
+        assert host.run(["systemctl", "is-active", "vllm-minimax-m25.service"]).stdout.strip() == "active"
+        assert host.run(["test", "-d", f"{e.models_root}/minimax-m25"]).ok, "the old model's files are kept"
+
+
+def test_swap_on_real_systemd(systemd_sim):
+    home, e = systemd_sim
+    old, new = on_port("minimax-m25", 8000), on_port("minimax-m25-ep", 8000)
+    manifests = {old.name: old, new.name: new}
+    assert deploy(e, old).ok
     ok = swap(e, new, manifests)
     assert ok.ok, ok.error
     assert ok.extra["load_s"] <= ok.extra["downtime_s"] <= ok.extra["load_s"] + 2.0
