@@ -162,7 +162,7 @@ def load_inventory_file(path: Path) -> Inventory:
     try:
         return Inventory.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(exc, doc, "inventory") from None
+        raise validation_error(exc, doc, "inventory", Inventory) from None
 
 
 def load_inventory(explicit: Path | None = None) -> Inventory:

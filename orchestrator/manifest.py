@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -402,9 +403,11 @@ def models_dir(explicit: Path | None = None) -> Path:
     return shipped_dir("models")
 
 
-def _describe_errors(exc: ValidationError, doc: YamlDoc) -> list[str]:
+def _describe_errors(exc: ValidationError, doc: YamlDoc, root: type[BaseModel]) -> list[str]:
     lines = []
-    for err in exc.errors():
+    # Misspelt keys first: a typo usually explains the "missing" error reported next to it.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    for err in errors:
         loc = [p for p in err["loc"]]
         msg = err["msg"]
         if msg.startswith("Value error, "):
@@ -416,7 +419,7 @@ def _describe_errors(exc: ValidationError, doc: YamlDoc) -> list[str]:
         where = doc.line_of(loc)
         prefix = f"{doc.display}:{where}" if where else doc.display
         if err["type"] == "extra_forbidden":
-            msg = "unknown field" + _did_you_mean(loc)
+            msg = "unknown field" + _did_you_mean(root, loc)
         elif err["type"] == "missing":
             msg = "required field is missing"
         path = format_loc(loc)
@@ -424,24 +427,33 @@ def _describe_errors(exc: ValidationError, doc: YamlDoc) -> list[str]:
     return lines
 
 
-def _did_you_mean(loc: list[Any]) -> str:
-    """Suggest the closest valid field name for an unknown key at loc."""
-    model: type[BaseModel] = Manifest
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+def _did_you_mean(root: type[BaseModel], loc: list[Any]) -> str:
+    """Suggest the closest valid field name for an unknown key at loc (walking nested models and
+    dict[str, Model] mappings such as the inventory's hosts)."""
+    model: type[BaseModel] = root
+    parts = list(loc[:-1])
+    i = 0
+    while i < len(parts):
+        field = model.model_fields.get(str(parts[i])) if isinstance(parts[i], str) else None
         ann = getattr(field, "annotation", None) if field else None
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
-            return ""
+            model, i = ann, i + 1
+            continue
+        args = typing.get_args(ann) if ann is not None else ()
+        if typing.get_origin(ann) is dict and args and isinstance(args[-1], type) \
+                and issubclass(args[-1], BaseModel):
+            model, i = args[-1], i + 2          # skip the mapping's key (e.g. the host name)
+            continue
+        return ""
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
     if close:
         return f" - did you mean {close[0]!r}?"
     return f" (valid: {', '.join(model.model_fields)})"
 
 
-def validation_error(exc: ValidationError, doc: YamlDoc, what: str) -> ConfigError:
-    lines = _describe_errors(exc, doc)
+def validation_error(exc: ValidationError, doc: YamlDoc, what: str,
+                     root: type[BaseModel] | None = None) -> ConfigError:
+    lines = _describe_errors(exc, doc, root or Manifest)
     extra = f" (and {len(lines) - 1} more problems)" if len(lines) > 1 else ""
     return ConfigError(lines[0] + extra, details=lines[1:],
                        hint=f"`vllm-orch schema{'' if what == 'manifest' else ' --hosts'}` lists every field; "

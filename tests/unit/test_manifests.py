@@ -96,3 +96,18 @@ def test_manifest_reference_is_in_sync():
 
     doc = Path(__file__).parents[2] / "docs" / "manifest-reference.md"
     assert doc.read_text() == reference(), "run: python -m orchestrator.docgen > docs/manifest-reference.md"
+
+
+BAD_INV = Path(__file__).parent.parent / "fixtures" / "bad-inventories"
+
+
+@pytest.mark.parametrize("fixture", sorted(p.stem for p in BAD_INV.glob("*.yaml")))
+def test_bad_inventory_messages(fixture, monkeypatch):
+    from orchestrator.inventory import load_inventory_file
+
+    monkeypatch.chdir(BAD_INV)
+    expected = (BAD_INV / f"{fixture}.expected").read_text().strip().splitlines()
+    with pytest.raises(ConfigError) as info:
+        load_inventory_file(Path(f"{fixture}.yaml"))
+    assert [str(info.value), *info.value.details] == expected
+    assert info.value.exit_code == 2
