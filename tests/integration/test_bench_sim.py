@@ -26,7 +26,7 @@ def test_sweep_reproduces_the_nvfp4_profile(sim_host, tmp_path):
         assert L["requests"]["errors"] == 0, L["requests"]
         # the decode rate per user (1000 / median token gap) x C is the profile's aggregate rate at C.
         # (Not 1/TPOT: the sim writes the first token up to ~20 ms behind its own decode schedule,
-        # which shortens the first gap; TPOT reports that faithfully - see the lead's notes.)
+        # which shortens the first gap; TPOT reports that faithfully.)
         assert 1000.0 / L["latency_ms"]["itl"]["p50"] * c == pytest.approx(want, rel=0.05), (c, L["latency_ms"]["itl"])
         # the steady window's aggregate (tokens counted by arrival time, warm-up and drain excluded)
         assert L["throughput"]["output_tok_s"] == pytest.approx(want, rel=0.05), (c, L["throughput"])

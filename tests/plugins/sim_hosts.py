@@ -157,7 +157,7 @@ class SimServer:
         self.stop()
 
 
-# -- hub_mirror (helper B): a real SIMULATED Hub mirror process per test -------------------------------
+# -- hub_mirror: a real SIMULATED Hub mirror process per test -------------------------------
 import json as _json
 import os as _os
 import subprocess as _subprocess
