@@ -113,7 +113,7 @@ def bench_summary(rec: dict | None) -> dict | None:
     """A bench record's headline figures, whatever subset of them the record carries."""
     if rec is None:
         return None
-    out = {k: rec[k] for k in ("model", "at", "single_stream_tok_s", "peak_tok_s", "peak_concurrency")
+    out = {k: rec[k] for k in ("model", "at", "single_stream_tok_s", "peak_output_tok_s", "peak_concurrency")
            if k in rec}
     return out
 

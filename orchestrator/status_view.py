@@ -15,6 +15,9 @@ from .steps import fmt_bytes, gpu_list
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red"}
 
+# The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).
+BENCH_FIGURES = {"single_stream_tok_s": "single stream", "peak_output_tok_s": "peak"}
+
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
@@ -162,8 +165,8 @@ def render_host_details(console, r: HostStatus) -> None:
         console.print(line, markup=False)
     if r.last_bench:
         b = r.last_bench
-        figures = ", ".join(f"{k.replace('_tok_s', '')} {b[k]:.1f} tok/s"
-                            for k in ("single_stream_tok_s", "peak_tok_s") if isinstance(b.get(k), (int, float)))
+        figures = ", ".join(f"{label} {b[k]:.1f} tok/s" for k, label in BENCH_FIGURES.items()
+                            if isinstance(b.get(k), (int, float)))
         if "peak_concurrency" in b:
             figures += f" at concurrency {b['peak_concurrency']}"
         console.print(f"  last bench ({b.get('model', '?')}, {fmt_at(b.get('at'))}): {figures or 'no figures'}",
@@ -192,7 +195,7 @@ def history_details(rec: dict) -> str:
             parts.append(str(rec["gpus_free"]))
         return "; ".join(parts)
     if op == "bench":
-        return ", ".join(f"{k} {rec[k]:.1f}" for k in ("single_stream_tok_s", "peak_tok_s")
+        return ", ".join(f"{label} {rec[k]:.1f} tok/s" for k, label in BENCH_FIGURES.items()
                          if isinstance(rec.get(k), (int, float)))
     parts = []
     if rec.get("downtime_s") is not None:
