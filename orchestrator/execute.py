@@ -77,6 +77,8 @@ class Reporter:
             return
         if kind == "gate":
             self.console.print(f"      [green]gate passed[/]: {text}")
+        elif kind == "phase":
+            self.console.print(f"      [cyan]loading[/]: {text}")
         elif kind == "log":
             self._last_log = text
             if self._status is not None:

@@ -75,6 +75,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                 phase = logsig.phase_of(line)
                 if phase and (not phases or phases[-1][0] != phase):
                     phases.append((phase, elapsed))
+                    on_event("phase", f"{phase} (at {elapsed:.1f}s)")
                 on_event("log", logsig.clean(line))
                 sig = logsig.fatal_in(line)
                 if sig and sig.key != "engine-core-failed":
