@@ -48,6 +48,10 @@ class Service:
             else ProcessService(host, entry, model)
 
     # -- interface ------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """What runs the service: the unit name, or the start script."""
+        raise NotImplementedError
+
     def reload_commands(self) -> list[Command]:
         return []
 
@@ -85,6 +89,9 @@ class SystemdService(Service):
     @property
     def unit(self) -> str:
         return f"vllm-{self.model}.service"
+
+    def describe(self) -> str:
+        return self.unit
 
     def reload_commands(self) -> list[Command]:
         return [["systemctl", "daemon-reload"]]
@@ -147,6 +154,9 @@ class ProcessService(Service):
     @property
     def script(self) -> str:
         return f"{self.entry.units_dir}/vllm-{self.model}.sh"
+
+    def describe(self) -> str:
+        return self.script
 
     @property
     def pidfile(self) -> str:

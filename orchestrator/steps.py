@@ -464,7 +464,7 @@ def start_action(ctx: Ctx, unit_changed: bool) -> Action:
         _mark_cursor(c)
         svc.run_all(cmds, "start the service")
         c.started = True
-        return f"{'restarted' if running else 'started'} {svc.unit if hasattr(svc, 'unit') else svc.script}"
+        return f"{'restarted' if running else 'started'} {svc.describe()}"
 
     verb = "restart (the unit changed)" if running else "start"
     return Action("start", f"{verb} {ctx.name}" + (" and enable it at boot" if ctx.opts.enable else ""),
@@ -478,8 +478,12 @@ def _mark_cursor(ctx: Ctx) -> str | None:
 
 def stop_action(ctx: Ctx, model: str, why: str) -> Action:
     svc = Service.for_host(ctx.host, ctx.entry, model)
-    return Action("stop", f"stop {model} ({why})", commands=svc.stop_commands(),
-                  run=lambda c: (svc.run_all(svc.stop_commands(), f"stop {model}", timeout=600), f"stopped {model}")[1])
+
+    def run(_c: Ctx) -> str:
+        svc.run_all(svc.stop_commands(), f"stop {model}", timeout=600)
+        return f"stopped {model}"
+
+    return Action("stop", f"stop {model} ({why})", commands=svc.stop_commands(), run=run)
 
 
 # -- 8. readiness ----------------------------------------------------------------------------------
