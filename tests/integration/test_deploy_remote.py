@@ -115,3 +115,24 @@ def test_swap_on_real_systemd(systemd_sim):
     ok = swap(e, new, manifests)
     assert ok.ok, ok.error
     assert ok.extra["load_s"] <= ok.extra["downtime_s"] <= ok.extra["load_s"] + 2.0
+
+
+def test_probes_reach_a_server_bound_to_the_hosts_loopback(systemd_sim):
+    """vLLM listening on 127.0.0.1 inside the host: the gates go through the SSH connection."""
+    import socket
+
+    from orchestrator.connect import open_host
+    from orchestrator.manifest import Manifest
+    from orchestrator.ops import stop_model
+
+    home, e = systemd_sim
+    data = on_port("minimax-m25", 8000).model_dump()
+    data["serving"]["host"] = "127.0.0.1"
+    m = Manifest.model_validate(data)
+    result = deploy(e, m)
+    assert result.ok, result.error
+    assert statuses(result)["ready"] == "done"
+    with pytest.raises(OSError):
+        socket.create_connection((e.address, 8000), timeout=2).close()
+    with open_host(e) as host:
+        stop_model(host, e, m.name)
