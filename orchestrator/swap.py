@@ -141,7 +141,6 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
         result = OpResult("swap", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
         if not info["staged"] and not plan.refusal:
             # --yes accepted an unstaged swap: stop + delete old first, then plan the rest as a deploy.
-            plan.actions[-1:] = []
             plan.actions += _unstaged_actions(ctx, old)
             plan.add(steps.download_action(ctx))
             plan.add(steps.install_action(ctx))

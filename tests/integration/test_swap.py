@@ -88,6 +88,7 @@ def test_swap_when_the_disk_cannot_stage_both(sim_host, pair):
     assert accepted.ok, accepted.error
     assert accepted.extra["staged"] is False
     steps = [a.step for a in accepted.plan.actions]
+    assert steps[:2] == ["lock", "preflight"]
     assert steps.index("stop") < steps.index("download")
 
 
