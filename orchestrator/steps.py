@@ -196,10 +196,8 @@ def hf_token():
     return None
 
 
-def disk_action(ctx: Ctx, keep: set[str], stage_both: bool = False) -> tuple[Action, RefusedError | None]:
-    """Make room for the download: free = min(disk free - reserve, budget - managed bytes)."""
-    dl = ctx.download
-    need = dl["to_fetch_bytes"]
+def disk_available(ctx: Ctx) -> tuple[int, str]:
+    """Bytes the download may use now: min(disk free - reserve, budget - managed bytes), and why."""
     f, entry, m = ctx.facts, ctx.entry, ctx.manifest
     scale = entry.sim_scale or 1
     reserve = int(m.requires.disk_reserve_gib * GIB / scale)
@@ -213,6 +211,15 @@ def disk_action(ctx: Ctx, keep: set[str], stage_both: bool = False) -> tuple[Act
             available = budget_left
             limit_txt = (f"models budget {entry.models_disk_budget_gib:g} GiB - {fmt_bytes(used)} used by "
                          f"managed models")
+    return available, limit_txt
+
+
+def disk_action(ctx: Ctx, keep: set[str]) -> tuple[Action, RefusedError | None]:
+    """Make room for the download: free = min(disk free - reserve, budget - managed bytes)."""
+    dl = ctx.download
+    need = dl["to_fetch_bytes"]
+    f, entry = ctx.facts, ctx.entry
+    available, limit_txt = disk_available(ctx)
     if need <= 0:
         return Action("disk", "nothing to do, because nothing needs downloading", noop=True), None
     if need <= available:

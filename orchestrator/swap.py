@@ -52,6 +52,17 @@ def build_swap_plan(ctx: Ctx, old: Manifest | None, holder: dict | None, held: b
         extra = f.models.get(old.name).bytes if f.models.get(old.name) else 0
         minutes = need / FIELD_DOWNLOAD_RATE / 60
         info["staged"] = False
+        available, limit_txt = steps.disk_available(ctx)
+        running = set(f.running()) - {old.name}
+        deletable = sum(d.bytes for n, d in f.models.items() if n not in running | {m.name})
+        if available + deletable < need:
+            plan.add(Action("disk", f"short even without {old.name}", warn=True))
+            plan.refusal = RefusedError(
+                f"not enough disk even after deleting {old.name} and every inactive model: the download "
+                f"needs {steps.fmt_bytes(need)}, {steps.fmt_bytes(max(available, 0))} is available "
+                f"({limit_txt}) and deleting would free {steps.fmt_bytes(deletable)}",
+                host=ctx.entry.name, step="disk", hint="free space on the models disk first")
+            return plan, info
         text = (f"cannot stage: the disk cannot hold {m.name} next to {old.name} ({err.message}). Without "
                 f"staging, {old.name} is stopped and its {steps.fmt_bytes(extra)} deleted before the "
                 f"download, which adds about {minutes:.0f} min of downtime at the field's 325 MB/s, and a "

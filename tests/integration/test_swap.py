@@ -130,3 +130,12 @@ def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatc
     assert restarted.ok, restarted.error
     assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() != pid_before
     assert health(sim_host.host, m.serving.port) == 200
+
+
+def test_unstaged_swap_is_refused_when_even_deleting_the_old_model_is_not_enough(sim_host, pair):
+    e, old, new, manifests = pair
+    hopeless = entry(sim_host, models_disk_budget_gib=0.01)
+    refused = swap(hopeless, new, manifests, yes=True)
+    assert isinstance(refused.error, RefusedError) and "even after deleting" in str(refused.error)
+    assert health(sim_host.host, old.serving.port) == 200
+    assert (sim_host.dir / "models" / old.name).is_dir()
