@@ -58,28 +58,9 @@ def host_dir(name: str, home: Path | None = None) -> Path:
 
 
 # -- processes ---------------------------------------------------------------------------------
-def start_time(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def alive(pid: int, started: int | None) -> bool:
-    """True if `pid` runs and is the same process we recorded (not a reused PID, not a zombie)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if started is not None and Path("/proc").is_dir():
-        try:
-            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return False
-        return rest[0] != "Z" and int(rest[19]) == started
-    return True
+# One liveness rule for everything simulated: the standalone fake nvidia-smi's (a running process that
+# is the one recorded - not a reused PID, not an unreaped zombie).
+from .nvidia_smi import _alive as alive, _start_time as start_time  # noqa: E402
 
 
 def stop_pid(pid: int, started: int | None, timeout: float = 5.0) -> bool:
