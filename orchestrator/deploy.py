@@ -20,7 +20,7 @@ from .hosts.base import Host
 from .inventory import HostEntry
 from .manifest import Manifest
 from .plan import Action, Plan
-from .readiness import NotReady
+from .readiness import failure_fields
 from .render import render, secrets_from_environ
 from .steps import Ctx, Options
 
@@ -173,11 +173,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
             record["smoke"] = ctx.ready.smoke.summary()
             record["tokens_per_s"] = ctx.ready.smoke.tokens_per_s
             record["gates"] = {g: round(t, 2) for g, t in ctx.ready.gates}
-        if result.error is not None:
-            record["error"] = str(result.error)
-            if isinstance(result.error, NotReady):
-                record["failure_kind"] = result.error.kind
-                record["root_cause"] = result.error.root_cause
+        record.update(failure_fields(result.error))
         state.append_history(host, entry, record)
         result.extra["history"] = record
         return result

@@ -42,6 +42,17 @@ class NotReady(DeployFailed):
         self.kind, self.root_cause, self.last_lines, self.gates = kind, root_cause, last_lines, gates
 
 
+def failure_fields(err: Exception | None) -> dict:
+    """What a history record says about a failure: the error, and for readiness failures its kind
+    (crash, fatal-log, hang, timeout, smoke) and root-cause line."""
+    if err is None:
+        return {}
+    fields = {"error": str(err)}
+    if isinstance(err, NotReady):
+        fields.update(failure_kind=err.kind, root_cause=err.root_cause)
+    return fields
+
+
 def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                on_event: Callable[[str, str], None] = lambda kind, text: None,
                budget_s: float | None = None, no_progress_s: float | None = None,

@@ -434,7 +434,6 @@ def install_action(ctx: Ctx, rendered: Rendered | None = None) -> Action:
             c.host.put(f.path, f.data(), f.mode)
         svc.run_all(svc.reload_commands(), "daemon-reload")
         state.write_installed(c.host, c.entry, r.manifest.name, record)
-        c.results["installed_changed"] = True
         return f"wrote {len(changed)} file{'s' if len(changed) != 1 else ''}"
 
     cmds: list[Command] = [Script(f"install -m {f.mode:04o} <rendered> {shlex.quote(f.path)}") for f in changed]
@@ -486,7 +485,8 @@ def _mark_cursor(ctx: Ctx) -> str | None:
 def stop_action(ctx: Ctx, model: str, why: str) -> Action:
     svc = Service.for_host(ctx.host, ctx.entry, model)
 
-    def run(_c: Ctx) -> str:
+    def run(c: Ctx) -> str:
+        c.results["stopped_at"] = time.monotonic()          # a swap's downtime starts here
         svc.run_all(svc.stop_commands(), f"stop {model}", timeout=600)
         return f"stopped {model}"
 
@@ -509,6 +509,7 @@ def ready_action(ctx: Ctx, already_serving: bool) -> Action:
         c.ready = wait_ready(c.host, c.service, m, c.log_cursor or c.service.log_cursor(),
                              on_event=c.event, budget_s=budget, no_progress_s=c.opts.no_progress_s,
                              poll_s=c.opts.poll_s, api_key=reveal(key) if key else None)
+        c.results["ready_at"] = time.monotonic()
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in c.ready.gates)
         return f"{gates}; smoke: {c.ready.smoke.summary()}"
 

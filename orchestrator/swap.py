@@ -14,11 +14,11 @@ import time
 from . import state, steps
 from .deploy import OpResult, make_ctx, session, unpinned_warning
 from .errors import ConfigError, OrchestratorError, RefusedError
-from .execute import Reporter, RunOutcome, run_plan
+from .execute import Reporter, run_plan
 from .inventory import HostEntry
 from .manifest import Manifest
 from .plan import Action, Plan
-from .readiness import NotReady, wait_ready
+from .readiness import failure_fields, wait_ready
 from .services import Service
 from .steps import Ctx, Options
 
@@ -166,20 +166,17 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             result.ok = plan.refusal is None
             result.seconds = time.monotonic() - t0
             return result
-        stop_index = next((i for i, a in enumerate(plan.actions) if a.step == "stop"), None)
         outcome = run_plan(plan, ctx, reporter)
         result.outcome, result.ok = outcome, outcome.ok
-        stop_at = _step_start(outcome, plan, "stop", t0)
         if outcome.ok:
-            ready_end = time.monotonic()
-            result.extra["downtime_s"] = round(ready_end - stop_at, 3) if stop_at else 0.0
+            # steps.stop_action and steps.ready_action stamp these (downtime = old stopped -> new ready)
+            stopped_at, ready_at = ctx.results.get("stopped_at"), ctx.results.get("ready_at")
+            result.extra["downtime_s"] = round(ready_at - stopped_at, 3) if stopped_at and ready_at else 0.0
             if ctx.ready is not None:
                 result.extra["load_s"] = round(ctx.ready.seconds, 3)
         else:
             result.error = outcome.error
-            stopped_old = stop_index is not None and len([r for r in outcome.results[: stop_index + 1]
-                                                          if r.status == "done"]) > 0 and \
-                outcome.results[stop_index].status == "done"
+            stopped_old = any(r.step == "stop" and r.status == "done" for r in outcome.results)
             if old is not None and stopped_old and info["staged"]:
                 ok, text, secs = rollback(ctx, old, reporter, opts)
                 result.extra["rollback"] = {"ok": ok, "result": text, "seconds": round(secs, 3)}
@@ -191,10 +188,7 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
         record = {"operation": "swap", "from": info["from"], "model": m.name, "ok": outcome.ok,
                   "staged": info["staged"], "seconds": round(result.seconds, 2), "steps": outcome.timings(),
                   "downtime_s": result.extra.get("downtime_s"), "unit_hash": ctx.rendered.unit_hash}
-        if result.error is not None:
-            record["error"] = str(result.error)
-            if isinstance(result.error, NotReady):
-                record["failure_kind"], record["root_cause"] = result.error.kind, result.error.root_cause
+        record.update(failure_fields(result.error))
         if "rollback" in result.extra:
             record["rollback"] = result.extra["rollback"]
         if ctx.ready is not None:
@@ -207,16 +201,3 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
                                                "after": f"failed swap to {m.name}"})
         return result
 
-
-def _step_start(outcome: RunOutcome, plan: Plan, step: str, t0: float) -> float | None:
-    """Monotonic time at which `step` started, rebuilt from the step durations."""
-    clock = None
-    elapsed = 0.0
-    for res in outcome.results:
-        if res.step == step:
-            clock = elapsed
-            break
-        elapsed += res.seconds
-    if clock is None:
-        return None
-    return time.monotonic() - (sum(r.seconds for r in outcome.results) - clock)

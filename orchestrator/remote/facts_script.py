@@ -214,8 +214,6 @@ def main():
         if svc.get("MainPID", "0").isdigit() and int(svc.get("MainPID", "0")):
             pids.add(int(svc["MainPID"]))
     facts["procs"] = {str(p): proc_info(p) for p in sorted(pids)}
-    lock = read_json(os.path.join(state_dir, "deploy.lock.json"))
-    facts["lock_info"] = lock
     print(json.dumps(facts))
 
 

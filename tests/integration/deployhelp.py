@@ -41,6 +41,13 @@ def write_models(folder: Path, manifests: list[Manifest]) -> Path:
     return folder
 
 
+def cli_env(sim_host, models: Path) -> dict:
+    """Environment for running the CLI in a subprocess against this sim home and models folder."""
+    import os
+
+    return dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+
+
 def entry(sim_host, **changes) -> HostEntry:
     return HostEntry.model_validate({**sim_host.entry, "name": sim_host.name, **changes})
 

@@ -4,20 +4,19 @@ recorded in the host's history, and `status` showing the last single-stream and 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from orchestrator.state import read_history
 
-from .deployhelp import deploy, entry, on_port, write_models
+from .deployhelp import cli_env, deploy, entry, on_port, write_models
 
 
 def test_bench_against_a_deployed_host_is_recorded_and_shown_by_status(sim_host, tmp_path):
     e, m = entry(sim_host), on_port("minimax-m25")
     assert deploy(e, m).ok
     models = write_models(tmp_path / "models", [m])
-    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    env = cli_env(sim_host, models)
     out = tmp_path / "bench"
     run = subprocess.run([sys.executable, "-m", "orchestrator.cli", "bench", "--host", "sim", "-c", "1,2",
                           "--max-tokens", "32", "--duration", "1", "--warmup", "0", "--min-requests", "2",

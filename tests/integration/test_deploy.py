@@ -19,7 +19,7 @@ from orchestrator.readiness import NotReady
 from orchestrator.sim import manager
 from orchestrator.state import HostLock, read_active, read_history
 
-from .deployhelp import kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
+from .deployhelp import cli_env, kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
 
@@ -209,7 +209,7 @@ def test_download_faults_are_recovered(sim_host, fault):
 def test_a_killed_deploy_converges_when_run_again(sim_host, tmp_path):
     m = on_port("kimi-k25-int4", budget_seconds=120)
     models = write_models(tmp_path / "models", [m])
-    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    env = cli_env(sim_host, models)
     cmd = [sys.executable, "-m", "orchestrator.cli", "deploy", m.name, "--host", "sim"]
     manager.add_fault("sim", "slow-start", model=m.name, home=sim_host.home)
     kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
@@ -222,7 +222,7 @@ def test_a_killed_deploy_converges_when_run_again(sim_host, tmp_path):
 def test_cli_exit_codes(sim_host, tmp_path):
     m = on_port("minimax-m25")
     models = write_models(tmp_path / "models", [m])
-    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    env = cli_env(sim_host, models)
 
     def run(*args):
         return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env,

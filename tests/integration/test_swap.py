@@ -3,7 +3,6 @@ after each kind of failure (previous model serving, nothing deleted), unstageabl
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from orchestrator.regen import run_regen
 from orchestrator.sim import manager
 from orchestrator.state import read_active, read_history
 
-from .deployhelp import kill_when, deploy, entry, free_port, on_port, opts, swap, write_models
+from .deployhelp import cli_env, kill_when, deploy, entry, free_port, on_port, opts, swap, write_models
 
 
 @pytest.fixture
@@ -95,7 +94,7 @@ def test_swap_when_the_disk_cannot_stage_both(sim_host, pair):
 def test_an_interrupted_swap_converges(sim_host, pair, tmp_path):
     e, old, new, _ = pair
     models = write_models(tmp_path / "models", [old, new])
-    env = dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    env = cli_env(sim_host, models)
     cmd = [sys.executable, "-m", "orchestrator.cli", "swap", new.name, "--host", "sim"]
     manager.add_fault("sim", "slow-start", model=new.name, home=sim_host.home)
     kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
