@@ -16,7 +16,7 @@ def timed(args: list[str], runs: int) -> list[float]:
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], stdout=subprocess.DEVNULL,
+        subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=True)
         out.append(time.perf_counter() - t0)
     return out
@@ -30,7 +30,7 @@ def main() -> None:
         t = timed(args, runs)
         print(f"vllm-orch {' '.join(args):<10} median {statistics.median(t) * 1000:5.0f} ms, "
               f"max {max(t) * 1000:5.0f} ms over {runs} runs")
-    heavy = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "models"],
+    heavy = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli.main", "models"],
                            capture_output=True, text=True).stderr
     loaded = [m for m in ("paramiko", "huggingface_hub", "matplotlib", "psutil", "jinja2") if f" {m}\n" in heavy
               or f"| {m}" in heavy]

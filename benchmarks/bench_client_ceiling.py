@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.bench.client import Endpoint  # noqa: E402
-from orchestrator.bench.loadgen import run_level  # noqa: E402
-from orchestrator.bench.mockserver import start_process  # noqa: E402
-from orchestrator.bench.options import BenchOptions  # noqa: E402
-from orchestrator.bench.prompts import RequestFactory  # noqa: E402
-from orchestrator.bench.summary import summarize_level  # noqa: E402
+from orchestrator.bench.client import Endpoint
+from orchestrator.bench.loadgen import run_level
+from orchestrator.sim.mockserver import start_process
+from orchestrator.bench.options import BenchOptions
+from orchestrator.bench.prompts import RequestFactory
+from orchestrator.bench.summary import summarize_level
 
 
 def level(url: str, c: int, **kw) -> dict:

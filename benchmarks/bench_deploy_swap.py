@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from orchestrator.execute import Reporter  # noqa: E402
-from orchestrator.inventory import HostEntry  # noqa: E402
-from orchestrator.sim import manager  # noqa: E402
+from orchestrator.ops.execute import Reporter
+from orchestrator.config.inventory import HostEntry
+from orchestrator.sim import manager
 from tests.integration.deployhelp import deploy, free_port, on_port, swap  # noqa: E402
 
 
@@ -73,8 +73,8 @@ def main() -> None:
                 info = sshd_mod.start(home / "sshd")
                 try:
                     se = HostEntry.model_validate({**e.model_dump(), **info.inventory()})
-                    from orchestrator import deploy as deploy_mod
-                    from orchestrator.hosts import ssh as ssh_mod
+                    from orchestrator.ops import deploy as deploy_mod
+                    from orchestrator.host import ssh as ssh_mod
 
                     counts = []
                     real_open = deploy_mod.open_host
@@ -90,8 +90,8 @@ def main() -> None:
                     h = counts[-1]
                     print(f"no-op redeploy over SSH: {noop_ssh:.2f}s, {h.stats.round_trips} round trips, "
                           f"{getattr(h, 'connects', '?')} connection(s)")
-                    from orchestrator.ops import stop_model
-                    from orchestrator.connect import open_host
+                    from orchestrator.ops.stop import stop_model
+                    from orchestrator.host.connect import open_host
                     with open_host(e) as lh:
                         stop_model(lh, e, kimi.name)
                     t0 = time.monotonic()
@@ -106,8 +106,8 @@ def main() -> None:
             print(f"SSH round trips: not measured ({exc})")
 
         # crash detection latency
-        from orchestrator.connect import open_host as _open
-        from orchestrator.ops import stop_model as _stop
+        from orchestrator.host.connect import open_host as _open
+        from orchestrator.ops.stop import stop_model as _stop
         with _open(e) as lh:
             _stop(lh, e, kimi.name)
         lat = []

@@ -36,15 +36,15 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-status-"))
     os.environ["VLLM_ORCH_SIM_HOME"] = str(tmp / "sim")
-    from orchestrator.deploy import run_deploy
-    from orchestrator.execute import Reporter
-    from orchestrator.inventory import load_inventory
-    from orchestrator.manifest import get_manifest
-    from orchestrator.ops import stop_model
-    from orchestrator.connect import open_host
+    from orchestrator.ops.deploy import run_deploy
+    from orchestrator.ops.execute import Reporter
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.config.manifest import get_manifest
+    from orchestrator.ops.stop import stop_model
+    from orchestrator.host.connect import open_host
     from orchestrator.sim import manager
-    from orchestrator.status import gather_status
-    from orchestrator.steps import Options
+    from orchestrator.ops.status import gather_status
+    from orchestrator.plan.steps import Options
 
     models = tmp / "models"
     models.mkdir()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from urllib.parse import urlsplit
 
-from .wire import ResponseParser
+from orchestrator.bench.wire import ResponseParser
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ first token and whose "ITL" is what we call TPOT (facts/benchmarking.md section 
 
 from __future__ import annotations
 
-from .stats import PERCENTILE_METHOD
+from orchestrator.bench.stats import PERCENTILE_METHOD
 
 SCHEMA = "vllm-orch.bench.result/1"
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from time import perf_counter, perf_counter_ns
 from typing import Callable
 
-from .client import Endpoint, connect, http_get
-from .options import BenchOptions
-from .promscrape import snapshot
-from .stream import RequestRecord
-from .wire import ResponseParser
+from orchestrator.bench.client import Endpoint, connect, http_get
+from orchestrator.bench.options import BenchOptions
+from orchestrator.bench.promscrape import snapshot
+from orchestrator.bench.stream import RequestRecord
+from orchestrator.bench.wire import ResponseParser
 
 HEARTBEAT_S = 0.010
 

@@ -13,8 +13,8 @@ import json
 import random
 from pathlib import Path
 
-from .client import Endpoint, build_post
-from .options import BenchOptions
+from orchestrator.bench.client import Endpoint, build_post
+from orchestrator.bench.options import BenchOptions
 
 TASKS = [
     "Explain how a {a} works to a new engineer, step by step.",

@@ -13,7 +13,7 @@ import csv
 import json
 from pathlib import Path
 
-from .formulas import SCHEMA
+from orchestrator.bench.formulas import SCHEMA
 
 CSV_COLUMNS = [
     ("concurrency", lambda L: L["concurrency"]),

@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__
-from .client import Endpoint, http_get
-from .formulas import FORMULAS, SCHEMA
-from .loadgen import run_level
-from .options import BenchOptions
-from .prompts import RequestFactory
-from .report import append_jsonl, headline, write_csv, write_json
-from .shard import run_level_sharded
-from .summary import summarize_level
+from orchestrator import __version__
+from orchestrator.bench.client import Endpoint, http_get
+from orchestrator.bench.formulas import FORMULAS, SCHEMA
+from orchestrator.bench.loadgen import run_level
+from orchestrator.bench.options import BenchOptions
+from orchestrator.bench.prompts import RequestFactory
+from orchestrator.bench.report import append_jsonl, headline, write_csv, write_json
+from orchestrator.bench.shard import run_level_sharded
+from orchestrator.bench.summary import summarize_level
 
 
 @dataclass
@@ -91,7 +91,7 @@ async def _probe(ep: Endpoint, model: str) -> dict:
 
 
 async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: Path, console) -> BenchResult:
-    from ..errors import ConfigError, ConnectError
+    from orchestrator.errors import ConfigError, ConnectError
 
     ep = Endpoint.parse(base_url)
     try:
@@ -138,8 +138,8 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
     files = {"result": "result.json", "requests": "requests.jsonl", "summary_csv": "summary.csv"}
     write_csv(out / "summary.csv", data["levels"])
     try:
-        from .html import write_html
-        from .plots import write_plots
+        from orchestrator.bench.html import write_html
+        from orchestrator.bench.plots import write_plots
 
         plots = write_plots(data["levels"], out / "plots", f"{model}{' ' + opts.label if opts.label else ''}")
         files.update({f"plot_{k}": str(p.relative_to(out)) for k, p in plots.items()})

@@ -15,16 +15,16 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from time import perf_counter_ns
 
-from .client import Endpoint
-from .loadgen import LevelRun, run_level, scrape
-from .options import BenchOptions
+from orchestrator.bench.client import Endpoint
+from orchestrator.bench.loadgen import LevelRun, run_level, scrape
+from orchestrator.bench.options import BenchOptions
 
 START_DELAY_NS = 2_000_000_000   # time for the children to start and connect
 
 
 def _child(base_url: str, model: str, opts: BenchOptions, conc: int, k: int, n: int,
            start_at_ns: int) -> LevelRun:
-    from .prompts import RequestFactory
+    from orchestrator.bench.prompts import RequestFactory
 
     ep = Endpoint.parse(base_url)
     factory = RequestFactory(ep, model, opts)

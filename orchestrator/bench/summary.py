@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .loadgen import LevelRun
-from .options import BenchOptions
-from .promscrape import level_deltas
-from .stats import mean_se, median, summarize, summarize_weighted
-from .stream import NS, gap_samples, request_metrics, token_weights
+from orchestrator.bench.loadgen import LevelRun
+from orchestrator.bench.options import BenchOptions
+from orchestrator.bench.promscrape import level_deltas
+from orchestrator.bench.stats import mean_se, median, summarize, summarize_weighted
+from orchestrator.bench.stream import NS, gap_samples, request_metrics, token_weights
 
 SLICES = 5
 LATENCY_KEYS = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "e2e_incl_queue_ms", "queue_ms", "ttfb_ms")

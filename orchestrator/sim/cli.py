@@ -9,7 +9,7 @@ import json
 
 import click
 
-from . import manager
+from orchestrator.sim import manager
 
 
 @click.group("sim")

@@ -43,8 +43,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from . import fault_file
-from .repos import DEFAULT_SCALE, Catalog, Repo, model_repos_from_manifests, revisions_from_manifests
+from orchestrator.sim import fault_file
+from orchestrator.sim.repos import (DEFAULT_SCALE, Catalog, Repo, model_repos_from_manifests, revisions_from_manifests)
 
 SIM_TOKEN = "hf_vllmorchSIMULATEDgatedToken0000"   # accepted for gated repos unless --token-file
 PORT_FILE = "hub.port"
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
 
     models_dir = args.models_dir
     if models_dir is None:
-        from ..paths import shipped_dir
+        from orchestrator.paths import shipped_dir
         models_dir = shipped_dir("models")
     revisions = revisions_from_manifests(models_dir) if models_dir.is_dir() else []
     model_repos = model_repos_from_manifests(models_dir) if models_dir.is_dir() else {}

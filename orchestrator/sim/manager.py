@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigError, RefusedError
-from ..paths import package_file
+from orchestrator.errors import ConfigError, RefusedError
+from orchestrator.paths import package_file
 
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 GPU_MEMORY_MIB = 97887
@@ -60,7 +60,7 @@ def host_dir(name: str, home: Path | None = None) -> Path:
 # -- processes ---------------------------------------------------------------------------------
 # One liveness rule for everything simulated: the standalone fake nvidia-smi's (a running process that
 # is the one recorded - not a reused PID, not an unreaped zombie).
-from .nvidia_smi import _alive as alive, _start_time as start_time  # noqa: E402
+from orchestrator.sim.nvidia_smi import _alive as alive, _start_time as start_time  # noqa: E402
 
 
 def stop_pid(pid: int, started: int | None, timeout: float = 5.0) -> bool:
@@ -293,7 +293,7 @@ def _nspawn():
     if importlib.util.find_spec("orchestrator.sim.nspawn") is None:
         raise RefusedError("--systemd needs orchestrator.sim.nspawn, which is not installed "
                            "in this build", hint="use the default flavour: vllm-orch sim up")
-    from . import nspawn   # type: ignore[attr-defined]
+    from orchestrator.sim import nspawn   # type: ignore[attr-defined]
     return nspawn
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from .nspawn_tree import DEFAULT_CACHE_DIR, SIM_MOUNT, ensure_tree, tree_key_path  # noqa: F401
+from orchestrator.sim.nspawn_tree import DEFAULT_CACHE_DIR, SIM_MOUNT, ensure_tree, tree_key_path  # noqa: F401
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NSPAWN_RUN = Path("/run/systemd/nspawn")
@@ -95,7 +95,7 @@ def _has_addr(where: list[str], dev: str, address: str) -> bool:
 def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,
          timeout: float = 60.0) -> dict:
     """Boot one container and return its inventory entry once sshd answers and systemd is up."""
-    from ..hosts.ssh import SshHost
+    from orchestrator.host.ssh import SshHost
 
     host_dir = Path(host_dir).resolve()
     timings: dict[str, float] = {}

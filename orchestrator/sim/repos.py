@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .repo_files import RepoFile, safetensors_header
-from . import repo_texts as T
+from orchestrator.sim.repo_files import RepoFile, safetensors_header
+from orchestrator.sim import repo_texts as T
 
 DEFAULT_SCALE = 10000
 MIN_LFS_BYTES = 4096      # a scaled LFS file never gets smaller than this (room for a header)

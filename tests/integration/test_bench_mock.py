@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from orchestrator.bench.client import Endpoint
 from orchestrator.bench.loadgen import run_level
-from orchestrator.bench.mockserver import start_process
+from orchestrator.sim.mockserver import start_process
 from orchestrator.bench.options import BenchOptions
 from orchestrator.bench.prompts import RequestFactory
 from orchestrator.bench.runner import run_benchmark
@@ -166,7 +166,7 @@ def test_report_files_and_contents(two_runs):
 
 
 def test_cli_url_mode_and_compare(two_runs, tmp_path):
-    from orchestrator.cli import cli
+    from orchestrator.cli.main import cli
 
     runner = CliRunner()
     with mock(ttft_ms=5, itl_ms=1) as url:
@@ -189,8 +189,8 @@ def test_cli_url_mode_and_compare(two_runs, tmp_path):
 
 
 def test_forward_local_through_localhost(tmp_path):
-    from orchestrator.hosts.forward import forward_local
-    from orchestrator.hosts.local import LocalHost
+    from orchestrator.host.forward import forward_local
+    from orchestrator.host.local import LocalHost
 
     with mock(ttft_ms=5, itl_ms=1) as url:
         port = int(url.rsplit(":", 1)[1])

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RefusedError
-from orchestrator.readiness import NotReady
+from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
-from orchestrator.state import HostLock, read_active, read_history
+from orchestrator.host.state import HostLock, read_active, read_history
 
 from .deployhelp import cli_env, kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
 
@@ -119,7 +119,7 @@ def test_die_after_ready_is_redeployed(sim_host):
     manager.add_fault("sim", "die-after-ready", model=m.name, home=sim_host.home)
     assert deploy(e, m).ok
     deadline = time.monotonic() + 20
-    from orchestrator.services import Service
+    from orchestrator.host.services import Service
     while Service.for_host(sim_host.host, e, m.name).state().active and time.monotonic() < deadline:
         time.sleep(0.2)
     again = deploy(e, m)
@@ -164,8 +164,8 @@ def test_a_held_lock_refuses_naming_the_holder_and_a_killed_holder_frees_it(sim_
             deploy(e, m)
     assert info.value.step == "lock" and "swap to somewhere by " in str(info.value)
     # A holder killed with SIGKILL releases the lock by itself.
-    code = ("import sys, time; from orchestrator.hosts.local import LocalHost; "
-            "from orchestrator.inventory import HostEntry; from orchestrator.state import HostLock; "
+    code = ("import sys, time; from orchestrator.host.local import LocalHost; "
+            "from orchestrator.config.inventory import HostEntry; from orchestrator.host.state import HostLock; "
             f"e = HostEntry.model_validate({dict(sim_host.entry, name='sim')!r}); "
             "HostLock(LocalHost('sim'), e, 'doomed').acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -179,7 +179,7 @@ def test_disk_budget_evicts_least_recently_used_then_refuses(sim_host):
     e = entry(sim_host)
     small, big = on_port("minimax-m25"), on_port("kimi-k25-int4")
     assert deploy(e, small).ok
-    from orchestrator.ops import stop_model
+    from orchestrator.ops.stop import stop_model
     stop_model(sim_host.host, e, small.name)
     # Budget fits Kimi only if minimax's folder goes: it is inactive, so it is deleted (LRU).
     fits_after_eviction = entry(sim_host, models_disk_budget_gib=0.07)
@@ -210,7 +210,7 @@ def test_a_killed_deploy_converges_when_run_again(sim_host, tmp_path):
     m = on_port("kimi-k25-int4", budget_seconds=120)
     models = write_models(tmp_path / "models", [m])
     env = cli_env(sim_host, models)
-    cmd = [sys.executable, "-m", "orchestrator.cli", "deploy", m.name, "--host", "sim"]
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "deploy", m.name, "--host", "sim"]
     manager.add_fault("sim", "slow-start", model=m.name, home=sim_host.home)
     kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -225,7 +225,7 @@ def test_cli_exit_codes(sim_host, tmp_path):
     env = cli_env(sim_host, models)
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env,
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], env=env,
                               capture_output=True, text=True, timeout=120)
 
     assert run("deploy", "nope", "--host", "sim").returncode == 2

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from orchestrator.errors import RefusedError
-from orchestrator.inventory import HostEntry
-from orchestrator.probes import health
-from orchestrator.readiness import NotReady
+from orchestrator.config.inventory import HostEntry
+from orchestrator.probe.api import health
+from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
 
 from tests.plugins.remote_hosts import systemd_skip_reason
@@ -64,8 +64,8 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(sim_host, sshd_local, 
 @pytest.mark.parametrize("model", DEPLOYABLE)
 def test_deploy_each_model_on_real_systemd(systemd_sim, model):
     home, e = systemd_sim
-    from orchestrator.connect import open_host
-    from orchestrator.ops import stop_model
+    from orchestrator.host.connect import open_host
+    from orchestrator.ops.stop import stop_model
 
     m = on_port(model, 8000)
     result = deploy(e, m)
@@ -101,7 +101,7 @@ def test_failed_swap_rolls_back_on_real_systemd(systemd_sim, fault, kinds, cause
     if cause:
         assert cause in failed.error.root_cause
     assert failed.extra["rollback"]["ok"], failed.extra["rollback"]
-    from orchestrator.connect import open_host
+    from orchestrator.host.connect import open_host
     with open_host(e) as host:
         assert host.run(["systemctl", "is-active", "vllm-minimax-m25.service"]).stdout.strip() == "active"
         assert host.run(["test", "-d", f"{e.models_root}/minimax-m25"]).ok, "the old model's files are kept"
@@ -121,11 +121,11 @@ def test_probes_reach_a_server_bound_to_the_hosts_loopback(systemd_sim):
     """vLLM listening on 127.0.0.1 inside the host: the gates go through the SSH connection."""
     import socket
 
-    from orchestrator.connect import open_host
-    from orchestrator.manifest import Manifest
-    from orchestrator.ops import stop_model
+    from orchestrator.host.connect import open_host
+    from orchestrator.config.manifest import Manifest
+    from orchestrator.ops.stop import stop_model
 
-    from orchestrator.state import read_active
+    from orchestrator.host.state import read_active
 
     home, e = systemd_sim
     with open_host(e) as host:                 # this module's host is shared: stop what serves

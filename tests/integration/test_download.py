@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.download import DownloadProgress, plan_download, run_download
+from orchestrator.host.download import DownloadProgress, plan_download, run_download
 from orchestrator.errors import DeployFailed
-from orchestrator.hosts.local import LocalHost
+from orchestrator.host.local import LocalHost
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 from orchestrator.sim.hub import SIM_TOKEN
 from orchestrator.sim.repos import Catalog
 
-SCRIPT = str(package_file("remote", "download.py"))
+SCRIPT = str(package_file("host", "remote", "download.py"))
 TINY = "vllm-orch-sim/tiny-random-3shard"
 GATED = "vllm-orch-sim/gated-tiny"
 FAST = ["--backoff", "0.05", "--stall-timeout", "5"]

@@ -18,16 +18,16 @@ import pytest
 import yaml
 
 from orchestrator.errors import RefusedError
-from orchestrator.execute import Reporter
-from orchestrator.hosts.local import LocalHost
-from orchestrator.inventory import HostEntry
-from orchestrator.manifest import get_manifest
-from orchestrator.ops import stop_model
-from orchestrator.services import Service
+from orchestrator.ops.execute import Reporter
+from orchestrator.host.local import LocalHost
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import get_manifest
+from orchestrator.ops.stop import stop_model
+from orchestrator.host.services import Service
 from orchestrator.sim import manager
-from orchestrator.state import HostLock, read_active, read_history
-from orchestrator.status import gather_status, host_status
-from orchestrator.steps import Options
+from orchestrator.host.state import HostLock, read_active, read_history
+from orchestrator.ops.status import gather_status, host_status
+from orchestrator.plan.steps import Options
 from tests.plugins.sim_hosts import TEST_SPEED, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def entry_of(sim, name: str = "sim") -> HostEntry:
 
 
 def deploy(entry: HostEntry, models_dir: Path, model: str):
-    from orchestrator.deploy import run_deploy
+    from orchestrator.ops.deploy import run_deploy
 
     m = get_manifest(model, models_dir)[0]
     res = run_deploy(entry, m, Options(budget_s=30, no_progress_s=10, gpu_release_timeout_s=10, poll_s=0.1),
@@ -62,7 +62,7 @@ def deploy(entry: HostEntry, models_dir: Path, model: str):
 
 
 def cli(*args: str, input: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
                           timeout=120, input=input, env={**os.environ, **(env or {}), "COLUMNS": "120"},
                           cwd=str(REPO))
 
@@ -224,7 +224,7 @@ def test_stop_refuses_while_the_lock_is_held(sim_host, models_dir):
 
 
 def stop_model_locked(entry: HostEntry) -> None:
-    from orchestrator.deploy import session
+    from orchestrator.ops.deploy import session
 
     with session(entry, "stop kimi-k25-int4", False) as (host, _holder, _held):
         stop_model(host, entry, "kimi-k25-int4")
@@ -285,7 +285,7 @@ def test_logs_since_deploy_shows_only_the_last_start(sim_host, models_dir):
         missing = cli("logs", "minimax-m25", "--host", "sim")
         assert missing.returncode == 2 and "installed: kimi-k25-int4" in missing.stderr
         # -f streams new lines as they come and stops with the process (Ctrl-C in a terminal).
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", "kimi-k25-int4", "--host",
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "logs", "kimi-k25-int4", "--host",
                                  "sim", "-f", "-n", "1"], stdout=subprocess.PIPE, text=True, cwd=str(REPO))
         try:
             proc.stdout.readline()

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.connect import open_host
-from orchestrator.execute import Reporter
-from orchestrator.inventory import HostEntry
-from orchestrator.manifest import get_manifest
-from orchestrator.services import Service
+from orchestrator.host.connect import open_host
+from orchestrator.ops.execute import Reporter
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import get_manifest
+from orchestrator.host.services import Service
 from orchestrator.sim import manager, nspawn
-from orchestrator.status import host_status
-from orchestrator.steps import Options
+from orchestrator.ops.status import host_status
+from orchestrator.plan.steps import Options
 from tests.plugins.sim_hosts import TEST_SPEED, free_port
 
 pytestmark = pytest.mark.systemd
@@ -58,13 +58,13 @@ def sd_sim(systemd_hosts, tmp_path_factory):
 
 
 def cli(inventory: Path, models: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "--inventory", str(inventory),
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "--inventory", str(inventory),
                            "--models", str(models), *args], capture_output=True, text=True, timeout=180,
                           cwd=str(REPO))
 
 
 def test_status_logs_and_stop_on_a_systemd_host_over_ssh(sd_sim):
-    from orchestrator.deploy import run_deploy
+    from orchestrator.ops.deploy import run_deploy
 
     entry, models, inventory, hdir = sd_sim
     m = get_manifest("kimi-k25-int4", models)[0]

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from orchestrator.errors import RefusedError
-from orchestrator.inventory import HostEntry
-from orchestrator.manifest import Manifest
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
 from orchestrator.sim import manager
 
 from .deployhelp import DEPLOYABLE, deploy, on_port

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hosts.local import LocalHost
-from orchestrator.inventory import HostEntry
-from orchestrator.manifest import load_manifest, manifest_files
+from orchestrator.host.local import LocalHost
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import load_manifest, manifest_files
 from orchestrator.paths import shipped_dir
-from orchestrator.preflight import FAIL, OK, WARN, check_env, check_flags
-from orchestrator.preflight_run import manifest_kwargs, run_host_script, run_preflight
-from orchestrator.render import build_argv
+from orchestrator.plan.preflight import FAIL, OK, WARN, check_env, check_flags
+from orchestrator.ops.preflight_run import manifest_kwargs, run_host_script, run_preflight
+from orchestrator.render.artifacts import build_argv
 
 pytestmark = pytest.mark.vllm_parser
 
@@ -221,7 +221,7 @@ def test_env_var_vllm_no_longer_reads(vllm_parser_python):
 
 
 def fake_nvidia_smi(folder: Path, n: int = 8, cuda: str = "13.0", apps: str = "") -> str:
-    # the field order of orchestrator.gpu.GPU_QUERY_FIELDS
+    # the field order of orchestrator.host.nvidia_smi.GPU_QUERY_FIELDS
     gpus = "\n".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 1, 97441, GPU-{i:04d}, "
                      "580.95.05, 0" for i in range(n))
     script = folder / "nvidia-smi"

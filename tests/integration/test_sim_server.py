@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from orchestrator.gpu import parse_compute_apps, parse_gpus
+from orchestrator.host.nvidia_smi import parse_compute_apps, parse_gpus
 from orchestrator.sim import manager
 from tests.plugins.sim_hosts import SimServer, make_model
 

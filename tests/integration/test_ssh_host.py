@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConnectError, RefusedError
-from orchestrator.hosts.base import Script
-from orchestrator.hosts.ssh import SshHost
-from orchestrator.hosts.ssh_connect import fingerprint
+from orchestrator.host.base import Script
+from orchestrator.host.ssh import SshHost
+from orchestrator.host.ssh_connect import fingerprint
 from orchestrator.secret import Secret
 from orchestrator.sim import sshd as sshd_mod
 

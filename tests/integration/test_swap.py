@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from orchestrator.errors import RefusedError
-from orchestrator.execute import Reporter
+from orchestrator.ops.execute import Reporter
 from orchestrator.paths import shipped_dir
-from orchestrator.probes import health
-from orchestrator.readiness import NotReady
-from orchestrator.regen import run_regen
+from orchestrator.probe.api import health
+from orchestrator.probe.readiness import NotReady
+from orchestrator.ops.regen import run_regen
 from orchestrator.sim import manager
-from orchestrator.state import read_active, read_history
+from orchestrator.host.state import read_active, read_history
 
 from .deployhelp import cli_env, kill_when, deploy, entry, free_port, on_port, opts, swap, write_models
 
@@ -95,7 +95,7 @@ def test_an_interrupted_swap_converges(sim_host, pair, tmp_path):
     e, old, new, _ = pair
     models = write_models(tmp_path / "models", [old, new])
     env = cli_env(sim_host, models)
-    cmd = [sys.executable, "-m", "orchestrator.cli", "swap", new.name, "--host", "sim"]
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "swap", new.name, "--host", "sim"]
     manager.add_fault("sim", "slow-start", model=new.name, home=sim_host.home)
     kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hosts.base import Script
-from orchestrator.hosts.ssh import SshHost
+from orchestrator.host.base import Script
+from orchestrator.host.ssh import SshHost
 from orchestrator.sim import nspawn
 from tests.plugins.remote_hosts import systemd_skip_reason
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hosts.ssh import SshHost
+from orchestrator.host.ssh import SshHost
 from orchestrator.sim import sshd as sshd_mod
 
 HOST_SECONDS: dict[str, float] = {}   # what the suite spent starting/stopping hosts, by fixture

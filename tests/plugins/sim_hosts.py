@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.hosts.local import LocalHost
+from orchestrator.host.local import LocalHost
 from orchestrator.sim import manager
 
 TEST_SPEED = 2000.0   # Kimi (547 GB) loads in ~1 s

@@ -4,7 +4,7 @@ import ast
 
 from rich.console import Console
 
-from orchestrator.download import DownloadProgress, download_argv, parse_event
+from orchestrator.host.download import DownloadProgress, download_argv, parse_event
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 
@@ -56,7 +56,7 @@ def test_argv_never_carries_a_token():
 
 
 def test_host_script_is_python39_syntax_and_stdlib_plus_hub_only():
-    src = package_file("remote", "download.py").read_text()
+    src = package_file("host", "remote", "download.py").read_text()
     tree = ast.parse(src, feature_version=(3, 9))
     imported = set()
     for node in ast.walk(tree):

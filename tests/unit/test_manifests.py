@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.manifest import Manifest, get_manifest, load_all, load_manifest, manifest_schema
+from orchestrator.config.manifest import Manifest, get_manifest, load_all, load_manifest, manifest_schema
 from orchestrator.paths import shipped_dir
 
 BAD = Path(__file__).parent.parent / "fixtures" / "bad-manifests"
@@ -45,7 +45,7 @@ def test_every_bad_fixture_has_an_expectation():
 
 
 def test_cli_validate_exit_code_and_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate",
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "validate",
                            str(BAD / "misspelt-key.yaml"), str(shipped_dir("models") / "minimax-m25.yaml")],
                           capture_output=True, text=True)
     assert proc.returncode == 2
@@ -92,10 +92,10 @@ def test_secret_like_env_is_refused_but_secret_env_allowed(tmp_path):
 
 
 def test_manifest_reference_is_in_sync():
-    from orchestrator.docgen import reference
+    from orchestrator.devtools.docgen import reference
 
     doc = Path(__file__).parents[2] / "docs" / "manifest-reference.md"
-    assert doc.read_text() == reference(), "run: python -m orchestrator.docgen > docs/manifest-reference.md"
+    assert doc.read_text() == reference(), "run: python -m orchestrator.devtools.docgen > docs/manifest-reference.md"
 
 
 BAD_INV = Path(__file__).parent.parent / "fixtures" / "bad-inventories"
@@ -103,7 +103,7 @@ BAD_INV = Path(__file__).parent.parent / "fixtures" / "bad-inventories"
 
 @pytest.mark.parametrize("fixture", sorted(p.stem for p in BAD_INV.glob("*.yaml")))
 def test_bad_inventory_messages(fixture, monkeypatch):
-    from orchestrator.inventory import load_inventory_file
+    from orchestrator.config.inventory import load_inventory_file
 
     monkeypatch.chdir(BAD_INV)
     expected = (BAD_INV / f"{fixture}.expected").read_text().strip().splitlines()

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RefusedError
-from orchestrator.facts import GpuProc, HostFacts, ModelDir
-from orchestrator.ops import deploy_started_at, delete_script, leftovers, model_gpus, plan_gc
-from orchestrator.services import ServiceState
-from orchestrator.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.status_view import gpu_lines, history_details, process_lines
+from orchestrator.host.facts import GpuProc, HostFacts, ModelDir
+from orchestrator.ops.stop import deploy_started_at, delete_script, leftovers, model_gpus, plan_gc
+from orchestrator.host.services import ServiceState
+from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
+from orchestrator.cli.views import gpu_lines, history_details, process_lines
 
 
 @pytest.mark.parametrize("active,failed,health,listed,expected", [

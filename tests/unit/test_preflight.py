@@ -11,13 +11,10 @@ import textwrap
 
 import pytest
 
-from orchestrator.hosts.local import LocalHost
+from orchestrator.host.local import LocalHost
 from orchestrator.paths import package_file
-from orchestrator.preflight import (FAIL, OK, SKIPPED, WARN, GpuNeeds, check_env, check_flags,
-                                    check_foreign_gpu_processes, check_gpus, check_package_pairs,
-                                    check_required_packages, check_torch_cuda, check_vllm_version,
-                                    field_for, packages_needed, version_key, worst)
-from orchestrator.preflight_run import parse_nvidia_smi, run_preflight
+from orchestrator.plan.preflight import FAIL, OK, SKIPPED, WARN, GpuNeeds, check_env, check_flags, check_foreign_gpu_processes, check_gpus, check_package_pairs, check_required_packages, check_torch_cuda, check_vllm_version, field_for, packages_needed, version_key, worst
+from orchestrator.ops.preflight_run import parse_nvidia_smi, run_preflight
 
 PROVENANCE = [("/opt/vllm/bin/vllm", "host.vllm"), ("serve", "(command)"),
               ("/models/kimi", "name"), ("--tensor-parallel-size", "vllm.tensor_parallel_size"),
@@ -207,7 +204,7 @@ def test_parse_nvidia_smi():
 # -- inspect_env.py (host-side, stdlib only) ----------------------------------------------------------
 def run_inspect(site_packages, *args):
     env = {**os.environ, "PYTHONPATH": str(site_packages)}
-    out = subprocess.run([sys.executable, "-S", str(package_file("remote", "inspect_env.py")), *args],
+    out = subprocess.run([sys.executable, "-S", str(package_file("host", "remote", "inspect_env.py")), *args],
                          capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import HostEntry
-from orchestrator.manifest import load_all, load_manifest
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import load_all, load_manifest
 from orchestrator.paths import shipped_dir
-from orchestrator.render import env_value, render, systemd_quote
+from orchestrator.render.artifacts import env_value, render, systemd_quote
 from orchestrator.secret import Secret
 
 GOLDEN = Path(__file__).parent.parent / "golden"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.hosts.ssh_connect import resolve_target
+from orchestrator.host.ssh_connect import resolve_target
 
 CONFIG = """
 Host gpu1

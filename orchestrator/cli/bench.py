@@ -1,0 +1,263 @@
+"""`vllm-orch bench`: run a benchmark (`--url`/`--host`) or compare results (`bench compare A B ...`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from orchestrator.errors import ConfigError
+
+HELP = """Benchmark a served model: single stream and a concurrency sweep, with reports.
+
+\b
+Examples:
+  vllm-orch bench --url http://127.0.0.1:8000 --model kimi-k25
+  vllm-orch bench --url http://gpu1:8000/v1 --model kimi-k25 -c 1,8,32 --duration 30 --label tp8
+  vllm-orch bench --host gpu1                       # endpoint and served name from the active deployment
+  vllm-orch bench --host sim kimi-k25-int4 -c 1,32 --max-tokens 256
+  vllm-orch bench compare bench-results/a bench-results/b   # side by side, changes beyond noise flagged
+
+\b
+Each level runs C closed-loop streams (one keep-alive connection each): a warm-up, then a window of
+at least --duration seconds and --min-requests requests, then a drain. Output tokens come from the
+server's usage (reasoning included); TTFT is the first generated token (reasoning counts), TPOT =
+(E2E - TTFT) / (tokens - 1). Written to --out: result.json (formulas inside), requests.jsonl,
+summary.csv, plots/*.png and report.html. A level is marked INVALID when the client itself was the
+bottleneck (event-loop lag p99 > 10 ms or client CPU > 80%). See docs/benchmarking.md.
+"""
+
+COMPARE_HELP = """Compare bench results side by side per concurrency level.
+
+\b
+Examples:
+  vllm-orch bench compare bench-results/before bench-results/after
+  vllm-orch bench compare run1/result.json run2/result.json run3/result.json
+
+\b
+The first result is the baseline. A change is flagged only when it is > 5% of the baseline AND
+> 2 x sqrt(SE_A^2 + SE_B^2) (SE = standard error: std/sqrt(n) for latency means, the window-slice
+SE for aggregate tok/s); percentiles have no SE and need > 10%. Exit code 1 with --fail-on-worse
+when any metric got worse beyond noise.
+"""
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}")
+    if not levels or min(levels) < 1:
+        raise click.BadParameter("concurrency levels must be >= 1")
+    return levels
+
+
+class BenchCommand(click.Command):
+    """`bench [OPTIONS] [MODEL]`, and `bench compare ...` dispatched to the compare command."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] == "compare":
+            ctx.meta["bench.compare_args"] = list(args[1:])
+            return []
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        rest = ctx.meta.get("bench.compare_args")
+        if rest is not None:
+            return compare_cmd.main(rest, prog_name=f"{ctx.command_path} compare", standalone_mode=False)
+        return super().invoke(ctx)
+
+    def format_epilog(self, ctx, formatter):
+        with formatter.section("Subcommand"):
+            formatter.write_dl([("compare A B ...", "Compare results side by side (see `bench compare --help`).")])
+
+
+@click.command("bench", cls=BenchCommand, help=HELP, context_settings={"max_content_width": 100})
+@click.argument("model_arg", metavar="[MODEL]", required=False)
+@click.option("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000 (with or without /v1).")
+@click.option("--model", help="Served model name (with --url).")
+@click.option("--host", "host_name", help="Benchmark the active deployment on this inventory host.")
+@click.option("-c", "--concurrency", default="1,2,4,8,16,32,64,128", show_default=True,
+              help="Concurrency levels, comma separated.")
+@click.option("--max-tokens", default=512, show_default=True, type=int)
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+              help="Ask the server to generate exactly --max-tokens (vLLM extension).")
+@click.option("--min-tokens", type=int, default=None, help="Send min_tokens (vLLM extension).")
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--input-tokens", default=256, show_default=True, type=int,
+              help="Approximate prompt length of the built-in varied prompts.")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A file with one prompt per line instead of the built-in prompts.")
+@click.option("--warmup", default=10.0, show_default=True, type=float, help="Warm-up seconds per level.")
+@click.option("--warmup-requests", default=0, show_default=True, type=int,
+              help="Also wait for this many completed requests before the window opens.")
+@click.option("--duration", default=60.0, show_default=True, type=float,
+              help="Minimum measurement window per level, seconds.")
+@click.option("--min-requests", type=int, default=None,
+              help="Minimum requests completed in the window per level [default: max(20, 2 x C)].")
+@click.option("--timeout", default=600.0, show_default=True, type=float, help="Per-request timeout, seconds.")
+@click.option("--max-level-time", default=3600.0, show_default=True, type=float,
+              help="Hard cap on warm-up + window per level, seconds.")
+@click.option("--processes", default=1, show_default=True, type=int,
+              help="Client processes per level (0 = auto: one per 256 streams).")
+@click.option("--continuous-usage/--no-continuous-usage", default=True, show_default=True,
+              help="Ask for usage on every chunk (exact tokens per chunk; vLLM supports it).")
+@click.option("--extra-body", default=None, help='JSON merged into each request, e.g. '
+              '\'{"chat_template_kwargs": {"thinking": false}}\'.')
+@click.option("--api-key", envvar="VLLM_API_KEY", default=None, help="Bearer token [env: VLLM_API_KEY].")
+@click.option("--label", default="", help="A name for this run (shown in reports and compare).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder [default: bench-results/<time>-<label>].")
+@click.option("--save-chunks", is_flag=True, help="Keep every chunk's arrival time in requests.jsonl.")
+@click.option("--no-metrics", is_flag=True, help="Do not scrape the server's /metrics.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the built-in prompts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of tables.")
+@click.pass_context
+def bench(ctx, model_arg, url, model, host_name, concurrency, max_tokens, ignore_eos, min_tokens,
+          temperature, input_tokens, prompts_file, warmup, warmup_requests, duration, min_requests,
+          timeout, max_level_time, processes, continuous_usage, extra_body, api_key, label, out_dir,
+          save_chunks, no_metrics, seed, as_json):
+    import time
+
+    from rich.console import Console
+
+    from orchestrator.bench.options import BenchOptions
+    from orchestrator.bench.runner import run_benchmark
+
+    if bool(url) == bool(host_name):
+        raise ConfigError("give either --url URL --model NAME or --host HOST [MODEL]",
+                          hint="vllm-orch bench --help shows examples")
+    try:
+        extra = json.loads(extra_body) if extra_body else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--extra-body is not JSON: {exc}")
+    opts = BenchOptions(
+        concurrency=_levels(concurrency), max_tokens=max_tokens, ignore_eos=ignore_eos,
+        min_tokens=min_tokens, temperature=temperature, input_tokens=input_tokens,
+        prompts_file=prompts_file, warmup_s=warmup, warmup_requests=warmup_requests,
+        duration_s=duration, min_requests=min_requests, timeout_s=timeout, max_level_s=max_level_time,
+        processes=processes, continuous_usage=continuous_usage, extra_body=extra, api_key=api_key,
+        label=label, seed=seed, save_chunks=save_chunks, scrape_metrics=not no_metrics)
+    console = Console(stderr=as_json, highlight=False)
+    out = out_dir or Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + (f"-{label}" if label else ""))
+
+    if host_name:
+        target = host_target(ctx.obj, host_name, model_arg or model)
+    else:
+        served = model or model_arg
+        if not served:
+            raise ConfigError("--url needs --model NAME (the served model name)",
+                              hint="curl URL/v1/models lists the served names")
+        target = Target(url, served, {}, lambda: None, None)
+    try:
+        result = run_benchmark(target.base_url, target.served_name, opts, target.metadata, out,
+                               None if as_json else console)
+        if target.record is not None:
+            target.record(result.history_entry())
+    finally:
+        target.close()
+    if as_json:
+        click.echo(json.dumps(result.data, indent=1, default=str))
+    else:
+        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, plots/)")
+
+
+@click.command("compare", help=COMPARE_HELP, context_settings={"max_content_width": 100})
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--fail-on-worse", is_flag=True, help="Exit 1 if any metric got worse beyond noise.")
+def compare_cmd(results, as_json, fail_on_worse):
+    from rich.console import Console
+
+    from orchestrator.bench.compare import compare, render
+    from orchestrator.bench.report import load_result
+
+    if len(results) < 2:
+        raise ConfigError("bench compare needs at least two results (folders or result.json files)")
+    try:
+        loaded = [load_result(p) for p in results]
+    except (ValueError, OSError) as exc:
+        raise ConfigError(str(exc))
+    rows = compare(loaded)
+    if as_json:
+        click.echo(json.dumps({"runs": [r["_path"] for r in loaded], "rows": rows}, indent=1))
+    else:
+        render(loaded, rows, Console(highlight=False))
+    if fail_on_worse and any("worse" in r["verdicts"] for r in rows):
+        sys.exit(1)
+
+
+# -- --host mode -------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    base_url: str
+    served_name: str
+    metadata: dict
+    close: Callable[[], None]
+    record: Callable[[dict], None] | None     # appends the summary to the host's deploy history
+
+
+def host_target(app, host_name: str, model: str | None) -> Target:
+    """Endpoint of the active deployment on an inventory host, forwarded over SSH when needed.
+
+    Contract with the deployment side (lead): orchestrator.config.inventory gives the host entry and a
+    connected Host; orchestrator.host.state.read_active(host, entry) -> {"model", "served_name", "port",
+    ...metadata} | None; orchestrator.host.state.append_history(host, entry_dict).
+    """
+    from orchestrator.host import state
+    from orchestrator.host.connect import open_host
+    from orchestrator.config.inventory import get_host, load_inventory
+
+    entry = get_host(load_inventory(getattr(app, "inventory_path", None)), host_name)
+    host = open_host(entry)
+    active = state.read_active(host, entry)
+    if not active:
+        host.close()
+        raise ConfigError(f"{host_name}: no active deployment to benchmark",
+                          hint=f"vllm-orch deploy MODEL --host {host_name}")
+    if model and model not in (active.get("model"), active.get("served_name")):
+        host.close()
+        raise ConfigError(f"{host_name} serves {active.get('model')!r}, not {model!r}",
+                          hint=f"vllm-orch swap {model} --host {host_name}")
+    port = int(active["port"])
+    address = "127.0.0.1" if entry.is_local else entry.address
+    closers = [host.close]
+    if _reachable(address, port):
+        base_url = f"http://{address}:{port}"
+    else:
+        from orchestrator.host.forward import forward_local
+
+        local_port, closer = forward_local(host, port)
+        closers.insert(0, closer)
+        base_url = f"http://127.0.0.1:{local_port}"
+    metadata = {k: v for k, v in active.items() if k not in ("port", "served_name")}
+    metadata["host"] = host_name
+    metadata["simulated"] = entry.simulated
+    try:
+        from orchestrator.host.facts import gather
+
+        f = gather(host, entry)
+        metadata["host_gpus"] = [{"index": g.index, "name": g.name, "memory_total_mib": g.memory_total_mib}
+                                 for g in f.gpus]
+        metadata["driver_version"] = f.driver_version
+    except Exception as exc:  # the benchmark does not depend on it
+        metadata["host_gpus_error"] = str(exc)
+
+    def close() -> None:
+        for c in closers:
+            c()
+    return Target(base_url, active.get("served_name") or active["model"], metadata, close,
+                  lambda e: state.append_history(host, entry, e))
+
+
+def _reachable(address: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,228 @@
+"""Commands that only read manifests and the inventory: models, validate, render, schema, hosts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from orchestrator.errors import ConfigError
+from orchestrator.cli.common import console, load_host_entry, pass_app, resolved_models_dir
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= div:
+            return f"{n / div:.0f} {unit}" if n >= 100 * div else f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def parallelism(v) -> str:
+    parts = [f"TP{v.tensor_parallel_size}"] if v.tensor_parallel_size > 1 or v.world_size == 1 else []
+    if v.pipeline_parallel_size > 1:
+        parts.append(f"PP{v.pipeline_parallel_size}")
+    if v.data_parallel_size > 1:
+        parts.append(f"DP{v.data_parallel_size}")
+    if v.enable_expert_parallel:
+        parts.append("EP")
+    if v.decode_context_parallel_size > 1:
+        parts.append(f"DCP{v.decode_context_parallel_size}")
+    return "+".join(parts)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+@pass_app
+def models(app, as_json):
+    """List the deployable models (the manifests in the models folder).
+
+    \b
+    Example:
+      vllm-orch models
+      vllm-orch --models ./my-models models --json
+    """
+    from orchestrator.config.manifest import load_all
+
+    folder = resolved_models_dir(app)
+    good, bad = load_all(folder)
+    rows = [{"name": m.name, "repo": m.source.repo, "revision": m.source.revision,
+             "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,
+             "parallelism": parallelism(m.vllm), "port": m.serving.port,
+             "served_model_name": m.served_name, "description": m.description}
+            for m in good.values()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        from rich.table import Table
+
+        console().print(f"Models in {folder}:")
+        table = Table()
+        for col in ("name", "repo", "size", "GPUs", "layout", "port"):
+            table.add_column(col, no_wrap=True)
+        for r in rows:
+            table.add_row(r["name"], r["repo"], _size(r["bytes"]), str(r["gpus"]), r["parallelism"],
+                          str(r["port"]))
+        out = console()
+        out.print(table)
+        for r in rows:
+            if r["description"]:
+                out.print(f"  [bold]{r['name']}[/]: {r['description']}", soft_wrap=True)
+    for err in bad:
+        console(stderr=True).print(f"[red]invalid:[/] {err}", soft_wrap=True)
+    if bad:
+        raise SystemExit(2)
+
+
+@click.command()
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@pass_app
+def validate(app, files):
+    """Check manifests and inventories: every problem with file, line and field path.
+
+    With no FILES, checks every manifest of the models folder and the inventory in use. A file is
+    treated as an inventory when it has a top-level `hosts:` key. Exit 2 if anything is bad.
+
+    \b
+    Example:
+      vllm-orch validate
+      vllm-orch validate models/kimi-k25-int4.yaml hosts.yaml
+    """
+    from orchestrator.config.inventory import inventory_path, load_inventory_file
+    from orchestrator.config.manifest import load_manifest, manifest_files
+    from orchestrator.config.yamlsrc import display_path
+
+    targets: list[tuple[str, Path]] = []
+    if files:
+        for f in files:
+            if not f.is_file():
+                raise ConfigError(f"{f}: no such file")
+            targets.append(("inventory" if _looks_like_inventory(f) else "manifest", f))
+    else:
+        targets += [("manifest", p) for p in manifest_files(resolved_models_dir(app))]
+        inv = inventory_path(app.inventory_path)
+        if inv is not None:
+            targets.append(("inventory", inv))
+    out = console()
+    failures = 0
+    for kind, path in targets:
+        try:
+            if kind == "inventory":
+                load_inventory_file(path)
+            else:
+                load_manifest(path)
+            out.print(f"[green]ok[/]      {display_path(path)} ({kind})")
+        except ConfigError as err:
+            failures += 1
+            out.print(f"[red]invalid[/] {err}", soft_wrap=True)
+            for line in err.details:
+                out.print(f"        {line}", soft_wrap=True, markup=False)
+    if not targets:
+        raise ConfigError("nothing to validate: no manifests found")
+    if failures:
+        out.print(f"{failures} of {len(targets)} files invalid")
+        raise SystemExit(2)
+
+
+def _looks_like_inventory(path: Path) -> bool:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except Exception:
+        return False
+    return isinstance(data, dict) and "hosts" in data
+
+
+@click.command()
+@click.argument("model")
+@click.option("--host", "host_name", default=None,
+              help="Render for this inventory host (paths, service manager). Default: a typical "
+                   "systemd host with vLLM in /opt/vllm.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+              help="Write the unit, env file and argv.json into this folder instead of printing.")
+@pass_app
+def render(app, model, host_name, out_dir):
+    """Show what a model becomes on a host: the systemd unit (or start script), the env file
+    (secrets masked) and the vLLM argv. Nothing is changed anywhere.
+
+    \b
+    Example:
+      vllm-orch render kimi-k25-int4
+      vllm-orch render minimax-m25 --host gpu1 --out ./rendered
+    """
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.config.manifest import get_manifest
+    from orchestrator.render.artifacts import render as do_render
+
+    manifest, _ = get_manifest(model, resolved_models_dir(app))
+    host = load_host_entry(app, host_name) if host_name else HostEntry(name="example-host", address="gpu-host")
+    r = do_render(manifest, host)
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for f in r.files:
+            target = out_dir / Path(f.path).name
+            target.write_text(f.text)   # masked text: secrets never leave the deploy path
+        (out_dir / "argv.json").write_text(json.dumps(r.argv, indent=2) + "\n")
+        console().print(f"wrote {', '.join(Path(f.path).name for f in r.files)}, argv.json to {out_dir}")
+        return
+    from rich.rule import Rule
+
+    out = console()
+    for title, text in ((r.unit.path, r.unit.text),
+                        (f"{r.env_file.path} (mode 0600, secrets masked)", r.env_file.text),
+                        ("vLLM argv", json.dumps(r.argv, indent=1) + "\n")):
+        out.print(Rule(title, align="left"))
+        out.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+
+
+@click.command()
+@click.option("--hosts", "for_hosts", is_flag=True, help="The inventory (hosts.yaml) schema instead.")
+def schema(for_hosts):
+    """Print the JSON schema of model manifests (for editor completion and checks).
+
+    \b
+    Example:
+      vllm-orch schema > manifest.schema.json
+      vllm-orch schema --hosts > hosts.schema.json
+    """
+    if for_hosts:
+        from orchestrator.config.inventory import inventory_schema
+
+        click.echo(json.dumps(inventory_schema(), indent=2))
+    else:
+        from orchestrator.config.manifest import manifest_schema
+
+        click.echo(json.dumps(manifest_schema(), indent=2))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def hosts(app, as_json):
+    """List the hosts of the inventory (yours plus the SIMULATED ones of `vllm-orch sim up`).
+
+    \b
+    Example:
+      vllm-orch hosts
+    """
+    from orchestrator.config.inventory import load_inventory
+
+    inv = load_inventory(app.inventory_path)
+    if as_json:
+        click.echo(json.dumps([h.model_dump() for h in inv.hosts.values()], indent=2))
+        return
+    if not inv.hosts:
+        console().print("No hosts. Write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`.")
+        return
+    from rich.table import Table
+
+    table = Table()
+    for col in ("host", "address", "service manager", "models root", "vllm"):
+        table.add_column(col)
+    for h in inv.hosts.values():
+        table.add_row(h.name + (" [SIMULATED]" if h.simulated else ""), h.address, h.service_manager,
+                      h.models_root, h.vllm)
+    console().print(table)

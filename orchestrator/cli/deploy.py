@@ -1,0 +1,116 @@
+"""`vllm-orch deploy` and `vllm-orch check`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from orchestrator.cli.common import console, load_host_entry, load_model, pass_app
+
+
+def host_options(f):
+    f = click.option("--accept-new-host-key", is_flag=True,
+                     help="Trust and remember an SSH host key seen for the first time (like OpenSSH's "
+                          "accept-new). A changed key is always refused.")(f)
+    f = click.option("--host", "host_name", required=True, help="Inventory host name (see `vllm-orch hosts`).")(f)
+    return f
+
+
+def run_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live output).")(f)
+    f = click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")(f)
+    f = click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
+                     help="Skip a failing preflight check by name (shown as skipped in the plan).")(f)
+    f = click.option("--kill-foreign", is_flag=True,
+                     help="Also kill GPU processes that are not vLLM on the model's GPUs.")(f)
+    return f
+
+
+def make_options(skip_checks, kill_foreign, enable=False, yes=False):
+    from orchestrator.plan.steps import Options
+
+    return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks))
+
+
+def finish(result, as_json: bool) -> None:
+    """Print the result (JSON or a closing line) and exit with the documented code."""
+    code = 0 if result.ok else (result.error.exit_code if result.error else 1)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2, default=str))
+        sys.exit(code)
+    if result.ok:
+        if not result.dry_run:
+            console().print(f"[bold green]{result.operation} {result.model} on {result.host}: ok[/] "
+                            f"({result.seconds:.1f}s)")
+        sys.exit(0)
+    if result.error is not None:
+        raise result.error
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("model")
+@host_options
+@run_options
+@click.option("--enable", is_flag=True, help="Also enable the unit so it starts at boot (systemd hosts).")
+@pass_app
+def deploy(app, model, host_name, accept_new_host_key, as_json, dry_run, skip_checks, kill_foreign, enable):
+    """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
+    unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
+
+    Every step says what it will do or why there is nothing to do; --dry-run prints exactly that
+    plan. Running it again when the model already serves unchanged does nothing.
+
+    \b
+    Exit codes: 0 ok, 1 failed, 2 bad input, 3 refused by a safety check.
+    \b
+    Examples:
+      vllm-orch deploy kimi-k25-int4 --host sim --dry-run
+      vllm-orch deploy kimi-k25-int4 --host sim
+      HF_TOKEN=hf_... vllm-orch deploy minimax-m25 --host gpu1 --enable
+    """
+    from orchestrator.ops.deploy import run_deploy
+    from orchestrator.ops.execute import Reporter
+
+    m = load_model(app, model)
+    entry = load_host_entry(app, host_name)
+    reporter = Reporter(console(), quiet=as_json)
+    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable), reporter, dry_run,
+                        accept_new_host_key)
+    finish(result, as_json)
+
+
+@click.command()
+@click.argument("model")
+@host_options
+@click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME", help="Skip a check by name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@pass_app
+def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
+    """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
+    version (and, where the host's vLLM can parse them, the rendered flags).
+
+    \b
+    Example:
+      vllm-orch check kimi-k25-int4 --host sim
+    """
+    from orchestrator.ops.deploy import make_ctx, session
+    from orchestrator.ops.execute import Reporter
+    from orchestrator.plan.steps import preflight_action
+
+    m = load_model(app, model)
+    entry = load_host_entry(app, host_name)
+    with session(entry, f"check {m.name}", True, accept_new_host_key) as (host, _holder, _held):
+        ctx = make_ctx(host, entry, m, make_options(skip_checks, False), Reporter(None, quiet=True))
+        action, refusal = preflight_action(ctx)
+    if as_json:
+        click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
+                               "checks": action.details}, indent=2))
+        sys.exit(0 if refusal is None else refusal.exit_code)
+    console().print(f"Preflight of {m.name} on {entry.describe()}: {action.summary}")
+    for line in action.details:
+        console().print(f"  {line}", markup=False, soft_wrap=True)
+    if refusal is not None:
+        raise refusal

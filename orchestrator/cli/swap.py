@@ -1,0 +1,83 @@
+"""`vllm-orch swap` and `vllm-orch regen`."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, resolved_models_dir
+from orchestrator.cli.deploy import finish, host_options, make_options
+
+
+@click.command()
+@click.argument("model")
+@host_options
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--yes", is_flag=True,
+              help="Accept an unstaged swap when the disk cannot hold both models (longer downtime, "
+                   "no rollback without a new download).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live output).")
+@click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME", help="Skip a failing preflight check.")
+@click.option("--kill-foreign", is_flag=True, help="Also kill non-vLLM GPU processes on the model's GPUs.")
+@pass_app
+def swap(app, model, host_name, accept_new_host_key, dry_run, yes, as_json, skip_checks, kill_foreign):
+    """Replace the active model on a host with MODEL, with rollback.
+
+    The new model is downloaded and verified while the old one keeps serving (when the disk holds
+    both), then the old one is stopped, its GPUs are checked free, the new one starts and must pass
+    the readiness gates. If it fails any gate, it is stopped and the previous model is started again
+    with its previous unit; its files are never deleted. Downtime (old stopped -> new ready) is
+    measured and reported.
+
+    \b
+    Examples:
+      vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
+      vllm-orch swap minimax-m25 --host gpu1
+    """
+    from orchestrator.ops.execute import Reporter
+    from orchestrator.config.manifest import load_all
+    from orchestrator.ops.swap import run_swap
+
+    m = load_model(app, model)
+    entry = load_host_entry(app, host_name)
+    manifests, _bad = load_all(resolved_models_dir(app))
+    reporter = Reporter(console(), quiet=as_json)
+    result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes), reporter, dry_run,
+                      accept_new_host_key)
+    if not as_json and not dry_run:
+        extra = result.extra
+        if extra.get("downtime_s") is not None and result.ok:
+            console().print(f"downtime: {extra['downtime_s']:.1f}s (old stopped -> new ready; the new model's "
+                            f"load took {extra.get('load_s', 0):.1f}s)")
+        if "rollback" in extra:
+            rb = extra["rollback"]
+            style = "green" if rb["ok"] else "bold red"
+            console().print(f"[{style}]rollback: {rb['result']} ({rb['seconds']:.1f}s)[/]")
+    finish(result, as_json)
+
+
+@click.command()
+@host_options
+@click.option("--dry-run", is_flag=True, help="Show the diffs and change nothing.")
+@click.option("--restart", is_flag=True,
+              help="Restart running services whose unit changed, through the readiness gates (with rollback).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@pass_app
+def regen(app, host_name, accept_new_host_key, dry_run, restart, as_json):
+    """Re-render the units and env files of every model installed on a host from the current
+    manifests and templates: a unified diff per file, then install what changed and daemon-reload.
+    Running services keep running unless --restart.
+
+    \b
+    Examples:
+      vllm-orch regen --host gpu1 --dry-run
+      vllm-orch regen --host gpu1 --restart
+    """
+    from orchestrator.ops.execute import Reporter
+    from orchestrator.config.manifest import load_all
+    from orchestrator.ops.regen import run_regen
+
+    entry = load_host_entry(app, host_name)
+    manifests, _bad = load_all(resolved_models_dir(app))
+    result = run_regen(entry, manifests, make_options((), False), Reporter(console(), quiet=as_json), dry_run,
+                       restart, accept_new_host_key)
+    finish(result, as_json)

@@ -1,0 +1,251 @@
+"""Text views of status, history and gc plans (rich). Pure: data in, printed lines out."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from orchestrator.ops.status import HostStatus
+from orchestrator.plan.steps import fmt_bytes, gpu_list
+
+STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
+               "stopped": "dim", "unreachable": "bold red"}
+
+# The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).
+BENCH_FIGURES = {"single_stream_tok_s": "single stream", "peak_output_tok_s": "peak"}
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def fmt_ago(epoch: float | None, now: float | None = None) -> str:
+    if not epoch:
+        return "never"
+    return fmt_duration((now or time.time()) - epoch) + " ago"
+
+
+def fmt_at(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return iso
+
+
+def gpu_summary(gpus: list[dict]) -> str:
+    """'709/765G': memory used / total over every GPU of the host."""
+    if not gpus:
+        return "-"
+    used = sum(g.get("memory_used_mib") or 0 for g in gpus)
+    total = sum(g.get("memory_total_mib") or 0 for g in gpus)
+    return f"{used / 1024:.0f}/{total / 1024:.0f}G"
+
+
+def gpu_lines(gpus: list[dict]) -> str:
+    """Per-GPU memory, runs of equal GPUs folded: 'GPU 0-7 89/96 GiB'."""
+    groups: list[tuple[list[int], str]] = []
+    for g in gpus:
+        text = f"{(g.get('memory_used_mib') or 0) / 1024:.0f}/{(g.get('memory_total_mib') or 0) / 1024:.0f} GiB"
+        if groups and groups[-1][1] == text and groups[-1][0][-1] == g["index"] - 1:
+            groups[-1][0].append(g["index"])
+        else:
+            groups.append(([g["index"]], text))
+    return ", ".join((f"GPU {ix[0]}-{ix[-1]}" if len(ix) > 1 else f"GPU {ix[0]}") + f" {text}"
+                     for ix, text in groups)
+
+
+def since_iso(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    try:
+        return fmt_duration(time.time() - datetime.fromisoformat(iso).timestamp()) + " ago"
+    except ValueError:
+        return iso
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def render_status(console, results: list[HostStatus]) -> None:
+    """One row per host (fits 80 columns), then a few detail lines per host."""
+    table = Table(title="vllm-orch status", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    widest = max([len(r.active_model or "-") for r in results] + [5])
+    for col in ("host", "model", "state", "up", "GPU mem", "KV", "run/wait", "disk free"):
+        table.add_column(col, overflow="fold", min_width=widest if col == "model" else None)
+    for r in results:
+        name = escape(r.host)
+        if not r.reachable:
+            table.add_row(name, "-", f"[{STATE_STYLE['unreachable']}]unreachable[/]", "-", "-", "-", "-", "-")
+            continue
+        run_wait = "-" if r.requests_running is None else \
+            f"{_num(r.requests_running)}/{_num(r.requests_waiting)}"
+        table.add_row(name, escape(r.active_model or "-"),
+                      f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]", fmt_duration(r.uptime_s),
+                      gpu_summary(r.gpus) if not r.gpu_error else "[red]error[/]",
+                      _pct(r.kv_cache_usage), run_wait,
+                      fmt_bytes(r.disk.get("free", 0)) if r.disk else "-")
+    console.print(table)
+    for r in results:
+        if r.reachable:
+            render_host_details(console, r)
+        else:
+            console.print(f"[bold]{escape(r.host)}[/]: [red]unreachable[/] - {escape(r.error or '')}")
+
+
+def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
+    """(line, attention?) per GPU process; a running service's processes folded into one line."""
+    out: list[tuple[str, bool]] = []
+    owned: dict[str, list[dict]] = {}
+    for p in procs:
+        if p["owner"]:
+            owned.setdefault(p["owner"], []).append(p)
+    for owner, ps in owned.items():
+        gpus = sorted({p["gpu"] for p in ps if p["gpu"] is not None})
+        mib = sum(p["used_mib"] for p in ps)
+        out.append((f"{len(ps)} processes of {owner} on {gpu_list(gpus)} "
+                    f"({mib / 1024:.0f} GiB, e.g. PID {ps[0]['pid']} {ps[0]['name']})", False))
+    for p in procs:
+        if p["owner"]:
+            continue
+        who = f"left behind by {p['left_by']}" if p["left_by"] else p["kind"]
+        out.append((f"GPU {p['gpu'] if p['gpu'] is not None else '?'}: PID {p['pid']} {p['name']} "
+                    f"{p['used_mib']} MiB ({who})", True))
+    return out
+
+
+def render_host_details(console, r: HostStatus) -> None:
+    """The per-host lines under the table: why this state, GPUs, processes, models, bench."""
+    head = f"[bold]{escape(r.host)}[/]{' (SIMULATED)' if r.simulated else ''}: {escape(r.active_model or 'no active model')} " \
+           f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/] - {escape(r.state_reason)}"
+    if r.port:
+        head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
+    console.print(head)
+    if r.lock:
+        console.print(f"  lock: {escape(str(r.lock.get('operation')))} by {escape(str(r.lock.get('holder')))} "
+                      f"since {escape(str(r.lock.get('since')))}")
+    if r.gpu_error:
+        console.print(f"  GPUs: nvidia-smi failed: {r.gpu_error}", markup=False)
+    elif r.gpus:
+        console.print(f"  {gpu_lines(r.gpus)}", markup=False)
+    for line, attention in process_lines(r.gpu_processes):
+        console.print(f"  [yellow]{escape(line)}[/]" if attention else f"  {escape(line)}")
+    if r.models or r.disk:
+        parts = [f"{m['name']} {fmt_bytes(m['bytes'])}" + (" *active*" if m["active"] else "")
+                 + ("" if m["verified"] else " (not verified)") for m in r.models]
+        disk = f"{fmt_bytes(r.disk.get('free', 0))} free of {fmt_bytes(r.disk.get('total', 0))}" if r.disk else ""
+        console.print(f"  disk: {disk}" + (f"; models: {', '.join(parts)}" if parts else "; no models"),
+                      markup=False)
+    if r.last_deploy:
+        d = r.last_deploy
+        line = f"  last {d.get('operation')}: {d.get('model', '?')} {d.get('result')} {since_iso(d.get('at'))}"
+        if isinstance(d.get("seconds"), (int, float)):
+            line += f" (took {fmt_duration(d['seconds'])})"
+        if d.get("error"):
+            line += f": {d['error']}"
+        console.print(line, markup=False)
+    if r.last_bench:
+        b = r.last_bench
+        figures = ", ".join(f"{label} {b[k]:.1f} tok/s" for k, label in BENCH_FIGURES.items()
+                            if isinstance(b.get(k), (int, float)))
+        if "peak_concurrency" in b:
+            figures += f" at concurrency {b['peak_concurrency']}"
+        console.print(f"  last bench ({b.get('model', '?')}, {fmt_at(b.get('at'))}): {figures or 'no figures'}",
+                      markup=False)
+
+
+def history_details(rec: dict) -> str:
+    """One line of what a history record says beyond its operation and result."""
+    op = rec.get("operation")
+    if rec.get("refused"):
+        return f"refused: {rec['refused']}"
+    if rec.get("error") or rec.get("root_cause"):
+        return f"{rec.get('failure_kind', 'error')}: {rec.get('root_cause') or rec.get('error')}"
+    if op == "gc":
+        names = ", ".join(d["name"] for d in rec.get("deleted") or []) or "nothing"
+        kept = "; ".join(f"kept {k['name']}: {k['why']}" for k in rec.get("kept") or [])
+        return f"deleted {names} ({fmt_bytes(rec.get('freed_bytes') or 0)})" + (f"; {kept}" if kept else "")
+    if op == "stop":
+        killed = rec.get("killed") or []
+        parts = [f"was {rec.get('was', '?')}"]
+        if rec.get("orphans"):
+            parts.append(f"{len(rec['orphans'])} orphaned workers")
+        if killed:
+            parts.append(f"killed {len(killed)} leftovers")
+        if rec.get("gpus_free"):
+            parts.append(str(rec["gpus_free"]))
+        return "; ".join(parts)
+    if op == "bench":
+        return ", ".join(f"{label} {rec[k]:.1f} tok/s" for k, label in BENCH_FIGURES.items()
+                         if isinstance(rec.get(k), (int, float)))
+    parts = []
+    if rec.get("downtime_s") is not None:
+        parts.append(f"downtime {rec['downtime_s']:.1f}s")
+    if rec.get("steps"):
+        slow = sorted(rec["steps"].items(), key=lambda kv: -kv[1])[:3]
+        parts.append("slowest: " + ", ".join(f"{k} {v:.1f}s" for k, v in slow))
+    if rec.get("tokens_per_s"):
+        parts.append(f"smoke {rec['tokens_per_s']:.1f} tok/s")
+    if rec.get("rolled_back_to"):
+        parts.append(f"rolled back to {rec['rolled_back_to']}")
+    return "; ".join(parts)
+
+
+def history_result(rec: dict) -> str:
+    if rec.get("refused"):
+        return "[yellow]refused[/]"
+    if rec.get("ok"):
+        return "[green]ok[/]" + (" [dim](no-op)[/]" if rec.get("noop") else "")
+    return "[red]failed[/]"
+
+
+def render_history(console, host: str, records: list[dict]) -> None:
+    if not records:
+        console.print(f"no history on {host} yet.")
+        return
+    table = Table(title=f"history of {host}", title_justify="left")
+    for col in ("when", "operation", "model", "result", "took", "details"):
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        model = rec.get("model") or (f"{rec.get('from', '?')} -> {rec.get('to', '?')}" if rec.get("to") else "-")
+        secs = rec.get("seconds")
+        table.add_row(fmt_at(rec.get("at")), escape(str(rec.get("operation", "?"))), escape(str(model)),
+                      history_result(rec), fmt_duration(secs) if isinstance(secs, (int, float)) else "-",
+                      escape(history_details(rec)))
+    console.print(table)
+
+
+def render_gc_plan(console, entry, plan, holder: dict | None) -> None:
+    if holder:
+        console.print(f"[yellow]note:[/] {escape(str(holder.get('operation')))} holds the lock "
+                      f"({escape(str(holder.get('holder')))}); a real gc would be refused now")
+    for name, why in plan.keep:
+        console.print(f"  keep    {name}: {why}", markup=False)
+    if not plan.delete:
+        return
+    table = Table(title=f"inactive model folders in {entry.models_root} on {entry.name}", title_justify="left")
+    for col in ("folder", "size", "last used", "verified"):
+        table.add_column(col)
+    for c in plan.delete:
+        table.add_row(escape(c.name), fmt_bytes(c.bytes), fmt_ago(c.last_used), "yes" if c.verified else "no")
+    console.print(table)
+    console.print(f"total: {fmt_bytes(plan.bytes)}")

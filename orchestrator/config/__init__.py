@@ -1,0 +1,1 @@
+"""Configuration: model manifests, the host inventory, YAML loading with file:line errors."""

@@ -1,0 +1,203 @@
+"""The host inventory (hosts.yaml): how to reach each host and where things live on it.
+
+Looked up from --inventory PATH, else ./hosts.yaml, else ~/.config/vllm-orch/hosts.yaml. The hosts
+of a running simulator (`vllm-orch sim up`) are always added. A host whose address is `local` is this
+machine, reached without SSH.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from orchestrator.errors import ConfigError
+from orchestrator.config.manifest import ENV_NAME, SLUG, Strict, _check_text, validation_error
+from orchestrator.config.yamlsrc import YamlDoc, display_path
+
+LOCAL = "local"
+
+
+class HostEntry(Strict):
+    """One machine."""
+
+    name: str = Field("", description="Host name used with --host (the key in hosts.yaml).")
+    address: str = Field(
+        description="DNS name, IP address or ~/.ssh/config alias; `local` for this machine without SSH.")
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port. Default: ~/.ssh/config, else 22.")
+    user: str | None = Field(None, description="SSH user. Default: ~/.ssh/config, else the current user.")
+    identity_file: str | None = Field(None, description="SSH private key. Default: ~/.ssh/config, the agent, ~/.ssh/id_*.")
+    known_hosts_file: str | None = Field(None, description="known_hosts to check host keys against. Default: ~/.ssh/known_hosts.")
+    connect_timeout: float = Field(10.0, gt=0, le=300, description="Seconds to wait for the SSH connection.")
+    sudo: bool = Field(False, description="Run commands with `sudo -n` (passwordless sudo for the SSH user).")
+    service_manager: Literal["systemd", "process"] = Field(
+        "systemd", description="`systemd`: units in units_dir, systemctl and journalctl. `process`: a start "
+                               "script and a PID file, for hosts without systemd (containers).")
+    models_root: str = Field("/var/lib/vllm-orch/models",
+                             description="Folder holding one sub-folder per managed model. Nothing outside it is ever deleted.")
+    vllm: str = Field("/opt/vllm/bin/vllm", description="The vLLM executable on the host (usually inside its venv).")
+    python: str | None = Field(
+        None, description="Python that runs host-side helper scripts (download, flag check); it needs "
+                          "huggingface_hub. Default: `python` beside the vllm executable (the vLLM venv).")
+    nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi executable.")
+    units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
+    env_dir: str | None = Field(None, description="Where the 0600 env files go. Default: /etc/vllm-orch (systemd), units_dir (process).")
+    state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
+    log_dir: str | None = Field(None, description="Service logs for `process` hosts. Default: state_dir/../logs.")
+    service_user: str = Field("root", description="User= of the rendered units.")
+    models_disk_budget_gib: float | None = Field(
+        None, gt=0, description="Most GiB that managed models may use in models_root (a disk budget); "
+                                "downloads that would exceed it free or refuse like a full disk.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment for every command vllm-orch runs on the host (e.g. HF_ENDPOINT for a "
+                    "mirror, proxies). Not passed to the service: use the manifest's env for that.")
+    simulated: bool = Field(False, description="Set by `vllm-orch sim`: the host is SIMULATED.")
+    sim_scale: int | None = Field(
+        None, ge=1, description="Set by `vllm-orch sim`: file sizes on this SIMULATED host are 1/sim_scale "
+                                "of the real ones, and so is the manifest's disk reserve.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v and not SLUG.match(v):
+            raise ValueError(f"{v!r} is not a lowercase slug")
+        return v
+
+    @field_validator("address", "models_root", "vllm", "nvidia_smi", "units_dir", "state_dir")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        return _check_text(v, "the value")
+
+    @field_validator("models_root", "units_dir", "state_dir", "env_dir", "log_dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} must be an absolute path")
+        if v is not None and v.rstrip("/") in ("", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
+            raise ValueError(f"{v!r} is too broad a folder for vllm-orch to manage")
+        return v.rstrip("/") if v else v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            _check_text(str(value), f"env.{key}")
+        return {k: str(val) for k, val in v.items()}
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "HostEntry":
+        if self.python is None:
+            self.python = str(Path(self.vllm).with_name("python")) if "/" in self.vllm else "python3"
+        if self.env_dir is None:
+            self.env_dir = self.units_dir if self.service_manager == "process" else "/etc/vllm-orch"
+        if self.log_dir is None:
+            self.log_dir = str(Path(self.state_dir).parent / "logs")
+        return self
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == LOCAL
+
+    def describe(self) -> str:
+        where = "this machine" if self.is_local else (
+            f"{self.user + '@' if self.user else ''}{self.address}{':' + str(self.port) if self.port else ''}")
+        return f"{self.name} ({where}, {self.service_manager}{', SIMULATED' if self.simulated else ''})"
+
+
+class Inventory(Strict):
+    hosts: dict[str, HostEntry] = Field(default_factory=dict, description="Hosts by name.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("hosts"), dict):
+            hosts = {}
+            for key, entry in data["hosts"].items():
+                if isinstance(entry, dict):
+                    entry = {**entry, "name": entry.get("name", key)}
+                hosts[key] = entry
+            data = {**data, "hosts": hosts}
+        return data
+
+    @model_validator(mode="after")
+    def _keys(self) -> "Inventory":
+        for key, entry in self.hosts.items():
+            if entry.name != key:
+                raise ValueError(f"hosts.{key}.name is {entry.name!r}; leave it out or make it {key!r}")
+        return self
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "vllm-orch"
+
+
+def sim_inventory_path() -> Path:
+    home = os.environ.get("VLLM_ORCH_SIM_HOME") or str(Path.home() / ".local/state/vllm-orch/sim")
+    return Path(home) / "inventory.yaml"
+
+
+def inventory_path(explicit: Path | None = None) -> Path | None:
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"--inventory {explicit}: no such file")
+        return explicit
+    for candidate in (Path("hosts.yaml"), config_dir() / "hosts.yaml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_inventory_file(path: Path) -> Inventory:
+    doc = YamlDoc(path, display_path(path))
+    data = doc.data if doc.data is not None else {"hosts": {}}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{doc.display}: expected a mapping with a `hosts:` key")
+    try:
+        return Inventory.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, doc, "inventory", Inventory) from None
+
+
+def load_inventory(explicit: Path | None = None) -> Inventory:
+    """The user's inventory (if any) plus the running simulator's hosts."""
+    hosts: dict[str, HostEntry] = {}
+    sim = sim_inventory_path()
+    if sim.is_file():
+        hosts.update(load_inventory_file(sim).hosts)
+    path = inventory_path(explicit)
+    if path is not None:
+        for name, entry in load_inventory_file(path).hosts.items():
+            if name in hosts:
+                raise ConfigError(f"{display_path(path)}: host {name!r} clashes with a SIMULATED host of "
+                                  f"`vllm-orch sim`; rename it or run `vllm-orch sim down`")
+            hosts[name] = entry
+    return Inventory(hosts=hosts)
+
+
+def get_host(inventory: Inventory, name: str) -> HostEntry:
+    if name in inventory.hosts:
+        return inventory.hosts[name]
+    if name == LOCAL:
+        return HostEntry(name=LOCAL, address=LOCAL)
+    names = sorted(inventory.hosts)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    if close:
+        hint = f"did you mean {close[0]!r}?"
+    elif names:
+        hint = f"known hosts: {', '.join(names)}"
+    else:
+        hint = "no inventory found: write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`"
+    raise ConfigError(f"no host named {name!r} in the inventory", hint=hint)
+
+
+def inventory_schema() -> dict:
+    schema = Inventory.model_json_schema()
+    schema["title"] = "vllm-orch host inventory"
+    return schema

@@ -1,0 +1,524 @@
+"""Model manifests (models/NAME.yaml): the pydantic models, their cross-field checks, and loading.
+
+Every field has a description (docs/manifest-reference.md is generated from them) and a default that
+is safe for an 8-GPU host. Unknown keys are refused with a "did you mean". Errors name the file, the
+line and the field path, e.g. `models/x.yaml:12: vllm.tensor_parallel_size: ...`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.errors import ConfigError
+from orchestrator.paths import shipped_dir
+from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
+
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Values that end up in argv, unit files or env files must be single-line printable text.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Environment variable names that hold credentials: they belong in `secret_env`, never in a manifest.
+_SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|_KEY$|CREDENTIAL)", re.I)
+
+DEFAULT_PORT = 8000
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+DEFAULT_STARTUP_BUDGET_S = 3600          # a 547 GB Kimi load took 36 min in the field report
+DEFAULT_NO_PROGRESS_S = 600              # no new log line for 10 min: an NCCL hang looks like this
+DEFAULT_ALLOW = ["*.safetensors", "*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "*.jinja",
+                 "*.md"]
+DEFAULT_SMOKE_PROMPT = "What is 2+2? Answer with one number."
+
+
+def at(path: str, message: str) -> ValueError:
+    """A validation error for a sub-path of the field being validated (or of the whole model, for
+    cross-field checks): `at("vllm.tensor_parallel_size", "...")`. _describe_errors reads it back."""
+    return ValueError(f"@{path}@ {message}")
+
+
+_AT = re.compile(r"^@([\w.\[\]-]+)@ (.*)$", re.S)
+
+
+def _split_path(path: str) -> list:
+    parts: list = []
+    for piece in path.split("."):
+        m = re.match(r"^([^\[]*)((\[\d+\])*)$", piece)
+        name, idx = (m.group(1), m.group(2)) if m else (piece, "")
+        if name:
+            parts.append(name)
+        parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", idx))
+    return parts
+
+
+def _check_text(value: str, what: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError(f"{what} must be one line of printable text (no newlines or control characters)")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=False)
+
+
+class Source(Strict):
+    """Where the weights come from."""
+
+    repo: str = Field(description="Hugging Face repo id, e.g. `moonshotai/Kimi-K2.5`.")
+    revision: str = Field(
+        "main",
+        description="Commit sha (40 hex characters) to download. Pin it: a moving branch such as "
+                    "`main` can change the weights under a running deployment (a warning is shown).")
+    allow_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOW),
+        description="fnmatch patterns of repo files to download (huggingface_hub allow_patterns).")
+    ignore_patterns: list[str] = Field(
+        default_factory=list,
+        description="fnmatch patterns of repo files to skip, applied after allow_patterns.")
+    expected_shards: int | None = Field(
+        None, ge=1, description="Number of weight shards, as documentation; the Hub's file list is the truth.")
+    expected_bytes: int | None = Field(
+        None, ge=1, description="Total download size in bytes, as documentation and for `vllm-orch models`; "
+                                "the disk check uses the Hub's file metadata.")
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not REPO_ID.match(v):
+            raise ValueError(f"{v!r} is not a Hugging Face repo id (owner/name)")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9._/-]{1,100}$", v):
+            raise ValueError(f"{v!r} is not a commit sha, branch or tag")
+        return v
+
+    @field_validator("allow_patterns", "ignore_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for p in v:
+            _check_text(p, "a pattern")
+        return v
+
+    @property
+    def pinned(self) -> bool:
+        return bool(COMMIT.match(self.revision))
+
+
+class Serving(Strict):
+    """How the service is reached and which GPUs it takes."""
+
+    served_model_name: str | None = Field(
+        None, description="Name clients use in API requests (`--served-model-name`). Default: the manifest name.")
+    host: str = Field(
+        "0.0.0.0",
+        description="Address vLLM listens on (`--host`). Use 127.0.0.1 to keep it private to the host: "
+                    "vllm-orch probes and benchmarks through the SSH connection.")
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="HTTP port (`--port`).")
+    gpus: int = Field(8, ge=1, le=64, description="Number of GPUs the service uses.")
+    gpu_ids: list[int] | None = Field(
+        None, description="Explicit GPU indices (CUDA_VISIBLE_DEVICES). Default: 0..gpus-1.")
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="Names of environment variables (e.g. HF_TOKEN, VLLM_API_KEY) whose values are taken "
+                    "from the environment of `vllm-orch deploy` and written to the 0600 env file - never "
+                    "to the manifest, the unit, a plan or a log.")
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", v):
+            raise ValueError(f"{v!r}: use letters, digits and . _ : / - only")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not re.match(r"^[0-9A-Za-z.:-]+$", v):
+            raise ValueError(f"{v!r} is not an address")
+        return v
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _gpu_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if len(set(v)) != len(v):
+                raise ValueError(f"GPU ids must be unique, got {v}")
+            if any(i < 0 for i in v):
+                raise ValueError(f"GPU ids must be >= 0, got {v}")
+        return v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return v
+
+    @property
+    def visible_devices(self) -> list[int]:
+        return list(self.gpu_ids) if self.gpu_ids is not None else list(range(self.gpus))
+
+
+class VllmArgs(Strict):
+    """`vllm serve` arguments. Typed fields for the common ones; `extra_args` for the rest."""
+
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="`--tensor-parallel-size`: GPUs that split every layer.")
+    pipeline_parallel_size: int = Field(1, ge=1, le=64, description="`--pipeline-parallel-size`: GPUs that split the layer stack.")
+    data_parallel_size: int = Field(1, ge=1, le=64, description="`--data-parallel-size`: independent replicas (with expert parallel: attention DP).")
+    enable_expert_parallel: bool = Field(False, description="`--enable-expert-parallel`: shard MoE experts across TP x DP GPUs (EP size = TP x DP).")
+    decode_context_parallel_size: int = Field(
+        1, ge=1, le=64,
+        description="`--decode-context-parallel-size`: split the KV cache of long contexts across the TP "
+                    "GPUs (must divide tensor_parallel_size). DCP=8 takes Kimi-K2.5 FP8 KV from ~450K to ~3.6M tokens.")
+    max_model_len: int | None = Field(None, ge=128, description="`--max-model-len`: longest context in tokens. Default: the model's.")
+    gpu_memory_utilization: float = Field(
+        DEFAULT_GPU_MEMORY_UTILIZATION, gt=0.0, le=0.99,
+        description="`--gpu-memory-utilization`: fraction of each GPU's memory vLLM may take.")
+    kv_cache_dtype: str | None = Field(None, description="`--kv-cache-dtype`, e.g. `fp8` (halves KV memory).")
+    attention_backend: str | None = Field(None, description="`--attention-backend`, e.g. `TRITON_MLA` (SM120 MLA with FP8 KV). Replaces the VLLM_ATTENTION_BACKEND env var that vLLM >= 0.26 ignores.")
+    moe_backend: str | None = Field(None, description="`--moe-backend`, e.g. `marlin`, `triton`, `flashinfer_cutlass`. Replaces VLLM_FLASHINFER_MOE_BACKEND.")
+    trust_remote_code: bool = Field(False, description="`--trust-remote-code`: run the repo's model code. Kimi-K2.5 and MiniMax-M2.5 need it.")
+    tool_call_parser: str | None = Field(None, description="`--tool-call-parser`, e.g. `kimi_k2`, `minimax_m2`.")
+    reasoning_parser: str | None = Field(None, description="`--reasoning-parser`, e.g. `kimi_k2`, `minimax_m2`: thinking goes to `reasoning_content`.")
+    enable_auto_tool_choice: bool = Field(False, description="`--enable-auto-tool-choice` (needs tool_call_parser).")
+    compilation_config: dict[str, Any] | None = Field(
+        None, description="`--compilation-config` as a mapping, passed as JSON, e.g. `{cudagraph_mode: PIECEWISE}`.")
+    max_num_seqs: int | None = Field(None, ge=1, description="`--max-num-seqs`: most sequences in one batch.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="`--max-num-batched-tokens`: token budget per scheduler step.")
+    enable_prefix_caching: bool | None = Field(None, description="`--enable-prefix-caching` / `--no-enable-prefix-caching`. Default: vLLM's.")
+    load_format: str | None = Field(None, description="`--load-format`, e.g. `fastsafetensors` (needs that package on the host: preflight checks).")
+    mm_encoder_tp_mode: str | None = Field(None, description="`--mm-encoder-tp-mode`, e.g. `data` (vision encoder data-parallel). Not with language_model_only.")
+    language_model_only: bool = Field(False, description="`--language-model-only`: skip the vision encoder to free VRAM.")
+    async_scheduling: bool | None = Field(None, description="`--async-scheduling` / `--no-async-scheduling`. Default: vLLM's.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Further `vllm serve` arguments, one token per item (`[--max-num-seqs, '256']`). Each "
+                    "item is one argv entry: quoting is never needed and nothing is passed to a shell.")
+
+    @field_validator("kv_cache_dtype", "attention_backend", "moe_backend", "tool_call_parser",
+                     "reasoning_parser", "load_format", "mm_encoder_tp_mode")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9_.-]+$", v):
+            raise ValueError(f"{v!r}: expected one word (letters, digits, _ . -)")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for i, item in enumerate(v):
+            try:
+                _check_text(item, "each extra_args item")
+            except ValueError as exc:
+                raise at(f"[{i}]", str(exc)) from None
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "VllmArgs":
+        if self.tensor_parallel_size % self.decode_context_parallel_size:
+            raise at("decode_context_parallel_size", 
+                f"decode_context_parallel_size ({self.decode_context_parallel_size}) must divide "
+                f"tensor_parallel_size ({self.tensor_parallel_size})")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise at("enable_auto_tool_choice", "enable_auto_tool_choice needs tool_call_parser (vLLM refuses to start without it)")
+        if self.language_model_only and self.mm_encoder_tp_mode:
+            raise at("language_model_only", "language_model_only cannot be combined with mm_encoder_tp_mode "
+                             "(there is no vision encoder to place)")
+        typed = {"--" + f.replace("_", "-"): f for f in type(self).model_fields if f != "extra_args"}
+        typed.update({"-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size",
+                      "-dp": "data_parallel_size", "--no-enable-prefix-caching": "enable_prefix_caching",
+                      "--no-async-scheduling": "async_scheduling"})
+        for i, item in enumerate(self.extra_args):
+            flag = item.split("=", 1)[0]
+            if flag in typed:
+                raise at(f"extra_args[{i}]", f"extra_args sets {flag}; use the field vllm.{typed[flag]} instead")
+            if flag in ("--served-model-name", "--port", "--host", "--model"):
+                raise at(f"extra_args[{i}]", f"extra_args sets {flag}; it is rendered from the serving section")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+
+class Startup(Strict):
+    """How long start-up may take, and when silence means a hang."""
+
+    budget_seconds: int = Field(
+        DEFAULT_STARTUP_BUDGET_S, ge=10,
+        description="Most seconds from start to ready (weights + compile + graphs). Also sets "
+                    "VLLM_ENGINE_READY_TIMEOUT_S and the unit's TimeoutStartSec.")
+    no_progress_seconds: int = Field(
+        DEFAULT_NO_PROGRESS_S, ge=5,
+        description="Fail when the service log shows no new line for this long (an NCCL hang looks like that).")
+
+
+class Probes(Strict):
+    """Readiness gates after start: health, model listed, then a real chat completion."""
+
+    health_path: str = Field("/health", description="Path that answers 200 when the engine is alive.")
+    smoke_prompt: str = Field(DEFAULT_SMOKE_PROMPT, description="User message of the smoke-test chat completion.")
+    smoke_expect: str = Field(
+        r"\b4\b", description="Regular expression the answer's content must match (case-insensitive).")
+    smoke_max_tokens: int = Field(
+        512, ge=1, le=32768,
+        description="max_tokens of the smoke test. Reasoning models think first: leave room for it.")
+    smoke_timeout_seconds: int = Field(120, ge=1, description="Time allowed for the smoke completion.")
+
+    @field_validator("health_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not re.match(r"^/[A-Za-z0-9/_.-]*$", v):
+            raise ValueError(f"{v!r} must be a URL path starting with /")
+        return v
+
+    @field_validator("smoke_expect")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return v
+
+
+class Requirements(Strict):
+    """What the host must have. Checked before anything is changed on it."""
+
+    gpu_name: str | None = Field(
+        None, description="Substring the GPU name must contain, e.g. `RTX PRO 6000` (nvidia-smi's name).")
+    vram_per_gpu_gib: float = Field(0, ge=0, description="Least memory per GPU, in GiB (nvidia-smi memory.total).")
+    min_vllm_version: str = Field("0.0.0", description="Oldest vLLM that runs this manifest, e.g. `0.19.1`.")
+    disk_reserve_gib: float = Field(
+        20, ge=0, description="Free space to keep on the models disk after the download, in GiB.")
+
+    @field_validator("min_vllm_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not re.match(r"^\d+(\.\d+){0,3}$", v):
+            raise ValueError(f"{v!r} is not a version like 0.19.1")
+        return v
+
+
+class Manifest(Strict):
+    """A deployable model: what to download, how to run vLLM, how to know it works."""
+
+    name: str = Field(description="Model name: a lowercase slug equal to the file name without .yaml.")
+    description: str = Field("", description="One line shown by `vllm-orch models`.")
+    source: Source = Field(description="Hugging Face repo, revision and which files to download.")
+    serving: Serving = Field(default_factory=Serving, description="Port, served name and GPUs.")
+    vllm: VllmArgs = Field(default_factory=VllmArgs, description="`vllm serve` arguments.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables for the service (NCCL_*, VLLM_*...). Not for secrets: "
+                    "see serving.secret_env.")
+    startup: Startup = Field(default_factory=Startup, description="Start-up budget and hang detection.")
+    probes: Probes = Field(default_factory=Probes, description="Readiness gates and smoke test.")
+    requires: Requirements = Field(default_factory=Requirements, description="Host requirements.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SLUG.match(v):
+            raise ValueError(f"{v!r} is not a lowercase slug (a-z, 0-9, -; starts with a letter or digit)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not ENV_NAME.match(key):
+                raise at(key, f"{key!r} is not an environment variable name")
+            if _SECRETISH.search(key):
+                raise at(key, f"{key} looks like a secret: list it in serving.secret_env and set it in "
+                              f"the environment of `vllm-orch deploy` instead")
+            try:
+                _check_text(str(value), "the value")
+            except ValueError as exc:
+                raise at(key, str(exc)) from None
+            if "'" in str(value):
+                raise at(key, "single quotes are not allowed in values")
+        return {k: str(val) for k, val in v.items()}
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Manifest":
+        s, v = self.serving, self.vllm
+        if s.gpu_ids is not None and len(s.gpu_ids) != s.gpus:
+            raise at("serving.gpu_ids", f"serving.gpu_ids lists {len(s.gpu_ids)} GPUs but serving.gpus is {s.gpus}")
+        if v.world_size != s.gpus:
+            raise at("vllm.tensor_parallel_size", 
+                f"parallel sizes use {v.world_size} GPUs (tensor {v.tensor_parallel_size} x pipeline "
+                f"{v.pipeline_parallel_size} x data {v.data_parallel_size}) but serving.gpus is {s.gpus}")
+        if re.search(r"minimax-m2", self.source.repo, re.I) and v.tensor_parallel_size == 8 \
+                and not v.enable_expert_parallel:
+            raise at("vllm.tensor_parallel_size", 
+                "MiniMax-M2.5 does not support pure TP8: intermediate_size / 8 = 192 is not divisible by "
+                "the FP8 block size 128 (vllm recipes). Use tensor_parallel_size 4, or 8 with "
+                "enable_expert_parallel, or data_parallel_size 8 with enable_expert_parallel")
+        for name in ("VLLM_ATTENTION_BACKEND", "VLLM_FLASHINFER_MOE_BACKEND"):
+            if name in self.env:
+                repl = "vllm.attention_backend" if "ATTENTION" in name else "vllm.moe_backend"
+                raise at(f"env.{name}", f"{name} is ignored or removed in current vLLM; use {repl}")
+        for name in self.serving.secret_env:
+            if name in self.env:
+                raise at(f"env.{name}", f"{name} is in both env and serving.secret_env")
+        return self
+
+    @property
+    def served_name(self) -> str:
+        return self.serving.served_model_name or self.name
+
+    @property
+    def unit_name(self) -> str:
+        return f"vllm-{self.name}.service"
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+def models_dir(explicit: Path | None = None) -> Path:
+    """--models DIR, else $VLLM_ORCH_MODELS, else ./models, else the shipped models."""
+    if explicit is not None:
+        if not explicit.is_dir():
+            raise ConfigError(f"--models {explicit}: no such folder")
+        return explicit
+    env = os.environ.get("VLLM_ORCH_MODELS")
+    if env:
+        if not Path(env).is_dir():
+            raise ConfigError(f"VLLM_ORCH_MODELS={env}: no such folder")
+        return Path(env)
+    local = Path("models")
+    if local.is_dir() and any(local.glob("*.yaml")):
+        return local
+    return shipped_dir("models")
+
+
+def _describe_errors(exc: ValidationError, doc: YamlDoc, root: type[BaseModel]) -> list[str]:
+    lines = []
+    # Misspelt keys first: a typo usually explains the "missing" error reported next to it.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    for err in errors:
+        loc = [p for p in err["loc"]]
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        marked = _AT.match(msg)
+        if marked:
+            loc += _split_path(marked.group(1))
+            msg = marked.group(2)
+        where = doc.line_of(loc)
+        prefix = f"{doc.display}:{where}" if where else doc.display
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field" + _did_you_mean(root, loc)
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        path = format_loc(loc)
+        lines.append(f"{prefix}: {path}: {msg}" if path else f"{prefix}: {msg}")
+    return lines
+
+
+def _did_you_mean(root: type[BaseModel], loc: list[Any]) -> str:
+    """Suggest the closest valid field name for an unknown key at loc (walking nested models and
+    dict[str, Model] mappings such as the inventory's hosts)."""
+    model: type[BaseModel] = root
+    parts = list(loc[:-1])
+    i = 0
+    while i < len(parts):
+        field = model.model_fields.get(str(parts[i])) if isinstance(parts[i], str) else None
+        ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model, i = ann, i + 1
+            continue
+        args = typing.get_args(ann) if ann is not None else ()
+        if typing.get_origin(ann) is dict and args and isinstance(args[-1], type) \
+                and issubclass(args[-1], BaseModel):
+            model, i = args[-1], i + 2          # skip the mapping's key (e.g. the host name)
+            continue
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    if close:
+        return f" - did you mean {close[0]!r}?"
+    return f" (valid: {', '.join(model.model_fields)})"
+
+
+def validation_error(exc: ValidationError, doc: YamlDoc, what: str,
+                     root: type[BaseModel] | None = None) -> ConfigError:
+    lines = _describe_errors(exc, doc, root or Manifest)
+    extra = f" (and {len(lines) - 1} more problems)" if len(lines) > 1 else ""
+    return ConfigError(lines[0] + extra, details=lines[1:],
+                       hint=f"`vllm-orch schema{'' if what == 'manifest' else ' --hosts'}` lists every field; "
+                            f"see docs/manifest-reference.md")
+
+
+def load_manifest(path: Path) -> Manifest:
+    doc = YamlDoc(path, display_path(path))
+    data = doc.data
+    if data is None:
+        raise ConfigError(f"{doc.display}: the file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{doc.display}: expected a mapping of fields, got {type(data).__name__}")
+    stem = path.stem
+    if "name" not in data:
+        data = {"name": stem, **data}
+    elif data["name"] != stem:
+        line = doc.line_of(["name"])
+        raise ConfigError(f"{doc.display}:{line}: name: {data['name']!r} must equal the file name {stem!r}",
+                          hint=f"rename the file to {data['name']}.yaml or the name to {stem}")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, doc, "manifest") from None
+
+
+def manifest_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.yaml") if not p.name.startswith("."))
+
+
+def load_all(folder: Path) -> tuple[dict[str, Manifest], list[ConfigError]]:
+    """Every manifest of a folder; bad ones are returned as errors, not raised."""
+    good, bad = {}, []
+    for path in manifest_files(folder):
+        try:
+            m = load_manifest(path)
+            good[m.name] = m
+        except ConfigError as err:
+            bad.append(err)
+    return good, bad
+
+
+def get_manifest(name: str, folder: Path) -> tuple[Manifest, Path]:
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        names = [p.stem for p in manifest_files(folder)]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}?" if close else f"known models: {', '.join(names) or '(none)'}"
+        raise ConfigError(f"no model named {name!r} in {display_path(folder)}", hint=hint)
+    return load_manifest(path), path
+
+
+def manifest_schema() -> dict:
+    schema = Manifest.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "vllm-orch model manifest"
+    return schema
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """'0.33.0' -> (0, 33, 0); tolerant of suffixes like '0.33.0rc1' or '0.11.1+cu129'."""
+    parts = []
+    for piece in re.split(r"[.+-]", v):
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        parts.append(int(m.group()))
+    return tuple(parts)

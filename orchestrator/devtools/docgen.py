@@ -1,0 +1,70 @@
+"""docs/manifest-reference.md, generated from the pydantic field descriptions (a test keeps it in
+sync): `python -m orchestrator.devtools.docgen > docs/manifest-reference.md`."""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+
+
+def _type(ann) -> str:
+    text = str(ann) if not isinstance(ann, type) else ann.__name__
+    return text.replace("typing.", "").replace("NoneType", "None")
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return "(section)"
+        return f"`{json.dumps(value)}`"
+    if field.default is PydanticUndefined:
+        return "**required**"
+    return f"`{json.dumps(field.default)}`"
+
+
+def _rows(model: type[BaseModel], prefix: str, out: list[str], sections: list) -> None:
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            sections.append((f"{prefix}{name}", ann, field.description))
+            out.append(f"| `{prefix}{name}` | section | {_default(field)} | {field.description} |")
+            continue
+        desc = (field.description or "").replace("|", "\\|")
+        out.append(f"| `{prefix}{name}` | `{_type(ann)}` | {_default(field)} | {desc} |")
+
+
+def _table(model: type[BaseModel], prefix: str) -> tuple[list[str], list]:
+    out = ["| field | type | default | description |", "|---|---|---|---|"]
+    sections: list = []
+    _rows(model, prefix, out, sections)
+    return out, sections
+
+
+def reference() -> str:
+    lines = ["# Manifest reference", "",
+             "Generated from the field descriptions in `orchestrator/manifest.py` and",
+             "`orchestrator/inventory.py` by `python -m orchestrator.devtools.docgen`; a test fails when this file",
+             "is out of date. `models/example.yaml` shows every field in use; `vllm-orch schema` prints",
+             "the JSON schema for editors.", "",
+             "## Model manifest (`models/NAME.yaml`)", ""]
+    top, sections = _table(Manifest, "")
+    lines += top
+    for path, model, desc in sections:
+        lines += ["", f"### `{path}`", "", desc or "", ""]
+        rows, _ = _table(model, f"{path}.")
+        lines += rows
+    lines += ["", "## Host inventory (`hosts.yaml`: `hosts: {NAME: entry}`)", "",
+              "See `hosts.example.yaml`. A host named `local` with `address: local` is this machine.", ""]
+    rows, _ = _table(HostEntry, "")
+    lines += rows
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

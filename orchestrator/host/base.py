@@ -1,0 +1,162 @@
+"""The Host interface every step talks to. Commands are printable data: argv lists, never
+strings glued with spaces; a Secret inside an argv prints as *** and is revealed only at exec time.
+
+    host.run(["df", "-B1", "/models"], timeout=10) -> Result(exit_code, stdout, stderr, duration)
+    host.run(Script("set -e; ..."))                  -> runs through `sh -c`
+    host.stream(argv, on_line=cb)                    -> like run, calls cb for each stdout line as it comes
+    host.put(path, data, mode) / host.get(path)      -> write / read a file (get: None when missing)
+    host.connect_tcp(port)                           -> a socket-like object connected to 127.0.0.1:port
+                                                        *on the host* (a tunnel over SSH for SshHost)
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence, Union
+
+from orchestrator.errors import CommandFailed
+from orchestrator.secret import Secret, reveal
+
+
+@dataclass(frozen=True)
+class Script:
+    """Shell text run with `sh -c` (use for pipelines; quote every value with shlex.quote)."""
+
+    text: str
+    display: str | None = None      # what plans show instead of text (e.g. for embedded scripts)
+
+    def __str__(self) -> str:
+        return self.display or self.text
+
+
+Arg = Union[str, Secret]
+Command = Union[Sequence[Arg], Script]
+
+
+def printable(cmd: Command) -> str:
+    """The command as a user reads it in a plan: shell-quoted, secrets as ***."""
+    if isinstance(cmd, Script):
+        return cmd.display or cmd.text
+    return " ".join("***" if isinstance(a, Secret) else shlex.quote(str(a)) for a in cmd)
+
+
+def shell_text(cmd: Command) -> str:
+    """The command as a shell must receive it (secrets revealed). Never print this."""
+    if isinstance(cmd, Script):
+        return cmd.text
+    return " ".join(shlex.quote(reveal(a)) for a in cmd)
+
+
+def argv_revealed(cmd: Sequence[Arg]) -> list[str]:
+    return [reveal(a) for a in cmd]
+
+
+@dataclass
+class Result:
+    cmd: str                      # printable form
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self, host: str = "", what: str = "") -> "Result":
+        if not self.ok:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-5:]
+            raise CommandFailed(
+                f"{what or self.cmd} exited {self.exit_code}" + (f": {tail[-1]}" if tail else ""),
+                host=host or None, details=tail)
+        return self
+
+
+class Spawned(ABC):
+    """A running command started by Host.spawn."""
+
+    @abstractmethod
+    def readline(self, timeout: float) -> str | None:
+        """The next stdout line (without newline), or None at EOF or after timeout seconds."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close stdin and release the command (it exits on EOF)."""
+
+
+@dataclass
+class HostStats:
+    round_trips: int = 0          # commands run + files moved + tunnels opened
+    seconds: float = 0.0
+
+
+class Host(ABC):
+    """A machine we run commands on. Implementations: LocalHost, SshHost."""
+
+    name: str
+    sudo: bool = False
+    env: Mapping[str, str]
+
+    def __init__(self, name: str, *, sudo: bool = False, env: Mapping[str, str] | None = None):
+        self.name = name
+        self.sudo = sudo
+        self.env = dict(env or {})
+        self.stats = HostStats()
+
+    # -- the interface -------------------------------------------------------------------------
+    @abstractmethod
+    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
+            env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result: ...
+
+    @abstractmethod
+    def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
+               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+        """Run, calling on_line(line) for each stdout line as it arrives. stderr is collected."""
+
+    @abstractmethod
+    def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    @abstractmethod
+    def get(self, path: str) -> bytes | None: ...
+
+    @abstractmethod
+    def connect_tcp(self, port: int, address: str = "127.0.0.1", timeout: float = 5.0):
+        """A connected socket-like object (sendall/recv/makefile/settimeout/close)."""
+
+    def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
+              sudo: bool | None = None) -> "Spawned":
+        """Start a long-lived command whose stdin stays open until Spawned.close(): when this
+        process dies (or the SSH connection drops) the command sees EOF. Used for the host lock."""
+        raise NotImplementedError(f"{type(self).__name__} cannot spawn processes")
+
+    def close(self) -> None:
+        pass
+
+    # -- helpers shared by implementations -------------------------------------------------------
+    def wrap(self, cmd: Command, env: Mapping[str, str] | None, sudo: bool | None) -> str:
+        """The full shell text for cmd: env assignments, optional sudo, then the command."""
+        merged = {**self.env, **(env or {})}
+        text = shell_text(cmd)
+        if isinstance(cmd, Script):
+            text = "sh -c " + shlex.quote(text)
+        if merged:
+            text = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in merged.items()) + " " + text
+        if self.sudo if sudo is None else sudo:
+            text = "sudo -n " + text
+        return text
+
+    def _count(self, started: float) -> None:
+        self.stats.round_trips += 1
+        self.stats.seconds += time.monotonic() - started
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,250 @@
+"""Controller side of the Download step: run orchestrator/host/remote/download.py with the HOST's Python
+and turn its JSON lines into a plan, a rich progress bar and a result.
+
+Transport: the script is written with `host.put` to `<state_dir>/scripts/download-<sha12>.py`
+(content-addressed, once per Host object) and run as `python <that path> ARGS`. Piping it on stdin
+(`python - ARGS`) would save the put, but Host.stream has no stdin and the script must stream.
+The HF token never appears in argv or in the shell text: given as a Secret it is put into a 0600 file
+under `<state_dir>/secrets/` for the run and removed afterwards (or pass an existing `token_file`, or
+rely on HF_TOKEN already set in the host's environment).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import weakref
+from typing import Callable, Iterable, Mapping
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+from orchestrator.errors import DeployFailed
+from orchestrator.host.base import Host
+from orchestrator.paths import package_file
+from orchestrator.secret import Secret
+
+EVENTS = ("plan", "progress", "file", "error", "done")
+HINTS = {
+    "auth": "set HF_TOKEN for the host (or a token file) and make sure the account has access to the repo",
+    "not_found": "check source.repo and source.revision in the manifest",
+    "network": "run the deploy again: the download resumes where it stopped",
+    "checksum": "run the deploy again; if a shard keeps failing, the hub (or a proxy) serves bad data",
+    "disk": "free space under models_root or fix its permissions",
+}
+
+_installed: "weakref.WeakKeyDictionary[Host, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def parse_event(line: str) -> dict | None:
+    """One stdout line of the script as an event dict, or None for anything else."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(event, dict) and event.get("event") in EVENTS:
+        return event
+    return None
+
+
+def script_bytes() -> bytes:
+    return package_file("host", "remote", "download.py").read_bytes()
+
+
+def install_script(host: Host, state_dir: str) -> str:
+    """Put the script on the host (skipped when this Host object already got this version)."""
+    data = script_bytes()
+    path = f"{state_dir.rstrip('/')}/scripts/download-{hashlib.sha256(data).hexdigest()[:12]}.py"
+    done = _installed.setdefault(host, set())
+    if path not in done:
+        host.put(path, data, 0o644)
+        done.add(path)
+    return path
+
+
+def download_argv(python: str, script: str, repo: str, revision: str, local_dir: str, *,
+                  allow: Iterable[str] = (), ignore: Iterable[str] = (), workers: int = 8,
+                  plan_only: bool = False, token_file: str | None = None,
+                  extra: Iterable[str] = ()) -> list[str]:
+    argv = [python, script, "--repo", repo, "--revision", revision, "--local-dir", local_dir,
+            "--workers", str(workers)]
+    for p in allow:
+        argv += ["--allow", p]
+    for p in ignore:
+        argv += ["--ignore", p]
+    if token_file:
+        argv += ["--token-file", token_file]
+    if plan_only:
+        argv.append("--plan-only")
+    return argv + list(extra)
+
+
+def failure(host: Host, event: dict, stderr: str = "") -> DeployFailed:
+    kind = event.get("kind", "network")
+    details = [ln for ln in stderr.strip().splitlines()[-5:] if ln]
+    return DeployFailed(f"download failed ({kind}): {event.get('message', '')}", hint=HINTS.get(kind),
+                        host=host.name, step="download", details=details)
+
+
+class _TokenFile:
+    """A Secret token as a 0600 file on the host for the duration of one run."""
+
+    def __init__(self, host: Host, state_dir: str, token: Secret | None, token_file: str | None):
+        self.host, self.token = host, token
+        self.path = token_file
+        self.created = False
+        if token:
+            self.path = f"{state_dir.rstrip('/')}/secrets/hf-token-{time.time_ns()}"
+            self.created = True
+
+    def __enter__(self) -> str | None:
+        if self.created:
+            self.host.put(self.path, self.token.reveal().encode(), 0o600)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        if self.created:
+            self.host.run(["rm", "-f", self.path], timeout=30)
+
+
+def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,
+                env, *, state_dir: str, token, token_file, workers: int, plan_only: bool,
+                extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None):
+    script = install_script(host, state_dir)
+    events: list[dict] = []
+
+    def on_line(line: str) -> None:
+        event = parse_event(line)
+        if event is None:
+            return
+        if event["event"] != "progress":
+            events.append(event)
+        if on_event is not None:
+            on_event(event)
+
+    with _TokenFile(host, state_dir, token, token_file) as tf:
+        argv = download_argv(python, script, repo, revision, local_dir, allow=allow, ignore=ignore,
+                             workers=workers, plan_only=plan_only, token_file=tf, extra=extra)
+        result = host.stream(argv, on_line=on_line, timeout=timeout, env=env)
+    errors = [e for e in events if e["event"] == "error"]
+    if errors:
+        raise failure(host, errors[0], result.stderr)
+    if result.exit_code != 0:
+        raise DeployFailed(f"download script exited {result.exit_code}", host=host.name, step="download",
+                           hint="is huggingface_hub installed in the host's Python?",
+                           details=result.stderr.strip().splitlines()[-5:])
+    return events, result
+
+
+def plan_download(host: Host, python: str, repo: str, revision: str, local_dir: str,
+                  allow: Iterable[str] = (), ignore: Iterable[str] = (), env: Mapping[str, str] | None = None,
+                  *, state_dir: str = "/tmp", token: Secret | None = None, token_file: str | None = None,
+                  extra: Iterable[str] = (), timeout: float = 120.0) -> dict:
+    """The plan event: files, total_bytes, have_bytes (present AND in our record), to_fetch_bytes,
+    partial_bytes (resumable), to_fetch [names], commit. Reads no file content on the host."""
+    events, _ = _run_script(host, python, repo, revision, local_dir, allow, ignore, env, state_dir=state_dir,
+                            token=token, token_file=token_file, workers=1, plan_only=True, extra=extra,
+                            timeout=timeout, on_event=None)
+    plans = [e for e in events if e["event"] == "plan"]
+    if not plans:
+        raise DeployFailed("the download script printed no plan", host=host.name, step="download")
+    return plans[0]
+
+
+def run_download(host: Host, python: str, repo: str, revision: str, local_dir: str,
+                 allow: Iterable[str] = (), ignore: Iterable[str] = (), env: Mapping[str, str] | None = None,
+                 *, on_event: Callable[[dict], None] | None = None, workers: int = 8, state_dir: str = "/tmp",
+                 token: Secret | None = None, token_file: str | None = None, extra: Iterable[str] = (),
+                 timeout: float = 24 * 3600.0) -> dict:
+    """Download and verify; returns {"plan", "done", "files": [file events], "seconds"}.
+    Raises DeployFailed (step "download", with a hint per error kind) on any error event."""
+    started = time.monotonic()
+    events, _ = _run_script(host, python, repo, revision, local_dir, allow, ignore, env, state_dir=state_dir,
+                            token=token, token_file=token_file, workers=workers, plan_only=False, extra=extra,
+                            timeout=timeout, on_event=on_event)
+    done = [e for e in events if e["event"] == "done"]
+    if not done or not done[0].get("verified"):
+        raise DeployFailed("the download script ended without a verified result", host=host.name,
+                           step="download", hint=HINTS["network"])
+    return {"plan": next((e for e in events if e["event"] == "plan"), None), "done": done[0],
+            "files": [e for e in events if e["event"] == "file"], "seconds": time.monotonic() - started}
+
+
+class DownloadProgress:
+    """Renders the script's events: one bar for the bytes to fetch (rate, ETA, files done), and a
+    one-line summary. Feed it with `handle(event)`; use as a context manager to show it live."""
+
+    def __init__(self, console: Console | None = None, label: str = "download"):
+        self.console = console or Console(stderr=True)
+        self.label = label
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[files]}"), console=self.console, transient=False)
+        self.task: TaskID | None = None
+        self.plan: dict | None = None
+        self.done_event: dict | None = None
+        self.error: dict | None = None
+        self.per_file: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self.files_done = 0
+        self.skipped = 0
+        self.refetched = 0
+
+    def __enter__(self) -> "DownloadProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def _files_text(self) -> str:
+        total = len(self.plan.get("to_fetch", [])) if self.plan else 0
+        return f"{self.files_done}/{total} files"
+
+    def _refresh(self) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=sum(self.per_file.values()), files=self._files_text())
+
+    def handle(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "plan":
+            self.plan = event
+            self.task = self.progress.add_task(self.label, total=event.get("to_fetch_bytes") or 0,
+                                               files=self._files_text())
+        elif kind == "progress":
+            self.per_file[event["file"]] = int(event.get("done", 0))
+            self._refresh()
+        elif kind == "file":
+            if event.get("status") == "skipped":
+                self.skipped += 1
+                return
+            self.per_file[event["file"]] = int(event.get("size", 0))
+            self.files_done += 1
+            self.refetched += event.get("status") == "refetched"
+            self._refresh()
+        elif kind == "error":
+            self.error = event
+        elif kind == "done":
+            self.done_event = event
+            self._refresh()
+
+    def summary(self) -> str:
+        if self.error:
+            return f"download failed ({self.error.get('kind')}): {self.error.get('message')}"
+        if not self.done_event:
+            return "download did not finish"
+        d = self.done_event
+        secs = max(float(d.get("seconds", 0)), 1e-6)
+        mb = d.get("bytes", 0) / 1e6
+        parts = [f"{d.get('files', 0)} files verified ({d.get('total_bytes', 0) / 1e9:.2f} GB)",
+                 f"fetched {mb:.1f} MB in {secs:.1f} s ({mb / secs:.1f} MB/s)"]
+        if self.skipped:
+            parts.append(f"{self.skipped} already verified")
+        if self.refetched:
+            parts.append(f"{self.refetched} re-fetched after a checksum mismatch")
+        return ", ".join(parts)

@@ -1,0 +1,123 @@
+"""LocalHost: this machine, without SSH. Commands run through `sh -c` exactly as SshHost sends them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+import queue
+
+from orchestrator.host.base import Command, Host, Result, Spawned, printable
+
+
+class LocalSpawned(Spawned):
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for raw in self.proc.stdout:
+            self.lines.put(raw.decode(errors="replace").rstrip("\n"))
+        self.lines.put(None)
+
+    def readline(self, timeout: float) -> str | None:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class LocalHost(Host):
+    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
+            env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+        started = time.monotonic()
+        text = self.wrap(cmd, env, sudo)
+        try:
+            proc = subprocess.run(["sh", "-c", text], input=input, capture_output=True,
+                                  timeout=timeout)
+            code, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, out, err = 124, exc.stdout or b"", (exc.stderr or b"") + b"\n(timed out)"
+        self._count(started)
+        return Result(printable(cmd), code, out.decode(errors="replace"),
+                      err.decode(errors="replace"), time.monotonic() - started)
+
+    def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
+               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+        started = time.monotonic()
+        proc = subprocess.Popen(["sh", "-c", self.wrap(cmd, env, sudo)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        err_chunks: list[bytes] = []
+        t = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+        t.start()
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        out_lines = []
+        try:
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                out_lines.append(line)
+                on_line(line)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        t.join(5)
+        self._count(started)
+        return Result(printable(cmd), code, "\n".join(out_lines),
+                      b"".join(err_chunks).decode(errors="replace"), time.monotonic() - started)
+
+    def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
+              sudo: bool | None = None) -> Spawned:
+        started = time.monotonic()
+        proc = subprocess.Popen(["sh", "-c", self.wrap(cmd, env, sudo)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._count(started)
+        return LocalSpawned(proc)
+
+    def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        started = time.monotonic()
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+        self._count(started)
+
+    def get(self, path: str) -> bytes | None:
+        started = time.monotonic()
+        try:
+            return Path(path).read_bytes()
+        except FileNotFoundError:
+            return None
+        finally:
+            self._count(started)
+
+    def connect_tcp(self, port: int, address: str = "127.0.0.1", timeout: float = 5.0):
+        started = time.monotonic()
+        try:
+            return socket.create_connection((address, port), timeout=timeout)
+        finally:
+            self._count(started)

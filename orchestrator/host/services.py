@@ -1,0 +1,230 @@
+"""Running a model service on a host: systemd units, or a start script + PID file (`process`).
+
+Both give the same operations, as printable commands where a plan shows them: start, stop,
+state, log reading from a cursor (journal cursor or byte offset). `process` mirrors systemd's
+KillMode=control-group by signalling the whole process group (the TP workers are in it).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+
+from orchestrator.host.base import Command, Host, Script
+from orchestrator.config.inventory import HostEntry
+
+
+@dataclass
+class ServiceState:
+    active: bool                  # the main process runs (or systemd says activating/active)
+    main_pid: int | None
+    failed: bool = False          # systemd "failed" / a PID file whose process is gone
+    started_at: float | None = None
+    restarts: int = 0
+    raw: dict | None = None
+
+    @classmethod
+    def from_facts(cls, raw: dict | None) -> "ServiceState":
+        raw = raw or {}
+        pid = int(raw.get("MainPID") or 0) or None
+        active_state = raw.get("ActiveState", "inactive")
+        started = raw.get("StartedAt")
+        return cls(active=active_state in ("active", "activating", "reloading") and pid is not None,
+                   main_pid=pid, failed=active_state == "failed",
+                   started_at=float(started) if started else None,
+                   restarts=int(raw.get("NRestarts") or 0), raw=raw)
+
+
+class Service:
+    """One model's service on one host."""
+
+    def __init__(self, host: Host, entry: HostEntry, model: str):
+        self.host, self.entry, self.model = host, entry, model
+
+    @staticmethod
+    def for_host(host: Host, entry: HostEntry, model: str) -> "Service":
+        return SystemdService(host, entry, model) if entry.service_manager == "systemd" \
+            else ProcessService(host, entry, model)
+
+    # -- interface ------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """What runs the service: the unit name, or the start script."""
+        raise NotImplementedError
+
+    def reload_commands(self) -> list[Command]:
+        return []
+
+    def start_commands(self) -> list[Command]:
+        raise NotImplementedError
+
+    def stop_commands(self) -> list[Command]:
+        raise NotImplementedError
+
+    def enable_commands(self) -> list[Command]:
+        return []
+
+    def state(self) -> ServiceState:
+        raise NotImplementedError
+
+    def log_cursor(self) -> str:
+        raise NotImplementedError
+
+    def read_log(self, cursor: str) -> tuple[list[str], str]:
+        """New complete lines since cursor, and the cursor after them."""
+        raise NotImplementedError
+
+    def tail(self, lines: int = 40) -> list[str]:
+        raise NotImplementedError
+
+    def log_command(self, follow: bool = False, since: float | None = None, lines: int = 200) -> Command:
+        raise NotImplementedError
+
+    def run_all(self, commands: list[Command], what: str, timeout: float = 300) -> None:
+        for cmd in commands:
+            self.host.run(cmd, timeout=timeout).check(self.entry.name, what)
+
+
+class SystemdService(Service):
+    @property
+    def unit(self) -> str:
+        return f"vllm-{self.model}.service"
+
+    def describe(self) -> str:
+        return self.unit
+
+    def reload_commands(self) -> list[Command]:
+        return [["systemctl", "daemon-reload"]]
+
+    def start_commands(self) -> list[Command]:
+        # reset-failed: a unit that hit its StartLimit refuses to start until reset.
+        return [Script(f"systemctl reset-failed {self.unit} 2>/dev/null; systemctl start {self.unit}")]
+
+    def stop_commands(self) -> list[Command]:
+        return [["systemctl", "stop", self.unit]]
+
+    def enable_commands(self) -> list[Command]:
+        return [["systemctl", "enable", self.unit]]
+
+    def state(self) -> ServiceState:
+        r = self.host.run(["systemctl", "show", self.unit, "-p",
+                           "ActiveState,SubState,MainPID,Result,NRestarts,ExecMainStartTimestampMonotonic"])
+        raw = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        return ServiceState.from_facts(raw)
+
+    def log_cursor(self) -> str:
+        r = self.host.run(["journalctl", "-u", self.unit, "-n", "1", "--show-cursor", "-o", "cat", "--no-pager"])
+        for line in reversed(r.stdout.splitlines()):
+            if line.startswith("-- cursor: "):
+                return "c:" + line[len("-- cursor: "):]
+        return f"t:{time.time() - 1:.3f}"
+
+    def read_log(self, cursor: str) -> tuple[list[str], str]:
+        argv = ["journalctl", "-u", self.unit, "--show-cursor", "-o", "cat", "--no-pager"]
+        argv += [f"--after-cursor={cursor[2:]}"] if cursor.startswith("c:") else [f"--since=@{cursor[2:]}"]
+        r = self.host.run(argv)
+        lines, new = [], cursor
+        for line in r.stdout.splitlines():
+            if line.startswith("-- cursor: "):
+                new = "c:" + line[len("-- cursor: "):]
+            elif line != "-- No entries --":
+                lines.append(line)
+        return lines, new
+
+    def tail(self, lines: int = 40) -> list[str]:
+        r = self.host.run(["journalctl", "-u", self.unit, "-n", str(lines), "-o", "cat", "--no-pager"])
+        return [l for l in r.stdout.splitlines() if l != "-- No entries --"]
+
+    def log_command(self, follow: bool = False, since: float | None = None, lines: int = 200) -> Command:
+        argv = ["journalctl", "-u", self.unit, "--no-pager", "-o", "short-iso"]
+        if since is not None:
+            argv.append(f"--since=@{int(since)}")
+        else:
+            argv += ["-n", str(lines)]
+        if follow:
+            argv.append("-f")
+        return argv
+
+
+class ProcessService(Service):
+    """Hosts without systemd: `setsid` start script, PID file, group kill, a log file."""
+
+    STOP_WAIT_S = 30
+
+    @property
+    def script(self) -> str:
+        return f"{self.entry.units_dir}/vllm-{self.model}.sh"
+
+    def describe(self) -> str:
+        return self.script
+
+    @property
+    def pidfile(self) -> str:
+        return f"{self.entry.state_dir}/run/vllm-{self.model}.pid"
+
+    @property
+    def logfile(self) -> str:
+        return f"{self.entry.log_dir}/vllm-{self.model}.log"
+
+    def start_commands(self) -> list[Command]:
+        q = shlex.quote
+        run_dir = f"{self.entry.state_dir}/run"
+        return [Script(
+            f"mkdir -p {q(run_dir)} {q(self.entry.log_dir)} || exit 1\n"
+            f"printf '%s\\n' \"--- vllm-orch start $(date -u +%FT%TZ)\" >> {q(self.logfile)}\n"
+            f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &\n"
+            f"echo $! > {q(self.pidfile)}",
+            display=f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &  (PID into {q(self.pidfile)})")]
+
+    def stop_commands(self) -> list[Command]:
+        q = shlex.quote
+        # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
+        group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
+        return [Script(
+            f"P=$(cat {q(self.pidfile)} 2>/dev/null) || exit 0; "
+            f"pkill -TERM -g $P; i=0; "
+            f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
+            f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
+            f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
+            f"rm -f {q(self.pidfile)}",
+            display=f"kill -TERM the process group in {self.pidfile}; wait up to {self.STOP_WAIT_S}s; "
+                    f"kill -KILL what is left")]
+
+    def state(self) -> ServiceState:
+        q = shlex.quote
+        r = self.host.run(Script(
+            f"P=$(cat {q(self.pidfile)} 2>/dev/null) || {{ echo none; exit 0; }}; "
+            f"S=$(ps -o stat= -p $P 2>/dev/null); "
+            f"if [ -n \"$S\" ] && [ \"${{S#Z}}\" = \"$S\" ]; then echo running $P $(stat -c %Y {q(self.pidfile)}); "
+            f"else echo dead $P; fi"))
+        words = r.stdout.split()
+        if not words or words[0] == "none":
+            return ServiceState(False, None)
+        if words[0] == "running":
+            return ServiceState(True, int(words[1]), started_at=float(words[2]) if len(words) > 2 else None)
+        return ServiceState(False, None, failed=True)
+
+    def log_cursor(self) -> str:
+        r = self.host.run(Script(f"stat -c %s {shlex.quote(self.logfile)} 2>/dev/null || echo 0"))
+        return f"o:{int((r.stdout.strip() or '0').split()[0])}"
+
+    def read_log(self, cursor: str) -> tuple[list[str], str]:
+        offset = int(cursor[2:])
+        r = self.host.run(Script(f"tail -c +{offset + 1} {shlex.quote(self.logfile)} 2>/dev/null"))
+        data = r.stdout
+        if "\n" not in data:
+            return [], cursor
+        complete = data[: data.rindex("\n") + 1]
+        return complete.splitlines(), f"o:{offset + len(complete.encode())}"
+
+    def tail(self, lines: int = 40) -> list[str]:
+        r = self.host.run(["tail", "-n", str(lines), self.logfile])
+        return r.stdout.splitlines()
+
+    def log_command(self, follow: bool = False, since: float | None = None, lines: int = 200) -> Command:
+        if since is not None:
+            # The start script writes a marker line per start; print from the last one.
+            q = shlex.quote(self.logfile)
+            return Script(f"awk '/^--- vllm-orch start /{{buf=\"\"}} {{buf=buf $0 \"\\n\"}} END{{printf \"%s\", buf}}' {q}"
+                          + (f"; tail -n 0 -f {q}" if follow else ""))
+        return ["tail", "-n", str(lines)] + (["-f"] if follow else []) + [self.logfile]

@@ -1,0 +1,325 @@
+"""SshHost: a remote machine over one paramiko connection, opened lazily and reused for the run.
+
+Every operation is a channel on the same Transport, so several threads may run commands at once
+(paramiko multiplexes channels; only the SFTP session is serialised by a lock). Commands are sent
+as the same shell text LocalHost runs (`Host.wrap`), so a plan reads the same for both.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import select
+import shlex
+import threading
+import time
+import uuid
+from typing import Callable, Mapping
+
+import logging
+
+import paramiko
+
+# paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
+# those are expected and reported by the probes themselves.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+from orchestrator.errors import ConnectError
+from orchestrator.host.base import Command, Host, Result, Spawned, printable
+from orchestrator.host.ssh_connect import Target, connect, resolve_target
+
+TIMED_OUT = 124           # like coreutils `timeout` and LocalHost
+_GET_MISSING = 44         # exit code of the sudo `get` script when the file does not exist
+# The login shell reports its PID (= its process group) first on stderr, so that a timed-out
+# command can be killed with its children: sshd's "signal" request is ignored for root logins.
+_PID_MARK = b"@vllm-orch-pgid "
+
+
+class SshHost(Host):
+    def __init__(self, name: str, address: str, *, port: int | None = None, user: str | None = None,
+                 identity_file: str | None = None, sudo: bool = False,
+                 env: Mapping[str, str] | None = None, known_hosts_file: str | None = None,
+                 accept_new_host_key: bool = False, connect_timeout: float = 10.0,
+                 ssh_config: str | None = "~/.ssh/config"):
+        super().__init__(name, sudo=sudo, env=env)
+        self.target: Target = resolve_target(
+            name, address, port=port, user=user, identity_file=identity_file,
+            known_hosts_file=known_hosts_file,
+            accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout,
+            ssh_config=ssh_config)
+        self.connects = 0              # how many times a connection was opened (1 per run, ideally)
+        self.connect_seconds = 0.0
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()       # guards _client
+        self._sftp_lock = threading.Lock()  # SFTPClient is not safe for concurrent requests
+
+    @classmethod
+    def from_inventory(cls, name: str, entry: Mapping, *, accept_new_host_key: bool = False,
+                       connect_timeout: float | None = None) -> "SshHost":
+        """Build from an inventory entry (a dict; keys this class does not use are ignored)."""
+        return cls(name, entry["address"], port=entry.get("port"), user=entry.get("user"),
+                   identity_file=entry.get("identity_file"), sudo=bool(entry.get("sudo", False)),
+                   env=entry.get("env"), known_hosts_file=entry.get("known_hosts_file"),
+                   accept_new_host_key=accept_new_host_key,
+                   connect_timeout=connect_timeout or float(entry.get("connect_timeout", 10.0)))
+
+    # -- connection ------------------------------------------------------------------------------
+    def transport(self) -> paramiko.Transport:
+        """The live Transport, connecting on first use (and again if the connection died)."""
+        with self._lock:
+            t = self._client.get_transport() if self._client else None
+            if t is None or not t.is_active():
+                self._drop()
+                started = time.monotonic()
+                self._client = connect(self.target)
+                self.connects += 1
+                self.connect_seconds += time.monotonic() - started
+                t = self._client.get_transport()
+                t.set_keepalive(30)
+            return t
+
+    def _drop(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        if self._client is not None:
+            jump = getattr(self._client, "_vllm_orch_jump", None)
+            self._client.close()
+            if jump is not None:
+                jump.close()
+            self._client = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _session(self, timeout: float) -> paramiko.Channel:
+        t = self.transport()
+        try:
+            return t.open_session(timeout=min(timeout, self.target.connect_timeout))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectError(f"lost the connection to {self.target.where}: {exc}",
+                               host=self.name) from None
+
+    # -- commands --------------------------------------------------------------------------------
+    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
+            env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+        started = time.monotonic()
+        code, out, err = self._exec(self.wrap(cmd, env, sudo), timeout, input, None,
+                                    self.sudo if sudo is None else sudo)
+        self._count(started)
+        return Result(printable(cmd), code, out.decode(errors="replace"),
+                      err.decode(errors="replace"), time.monotonic() - started)
+
+    def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
+               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+        started = time.monotonic()
+        lines: list[str] = []
+        pending = bytearray()
+
+        def feed(chunk: bytes) -> None:
+            pending.extend(chunk)
+            while (nl := pending.find(b"\n")) >= 0:
+                line = pending[:nl].decode(errors="replace")
+                del pending[:nl + 1]
+                lines.append(line)
+                on_line(line)
+
+        code, _, err = self._exec(self.wrap(cmd, env, sudo), timeout, None, feed,
+                                  self.sudo if sudo is None else sudo)
+        if pending:
+            lines.append(pending.decode(errors="replace"))
+            on_line(lines[-1])
+        self._count(started)
+        return Result(printable(cmd), code, "\n".join(lines), err.decode(errors="replace"),
+                      time.monotonic() - started)
+
+    def _exec(self, text: str, timeout: float, input: bytes | None,
+              on_stdout: Callable[[bytes], None] | None,
+              sudo: bool = False) -> tuple[int, bytes, bytes]:
+        """Run shell text on one channel; stdout goes to on_stdout as it arrives (or is kept).
+        On timeout the command's whole process group is killed (with sudo when it ran so)."""
+        chan = self._session(timeout)
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            chan.exec_command(f'echo "{_PID_MARK.decode()}$$" >&2; {text}')
+            if input:
+                chan.sendall(input)
+            chan.shutdown_write()
+            while True:
+                while chan.recv_ready():
+                    chunk = chan.recv(65536)
+                    on_stdout(chunk) if on_stdout else out.extend(chunk)
+                while chan.recv_stderr_ready():
+                    err.extend(chan.recv_stderr(65536))
+                if chan.exit_status_ready() and chan.eof_received \
+                        and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    return chan.recv_exit_status(), bytes(out), _strip_mark(err)[1]
+                if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    return (chan.recv_exit_status() if chan.exit_status_ready() else 255,
+                            bytes(out), _strip_mark(err)[1] + b"\n(connection closed)")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    pgid, err = _strip_mark(err)
+                    if pgid:
+                        kill = f"kill -KILL -- -{pgid}"
+                        self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None)
+                    return TIMED_OUT, bytes(out), err + \
+                        f"\n(timed out after {timeout:g} s)".encode()
+                select.select([chan], [], [], min(remaining, 0.5))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectError(f"lost the connection to {self.target.where}: {exc}",
+                               host=self.name) from None
+        finally:
+            chan.close()
+
+    # -- files -----------------------------------------------------------------------------------
+    def sftp(self) -> paramiko.SFTPClient:
+        transport = self.transport()
+        if self._sftp is None or self._sftp.get_channel().closed:
+            self._sftp = paramiko.SFTPClient.from_transport(transport)
+        return self._sftp
+
+    def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write atomically: a temp file beside the target, chmod, rename over it. With sudo the
+        bytes go to a temp file we own first, then `sudo -n install` places them."""
+        started = time.monotonic()
+        tag = uuid.uuid4().hex[:8]
+        if self.sudo:
+            staged = f"/tmp/.vllm-orch-put-{tag}"
+            with self._sftp_lock:
+                self._write(self.sftp(), staged, data, 0o600)
+            beside = posixpath.join(posixpath.dirname(path) or ".",
+                                    f".{posixpath.basename(path)}.tmp{tag}")
+            q = shlex.quote
+            script = (f"mkdir -p {q(posixpath.dirname(path) or '.')} && "
+                      f"install -m {mode:o} {q(staged)} {q(beside)} && mv -f {q(beside)} {q(path)}")
+            code, out, err = self._exec(f"sudo -n sh -c {q(script)}; rc=$?; rm -f {q(staged)}; "
+                                        f"exit $rc", 60, None, None)
+            if code != 0:
+                raise OSError(f"{self.name}: cannot install {path} with sudo: "
+                              f"{(err or out).decode(errors='replace').strip()}")
+        else:
+            tmp = posixpath.join(posixpath.dirname(path) or ".",
+                                 f".{posixpath.basename(path)}.tmp{tag}")
+            with self._sftp_lock:
+                sftp = self.sftp()
+                _makedirs(sftp, posixpath.dirname(path))
+                self._write(sftp, tmp, data, mode)
+                sftp.posix_rename(tmp, path)
+        self._count(started)
+
+    @staticmethod
+    def _write(sftp: paramiko.SFTPClient, path: str, data: bytes, mode: int) -> None:
+        with sftp.open(path, "wb") as f:
+            f.set_pipelined(True)
+            f.write(data)
+        sftp.chmod(path, mode)
+
+    def get(self, path: str) -> bytes | None:
+        started = time.monotonic()
+        try:
+            if self.sudo:
+                q = shlex.quote(path)
+                code, out, err = self._exec(
+                    f"sudo -n sh -c {shlex.quote(f'[ -e {q} ] || exit {_GET_MISSING}; cat {q}')}",
+                    60, None, None)
+                if code == _GET_MISSING:
+                    return None
+                if code != 0:
+                    raise OSError(f"{self.name}: cannot read {path}: "
+                                  f"{err.decode(errors='replace').strip()}")
+                return out
+            with self._sftp_lock:
+                try:
+                    with self.sftp().open(path, "rb") as f:
+                        f.prefetch()
+                        return f.read()
+                except FileNotFoundError:
+                    return None
+        finally:
+            self._count(started)
+
+    # -- long-lived commands (the host lock) -------------------------------------------------------
+    def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
+              sudo: bool | None = None) -> Spawned:
+        """Run cmd on its own channel; its stdin stays open until close(). If this process dies the
+        connection drops, the remote command reads EOF and exits (that releases the lock)."""
+        started = time.monotonic()
+        chan = self.transport().open_session()
+        chan.set_combine_stderr(True)
+        chan.exec_command(self.wrap(cmd, env, sudo))
+        self._count(started)
+        return _SshSpawned(chan)
+
+    # -- tunnels ---------------------------------------------------------------------------------
+    def connect_tcp(self, port: int, address: str = "127.0.0.1", timeout: float = 5.0):
+        """A `direct-tcpip` channel to address:port as seen from the host (so a server bound to
+        the host's 127.0.0.1 is reachable). Refused on the far side -> ConnectionRefusedError,
+        like a local socket."""
+        started = time.monotonic()
+        try:
+            chan = self.transport().open_channel("direct-tcpip", (address, port),
+                                                 ("127.0.0.1", 0), timeout=timeout)
+            chan.settimeout(timeout)
+            return chan
+        except paramiko.ChannelException as exc:
+            raise ConnectionRefusedError(
+                f"{self.name}: {address}:{port} on the host refused the connection "
+                f"({exc.text})") from None
+        except paramiko.SSHException as exc:
+            raise TimeoutError(f"{self.name}: tunnel to {address}:{port}: {exc}") from None
+        finally:
+            self._count(started)
+
+
+class _SshSpawned(Spawned):
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+        self.buf = b""
+
+    def readline(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.chan.settimeout(remaining)
+            try:
+                data = self.chan.recv(4096)
+            except Exception:   # socket.timeout
+                return None
+            if not data:
+                if self.buf:
+                    line, self.buf = self.buf, b""
+                    return line.decode(errors="replace")
+                return None
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        try:
+            self.chan.shutdown_write()
+            self.chan.close()
+        except Exception:
+            pass
+
+
+def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    if not path or path == "/":
+        return
+    try:
+        sftp.stat(path)
+    except FileNotFoundError:
+        _makedirs(sftp, posixpath.dirname(path))
+        sftp.mkdir(path)
+
+
+def _strip_mark(err: bytearray) -> tuple[int | None, bytes]:
+    """(the remote shell's PID, stderr without our marker line)."""
+    if err.startswith(_PID_MARK) and b"\n" in err:
+        line, _, rest = bytes(err).partition(b"\n")
+        return int(line[len(_PID_MARK):]), rest
+    return None, bytes(err)

@@ -1,0 +1,229 @@
+"""Opening one SSH connection: where to (ssh_config), whether to trust it (known_hosts), how to
+fail (one ConnectError line naming host and cause, within the connect timeout).
+
+Kept apart from SshHost so the rules that decide trust and error wording are small and testable.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import paramiko
+
+from orchestrator.errors import ConnectError, RefusedError
+
+ACCEPT_FLAG = "--accept-new-host-key"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything needed to reach one host, after ~/.ssh/config has been applied."""
+
+    name: str                      # inventory name, used in messages
+    hostname: str                  # what we connect to (resolved from an alias)
+    port: int = 22
+    user: str = "root"
+    identity_files: tuple[str, ...] = ()
+    jump: "Target | None" = None   # ProxyJump: one hop, reached first
+    known_hosts_file: str = DEFAULT_KNOWN_HOSTS
+    accept_new_host_key: bool = False
+    connect_timeout: float = 10.0
+
+    @property
+    def where(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How OpenSSH names this host in known_hosts (`[host]:port` unless port 22)."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+def resolve_target(name: str, address: str, *, port: int | None = None, user: str | None = None,
+                   identity_file: str | None = None, known_hosts_file: str | None = None,
+                   accept_new_host_key: bool = False, connect_timeout: float = 10.0,
+                   ssh_config: str | os.PathLike | None = DEFAULT_SSH_CONFIG) -> Target:
+    """Apply ~/.ssh/config to `address` (which may be an alias), like `ssh` does: values given
+    explicitly (inventory) win over the config file, which wins over defaults."""
+    cfg = _lookup(address, ssh_config)
+    ids = [identity_file] if identity_file else cfg.get("identityfile", [])
+    jump = None
+    if cfg.get("proxyjump") and cfg["proxyjump"].lower() != "none":
+        first_hop = cfg["proxyjump"].split(",")[0].strip()   # one hop is all we support
+        juser, _, jhost = first_hop.rpartition("@")
+        jhost, _, jport = jhost.partition(":")
+        jump = resolve_target(f"{name} (jump {first_hop})", jhost, port=int(jport) if jport else None,
+                              user=juser or None, known_hosts_file=known_hosts_file,
+                              accept_new_host_key=accept_new_host_key,
+                              connect_timeout=connect_timeout, ssh_config=ssh_config)
+    return Target(
+        name=name, hostname=cfg.get("hostname", address),
+        port=int(port or cfg.get("port") or 22),
+        user=user or cfg.get("user") or os.environ.get("USER") or "root",
+        identity_files=tuple(os.path.expanduser(p) for p in ids),
+        jump=jump,
+        known_hosts_file=os.path.expanduser(known_hosts_file or cfg.get("userknownhostsfile",
+                                                                        DEFAULT_KNOWN_HOSTS).split()[0]),
+        accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout)
+
+
+def _lookup(address: str, ssh_config) -> dict:
+    if ssh_config is None:
+        return {}
+    path = Path(os.path.expanduser(str(ssh_config)))
+    if not path.is_file():
+        return {}
+    return dict(paramiko.SSHConfig.from_path(str(path)).lookup(address))
+
+
+# -- host keys -------------------------------------------------------------------------------------
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's format: SHA256:<base64 of the sha256 of the key blob, without padding>."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown key: refuse naming its fingerprint, or (accept-new) append it to known_hosts.
+    A changed key never reaches this policy: paramiko raises BadHostKeyException for it."""
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def missing_host_key(self, client, hostname, key):
+        t = self.target
+        if not t.accept_new_host_key:
+            raise RefusedError(
+                f"unknown host key for {t.known_hosts_name}: {key.get_name()} {fingerprint(key)}",
+                host=t.name,
+                hint=f"check the fingerprint out of band, then rerun with {ACCEPT_FLAG} to add it "
+                     f"to {t.known_hosts_file}")
+        append_known_host(t.known_hosts_file, t.known_hosts_name, key)
+
+
+def append_known_host(path: str, host_entry: str, key: paramiko.PKey) -> None:
+    p = Path(path)
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    line = f"{host_entry} {key.get_name()} {key.get_base64()}\n"
+    needs_newline = p.is_file() and p.stat().st_size and not p.read_bytes().endswith(b"\n")
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(("\n" if needs_newline else "") + line)
+
+
+# -- connecting ------------------------------------------------------------------------------------
+class _Transient(Exception):
+    """A failure worth one more try (server dropped us during the handshake)."""
+
+
+def connect(target: Target, *, attempts: int = 3) -> paramiko.SSHClient:
+    """A connected, authenticated client, or ConnectError/RefusedError. Retries, with jitter, only
+    the failures that a retry can fix, and never past the connect timeout."""
+    deadline = time.monotonic() + target.connect_timeout
+    for attempt in range(attempts):
+        try:
+            return _connect_once(target, deadline)
+        except _Transient as exc:
+            pause = min(0.2 * 2 ** attempt * random.uniform(0.5, 1.5), deadline - time.monotonic())
+            if attempt == attempts - 1 or pause <= 0:
+                raise ConnectError(f"cannot connect to {target.where}: {exc}", host=target.name)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ConnectError(f"cannot connect to {target.where}: timed out after "
+                               f"{target.connect_timeout:g} s", host=target.name)
+        return remaining
+
+    fail = lambda cause: ConnectError(f"cannot connect to {target.where}: {cause}",  # noqa: E731
+                                      host=target.name)
+    jump_client = client = sock = None
+    try:
+        if target.jump is not None:
+            jump_client = _connect_once(replace(target.jump, connect_timeout=target.connect_timeout),
+                                        deadline)
+            sock = jump_client.get_transport().open_channel(
+                "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=left())
+        else:
+            sock = socket.create_connection((target.hostname, target.port), timeout=left())
+        client = paramiko.SSHClient()
+        if Path(SYSTEM_KNOWN_HOSTS).is_file():          # read-only, like OpenSSH
+            client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
+        kh = Path(target.known_hosts_file)
+        if kh.is_file():
+            client.load_host_keys(str(kh))
+        client.set_missing_host_key_policy(_HostKeyPolicy(target))
+        remaining = left()
+        client.connect(target.hostname, port=target.port, username=target.user, sock=sock,
+                       key_filename=list(target.identity_files) or None,
+                       timeout=remaining, banner_timeout=remaining, auth_timeout=remaining,
+                       channel_timeout=remaining, allow_agent=True,
+                       look_for_keys=not target.identity_files)
+        client._vllm_orch_jump = jump_client        # keep the hop alive as long as the client
+        return client
+    except (ConnectError, RefusedError):
+        _close(client, jump_client, sock)
+        raise
+    except paramiko.BadHostKeyException as exc:
+        _close(client, jump_client, sock)
+        raise RefusedError(
+            f"HOST KEY CHANGED for {target.known_hosts_name}: it now presents "
+            f"{exc.key.get_name()} {fingerprint(exc.key)}, known_hosts has "
+            f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)} - someone may be "
+            f"intercepting the connection", host=target.name,
+            hint=f"if the host was reinstalled, remove its line from {target.known_hosts_file} "
+                 f"(ssh-keygen -R '{target.known_hosts_name}') and verify the new key")
+    except Exception as exc:  # noqa: BLE001 - every other failure becomes one readable line
+        _close(client, jump_client, sock)
+        if time.monotonic() >= deadline or isinstance(exc, (socket.timeout, TimeoutError)):
+            raise fail(f"timed out after {target.connect_timeout:g} s") from None
+        if _is_transient(exc):
+            raise _Transient(_cause(exc, target)) from None
+        raise fail(_cause(exc, target)) from None
+
+
+def _is_transient(exc: Exception) -> bool:
+    """Reset or closed during the handshake (sshd MaxStartups, a restarting daemon)."""
+    if isinstance(exc, (ConnectionResetError, EOFError)):
+        return True
+    return isinstance(exc, paramiko.SSHException) and "banner" in str(exc).lower() \
+        and "timeout" not in str(exc).lower()
+
+
+def _cause(exc: Exception, target: Target) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"name {target.hostname!r} does not resolve ({exc.strerror})"
+    if isinstance(exc, paramiko.ChannelException):
+        return f"the jump host could not open a connection to it ({exc.text})"
+    if isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED,):
+        return "connection refused (is sshd running and listening on that port?)"
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "no route to host"
+    if isinstance(exc, paramiko.AuthenticationException):
+        tried = ", ".join(target.identity_files) or "SSH agent and ~/.ssh/id_* keys"
+        return f"authentication failed for user {target.user!r} (tried: {tried})"
+    if isinstance(exc, paramiko.SSHException):
+        return f"SSH handshake failed: {exc}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _close(client, jump_client, sock=None) -> None:
+    for c in (client, sock, jump_client):
+        if c is not None:
+            c.close()

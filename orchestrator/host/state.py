@@ -1,0 +1,156 @@
+"""vllm-orch's records on each host (under the inventory's state_dir), and the host lock.
+
+  active.json          the model that serves now: name, served name, port, hashes, vLLM version
+  installed/NAME.json  each model whose unit vllm-orch installed (regen re-renders these)
+  usage.json           last time each model was started (least-recently-used disk eviction)
+  history.jsonl        one line per deploy / swap / rollback / stop / gc / bench, with timings
+  deploy.lock          flock(1) file; deploy.lock.json names the holder
+The lock is held by a `flock ... cat` process on the host whose stdin is our connection: when the
+orchestrator dies or the SSH connection drops, cat sees EOF, flock exits and the lock is free.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import socket
+import time
+from datetime import datetime, timezone
+
+from orchestrator.errors import RefusedError
+from orchestrator.host.base import Host, Script
+from orchestrator.config.inventory import HostEntry
+
+LOCK_BUSY_EXIT = 75
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _path(entry: HostEntry, *parts: str) -> str:
+    return "/".join([entry.state_dir, *parts])
+
+
+def read_json(host: Host, path: str):
+    data = host.get(path)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def write_json(host: Host, path: str, value, mode: int = 0o644) -> None:
+    host.put(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode(), mode)
+
+
+def read_active(host: Host, entry: HostEntry) -> dict | None:
+    return read_json(host, _path(entry, "active.json"))
+
+
+def write_active(host: Host, entry: HostEntry, record: dict | None) -> None:
+    if record is None:
+        host.run(["rm", "-f", _path(entry, "active.json")]).check(entry.name, "clear active record")
+    else:
+        write_json(host, _path(entry, "active.json"), record)
+
+
+def write_installed(host: Host, entry: HostEntry, model: str, record: dict) -> None:
+    write_json(host, _path(entry, "installed", f"{model}.json"), record)
+
+
+def append_history(host: Host, entry: HostEntry, record: dict) -> None:
+    line = json.dumps({"at": now_iso(), **record}, sort_keys=True)
+    path = _path(entry, "history.jsonl")
+    host.run(Script(f"mkdir -p {shlex.quote(entry.state_dir)} && "
+                    f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}")).check(entry.name, "append history")
+
+
+def read_history(host: Host, entry: HostEntry) -> list[dict]:
+    data = host.get(_path(entry, "history.jsonl"))
+    out = []
+    for line in (data or b"").decode(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def touch_usage(host: Host, entry: HostEntry, model: str, usage: dict) -> None:
+    write_json(host, _path(entry, "usage.json"), {**usage, model: time.time()})
+
+
+def whoami() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+class HostLock:
+    """Exclusive deploy/swap/regen lock of one host; use as a context manager."""
+
+    def __init__(self, host: Host, entry: HostEntry, operation: str, timeout: float = 15.0):
+        self.host, self.entry, self.operation, self.timeout = host, entry, operation, timeout
+        self._proc = None
+
+    @property
+    def path(self) -> str:
+        return _path(self.entry, "deploy.lock")
+
+    def command(self) -> Script:
+        d, p = shlex.quote(self.entry.state_dir), shlex.quote(self.path)
+        return Script(f"mkdir -p {d} && exec flock -n -E {LOCK_BUSY_EXIT} {p} "
+                      f"sh -c 'echo VLLM_ORCH_LOCKED; exec cat >/dev/null'")
+
+    def acquire(self) -> None:
+        proc = self.host.spawn(self.command())
+        deadline = time.monotonic() + self.timeout
+        output = []
+        while time.monotonic() < deadline:
+            line = proc.readline(timeout=max(0.1, deadline - time.monotonic()))
+            if line is None:
+                break
+            if line == "VLLM_ORCH_LOCKED":
+                self._proc = proc
+                write_json(self.host, self.path + ".json",
+                           {"holder": whoami(), "operation": self.operation, "since": now_iso()})
+                return
+            output.append(line)
+        proc.close()
+        holder = read_json(self.host, self.path + ".json") or {}
+        if output and not holder:
+            raise RefusedError(f"cannot take the deploy lock {self.path}: {' '.join(output)[-300:]}",
+                               host=self.entry.name, step="lock")
+        raise RefusedError(
+            f"another operation holds the deploy lock: {holder.get('operation', '?')} by "
+            f"{holder.get('holder', 'an unknown process')} since {holder.get('since', '?')}",
+            host=self.entry.name, step="lock",
+            hint="wait for it to finish; a killed vllm-orch releases the lock by itself")
+
+    def release(self) -> None:
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def lock_holder(host: Host, entry: HostEntry) -> dict | None:
+    """Who holds the lock now (None when free) - for dry runs, which never take it."""
+    p = shlex.quote(_path(entry, "deploy.lock"))
+    r = host.run(Script(f"[ -e {p} ] || exit 0; flock -n {p} true || exit {LOCK_BUSY_EXIT}"))
+    if r.exit_code != LOCK_BUSY_EXIT:
+        return None
+    return read_json(host, _path(entry, "deploy.lock.json")) or {"holder": "unknown"}

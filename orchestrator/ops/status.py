@@ -1,0 +1,264 @@
+"""`vllm-orch status`: what each host serves now, read in as few round trips as possible.
+
+Per host: one facts round trip (orchestrator/facts.py), one for the history tail and the host's
+uptime clock, and up to three HTTP probes through the host (/health, /v1/models, /metrics) when a
+service runs. Hosts are asked in parallel, one thread and one connection each; a host that cannot
+be reached is a row with its error, never a crash of the whole command.
+
+The state of a host is decided by a pure function (`decide_state`) from the service state and the
+probe answers, so the rules are unit-tested without a host:
+  ready    the service runs, /health is 200 and /v1/models lists the served name
+  loading  the service runs but the port does not answer yet (vLLM binds early, listens late),
+           or /health is 200 and the name is not listed yet
+  failed   the service died (systemd failed, a PID file without a process), or /health says 503
+  stopped  nothing runs
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from orchestrator.host.base import Host, Script
+from orchestrator.config.inventory import HostEntry
+
+DEPLOY_OPS = ("deploy", "swap", "rollback")
+HISTORY_TAIL = 500          # lines of history.jsonl read for the last deploy / bench
+PROBE_TIMEOUT_S = 3.0
+KV_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")   # new name, then the pre-0.11 one
+
+
+@dataclass
+class HostStatus:
+    host: str
+    reachable: bool = True
+    error: str | None = None
+    simulated: bool = False
+    active_model: str | None = None
+    served_name: str | None = None
+    port: int | None = None
+    state: str = "unknown"           # ready / loading / failed / stopped / unreachable
+    state_reason: str = ""
+    uptime_s: float | None = None
+    main_pid: int | None = None
+    running_models: list[str] = field(default_factory=list)
+    gpus: list[dict] = field(default_factory=list)
+    gpu_error: str | None = None
+    gpu_processes: list[dict] = field(default_factory=list)
+    kv_cache_usage: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    disk: dict = field(default_factory=dict)
+    models: list[dict] = field(default_factory=list)
+    last_deploy: dict | None = None
+    last_bench: dict | None = None
+    lock: dict | None = None
+    vllm_version: str | None = None
+    round_trips: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def decide_state(service_active: bool, service_failed: bool, health: int | None,
+                 listed: bool | None) -> tuple[str, str]:
+    """(state, reason) from the service state and the probe answers (None = no HTTP answer)."""
+    if not service_active:
+        if service_failed:
+            return "failed", "the service's process is gone (crashed or killed)"
+        return "stopped", "no managed service runs"
+    if health is None:
+        return "loading", "the process runs, the port does not answer yet"
+    if health == 503:
+        return "failed", "/health answers 503: the engine is dead"
+    if health != 200:
+        return "loading", f"/health answers {health}"
+    if listed is False:
+        return "loading", "/health is 200 but /v1/models does not list the served name yet"
+    return "ready", "/health 200 and the served name is listed"
+
+
+def last_record(history: list[dict], operations: tuple[str, ...]) -> dict | None:
+    for rec in reversed(history):
+        if rec.get("operation") in operations:
+            return rec
+    return None
+
+
+def deploy_summary(rec: dict | None) -> dict | None:
+    """The fields of a deploy/swap/rollback record that status shows."""
+    if rec is None:
+        return None
+    out = {k: rec.get(k) for k in ("operation", "model", "ok", "at", "seconds", "noop") if k in rec}
+    if rec.get("refused"):
+        out["result"] = "refused"
+        out["error"] = rec["refused"]
+    elif rec.get("ok"):
+        out["result"] = "ok (nothing to do)" if rec.get("noop") else "ok"
+    else:
+        out["result"] = "failed"
+        out["error"] = rec.get("root_cause") or rec.get("error")
+    for key in ("downtime_s", "tokens_per_s", "rolled_back_to"):
+        if key in rec:
+            out[key] = rec[key]
+    return out
+
+
+def bench_summary(rec: dict | None) -> dict | None:
+    """A bench record's headline figures, whatever subset of them the record carries."""
+    if rec is None:
+        return None
+    out = {k: rec[k] for k in ("model", "at", "single_stream_tok_s", "peak_output_tok_s", "peak_concurrency")
+           if k in rec}
+    return out
+
+
+def read_extras(host: Host, entry: HostEntry) -> tuple[dict | None, list[dict], float | None, dict | None]:
+    """active.json, the history tail, the host's uptime clock (systemd start times are monotonic)
+    and who holds the deploy lock (flock, so a stale holder file is not reported) in one round
+    trip, read before the facts so they can look at the active port."""
+    active = shlex.quote(f"{entry.state_dir}/active.json")
+    path = shlex.quote(f"{entry.state_dir}/history.jsonl")
+    lock = shlex.quote(f"{entry.state_dir}/deploy.lock")
+    r = host.run(Script(f"cut -d' ' -f1 /proc/uptime 2>/dev/null || echo -; "
+                        f"if [ -e {lock} ] && ! flock -n {lock} true 2>/dev/null; then "
+                        f"{{ tr -d '\\n' < {lock}.json || printf '{{\"holder\": \"unknown\"}}'; }} 2>/dev/null; echo; "
+                        f"else echo; fi; "
+                        f"tr -d '\\n' < {active} 2>/dev/null; echo; "
+                        f"tail -n {HISTORY_TAIL} {path} 2>/dev/null; true"), timeout=30)
+    lines = r.stdout.splitlines() + ["", "", ""]
+    try:
+        uptime = float(lines[0])
+    except ValueError:
+        uptime = None
+    lock_holder, record = _json_or_none(lines[1]), _json_or_none(lines[2])
+    history = [rec for rec in map(_json_or_none, lines[3:]) if rec is not None]
+    return record, history, uptime, lock_holder
+
+
+def _json_or_none(text: str) -> dict | None:
+    try:
+        value = json.loads(text) if text.strip() else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _uptime(svc_raw: dict, host_time: float, host_uptime: float | None) -> float | None:
+    """Seconds since the service's main process started, in the host's clocks."""
+    if svc_raw.get("StartedAt"):                     # process services: PID file mtime (epoch)
+        return max(0.0, host_time - float(svc_raw["StartedAt"]))
+    mono = svc_raw.get("ExecMainStartTimestampMonotonic")
+    if mono and mono.isdigit() and int(mono) and host_uptime is not None:
+        return max(0.0, host_uptime - int(mono) / 1e6)
+    return None
+
+
+def pick_model(active: dict | None, running: list[str]) -> str | None:
+    """The model status is about: the recorded active one while it runs (or when nothing else
+    runs); else a running managed model (a first deploy or a swap loading before it is recorded)."""
+    recorded = (active or {}).get("model")
+    if recorded and (recorded in running or not running):
+        return recorded
+    return running[0] if running else recorded
+
+
+def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = None,
+                served_name_of: Callable[[str], str | None] | None = None,
+                accept_new_host_key: bool = False) -> HostStatus:
+    """Status of one host. Never raises: errors become HostStatus(reachable=False, error=...)."""
+    from orchestrator.host.connect import open_host
+
+    t0 = time.monotonic()
+    st = HostStatus(host=entry.name, simulated=entry.simulated)
+    host = None
+    try:
+        host = open_host(entry, accept_new_host_key)
+        _fill(st, host, entry, port_of or (lambda _m: None), served_name_of or (lambda _m: None))
+    except Exception as exc:   # one host's failure is that host's row, not the command's crash
+        st.reachable, st.state = False, "unreachable"
+        st.error = str(exc) or type(exc).__name__
+    finally:
+        if host is not None:
+            st.round_trips = host.stats.round_trips
+            try:
+                host.close()
+            except Exception:
+                pass
+    st.seconds = round(time.monotonic() - t0, 3)
+    return st
+
+
+def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of) -> None:
+    from orchestrator.probe import api as probes
+    from orchestrator.host.facts import gather
+
+    active, history, host_uptime, lock_holder = read_extras(host, entry)
+    ports = [int(active["port"])] if active and active.get("port") else []
+    facts = gather(host, entry, [active["model"]] if active and active.get("model") else [], ports=ports)
+    running = facts.running()
+    model = pick_model(facts.active, running)
+    st.active_model, st.running_models = model, running
+    st.vllm_version, st.lock = facts.vllm_version, lock_holder
+    rec = facts.active if (facts.active or {}).get("model") == model else None
+    st.port = int(rec["port"]) if rec and rec.get("port") else (port_of(model) if model else None)
+    st.served_name = (rec or {}).get("served_name") or (served_name_of(model) if model else None)
+
+    svc = facts.services.get(model) if model else None
+    health = listed = None
+    if svc is not None and svc.active:
+        st.main_pid = svc.main_pid
+        st.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
+        if st.port:
+            health = probes.health(host, st.port, timeout=PROBE_TIMEOUT_S)
+            if health == 200:
+                try:
+                    names = [c.get("id") for c in probes.served_models(host, st.port, timeout=PROBE_TIMEOUT_S)]
+                    listed = st.served_name in names if st.served_name else bool(names)
+                except Exception:
+                    listed = False
+                try:
+                    samples = probes.metrics(host, st.port, timeout=PROBE_TIMEOUT_S)
+                    kv = next((samples[k] for k in KV_METRICS if k in samples), None)
+                    st.kv_cache_usage = kv
+                    st.requests_running = samples.get("vllm:num_requests_running")
+                    st.requests_waiting = samples.get("vllm:num_requests_waiting")
+                except Exception:
+                    pass
+    st.state, st.state_reason = decide_state(bool(svc and svc.active), bool(svc and svc.failed),
+                                             health, listed)
+    if st.state == "loading" and not st.port:
+        st.state_reason += " (port unknown: no manifest and no active record)"
+
+    st.gpus = [{"index": g.index, "name": g.name, "memory_used_mib": g.memory_used_mib,
+                "memory_total_mib": g.memory_total_mib, "utilization_pct": g.utilization_pct}
+               for g in facts.gpus]
+    st.gpu_error = facts.gpu_error
+    st.gpu_processes = [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib,
+                         "owner": p.owner, "left_by": p.left_by,
+                         "kind": "service" if p.owner else ("left behind" if p.left_by else (
+                             "unmanaged vLLM" if p.vllm_like else "foreign"))}
+                        for p in facts.procs]
+    st.disk = {"path": facts.disk_path, "total": facts.disk_total, "free": facts.disk_free}
+    st.models = [{"name": d.name, "bytes": d.bytes, "last_used": d.last_used,
+                  "verified": bool(d.verified), "active": d.name == (facts.active or {}).get("model"),
+                  "running": d.name in running}
+                 for d in sorted(facts.models.values(), key=lambda d: d.name)]
+    st.last_deploy = deploy_summary(last_record(history, DEPLOY_OPS))
+    st.last_bench = bench_summary(last_record(history, ("bench",)))
+
+
+def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
+                  accept_new_host_key: bool = False, max_workers: int = 32) -> list[HostStatus]:
+    """Every host at once (one thread and one connection per host), in the order given."""
+    if not entries:
+        return []
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(entries))) as pool:
+        futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key)
+                   for e in entries]
+        return [f.result() for f in futures]

@@ -1,0 +1,254 @@
+"""Operating a host: stop a model (and prove its GPUs are free), delete inactive model folders,
+find the log window of the last deploy. The click commands live in commands/ops.py.
+
+stop:  lock -> facts -> stop the service -> kill what it left on ITS GPUs (SIGTERM, SIGKILL) ->
+       wait until nvidia-smi shows the memory released -> clear active.json -> history.
+       Leftovers are the model's own processes (its cgroup / process group) and vLLM processes no
+       running service owns, on the model's GPUs only; a process on another GPU, or one owned by
+       another running model, is never touched.
+gc:    lock -> facts -> folders under models_root that are neither active nor running -> each path
+       resolved ON THE HOST and checked to be a direct child of the resolved models_root -> rm.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from orchestrator.host import nvidia_smi as gpu
+from orchestrator.host import state
+from orchestrator.errors import CommandFailed, DeployFailed, RefusedError
+from orchestrator.host.facts import GpuProc, HostFacts, gather
+from orchestrator.host.base import Host, Script
+from orchestrator.config.inventory import HostEntry
+from orchestrator.host.services import Service
+from orchestrator.plan.steps import GPU_RELEASE_TIMEOUT_S, fmt_bytes, gpu_list, kill_commands, wait_gpus_free
+
+
+# -- stop ------------------------------------------------------------------------------------------
+
+@dataclass
+class StopResult:
+    host: str
+    model: str
+    ok: bool = True
+    was: str = "stopped"                 # running / failed / stopped (before we acted)
+    gpus: list[int] = field(default_factory=list)
+    stopped_service: bool = False
+    orphans: list[dict] = field(default_factory=list)   # its processes found without a live main process
+    killed: list[dict] = field(default_factory=list)    # killed one by one after the service stop
+    gpus_free: str | None = None
+    cleared_active: bool = False
+    nothing_to_do: bool = False
+    seconds: float = 0.0
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) -> list[int]:
+    """The GPUs a model uses: its active record, else its manifest, else the GPUs its own
+    processes sit on."""
+    active = facts.active or {}
+    if active.get("model") == model and active.get("gpus"):
+        return sorted(int(i) for i in active["gpus"])
+    if manifest_gpus:
+        return sorted(manifest_gpus)
+    return sorted({p.gpu_index for p in facts.procs
+                   if p.gpu_index is not None and model in (p.owner, p.left_by)})
+
+
+def leftovers(procs: list[GpuProc], model: str, gpus: list[int]) -> list[GpuProc]:
+    """Processes stop may kill: on the model's GPUs only; the model's own (owner / left_by), or
+    vLLM processes that no managed service owns. Never another model's, never a foreign one."""
+    out = []
+    for p in procs:
+        if not p.pid or p.gpu_index is None or p.gpu_index not in gpus:
+            continue
+        if model in (p.owner, p.left_by):
+            out.append(p)
+        elif p.owner is None and p.left_by is None and p.vllm_like:
+            out.append(p)
+    return out
+
+
+def gpu_apps(host: Host, entry: HostEntry, gpus: list[int]) -> dict[int, int]:
+    """{pid: gpu index} of the compute processes nvidia-smi lists on these GPUs now."""
+    r = host.run(gpu.query_gpus_argv(entry.nvidia_smi))
+    a = host.run(gpu.query_compute_apps_argv(entry.nvidia_smi))
+    if not (r.ok and a.ok):
+        raise CommandFailed(f"nvidia-smi failed: {(r.stderr or a.stderr).strip()[-200:]}",
+                            host=entry.name, step="gpus")
+    by_uuid = {g.uuid: g.index for g in gpu.parse_gpus(r.stdout, gpu.GPU_QUERY_FIELDS)}
+    return {x.pid: by_uuid[x.gpu_uuid]
+            for x in gpu.parse_compute_apps(a.stdout, gpu.COMPUTE_APPS_FIELDS)
+            if by_uuid.get(x.gpu_uuid) in gpus}
+
+
+def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int] | None = None,
+               release_timeout: float = GPU_RELEASE_TIMEOUT_S, poll: float = 0.5,
+               say=lambda text: None) -> StopResult:
+    """Stop MODEL on a host whose lock the caller holds. Idempotent."""
+    t0 = time.monotonic()
+    res = StopResult(entry.name, model)
+    facts = gather(host, entry, [model])
+    svc_state = facts.services.get(model)
+    installed = model in facts.installed or model in facts.models or (facts.active or {}).get("model") == model
+    if not installed and not (svc_state and (svc_state.active or svc_state.failed)):
+        raise RefusedError(f"{model} is not installed on {entry.name}", host=entry.name, step="stop",
+                           hint=f"installed: {', '.join(sorted(facts.installed)) or 'none'}")
+    res.was = "running" if svc_state and svc_state.active else ("failed" if svc_state and svc_state.failed
+                                                                  else "stopped")
+    res.gpus = model_gpus(facts, model, manifest_gpus)
+    before = leftovers(facts.procs, model, res.gpus)
+    if res.was != "running":
+        res.orphans = [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib}
+                       for p in before]
+    svc = Service.for_host(host, entry, model)
+    if res.was != "stopped" or before:
+        say(f"stopping {model} ({res.was}" + (f", PID {svc_state.main_pid}" if svc_state and svc_state.main_pid
+                                            else "") + ")")
+        svc.run_all(svc.stop_commands(), f"stop {model}", timeout=600)
+        res.stopped_service = res.was != "stopped"
+    # What the stop left on the model's GPUs (orphaned workers outlive a SIGKILLed parent).
+    if res.gpus:
+        still = gpu_apps(host, entry, res.gpus)
+        candidates = {p.pid: p for p in before}
+        # A process of ours that escaped the group/cgroup is still attributed by the pre-stop facts;
+        # one that is new on our GPUs and vLLM-like is re-read from fresh facts.
+        victims = [candidates[pid] for pid in still if pid in candidates]
+        unknown = [pid for pid in still if pid not in candidates]
+        if unknown:
+            fresh = gather(host, entry, [model])
+            victims += [p for p in leftovers(fresh.procs, model, res.gpus) if p.pid in unknown]
+        if victims:
+            pids = sorted({p.pid for p in victims})
+            say(f"killing {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
+                f"{gpu_list(res.gpus)}: " + ", ".join(f"{p.pid} {p.name}" for p in victims))
+            for cmd in kill_commands(pids):
+                host.run(cmd, timeout=60).check(entry.name, "kill leftover GPU processes")
+            res.killed = [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib}
+                          for p in victims]
+        others = [p for p in facts.procs if p.gpu_index in res.gpus and p.owner and p.owner != model]
+        if others:
+            res.gpus_free = (f"not waited for: {', '.join(sorted({p.owner for p in others}))} also runs on "
+                             f"{gpu_list(res.gpus)}")
+        else:
+            try:
+                res.gpus_free = wait_gpus_free(host, entry, res.gpus, release_timeout, poll)
+            except DeployFailed as exc:
+                res.ok, res.error = False, str(exc.message)
+    if (facts.active or {}).get("model") == model:
+        state.write_active(host, entry, None)
+        res.cleared_active = True
+    res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active
+    res.seconds = round(time.monotonic() - t0, 3)
+    state.append_history(host, entry, {"operation": "stop", "model": model, "ok": res.ok,
+                                       "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
+                                       "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
+                                       "noop": res.nothing_to_do, **({"error": res.error} if res.error else {})})
+    return res
+
+
+# -- gc --------------------------------------------------------------------------------------------
+
+@dataclass
+class GcCandidate:
+    name: str
+    bytes: int
+    last_used: float
+    verified: bool
+
+
+@dataclass
+class GcPlan:
+    delete: list[GcCandidate]
+    keep: list[tuple[str, str]]            # (folder, why it stays)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.bytes for c in self.delete)
+
+
+def plan_gc(facts: HostFacts) -> GcPlan:
+    """Inactive, not running folders go; the active model and running services stay."""
+    active = (facts.active or {}).get("model")
+    running = set(facts.running())
+    delete, keep = [], []
+    for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
+        if d.name == active:
+            keep.append((d.name, "the active model"))
+        elif d.name in running:
+            keep.append((d.name, "its service is running"))
+        else:
+            delete.append(GcCandidate(d.name, d.bytes, d.last_used, bool(d.verified)))
+    return GcPlan(delete, keep)
+
+
+def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
+    """Facts whose service states cover every folder (a folder without an installed record may
+    still have a PID file or a unit by its name): a second trip only when there are such folders."""
+    facts = gather(host, entry)
+    missing = [name for name in facts.models if name not in facts.services]
+    return gather(host, entry, missing) if missing else facts
+
+
+def delete_script(models_root: str, name: str) -> Script:
+    """rm -rf of models_root/NAME only after resolving both on the host: the folder must be a real
+    directory (not a symlink) whose resolved parent is the resolved models root."""
+    if not name or "/" in name or name in (".", "..") or name.startswith("."):
+        raise RefusedError(f"refusing to delete {name!r}: not a plain folder name", step="gc")
+    q = shlex.quote
+    root, target = q(models_root), q(f"{models_root}/{name}")
+    return Script(
+        f"R=$(realpath -e -- {root}) || exit 3; "
+        f"[ -L {target} ] && {{ echo 'is a symlink' >&2; exit 3; }}; "
+        f"T=$(realpath -e -- {target}) || exit 0; "
+        f"[ -d \"$T\" ] || {{ echo 'not a directory' >&2; exit 3; }}; "
+        f"[ \"$(dirname -- \"$T\")\" = \"$R\" ] && [ \"$T\" != \"$R\" ] || "
+        f"{{ echo \"resolves to $T, outside $R\" >&2; exit 3; }}; "
+        f"rm -rf --one-file-system -- \"$T\"",
+        display=f"rm -rf {q(models_root + '/' + name)}  (after checking on the host that it resolves "
+                f"to a direct child of {q(models_root)})")
+
+
+def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) -> dict:
+    """Delete the planned folders (the caller holds the lock and has the user's go-ahead)."""
+    t0 = time.monotonic()
+    deleted, kept = [], []
+    for c in plan.delete:
+        r = host.run(delete_script(entry.models_root, c.name), timeout=3600)
+        if r.ok:
+            deleted.append({"name": c.name, "bytes": c.bytes})
+            say(f"deleted {entry.models_root}/{c.name} ({fmt_bytes(c.bytes)})")
+        else:
+            why = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
+            kept.append({"name": c.name, "why": why})
+            say(f"kept {entry.models_root}/{c.name}: {why}")
+    record = {"operation": "gc", "ok": not kept, "deleted": deleted,
+              "freed_bytes": sum(d["bytes"] for d in deleted), "kept": kept,
+              "seconds": round(time.monotonic() - t0, 3)}
+    state.append_history(host, entry, record)
+    return record
+
+
+# -- logs ------------------------------------------------------------------------------------------
+
+def deploy_started_at(history: list[dict], model: str) -> float | None:
+    """Epoch seconds when the last deploy/swap/rollback that started MODEL began (record time
+    minus its duration), for `logs --since-deploy` on journald hosts."""
+    from datetime import datetime
+
+    for rec in reversed(history):
+        if rec.get("operation") in ("deploy", "swap", "rollback") and model in (
+                rec.get("model"), rec.get("to"), rec.get("rolled_back_to")):
+            try:
+                at = datetime.fromisoformat(rec["at"]).timestamp()
+            except (KeyError, ValueError):
+                continue
+            return at - float(rec.get("seconds") or 0) - 1
+    return None

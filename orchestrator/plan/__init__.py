@@ -1,0 +1,1 @@
+"""Planning, pure: steps and plans built from (manifest, host entry, facts, options)."""

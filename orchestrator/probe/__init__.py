@@ -1,0 +1,1 @@
+"""Talking to a vLLM server: HTTP probes, the smoke test, log signatures, readiness gates."""

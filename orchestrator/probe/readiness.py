@@ -1,0 +1,140 @@
+"""Waiting until a started service really serves, while following its log.
+
+Gates, each timed from the start: process alive -> port accepting -> /health 200 -> /v1/models
+lists the served name -> smoke completion passes. The log is read every poll: a fatal line (see
+logsig.FATAL) or the process exiting fails the wait at once with the root-cause line and the last
+log lines; no new log line for the manifest's no-progress window (before /health answers) fails
+it too - that is what an NCCL hang looks like. Time is a parameter: tests pass small budgets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from orchestrator.probe import logsig
+from orchestrator.probe import api as probes
+from orchestrator.errors import DeployFailed
+from orchestrator.host.base import Host
+from orchestrator.config.manifest import Manifest
+from orchestrator.host.services import Service
+
+GATES = ("process alive", "port accepting", "/health 200", "model listed", "smoke test")
+
+
+@dataclass
+class Ready:
+    gates: list[tuple[str, float]]          # (gate, seconds since start when it passed)
+    smoke: probes.SmokeResult
+    seconds: float
+    log_lines: int
+    phases: list[tuple[str, float]] = field(default_factory=list)
+
+
+class NotReady(DeployFailed):
+    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke."""
+
+    def __init__(self, message: str, *, kind: str, root_cause: str | None, last_lines: list[str],
+                 gates: list[tuple[str, float]], host: str | None = None, hint: str | None = None):
+        details = ([f"root cause: {root_cause}"] if root_cause else []) + \
+                  (["last log lines:"] + [f"  {l}" for l in last_lines] if last_lines else [])
+        super().__init__(message, host=host, step="ready", details=details, hint=hint)
+        self.kind, self.root_cause, self.last_lines, self.gates = kind, root_cause, last_lines, gates
+
+
+def failure_fields(err: Exception | None) -> dict:
+    """What a history record says about a failure: the error, and for readiness failures its kind
+    (crash, fatal-log, hang, timeout, smoke) and root-cause line."""
+    if err is None:
+        return {}
+    fields = {"error": str(err)}
+    if isinstance(err, NotReady):
+        fields.update(failure_kind=err.kind, root_cause=err.root_cause)
+    return fields
+
+
+def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
+               on_event: Callable[[str, str], None] = lambda kind, text: None,
+               budget_s: float | None = None, no_progress_s: float | None = None,
+               poll_s: float = 0.5, api_key: str | None = None) -> Ready:
+    budget = float(budget_s if budget_s is not None else m.startup.budget_seconds)
+    quiet_limit = float(no_progress_s if no_progress_s is not None else m.startup.no_progress_seconds)
+    start = time.monotonic()
+    last_line_at = start
+    passed: list[tuple[str, float]] = []
+    phases: list[tuple[str, float]] = []
+    seen: list[str] = []
+    port = m.serving.port
+
+    def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> None:
+        more, _ = service.read_log(cursor_box[0])
+        seen.extend(more)
+        sig, line = logsig.root_cause(seen)
+        raise NotReady(message, kind=kind, root_cause=root or line, host=service.entry.name,
+                       last_lines=[logsig.clean(l) for l in seen[-12:]], gates=list(passed),
+                       hint=hint or (sig.fix if sig else None))
+
+    cursor_box = [cursor]
+    while True:
+        now = time.monotonic()
+        elapsed = now - start
+        lines, cursor_box[0] = service.read_log(cursor_box[0])
+        if lines:
+            last_line_at = now
+            seen.extend(lines)
+            for line in lines:
+                phase = logsig.phase_of(line)
+                if phase and (not phases or phases[-1][0] != phase):
+                    phases.append((phase, elapsed))
+                    on_event("phase", f"{phase} (at {elapsed:.1f}s)")
+                on_event("log", logsig.clean(line))
+                sig = logsig.fatal_in(line)
+                if sig and sig.key != "engine-core-failed":
+                    fail("fatal-log", f"fatal log line after {elapsed:.1f}s: {sig.meaning}",
+                         root=logsig.clean(line), hint=sig.fix)
+        state = service.state()
+        if not state.active:
+            fail("crash", f"the service exited after {elapsed:.1f}s" +
+                 (" (before it served)" if len(passed) < 3 else ""))
+        stage = len(passed)
+        if stage == 0:
+            passed.append((GATES[0], elapsed))
+            on_event("gate", GATES[0])
+            continue
+        if stage == 1 and probes.port_open(host, port):
+            passed.append((GATES[1], time.monotonic() - start))
+            on_event("gate", GATES[1])
+            continue
+        if stage == 2 and probes.health(host, port, m.probes.health_path) == 200:
+            passed.append((GATES[2], time.monotonic() - start))
+            on_event("gate", GATES[2])
+            continue
+        if stage == 3:
+            try:
+                ids = [card.get("id") for card in probes.served_models(host, port)]
+            except Exception:
+                ids = []
+            if m.served_name in ids:
+                passed.append((GATES[3], time.monotonic() - start))
+                on_event("gate", GATES[3])
+                continue
+        if stage == 4:
+            smoke = probes.smoke_test(host, port, m.served_name, m.probes.smoke_prompt, m.probes.smoke_expect,
+                                      m.probes.smoke_max_tokens, m.probes.smoke_timeout_seconds, api_key)
+            if smoke.ok:
+                passed.append((GATES[4], time.monotonic() - start))
+                on_event("gate", GATES[4])
+                return Ready(passed, smoke, time.monotonic() - start, len(seen), phases)
+            if smoke.answer or "garbage" in (smoke.problem or "") or "does not match" in (smoke.problem or ""):
+                fail("smoke", f"smoke test failed: {smoke.problem}",
+                     hint="the server answers but the model's output is wrong: check the checkpoint, "
+                          "quantisation and MoE/attention backends")
+        if stage < 3 and now - last_line_at > quiet_limit:
+            fail("hang", f"no new log line for {now - last_line_at:.0f}s (no-progress window "
+                         f"{quiet_limit:.0f}s) - an NCCL hang looks like this",
+                 hint="check NCCL_P2P_LEVEL / NCCL_P2P_DISABLE / iommu (facts: NCCL hang on PCIe)")
+        if elapsed > budget:
+            fail("timeout", f"not ready within the start-up budget of {budget:.0f}s "
+                            f"(passed: {', '.join(g for g, _ in passed) or 'nothing'})")
+        time.sleep(poll_s)

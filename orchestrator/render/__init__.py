@@ -1,0 +1,1 @@
+"""Rendering, pure: (manifest, host) -> vLLM argv, systemd unit or start script, env file."""

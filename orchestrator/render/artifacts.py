@@ -1,0 +1,228 @@
+"""Rendering, pure: (manifest, host) -> vLLM argv, systemd unit (or start script) and env file.
+
+No I/O besides reading templates. The argv is a list (never a string glued with spaces) and each
+token remembers the manifest field it came from, so the host's vLLM parser errors can be reported
+against `vllm.extra_args[2]` rather than a flag name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+import jinja2
+
+from orchestrator import __version__
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+from orchestrator.paths import shipped_dir
+from orchestrator.secret import Secret, reveal
+
+START_LIMIT_INTERVAL_S = 3600
+START_LIMIT_BURST = 3
+RESTART_SEC = 60
+STOP_TIMEOUT_S = 120
+
+_SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+_ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart word: `%` and `$` escaped (specifiers, variable expansion), quoted if needed."""
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if _SYSTEMD_PLAIN.match(arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def exec_start(argv: list[str]) -> str:
+    """ExecStart value, one flag (with its values) per continuation line, for humans reading diffs."""
+    lines, current = [], [systemd_quote(a) for a in argv[:3]]
+    for arg in argv[3:]:
+        if arg.startswith("-") and current:
+            lines.append(" ".join(current))
+            current = []
+        current.append(systemd_quote(arg))
+    lines.append(" ".join(current))
+    return " \\\n    ".join(lines)
+
+
+def env_value(value: str) -> str:
+    """A value for an EnvironmentFile that `sh` (`. file`) and systemd read the same way."""
+    if "'" in value or "\n" in value:
+        raise ValueError("environment values cannot contain single quotes or newlines")
+    return value if _ENV_PLAIN.match(value) else f"'{value}'"
+
+
+def templates_dir() -> Path:
+    override = os.environ.get("VLLM_ORCH_TEMPLATES")
+    return Path(override) if override else shipped_dir("templates")
+
+
+@lru_cache(maxsize=4)
+def _environment(folder: str) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["shquote"] = lambda v: shlex.quote(str(v))
+    env.filters["shjoin"] = lambda argv: " ".join(shlex.quote(str(a)) for a in argv)
+    return env
+
+
+def _template(name: str) -> jinja2.Template:
+    return _environment(str(templates_dir())).get_template(name)
+
+
+@dataclass
+class RenderedFile:
+    """A file to install. `text` is what users see (secrets masked); `data()` is what is written."""
+
+    path: str
+    text: str
+    mode: int
+    _secret_text: str | None = field(default=None, repr=False)
+
+    def data(self) -> bytes:
+        return (self._secret_text if self._secret_text is not None else self.text).encode()
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@dataclass
+class Rendered:
+    manifest: Manifest
+    host: HostEntry
+    argv: list[str]
+    provenance: list[tuple[str, str]]      # (argv token, manifest field path)
+    model_dir: str
+    unit: RenderedFile                     # systemd unit, or the start script on `process` hosts
+    env_file: RenderedFile
+    manifest_hash: str
+
+    @property
+    def files(self) -> list[RenderedFile]:
+        return [self.env_file, self.unit]
+
+    @property
+    def unit_hash(self) -> str:
+        return hashlib.sha256((self.unit.text + self.env_file.text).encode()).hexdigest()
+
+
+def manifest_hash(m: Manifest) -> str:
+    return hashlib.sha256(m.model_dump_json().encode()).hexdigest()
+
+
+def model_dir(m: Manifest, host: HostEntry) -> str:
+    return f"{host.models_root}/{m.name}"
+
+
+def build_argv(m: Manifest, host: HostEntry) -> tuple[list[str], list[tuple[str, str]]]:
+    """The `vllm serve` argv and, for each token, the manifest field that produced it."""
+    out: list[tuple[str, str]] = []
+
+    def add(field_path: str, *tokens: object) -> None:
+        out.extend((str(t), field_path) for t in tokens)
+
+    v, s = m.vllm, m.serving
+    add("host.vllm", host.vllm)
+    add("(command)", "serve")
+    add("name", model_dir(m, host))
+    add("serving.served_model_name", "--served-model-name", m.served_name)
+    add("serving.host", "--host", s.host)
+    add("serving.port", "--port", s.port)
+    add("vllm.tensor_parallel_size", "--tensor-parallel-size", v.tensor_parallel_size)
+    if v.pipeline_parallel_size != 1:
+        add("vllm.pipeline_parallel_size", "--pipeline-parallel-size", v.pipeline_parallel_size)
+    if v.data_parallel_size != 1:
+        add("vllm.data_parallel_size", "--data-parallel-size", v.data_parallel_size)
+    if v.enable_expert_parallel:
+        add("vllm.enable_expert_parallel", "--enable-expert-parallel")
+    if v.decode_context_parallel_size != 1:
+        add("vllm.decode_context_parallel_size", "--decode-context-parallel-size", v.decode_context_parallel_size)
+    if v.max_model_len is not None:
+        add("vllm.max_model_len", "--max-model-len", v.max_model_len)
+    add("vllm.gpu_memory_utilization", "--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}")
+    for name in ("kv_cache_dtype", "attention_backend", "moe_backend", "load_format", "mm_encoder_tp_mode"):
+        value = getattr(v, name)
+        if value is not None:
+            add(f"vllm.{name}", "--" + name.replace("_", "-"), value)
+    if v.language_model_only:
+        add("vllm.language_model_only", "--language-model-only")
+    if v.trust_remote_code:
+        add("vllm.trust_remote_code", "--trust-remote-code")
+    if v.tool_call_parser:
+        add("vllm.tool_call_parser", "--tool-call-parser", v.tool_call_parser)
+    if v.enable_auto_tool_choice:
+        add("vllm.enable_auto_tool_choice", "--enable-auto-tool-choice")
+    if v.reasoning_parser:
+        add("vllm.reasoning_parser", "--reasoning-parser", v.reasoning_parser)
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(v, name)
+        if value is not None:
+            add(f"vllm.{name}", "--" + name.replace("_", "-"), value)
+    for name in ("enable_prefix_caching", "async_scheduling"):
+        value = getattr(v, name)
+        if value is not None:
+            flag = name.replace("_", "-")
+            add(f"vllm.{name}", f"--{flag}" if value else f"--no-{flag}")
+    if v.compilation_config is not None:
+        add("vllm.compilation_config", "--compilation-config",
+            json.dumps(v.compilation_config, separators=(",", ":"), sort_keys=True))
+    for i, item in enumerate(v.extra_args):
+        add(f"vllm.extra_args[{i}]", item)
+    return [t for t, _ in out], out
+
+
+def env_path(m: Manifest, host: HostEntry) -> str:
+    if host.service_manager == "systemd":
+        return f"{host.env_dir}/{m.name}.env"
+    return f"{host.env_dir}/vllm-{m.name}.env"
+
+
+def unit_path(m: Manifest, host: HostEntry) -> str:
+    if host.service_manager == "systemd":
+        return f"{host.units_dir}/{m.unit_name}"
+    return f"{host.units_dir}/vllm-{m.name}.sh"
+
+
+def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) -> dict[str, Secret]:
+    environ = os.environ if environ is None else environ
+    return {k: Secret(environ[k]) for k in m.serving.secret_env if environ.get(k)}
+
+
+def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = None) -> Rendered:
+    secrets = dict(secrets or {})
+    argv, provenance = build_argv(m, host)
+    mdir = model_dir(m, host)
+    mhash = manifest_hash(m)
+    epath = env_path(m, host)
+    common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
+                  manifest_hash=mhash)
+
+    env_pairs = [(k, env_value(v)) for k, v in m.env.items()]
+    missing = [k for k in m.serving.secret_env if k not in secrets]
+    env_tpl = _template("vllm.env.j2")
+    env_args = dict(common, env=env_pairs, missing_secrets=missing,
+                    cuda_visible_devices=",".join(str(i) for i in m.serving.visible_devices))
+    masked = env_tpl.render(**env_args, secrets=[(k, "***") for k in secrets])
+    revealed = env_tpl.render(**env_args, secrets=[(k, env_value(reveal(v))) for k, v in secrets.items()])
+    env_file = RenderedFile(epath, masked, 0o600, revealed if secrets else None)
+
+    if host.service_manager == "systemd":
+        text = _template("vllm.service.j2").render(
+            **common, exec_start=exec_start(argv),
+            start_limit_interval=START_LIMIT_INTERVAL_S, start_limit_burst=START_LIMIT_BURST,
+            restart_sec=RESTART_SEC, stop_timeout=STOP_TIMEOUT_S)
+        unit = RenderedFile(unit_path(m, host), text, 0o644)
+    else:
+        text = _template("vllm-process.sh.j2").render(**common, argv=argv)
+        unit = RenderedFile(unit_path(m, host), text, 0o755)
+    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash)
