@@ -73,7 +73,7 @@ def main() -> None:
                 info = sshd_mod.start(home / "sshd")
                 try:
                     se = HostEntry.model_validate({**e.model_dump(), **info.inventory()})
-                    from orchestrator.ops import deploy as deploy_mod
+                    from orchestrator.ops import session as deploy_mod
                     from orchestrator.host import ssh as ssh_mod
 
                     counts = []

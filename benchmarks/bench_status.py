@@ -44,7 +44,7 @@ def main() -> None:
     from orchestrator.host.connect import open_host
     from orchestrator.sim import manager
     from orchestrator.ops.status import gather_status
-    from orchestrator.plan.steps import Options
+    from orchestrator.plan.run import Options
 
     models = tmp / "models"
     models.mkdir()

@@ -29,7 +29,7 @@ def run_options(f):
 
 
 def make_options(skip_checks, kill_foreign, enable=False, yes=False):
-    from orchestrator.plan.steps import Options
+    from orchestrator.plan.run import Options
 
     return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks))
 
@@ -96,15 +96,14 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
     Example:
       vllm-orch check kimi-k25-int4 --host sim
     """
-    from orchestrator.ops.deploy import make_ctx, session
-    from orchestrator.ops.execute import Reporter
-    from orchestrator.plan.steps import preflight_action
+    from orchestrator.ops.gather import for_check
+    from orchestrator.ops.session import session
+    from orchestrator.plan.prepare import preflight_action
 
     m = load_model(app, model)
     entry = load_host_entry(app, host_name)
-    with session(entry, f"check {m.name}", True, accept_new_host_key) as (host, _holder, _held):
-        ctx = make_ctx(host, entry, m, make_options(skip_checks, False), Reporter(None, quiet=True))
-        action, refusal = preflight_action(ctx)
+    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
+        action, refusal = preflight_action(for_check(s.host, entry, m, make_options(skip_checks, False), s.lock))
     if as_json:
         click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
                                "checks": action.details}, indent=2))

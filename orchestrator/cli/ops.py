@@ -194,9 +194,10 @@ def stop(app, model, host_name, as_json, gpu_timeout, accept_new_host_key):
     Example:
       vllm-orch stop kimi-k25-int4 --host sim
     """
-    from orchestrator.ops.deploy import session
+    from orchestrator.ops.session import session
     from orchestrator.ops.stop import stop_model
-    from orchestrator.plan.steps import GPU_RELEASE_TIMEOUT_S, gpu_list
+    from orchestrator.host.ownership import gpu_list
+    from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
     entry = load_host_entry(app, host_name)
     manifest_gpus = None
@@ -208,8 +209,8 @@ def stop(app, model, host_name, as_json, gpu_timeout, accept_new_host_key):
     except Exception:
         pass    # a manifest removed since the deploy: the active record or the processes say
     say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))
-    with session(entry, f"stop {model}", False, accept_new_host_key) as (host, _holder, _held):
-        res = stop_model(host, entry, model, manifest_gpus,
+    with session(entry, f"stop {model}", False, accept_new_host_key) as s:
+        res = stop_model(s.host, entry, model, manifest_gpus,
                          release_timeout=gpu_timeout or GPU_RELEASE_TIMEOUT_S, say=say)
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
@@ -252,14 +253,15 @@ def gc(app, host_name, dry_run, yes, as_json, accept_new_host_key):
     Example:
       vllm-orch gc --host sim --dry-run
     """
-    from orchestrator.ops.deploy import session
+    from orchestrator.ops.session import session
     from orchestrator.errors import RefusedError
     from orchestrator.ops.stop import gc_facts, plan_gc, run_gc
     from orchestrator.cli.views import render_gc_plan
 
     entry = load_host_entry(app, host_name)
     c = console()
-    with session(entry, "gc", dry_run, accept_new_host_key) as (host, holder, _held):
+    with session(entry, "gc", dry_run, accept_new_host_key) as s:
+        host, holder = s.host, s.lock.holder
         plan = plan_gc(gc_facts(host, entry))
         data = {"host": entry.name, "dry_run": dry_run,
                 "delete": [vars(x) for x in plan.delete], "keep": [list(k) for k in plan.keep],
@@ -284,7 +286,7 @@ def gc(app, host_name, dry_run, yes, as_json, accept_new_host_key):
     if as_json:
         click.echo(json.dumps({**data, **record}, indent=2))
     else:
-        from orchestrator.plan.steps import fmt_bytes
+        from orchestrator.fmt import fmt_bytes
 
         c.print(f"[bold]gc on {entry.name}:[/] deleted {len(record['deleted'])} folders, freed "
                 f"{fmt_bytes(record['freed_bytes'])}" + (f"; kept {len(record['kept'])} (see above)"

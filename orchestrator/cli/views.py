@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.ops.status import HostStatus
-from orchestrator.plan.steps import fmt_bytes, gpu_list
+from orchestrator.fmt import fmt_bytes
+from orchestrator.host.ownership import gpu_list
 
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red"}

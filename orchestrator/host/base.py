@@ -50,10 +50,6 @@ def shell_text(cmd: Command) -> str:
     return " ".join(shlex.quote(reveal(a)) for a in cmd)
 
 
-def argv_revealed(cmd: Sequence[Arg]) -> list[str]:
-    return [reveal(a) for a in cmd]
-
-
 @dataclass
 class Result:
     cmd: str                      # printable form
@@ -113,8 +109,10 @@ class Host(ABC):
 
     @abstractmethod
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
-               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
-        """Run, calling on_line(line) for each stdout line as it arrives. stderr is collected."""
+               input: bytes | None = None, env: Mapping[str, str] | None = None,
+               sudo: bool | None = None) -> Result:
+        """Run, calling on_line(line) for each stdout line as it arrives. stderr is collected;
+        `input` is written to stdin, which is then closed."""
 
     @abstractmethod
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...

@@ -44,6 +44,14 @@ class LocalSpawned(Spawned):
             self.proc.wait()
 
 
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:          # the command exited without reading all of it
+        pass
+
+
 class LocalHost(Host):
     def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
             env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
@@ -60,10 +68,14 @@ class LocalHost(Host):
                       err.decode(errors="replace"), time.monotonic() - started)
 
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
-               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+               input: bytes | None = None, env: Mapping[str, str] | None = None,
+               sudo: bool | None = None) -> Result:
         started = time.monotonic()
         proc = subprocess.Popen(["sh", "-c", self.wrap(cmd, env, sudo)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.PIPE,
+                                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+        if input is not None:
+            threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
         err_chunks: list[bytes] = []
         t = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
         t.start()

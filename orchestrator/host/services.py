@@ -37,13 +37,20 @@ class ServiceState:
 
 
 class Service:
-    """One model's service on one host."""
+    """One model's service on one host. Without a host (None) it only tells the commands it would
+    issue, which is all a plan needs to print them."""
 
-    def __init__(self, host: Host, entry: HostEntry, model: str):
-        self.host, self.entry, self.model = host, entry, model
+    def __init__(self, host: Host | None, entry: HostEntry, model: str):
+        self._host, self.entry, self.model = host, entry, model
+
+    @property
+    def host(self) -> Host:
+        if self._host is None:
+            raise RuntimeError("a Service without a host can only list its commands")
+        return self._host
 
     @staticmethod
-    def for_host(host: Host, entry: HostEntry, model: str) -> "Service":
+    def for_host(host: Host | None, entry: HostEntry, model: str) -> "Service":
         return SystemdService(host, entry, model) if entry.service_manager == "systemd" \
             else ProcessService(host, entry, model)
 

@@ -112,7 +112,8 @@ class SshHost(Host):
                       err.decode(errors="replace"), time.monotonic() - started)
 
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
-               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+               input: bytes | None = None, env: Mapping[str, str] | None = None,
+               sudo: bool | None = None) -> Result:
         started = time.monotonic()
         lines: list[str] = []
         pending = bytearray()
@@ -125,7 +126,7 @@ class SshHost(Host):
                 lines.append(line)
                 on_line(line)
 
-        code, _, err = self._exec(self.wrap(cmd, env, sudo), timeout, None, feed,
+        code, _, err = self._exec(self.wrap(cmd, env, sudo), timeout, input, feed,
                                   self.sudo if sudo is None else sudo)
         if pending:
             lines.append(pending.decode(errors="replace"))

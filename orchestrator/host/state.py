@@ -59,6 +59,15 @@ def write_active(host: Host, entry: HostEntry, record: dict | None) -> None:
         write_json(host, _path(entry, "active.json"), record)
 
 
+def update_active(host: Host, entry: HostEntry, model: str, **fields) -> bool:
+    """Change some fields of active.json when MODEL is the active one (False when it is not)."""
+    record = read_active(host, entry)
+    if not isinstance(record, dict) or record.get("model") != model:
+        return False
+    write_active(host, entry, {**record, **fields})
+    return True
+
+
 def write_installed(host: Host, entry: HostEntry, model: str, record: dict) -> None:
     write_json(host, _path(entry, "installed", f"{model}.json"), record)
 
@@ -81,8 +90,10 @@ def read_history(host: Host, entry: HostEntry) -> list[dict]:
     return out
 
 
-def touch_usage(host: Host, entry: HostEntry, model: str, usage: dict) -> None:
-    write_json(host, _path(entry, "usage.json"), {**usage, model: time.time()})
+def touch_usage(host: Host, entry: HostEntry, model: str) -> None:
+    """Record that MODEL was started now (least-recently-used disk eviction reads this)."""
+    usage = read_json(host, _path(entry, "usage.json"))
+    write_json(host, _path(entry, "usage.json"), {**(usage if isinstance(usage, dict) else {}), model: time.time()})
 
 
 def whoami() -> str:

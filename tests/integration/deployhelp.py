@@ -10,7 +10,7 @@ from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest, load_all
 from orchestrator.paths import shipped_dir
-from orchestrator.plan.steps import Options
+from orchestrator.plan.run import Options
 from orchestrator.ops.swap import run_swap
 
 SHIPPED, _ = load_all(shipped_dir("models"))

@@ -149,7 +149,7 @@ def test_foreign_gpu_process_is_refused_unless_kill_foreign(sim_host):
              "start_time": manager.start_time(proc.pid)}))
         refused = deploy(e, m)
         assert isinstance(refused.error, RefusedError)
-        assert "non-vLLM" in str(refused.error) and str(proc.pid) in str(refused.error)
+        assert "does not manage" in str(refused.error) and str(proc.pid) in str(refused.error)
         ok = deploy(e, m, kill_foreign=True)
         assert ok.ok, ok.error
         assert proc.wait(timeout=15) != 0

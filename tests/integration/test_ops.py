@@ -27,7 +27,7 @@ from orchestrator.host.services import Service
 from orchestrator.sim import manager
 from orchestrator.host.state import HostLock, read_active, read_history
 from orchestrator.ops.status import gather_status, host_status
-from orchestrator.plan.steps import Options
+from orchestrator.plan.run import Options
 from tests.plugins.sim_hosts import TEST_SPEED, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,10 +224,10 @@ def test_stop_refuses_while_the_lock_is_held(sim_host, models_dir):
 
 
 def stop_model_locked(entry: HostEntry) -> None:
-    from orchestrator.ops.deploy import session
+    from orchestrator.ops.session import session
 
-    with session(entry, "stop kimi-k25-int4", False) as (host, _holder, _held):
-        stop_model(host, entry, "kimi-k25-int4")
+    with session(entry, "stop kimi-k25-int4", False) as s:
+        stop_model(s.host, entry, "kimi-k25-int4")
 
 
 def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_dir, tmp_path):

@@ -19,7 +19,7 @@ from orchestrator.config.manifest import get_manifest
 from orchestrator.host.services import Service
 from orchestrator.sim import manager, nspawn
 from orchestrator.ops.status import host_status
-from orchestrator.plan.steps import Options
+from orchestrator.plan.run import Options
 from tests.plugins.sim_hosts import TEST_SPEED, free_port
 
 pytestmark = pytest.mark.systemd
