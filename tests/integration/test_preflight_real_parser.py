@@ -21,7 +21,10 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_manifest, manifest_files
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.preflight import FAIL, OK, WARN, check_env, check_flags
-from orchestrator.ops.preflight_run import manifest_kwargs, run_host_script, run_preflight
+from orchestrator.host import nvidia_smi, scripts
+from orchestrator.host.ownership import holders, read_gpus
+from orchestrator.ops.gather import preflight_facts
+from orchestrator.plan.preflight import evaluate, needs_for
 from orchestrator.render.artifacts import build_argv
 
 pytestmark = pytest.mark.vllm_parser
@@ -87,15 +90,15 @@ def argcheck_batch(python: Path, requests: list[dict]) -> list[dict]:
     ever ask (ALL_REQUESTS) in one argcheck batch, so vLLM is imported once, not once per test."""
     if not _BATCHES:
         everything = [r for build in ALL_REQUESTS for r in build()]
-        out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": everything},
-                                   timeout=300)
+        out, res = scripts.run_json(LocalHost("t"), str(python), "argcheck.py",
+                                    [json.dumps({"batch": everything})], timeout=300)
         assert out is not None, res.stderr[-3000:]
         for req, result in zip(everything, out["results"]):
             _BATCHES[json.dumps(req, sort_keys=True)] = result
     missing = [r for r in requests if json.dumps(r, sort_keys=True) not in _BATCHES]
     if missing:   # a request not registered in ALL_REQUESTS: still answered, in its own process
-        out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": missing},
-                                   timeout=300)
+        out, res = scripts.run_json(LocalHost("t"), str(python), "argcheck.py",
+                                    [json.dumps({"batch": missing})], timeout=300)
         assert out is not None, res.stderr[-3000:]
         for req, result in zip(missing, out["results"]):
             _BATCHES[json.dumps(req, sort_keys=True)] = result
@@ -235,6 +238,17 @@ def fake_nvidia_smi(folder: Path, n: int = 8, cuda: str = "13.0", apps: str = ""
     return str(script)
 
 
+def run_preflight(host, python, argv, prov, m, smi_path):
+    """Preflight as deploy runs it: the host's answers gathered, the GPUs read with nvidia-smi."""
+    needs = needs_for(m, argv, prov, manifest_label="models/kimi-k25-int4.yaml")
+    pf = preflight_facts(host, python, list(argv), dict(needs.env), None, set())
+    entry = HostEntry(name="t", address="local", nvidia_smi=smi_path)
+    gpus, apps = read_gpus(host, entry)
+    info = nvidia_smi.parse_driver_info(host.run([smi_path]).stdout)
+    pf.gpus, pf.gpu_error, pf.driver_version, pf.driver_cuda = gpus, None, info.driver_version, info.cuda_version
+    return evaluate(pf, needs, holders([], [], m.name, needs.gpu_needs.indices or []))
+
+
 def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake_site_packages,
                                                   tmp_path):
     """The whole preflight as deploy runs it: real parser, fake packages/GPUs like a sim host."""
@@ -243,9 +257,7 @@ def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake
                              "flashinfer-cubin": "0.7.2"})
     host = LocalHost("sim", env={"PYTHONPATH": str(sp)})
     started = time.monotonic()
-    checks = run_preflight(host, str(vllm_parser_python), argv, prov,
-                           manifest_label="models/kimi-k25-int4.yaml",
-                           nvidia_smi=fake_nvidia_smi(tmp_path), **manifest_kwargs(m))
+    checks = run_preflight(host, str(vllm_parser_python), argv, prov, m, fake_nvidia_smi(tmp_path))
     took = time.monotonic() - started
     summary = {c.name: (c.status, c.summary, c.seconds) for c in checks}
     assert all(c.status == OK for c in checks), summary
@@ -260,9 +272,7 @@ def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake
     old.mkdir()
     checks = run_preflight(host2, str(vllm_parser_python), argv + ["--swap-space", "4"],
                            prov + [("--swap-space", "vllm.extra_args[0]"), ("4", "vllm.extra_args[1]")],
-                           manifest_label="models/kimi-k25-int4.yaml",
-                           nvidia_smi=fake_nvidia_smi(old, n=4, cuda="12.8"),
-                           **manifest_kwargs(m))
+                           m, fake_nvidia_smi(old, n=4, cuda="12.8"))
     by = {c.name: c for c in checks}
     assert by["flags"].status == FAIL and by["flags"].field == "vllm.extra_args[0]"
     assert by["package-pairs"].status == FAIL and "0.7.1" in by["package-pairs"].summary
