@@ -31,9 +31,9 @@ from tests.integration.deployhelp import deploy, free_port, on_port, swap  # noq
 
 
 def sim(home: Path, speed: float) -> HostEntry:
-    os.environ["VLLM_ORCH_SIM_HOME"] = str(home)
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
     manager.up(1, speed=speed, home=home)
-    raw = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
     return HostEntry.model_validate({**raw, "name": "sim"})
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=200.0)
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="bench-sim-"))
+    home = Path(tempfile.mkdtemp(prefix="bench-sim-")) / "sim"
     e = sim(home, a.speed)
     try:
         port = free_port()

@@ -1,7 +1,7 @@
 """run_benchmark: the Python API behind `vllm-orch bench` (also called by `--host` mode).
 
     result = run_benchmark("http://127.0.0.1:8000", "kimi-k25", BenchOptions(concurrency=[1, 32]),
-                           metadata={"manifest_hash": ..., "vllm_version": ..., "simulated": True},
+                           metadata={"manifest_hash": ..., "vllm_version": ..., "host_label": "staging"},
                            out_dir=Path("bench-results/run1"), console=rich_console)
     result.headline -> {"single_stream_tok_s": 61.3, "peak_output_tok_s": 1238.0, ...}
 """
@@ -107,7 +107,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
                 "served_name": model, "endpoint": ep.url(""), "label": opts.label or None,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "client_host": platform.node(),
                 "python": platform.python_version(), "server_version": probe.get("server_version"),
-                "simulated": meta.pop("simulated", None), **meta}
+                **meta}
     data = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
             "levels": [], "headline": {}}
     factory = RequestFactory(ep, model, opts)

@@ -237,7 +237,7 @@ def host_target(app, host_name: str, model: str | None) -> Target:
         base_url = f"http://127.0.0.1:{local_port}"
     metadata = {k: v for k, v in active.items() if k not in ("port", "served_name")}
     metadata["host"] = host_name
-    metadata["simulated"] = entry.simulated
+    metadata["host_label"] = entry.label
     try:
         from orchestrator.host.facts import gather
 

@@ -217,12 +217,12 @@ def hosts(app, as_json):
     if not inv.hosts:
         console().print("No hosts. Write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`.")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table()
     for col in ("host", "address", "service manager", "models root", "vllm"):
         table.add_column(col)
     for h in inv.hosts.values():
-        table.add_row(h.name + (" [SIMULATED]" if h.simulated else ""), h.address, h.service_manager,
-                      h.models_root, h.vllm)
+        table.add_row(escape(h.display_name), h.address, h.service_manager, h.models_root, h.vllm)
     console().print(table)

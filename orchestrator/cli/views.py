@@ -135,7 +135,8 @@ def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
 
 def render_host_details(console, r: HostStatus) -> None:
     """The per-host lines under the table: why this state, GPUs, processes, models, bench."""
-    head = f"[bold]{escape(r.host)}[/]{' (SIMULATED)' if r.simulated else ''}: {escape(r.active_model or 'no active model')} " \
+    head = f"[bold]{escape(r.host)}[/]{f' ({escape(r.label)})' if r.label else ''}: " \
+           f"{escape(r.active_model or 'no active model')} " \
            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/] - {escape(r.state_reason)}"
     if r.port:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"

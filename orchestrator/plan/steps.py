@@ -119,8 +119,11 @@ def preflight_action(ctx: Ctx) -> tuple[Action, RefusedError | None]:
     checks = run_preflight(ctx.host, ctx.entry.python, ctx.rendered.argv, ctx.rendered.provenance,
                            manifest_label=f"models/{m.name}.yaml", nvidia_smi=ctx.entry.nvidia_smi,
                            managed_pids=managed, kill_foreign=ctx.opts.kill_foreign,
-                           skip=ctx.opts.skip_checks, gpu_facts=gpu_facts(f),
-                           parser_optional=ctx.entry.simulated, **manifest_kwargs(m))
+                           skip=ctx.opts.skip_checks | set(ctx.entry.skip_checks), gpu_facts=gpu_facts(f),
+                           **manifest_kwargs(m))
+    for c in checks:    # skipped by the inventory, not by the command line: say so
+        if c.status == SKIPPED and c.name in ctx.entry.skip_checks and c.name not in ctx.opts.skip_checks:
+            c.summary = "skipped (host setting)"
     ctx.results["preflight"] = [c.as_dict() for c in checks]
     details = []
     for c in checks:
@@ -199,11 +202,11 @@ def hf_token():
 def disk_available(ctx: Ctx) -> tuple[int, str]:
     """Bytes the download may use now: min(disk free - reserve, budget - managed bytes), and why."""
     f, entry, m = ctx.facts, ctx.entry, ctx.manifest
-    scale = entry.sim_scale or 1
-    reserve = int(m.requires.disk_reserve_gib * GIB / scale)
+    host_reserve = entry.disk_reserve_gib is not None
+    reserve = int((entry.disk_reserve_gib if host_reserve else m.requires.disk_reserve_gib) * GIB)
     available = f.disk_free - reserve
     limit_txt = f"{fmt_bytes(f.disk_free)} free on {f.disk_path} - {fmt_bytes(reserve)} reserve" + \
-        (f" (SIMULATED sizes: 1/{scale} of real)" if scale > 1 else "")
+        (" (host setting)" if host_reserve else "")
     if entry.models_disk_budget_gib is not None:
         used = sum(d.bytes for d in f.models.values())
         budget_left = int(entry.models_disk_budget_gib * GIB) - used
@@ -526,7 +529,7 @@ def active_record(ctx: Ctx) -> dict:
             "revision": dl.get("commit") or m.source.revision, "manifest_hash": r.manifest_hash,
             "unit_hash": r.unit_hash, "vllm_version": ctx.facts.vllm_version, "argv": r.argv,
             "gpus": m.serving.visible_devices, "deployed_at": state.now_iso(),
-            "simulated": ctx.entry.simulated}
+            "host_label": ctx.entry.label}
 
 
 def record_action(ctx: Ctx, operation: str) -> Action:

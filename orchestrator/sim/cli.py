@@ -37,7 +37,8 @@ def sim():
 @click.option("--vllm-python", type=click.Path(exists=True, dir_okay=False),
               help="Record this Python (with a real vLLM installed) as the hosts' python.")
 def up_cmd(hosts, speed, scale, systemd, vllm_python):
-    """Start SIMULATED hosts (idempotent) and add them to <sim home>/inventory.yaml."""
+    """Start SIMULATED hosts (idempotent) and add them to the inventory (hosts.d/sim.yaml in
+    vllm-orch's state home, which every command reads)."""
     state = manager.up(hosts, speed=speed, scale=scale, systemd=systemd,
                        vllm_python=vllm_python)
     home = manager.sim_home()
@@ -52,7 +53,10 @@ def up_cmd(hosts, speed, scale, systemd, vllm_python):
                                                      "not available in this build)"))
         click.echo("    " + ("started now: " + ", ".join(news) if news else
                              "already running, nothing started"))
-    click.echo(f"  inventory: {home / 'inventory.yaml'}")
+        if not (rec.get("python") and rec["flavour"] == "process"):
+            click.echo("    preflight: the flags and env checks are skipped (no real vLLM to parse "
+                       "them; `--vllm-python PATH` records one)")
+    click.echo(f"  inventory: {manager.inventory_file(home)}")
 
 
 @sim.command("status")

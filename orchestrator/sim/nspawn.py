@@ -134,7 +134,6 @@ def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | N
         "vllm": "/opt/vllm/bin/vllm", "python": "/opt/vllm/bin/python",
         "nvidia_smi": "/usr/local/bin/nvidia-smi",
         "env": {"PYTHONPATH": f"{SIM_MOUNT}/site-packages", "HF_HUB_DISABLE_TELEMETRY": "1"},
-        "simulated": True,
         "_name": name, "_pid": proc.pid, "_netns": net["netns"], "_veth": net["veth"],
         "_gateway": net["gateway"], "_cgroups": [str(c) for c in cgroups],
         "_console_log": str(console), "_timings": timings,

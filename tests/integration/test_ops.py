@@ -47,7 +47,7 @@ def models_dir(tmp_path, monkeypatch):
 
 
 def entry_of(sim, name: str = "sim") -> HostEntry:
-    data = yaml.safe_load((sim.home / "inventory.yaml").read_text())["hosts"][name]
+    data = yaml.safe_load(manager.inventory_file(sim.home).read_text())["hosts"][name]
     return HostEntry(name=name, **data)
 
 
