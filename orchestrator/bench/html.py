@@ -86,6 +86,8 @@ def render_html(data: dict, plots: dict[str, Path]) -> str:
                       ("per_user", "per-user vs aggregate")):
         if name in plots:
             parts.append(_img(plots[name], alt))
+    if data.get("plots_skipped"):
+        parts.append(f"<p class='warn'>Plots skipped: {html.escape(data['plots_skipped'])}</p>")
 
     detail = []
     for L in levels:

@@ -164,7 +164,8 @@ def bench(ctx, model_arg, url, model, host_name, concurrency, max_tokens, ignore
     if as_json:
         click.echo(json.dumps(result.data, indent=1, default=str))
     else:
-        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, plots/)")
+        plots = "plots skipped" if result.data.get("plots_skipped") else "plots/"
+        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, {plots})")
 
 
 @click.command("compare", help=COMPARE_HELP, context_settings={"max_content_width": 100})
