@@ -12,21 +12,16 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from orchestrator.config.checks import CheckName
 from orchestrator.errors import ConfigError
 from orchestrator.config.manifest import ENV_NAME, SLUG, Strict, _check_text, validation_error
 from orchestrator.config.yamlsrc import YamlDoc, display_path
 
 LOCAL = "local"
-
-# The preflight checks by name (`--skip-check NAME`, a host's `skip_checks`). The checks themselves
-# live in orchestrator.plan.preflight, whose CHECK_NAMES must list the same names (a unit test says so).
-CheckName = Literal["flags", "env", "vllm-version", "package-pairs", "torch-cuda", "required-packages",
-                    "gpus", "foreign-gpu-processes"]
-CHECK_NAMES: tuple[str, ...] = get_args(CheckName)
 
 
 class HostEntry(Strict):

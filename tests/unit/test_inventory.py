@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.config.inventory import CHECK_NAMES, HostEntry, hosts_d, load_inventory
+from orchestrator.config.checks import CHECK_NAMES
+from orchestrator.config.inventory import HostEntry, hosts_d, load_inventory
 from orchestrator.errors import ConfigError
 
 
