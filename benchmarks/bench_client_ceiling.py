@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the bench client's ceiling and its timing accuracy (facts/benchmarking.md 6.6a/b).
+"""Print the bench client's ceiling and its timing accuracy (docs/benchmarking.md, "Client design").
 
     python benchmarks/bench_client_ceiling.py [--levels 1,2,4,...,128] [--max-tokens 512] [--seconds 3]
 

@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.sim import manager
 from tests.integration.deployhelp import deploy, free_port, on_port, swap  # noqa: E402
@@ -74,7 +73,6 @@ def main() -> None:
                 try:
                     se = HostEntry.model_validate({**e.model_dump(), **info.inventory()})
                     from orchestrator.ops import deploy as deploy_mod
-                    from orchestrator.host import ssh as ssh_mod
 
                     counts = []
                     real_open = deploy_mod.open_host

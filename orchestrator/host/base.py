@@ -50,10 +50,6 @@ def shell_text(cmd: Command) -> str:
     return " ".join(shlex.quote(reveal(a)) for a in cmd)
 
 
-def argv_revealed(cmd: Sequence[Arg]) -> list[str]:
-    return [reveal(a) for a in cmd]
-
-
 @dataclass
 class Result:
     cmd: str                      # printable form

@@ -103,7 +103,7 @@ PACKAGE_PAIRS = (("flashinfer-python", "flashinfer-cubin"), ("flashinfer-python"
 
 
 def flashinfer_error_text(cubin: str, flashinfer: str, other: str = "flashinfer-cubin") -> str:
-    """The start-up error FlashInfer raises (facts/vllm.md section 3; vllm #49804)."""
+    """The start-up error FlashInfer raises (vllm-project/vllm#49804)."""
     return (f"RuntimeError: {other} version ({cubin}) does not match flashinfer version "
             f"({flashinfer}). Please install the same version of both packages. "
             "Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
@@ -221,7 +221,8 @@ def check_required_packages(needs: Mapping[str, str], versions: Mapping[str, str
 
 
 # -- flags --------------------------------------------------------------------------------------------
-# Removed or renamed flags (facts/vllm.md section 3) -> the fix.
+# Removed or renamed flags -> the fix. vLLM changes behind them: PR #17452 (--enable-reasoning), #21739
+# and #29402 (--disable-log-requests), #22772 (--guided-decoding-*); swap_space left EngineArgs in 0.18.0.
 FLAG_FIXES = {
     "--enable-reasoning": "remove --enable-reasoning: --reasoning-parser NAME alone enables reasoning "
                           "(deprecated in 0.8.5, rejected since 0.10)",

@@ -1,8 +1,8 @@
 """Creating, inspecting and removing SIMULATED GPU hosts (the `vllm-orch sim` commands' logic).
 
 A sim home (`sim/` in vllm-orch's state home: $VLLM_ORCH_STATE_HOME, default
-~/.local/state/vllm-orch) holds `hosts/<name>/` (one folder per simulated host, layout in the sim
-contract) and `sim.json` (every process `up` started, by PID and /proc start time, so `down` stops
+~/.local/state/vllm-orch) holds `hosts/<name>/` (one folder per simulated host, made by prepare_host
+below) and `sim.json` (every process `up` started, by PID and /proc start time, so `down` stops
 exactly those and never a reused PID). The hosts reach the orchestrator as ordinary inventory
 entries (orchestrator.sim.inventory) in `hosts.d/sim.yaml` beside the sim home: the state home's
 extra-inventory folder, which the orchestrator always reads.

@@ -1,5 +1,5 @@
 """Real-systemd simulated hosts: a Debian tree booted by systemd-nspawn in its own network
-namespace, reached over real SSH (facts/test-hosts.md has the recipe and why each flag is there).
+namespace, reached over real SSH (systemd-nspawn(1) explains each flag used below).
 
     tree = ensure_tree(cache_dir)                  # once per machine (~55 s), cached
     info = boot("sim", 1, host_dir, tree)          # ~1-2 s; returns the host's inventory entry

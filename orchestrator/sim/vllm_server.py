@@ -942,10 +942,6 @@ class Server:
 
 
 # --------------------------------------------------------------------------------------------
-def fail_argparse(parser: argparse.ArgumentParser, message: str) -> None:
-    parser.error(message)   # prints usage + "vllm: error: ..." to stderr, exit 2
-
-
 class StartupFailed(Exception):
     pass
 
