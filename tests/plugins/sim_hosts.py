@@ -85,6 +85,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(predicate, budget: float = 10.0, what: str = "condition"):
+    """Poll until predicate() is true (and return its value): what a fixed sleep would hope for,
+    without betting on how fast a busy machine gets there."""
+    deadline = time.monotonic() + budget
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {budget} s"
+        time.sleep(0.05)
+    return value
+
+
 class SimServer:
     """`<hostdir>/bin/vllm serve ARGS --port P` with its output in a file; kills what it started
     (the server, and its GPU-holder workers via gpu-procs) on exit."""
