@@ -124,9 +124,9 @@ class BenchCommand(click.Command):
 @json_option("Print the result JSON instead of tables.")
 @click.pass_context
 def bench(ctx, model, url, served_model, host_name, accept_new_host_key, concurrency, max_tokens,
-          ignore_eos, min_tokens, temperature, input_tokens, prompts_file, warmup, warmup_requests, duration, min_requests,
-          timeout, max_level_time, processes, continuous_usage, extra_body, api_key, label, out_dir,
-          save_chunks, no_metrics, seed, as_json):
+          ignore_eos, min_tokens, temperature, input_tokens, prompts_file, warmup, warmup_requests,
+          duration, min_requests, timeout, max_level_time, processes, continuous_usage, extra_body,
+          api_key, label, out_dir, save_chunks, no_metrics, seed, as_json):
     import time
 
     from rich.console import Console

@@ -56,7 +56,9 @@ def up_cmd(hosts, speed, scale, systemd, vllm_python):
                                                      "not available in this build)"))
         click.echo("    " + ("started now: " + ", ".join(news) if news else
                              "already running, nothing started"))
-        if not (rec.get("python") and rec["flavour"] == "process"):
+        if rec["flavour"] == "systemd":
+            click.echo("    preflight: the flags and env checks are skipped (the container has no real vLLM)")
+        elif not rec.get("python"):
             click.echo("    preflight: the flags and env checks are skipped (no real vLLM to parse "
                        "them; `--vllm-python PATH` records one)")
     click.echo(f"  inventory: {manager.inventory_file(home)}")
