@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-status-"))
-    os.environ["VLLM_ORCH_SIM_HOME"] = str(tmp / "sim")
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(tmp)
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
     from orchestrator.config.inventory import load_inventory

@@ -1,7 +1,8 @@
 """The definitions behind every number, written verbatim into each result file and docs/benchmarking.md.
 
 Names follow vLLM/AIPerf usage (TTFT, TPOT, ITL, ICL) - not guidellm's, whose "TPOT" includes the
-first token and whose "ITL" is what we call TPOT (facts/benchmarking.md section 5.6).
+first token and whose "ITL" is what we call TPOT (guidellm's docs/guides/metrics.md; the confusion
+costs users: vllm-project/vllm#6531, "inter-token latency is lower than TPOT").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 # Client self-check thresholds: past either, the client (not the server) may be the bottleneck and
 # the level is marked invalid. Loop lag is the oversleep of a 10 ms heartbeat; it includes asyncio's
 # 1 ms timer granularity and the OS wake-up latency, which reached 4-7 ms at p99 on an idle 2-vCPU
-# VM, so 5 ms (facts/benchmarking.md 6.6c) would flag idle clients: 10 ms (one inter-token gap of a
+# VM, so 5 ms (the natural first guess) would flag idle clients: 10 ms (one inter-token gap of a
 # 100 tok/s stream) is the limit. 80% of one core leaves headroom for bursts. Judgement calls both.
 LAG_P99_LIMIT_MS = 10.0
 CPU_LIMIT_PCT = 80.0

@@ -2,7 +2,7 @@
 
 Why: the server's own counters separate client artefacts from server behaviour - generation tokens
 cross-check the client's token count, preemptions and waiting requests explain latency jumps.
-Names from vllm `docs/usage/metrics.md` (facts/vllm.md section 2); the old `gpu_cache_usage_perc`
+Names from vLLM's metrics docs (https://docs.vllm.ai/en/latest/usage/metrics/); the old `gpu_cache_usage_perc`
 is read when `kv_cache_usage_perc` is absent. Samples with several label sets (engines, finish
 reasons) are summed, except the KV-cache percentage, which is averaged across engines.
 """

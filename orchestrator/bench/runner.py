@@ -1,7 +1,7 @@
 """run_benchmark: the Python API behind `vllm-orch bench` (also called by `--host` mode).
 
     result = run_benchmark("http://127.0.0.1:8000", "kimi-k25", BenchOptions(concurrency=[1, 32]),
-                           metadata={"manifest_hash": ..., "vllm_version": ..., "simulated": True},
+                           metadata={"manifest_hash": ..., "vllm_version": ..., "host_label": "staging"},
                            out_dir=Path("bench-results/run1"), console=rich_console)
     result.headline -> {"single_stream_tok_s": 61.3, "peak_output_tok_s": 1238.0, ...}
 """
@@ -107,7 +107,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
                 "served_name": model, "endpoint": ep.url(""), "label": opts.label or None,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "client_host": platform.node(),
                 "python": platform.python_version(), "server_version": probe.get("server_version"),
-                "simulated": meta.pop("simulated", None), **meta}
+                **meta}
     data = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
             "levels": [], "headline": {}}
     factory = RequestFactory(ep, model, opts)
@@ -137,18 +137,21 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     files = {"result": "result.json", "requests": "requests.jsonl", "summary_csv": "summary.csv"}
     write_csv(out / "summary.csv", data["levels"])
-    try:
-        from orchestrator.bench.html import write_html
-        from orchestrator.bench.plots import write_plots
+    from orchestrator.bench.html import write_html
+    from orchestrator.bench.plots import PlotsUnavailable, write_plots
 
+    plots: dict[str, Path] = {}
+    try:
         plots = write_plots(data["levels"], out / "plots", f"{model}{' ' + opts.label if opts.label else ''}")
-        files.update({f"plot_{k}": str(p.relative_to(out)) for k, p in plots.items()})
-        data["files"] = files
-        write_html(out / "report.html", data, plots)
-        files["html"] = "report.html"
-    except ImportError as exc:                            # matplotlib missing: tables still written
-        _say(console, f"[yellow]plots skipped:[/] {exc}")
+    except PlotsUnavailable as exc:                       # the report is still written, saying so
+        data["plots_skipped"] = str(exc)
+        from rich.markup import escape
+
+        _say(console, f"[yellow]plots skipped:[/] {escape(str(exc))}")
+    files.update({f"plot_{k}": str(p.relative_to(out)) for k, p in plots.items()})
     data["files"] = files
+    write_html(out / "report.html", data, plots)
+    files["html"] = "report.html"
     write_json(out / "result.json", data)
     return BenchResult(data, out, files)
 

@@ -511,14 +511,3 @@ def manifest_schema() -> dict:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "vllm-orch model manifest"
     return schema
-
-
-def version_tuple(v: str) -> tuple[int, ...]:
-    """'0.33.0' -> (0, 33, 0); tolerant of suffixes like '0.33.0rc1' or '0.11.1+cu129'."""
-    parts = []
-    for piece in re.split(r"[.+-]", v):
-        m = re.match(r"\d+", piece)
-        if not m:
-            break
-        parts.append(int(m.group()))
-    return tuple(parts)

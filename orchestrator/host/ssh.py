@@ -47,7 +47,6 @@ class SshHost(Host):
             accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout,
             ssh_config=ssh_config)
         self.connects = 0              # how many times a connection was opened (1 per run, ideally)
-        self.connect_seconds = 0.0
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()       # guards _client
@@ -70,10 +69,8 @@ class SshHost(Host):
             t = self._client.get_transport() if self._client else None
             if t is None or not t.is_active():
                 self._drop()
-                started = time.monotonic()
                 self._client = connect(self.target)
                 self.connects += 1
-                self.connect_seconds += time.monotonic() - started
                 t = self._client.get_transport()
                 t.set_keepalive(30)
             return t

@@ -13,7 +13,7 @@ import os
 import random
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import paramiko

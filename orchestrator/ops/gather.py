@@ -28,7 +28,7 @@ from orchestrator.host.state import lock_holder
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import blocking_active
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput
-from orchestrator.plan.preflight import FAIL, Check, HostAnswer, PreflightFacts, evaluate, needs_for
+from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import old_model_name
@@ -115,10 +115,13 @@ def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts,
               stopping: set[str] = frozenset()) -> list[Check]:
     m, r = svc.manifest, svc.rendered
     needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml")
-    skip = set(opts.skip_checks)
+    skip = set(opts.skip_checks) | set(entry.skip_checks)
     pf = preflight_facts(host, entry.python or "python3", list(r.argv), dict(needs.env), facts, skip)
-    return evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign,
-                    skip=skip, parser_optional=entry.simulated)
+    checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
+    for c in checks:    # skipped by the inventory, not by the command line: say so
+        if c.status == SKIPPED and c.name in entry.skip_checks and c.name not in opts.skip_checks:
+            c.summary = "skipped (host setting)"
+    return checks
 
 
 def _refused(checks: list[Check]) -> bool:

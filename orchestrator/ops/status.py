@@ -37,7 +37,7 @@ class HostStatus:
     host: str
     reachable: bool = True
     error: str | None = None
-    simulated: bool = False
+    label: str | None = None         # the host's inventory label, e.g. SIMULATED
     active_model: str | None = None
     served_name: str | None = None
     port: int | None = None
@@ -175,7 +175,7 @@ def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = 
     from orchestrator.host.connect import open_host
 
     t0 = time.monotonic()
-    st = HostStatus(host=entry.name, simulated=entry.simulated)
+    st = HostStatus(host=entry.name, label=entry.label)
     host = None
     try:
         host = open_host(entry, accept_new_host_key)

@@ -44,6 +44,8 @@ class StopResult:
     nothing_to_do: bool = False
     seconds: float = 0.0
     error: str | None = None
+    dry_run: bool = False                # nothing done: `leftovers` and `cleared_active` say what would be
+    leftovers: list[dict] = field(default_factory=list)  # on its GPUs now, killed if they outlive the stop
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
@@ -75,8 +77,9 @@ def _rows(procs: list[Proc]) -> list[dict]:
 
 def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int] | None = None,
                release_timeout: float = GPU_RELEASE_TIMEOUT_S, poll: float = 0.5,
-               say=lambda text: None) -> StopResult:
-    """Stop MODEL on a host whose lock the caller holds. Idempotent."""
+               say=lambda text: None, dry_run: bool = False) -> StopResult:
+    """Stop MODEL on a host whose lock the caller holds. Idempotent. dry_run: read the facts and say
+    what a stop would do; change nothing (no lock needed)."""
     t0 = time.monotonic()
     res = StopResult(entry.name, model)
     facts = gather(host, entry, [model])
@@ -92,6 +95,12 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     before = held.ours + held.kill
     if res.was != "running":
         res.orphans = _rows(before)
+    if dry_run:
+        res.dry_run = True
+        res.leftovers = _rows(before)
+        res.cleared_active = (facts.active or {}).get("model") == model
+        res.nothing_to_do = res.was == "stopped" and not before and not res.cleared_active
+        return res
     svc = Service.for_host(host, entry, model)
     if res.was != "stopped" or before:
         say(f"stopping {model} ({res.was}" + (f", PID {svc_state.main_pid}" if svc_state and svc_state.main_pid

@@ -106,7 +106,7 @@ PACKAGE_PAIRS = (("flashinfer-python", "flashinfer-cubin"), ("flashinfer-python"
 
 
 def flashinfer_error_text(cubin: str, flashinfer: str, other: str = "flashinfer-cubin") -> str:
-    """The start-up error FlashInfer raises (facts/vllm.md section 3; vllm #49804)."""
+    """The start-up error FlashInfer raises (vllm-project/vllm#49804)."""
     return (f"RuntimeError: {other} version ({cubin}) does not match flashinfer version "
             f"({flashinfer}). Please install the same version of both packages. "
             "Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
@@ -224,7 +224,8 @@ def check_required_packages(needs: Mapping[str, str], versions: Mapping[str, str
 
 
 # -- flags --------------------------------------------------------------------------------------------
-# Removed or renamed flags (facts/vllm.md section 3) -> the fix.
+# Removed or renamed flags -> the fix. vLLM changes behind them: PR #17452 (--enable-reasoning), #21739
+# and #29402 (--disable-log-requests), #22772 (--guided-decoding-*); swap_space left EngineArgs in 0.18.0.
 FLAG_FIXES = {
     "--enable-reasoning": "remove --enable-reasoning: --reasoning-parser NAME alone enables reasoning "
                           "(deprecated in 0.8.5, rejected since 0.10)",
@@ -483,22 +484,16 @@ def _timed(check: Check, seconds: float | None) -> Check:
 
 
 def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
-             kill_foreign: bool = False, skip: Collection[str] = (), parser_optional: bool = False) -> list[Check]:
+             kill_foreign: bool = False, skip: Collection[str] = ()) -> list[Check]:
     """Every preflight check, in plan order: flags, env, vllm-version, package-pairs, torch-cuda,
     required-packages, gpus, foreign-gpu-processes. Pure: pf holds what the host answered.
-    `held`: the target GPUs' processes (None: the GPU checks are not made). `parser_optional`: a
-    host whose Python cannot import vLLM (a SIMULATED host) skips the flag check instead of failing."""
+    `held`: the target GPUs' processes (None: the GPU checks are not made)."""
     skip = set(skip)
     checks: list[Check] = []
     if pf.argcheck is None:
         checks += [check_flags({}, (), skip=skip), check_env({}, skip=skip)]
     elif pf.argcheck.value is None:
         checks.append(_broken("flags", "argcheck.py", pf.python, pf.argcheck))
-    elif parser_optional and pf.argcheck.value.get("stage") == "import":
-        checks.append(Check("flags", SKIPPED, f"{pf.python} cannot import vLLM (a SIMULATED host without a "
-                            "real vLLM): run `vllm-orch sim up --vllm-python PATH` to check flags with one",
-                            seconds=pf.argcheck.seconds))
-        checks.append(Check("env", SKIPPED, "skipped with the flag check", seconds=pf.argcheck.seconds))
     else:
         checks.append(_timed(check_flags(pf.argcheck.value, needs.provenance, manifest=needs.manifest_label,
                                          skip=skip), pf.argcheck.seconds))

@@ -79,11 +79,11 @@ def preflight_action(inp: PlanInput) -> tuple[Action, RefusedError | None]:
 def disk_available(inp: PlanInput) -> tuple[int, str]:
     """Bytes the download may use now: min(disk free - reserve, budget - managed bytes), and why."""
     f, entry, m = inp.facts, inp.entry, inp.target.manifest
-    scale = entry.sim_scale or 1
-    reserve = int(m.requires.disk_reserve_gib * GIB / scale)
+    host_reserve = entry.disk_reserve_gib is not None
+    reserve = int((entry.disk_reserve_gib if host_reserve else m.requires.disk_reserve_gib) * GIB)
     available = f.disk_free - reserve
     limit_txt = f"{fmt_bytes(f.disk_free)} free on {f.disk_path} - {fmt_bytes(reserve)} reserve" + \
-        (f" (SIMULATED sizes: 1/{scale} of real)" if scale > 1 else "")
+        (" (host setting)" if host_reserve else "")
     if entry.models_disk_budget_gib is not None:
         used = sum(d.bytes for d in f.models.values())
         budget_left = int(entry.models_disk_budget_gib * GIB) - used

@@ -247,7 +247,7 @@ def active_record(inp: PlanInput, env: RunEnv) -> dict:
     return {"model": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
             "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
-            "deployed_at": state.now_iso(), "simulated": inp.entry.simulated}
+            "deployed_at": state.now_iso(), "host_label": inp.entry.label}
 
 
 def record_action(inp: PlanInput) -> Action:

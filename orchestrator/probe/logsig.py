@@ -1,5 +1,6 @@
-"""Reading vLLM's start-up log: fatal signatures (facts/vllm.md section 3) and progress markers
-(section 2). Pure functions over lines; the readiness gate feeds them the service log as it grows."""
+"""Reading vLLM's start-up log: fatal signatures (the messages users report, e.g. vllm-project/vllm#18538
+unrecognized arguments, #49804 flashinfer mismatch, #20305 GPU memory held by another process) and
+progress markers. Pure functions over lines; the readiness gate feeds them the service log as it grows."""
 
 from __future__ import annotations
 

@@ -43,11 +43,6 @@ def _write(hostdir: Path, entries: list[dict]) -> None:
     os.replace(tmp, hostdir / FAULTS)
 
 
-def read_faults(hostdir: str | Path) -> list[dict]:
-    """The pending faults (an empty list when the file is missing or unreadable)."""
-    return _read(Path(hostdir))
-
-
 def add_fault(hostdir: str | Path, fault: str, model: str | None = None, **extra) -> None:
     hostdir = Path(hostdir)
     with _locked(hostdir):

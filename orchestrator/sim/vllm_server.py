@@ -467,7 +467,9 @@ def holder_main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+    # The spawner's PID, from the spawner: reading getppid() here would race with a parent killed
+    # before this interpreter got this far (then the holder never notices it is orphaned).
+    parent = int(os.environ.get("VLLM_SIM_PARENT_PID") or os.getppid())
     exit_with_parent = os.environ.get("VLLM_SIM_EXIT_WITH_PARENT") == "1"
     while True:   # GPU holders outlive a killed parent (like real orphaned workers); an engine
         time.sleep(0.5 if exit_with_parent else 3600)   # core without GPU memory does not
@@ -478,7 +480,7 @@ def holder_main() -> None:
 def spawn_holder(title: str, exit_with_parent: bool = False):
     import subprocess
     env = dict(os.environ, VLLM_SIM_HOLDER_TITLE=title, VLLM_SIM_HOST_DIR=str(HOST_DIR),
-               VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0")
+               VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0", VLLM_SIM_PARENT_PID=str(os.getpid()))
     return subprocess.Popen([title, str(Path(__file__).resolve()), "__sim_gpu_holder__"],
                             executable=sys.executable, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -942,10 +944,6 @@ class Server:
 
 
 # --------------------------------------------------------------------------------------------
-def fail_argparse(parser: argparse.ArgumentParser, message: str) -> None:
-    parser.error(message)   # prints usage + "vllm: error: ..." to stderr, exit 2
-
-
 class StartupFailed(Exception):
     pass
 

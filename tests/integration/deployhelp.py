@@ -45,7 +45,7 @@ def cli_env(sim_host, models: Path) -> dict:
     """Environment for running the CLI in a subprocess against this sim home and models folder."""
     import os
 
-    return dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    return dict(os.environ, VLLM_ORCH_STATE_HOME=str(sim_host.home.parent), VLLM_ORCH_MODELS=str(models))
 
 
 def entry(sim_host, **changes) -> HostEntry:

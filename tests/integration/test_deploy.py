@@ -18,6 +18,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
 from orchestrator.host.state import HostLock, read_active, read_history
+from tests.plugins.sim_hosts import wait_until
 
 from .deployhelp import cli_env, kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
 
@@ -131,7 +132,10 @@ def test_leftover_workers_of_a_killed_service_are_killed(sim_host):
     assert deploy(e, m).ok
     pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text())
     os.kill(pid, signal.SIGKILL)                       # workers survive, holding GPU memory
-    time.sleep(0.5)
+    from orchestrator.host.services import Service
+
+    wait_until(lambda: not Service.for_host(sim_host.host, e, m.name).state().active,
+               what="the killed service seen as not running")
     assert "VLLM::Worker" in sim_host.nvidia_smi("--query-compute-apps=process_name", "--format=csv,noheader")
     result = deploy(e, m)
     assert result.ok, result.error

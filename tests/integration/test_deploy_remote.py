@@ -29,11 +29,11 @@ def systemd_sim(tmp_path_factory):
     reason = systemd_skip_reason()
     if reason:
         pytest.skip(reason)
-    home = tmp_path_factory.mktemp("sim-systemd")
     mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_ORCH_SIM_HOME", str(home))
+    mp.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path_factory.mktemp("sim-systemd")))
+    home = manager.sim_home()
     manager.up(1, speed=2000, systemd=True, home=home)
-    entry = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+    entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
     try:
         yield home, HostEntry.model_validate({**entry, "name": "sim"})
     finally:

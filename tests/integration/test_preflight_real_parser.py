@@ -31,29 +31,31 @@ pytestmark = pytest.mark.vllm_parser
 
 HOST = HostEntry(name="t", address="local", vllm="/opt/vllm/bin/vllm", models_root="/models")
 
-# facts/vllm.md 1.2 / 1.3 / 1.4, verbatim (the model positional is the repo id).
+# Published command lines, verbatim (the model positional is the repo id): rtx6kpro =
+# https://github.com/voipmonitor/rtx6kpro/blob/main/models/ (kimi-k25.md, minimax-m25.md); recipes =
+# https://github.com/vllm-project/recipes (models/moonshotai/Kimi-K2.5.yaml nvfp4, MiniMax/MiniMax-M2.md).
 FACTS_ARGVS = {
-    "kimi-int4-tp8-dcp8 (1.2)": """serve moonshotai/Kimi-K2.5 --served-model-name Kimi-K2.5
+    "kimi-int4-tp8-dcp8 (rtx6kpro)": """serve moonshotai/Kimi-K2.5 --served-model-name Kimi-K2.5
         --trust-remote-code --host 0.0.0.0 --port 5000 --tensor-parallel-size 8
         --pipeline-parallel-size 1 --enable-chunked-prefill --enable-prefix-caching
         --load-format fastsafetensors --tool-call-parser kimi_k2 --enable-auto-tool-choice
         --reasoning-parser kimi_k2 --async-scheduling --gpu-memory-utilization 0.95
         --max-num-batched-tokens 4096 --attention-backend TRITON_MLA --kv-cache-dtype fp8
         --mm-encoder-tp-mode data --decode-context-parallel-size 8""",
-    "kimi-nvfp4 (1.3)": """serve nvidia/Kimi-K2.5-NVFP4 -tp 4 --mm-encoder-tp-mode data
+    "kimi-nvfp4 (recipes)": """serve nvidia/Kimi-K2.5-NVFP4 -tp 4 --mm-encoder-tp-mode data
         --compilation_config.pass_config.fuse_allreduce_rms true --tool-call-parser kimi_k2
         --reasoning-parser kimi_k2 --enable-auto-tool-choice --trust-remote-code
         --kv-cache-dtype fp8""",
-    "minimax-tp4 (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
+    "minimax-tp4 (recipes)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
         --tool-call-parser minimax_m2 --reasoning-parser minimax_m2 --enable-auto-tool-choice
         --trust-remote-code""",
-    "minimax-tp4-ep (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
+    "minimax-tp4-ep (recipes)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
         --enable-expert-parallel --tool-call-parser minimax_m2 --reasoning-parser minimax_m2
         --compilation-config '{"cudagraph_mode":"PIECEWISE"}' --enable-auto-tool-choice""",
-    "minimax-dp8-ep (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --data-parallel-size 8
+    "minimax-dp8-ep (recipes)": """serve MiniMaxAI/MiniMax-M2.5 --data-parallel-size 8
         --enable-expert-parallel --tool-call-parser minimax_m2 --reasoning-parser minimax_m2
         --enable-auto-tool-choice --trust-remote-code""",
-    "minimax-rtx6kpro (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
+    "minimax-tp4 (rtx6kpro)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
         --tool-call-parser minimax_m2 --reasoning-parser minimax_m2_append_think
         --enable-auto-tool-choice --trust-remote-code""",
 }

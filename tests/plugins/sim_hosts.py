@@ -3,7 +3,7 @@ simulated vLLM server by hand and wait on its log.
 
     def test_x(sim_host):
         sim_host.dir / "bin" / "vllm"         # the simulated vLLM 0.33 server
-        sim_host.entry                        # its inventory entry (dict, as in inventory.yaml)
+        sim_host.entry                        # its inventory entry (dict, as in hosts.d/sim.yaml)
         sim_host.host.run(["nvidia-smi", ...])  # a LocalHost with the entry's env
         model = make_model(sim_host.dir, "kimi-k25-int4", "moonshotai/Kimi-K2.5")
         with SimServer(sim_host, [str(model), "--tensor-parallel-size", "8", ...]) as srv:
@@ -47,12 +47,12 @@ class SimHost:
 
 @pytest.fixture
 def sim_host(tmp_path, monkeypatch):
-    """A fresh SIMULATED host `sim` in a tmp sim home (speed 2000); torn down afterwards."""
-    home = tmp_path / "sim-home"
-    monkeypatch.setenv("VLLM_ORCH_SIM_HOME", str(home))
+    """A fresh SIMULATED host `sim` in a tmp state home (speed 2000); torn down afterwards."""
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
     manager.up(1, speed=TEST_SPEED, home=home)
     try:
-        entry = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
         yield SimHost("sim", manager.host_dir("sim", home), entry,
                       LocalHost("sim", env=entry["env"]), home)
     finally:
@@ -83,6 +83,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until(predicate, budget: float = 10.0, what: str = "condition"):
+    """Poll until predicate() is true (and return its value): what a fixed sleep would hope for,
+    without betting on how fast a busy machine gets there."""
+    deadline = time.monotonic() + budget
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {budget} s"
+        time.sleep(0.05)
+    return value
 
 
 class SimServer:
