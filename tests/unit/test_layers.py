@@ -15,8 +15,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 
 LAYERS = ["foundation", "config", "render", "host", "probe", "plan", "ops", "bench", "cli"]
