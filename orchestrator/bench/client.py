@@ -5,6 +5,13 @@ same loop callback that read the socket, so the arrival timestamp (`perf_counter
 any task switch, buffering or JSON parsing, and there is no per-read Future/Task overhead. No pool
 limit exists: each worker owns its connection (aiohttp's default of 100 would queue requests at C=128).
 Reads are as large as the kernel hands over (asyncio reads up to 256 KiB per call).
+
+Why not the shared client (orchestrator/host/http.py): that one is blocking, one request per
+connection over Host.connect_tcp, made for probes seconds apart. The load generator drives up to
+hundreds of concurrent keep-alive streams from one event loop at 100k tok/s, stamping every read
+before any parsing; a blocking request - even a /metrics scrape - would stall every stream's
+timestamps. So bench keeps this asyncio client for its requests, and shares the *reading* of the
+answers instead: /v1/models through probe.api.model_ids, /metrics through probe/metrics.py.
 """
 
 from __future__ import annotations
@@ -154,12 +161,14 @@ async def connect(ep: Endpoint, timeout: float = 10.0) -> Connection:
     return conn
 
 
-async def http_get(ep: Endpoint, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+async def http_get(ep: Endpoint, path: str, timeout: float = 10.0,
+                   api_key: str | None = None) -> tuple[int, bytes]:
     """A one-off GET (for /metrics, /v1/models, /version); returns (status, body)."""
     conn = await connect(ep, timeout)
     try:
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         raw = (f"GET {ep.prefix}{path} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
-               f"Accept: */*\r\nConnection: close\r\n\r\n").encode()
+               f"Accept: */*\r\n{auth}Connection: close\r\n\r\n").encode()
         parser = ResponseParser()
         err = await asyncio.wait_for(conn.send(raw, parser), timeout)
         if err and not parser.complete:

@@ -63,11 +63,13 @@ ProgressFn = Callable[[dict], None]
 
 
 async def scrape(ep: Endpoint) -> dict | None:
+    """/metrics read through bench's own asyncio client (a blocking request would stall every
+    stream's timestamps), aggregated by the shared reader (probe/metrics.py); None if unusable."""
     try:
         status, body = await http_get(ep, "/metrics", timeout=5.0)
-    except (OSError, asyncio.TimeoutError, ConnectionError, ValueError):
+        return snapshot(body.decode("utf-8", "replace")) if status == 200 else None
+    except (OSError, asyncio.TimeoutError, ValueError):     # MetricsError is a ValueError
         return None
-    return snapshot(body.decode("utf-8", "replace")) if status == 200 else None
 
 
 async def run_level(ep: Endpoint, make_request: Callable[[int], bytes], concurrency: int,

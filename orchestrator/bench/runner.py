@@ -72,15 +72,21 @@ def run_benchmark(base_url: str, model: str, options: BenchOptions | None = None
             asyncio.set_event_loop_policy(None)
 
 
-async def _probe(ep: Endpoint, model: str) -> dict:
+async def _probe(ep: Endpoint, model: str, api_key: str | None = None) -> dict:
+    from orchestrator.errors import ConfigError
+    from orchestrator.probe.api import model_ids
+
     info: dict = {}
     try:
-        status, body = await http_get(ep, "/v1/models", timeout=10)
+        status, body = await http_get(ep, "/v1/models", timeout=10, api_key=api_key)
         if status == 200:
-            ids = [m.get("id") for m in json.loads(body).get("data", [])]
-            info["served_models"] = ids
+            info["served_models"] = model_ids(json.loads(body))
     except (OSError, ValueError, asyncio.TimeoutError) as exc:
         raise ConnectionError(f"cannot reach {ep.url('/v1/models')}: {exc}") from exc
+    if status == 401:
+        raise ConfigError(f"{ep.url('/v1/models')} answered 401: the server wants an API key and "
+                          f"{'got a wrong one' if api_key else 'got none'}",
+                          hint="pass --api-key or export VLLM_API_KEY")
     try:
         status, body = await http_get(ep, "/version", timeout=5)
         if status == 200:
@@ -95,7 +101,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
 
     ep = Endpoint.parse(base_url)
     try:
-        probe = await _probe(ep, model)
+        probe = await _probe(ep, model, opts.api_key)
     except ConnectionError as exc:
         raise ConnectError(str(exc), hint="is the server up? try: curl " + ep.url("/v1/models")) from exc
     served = probe.get("served_models")

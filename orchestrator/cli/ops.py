@@ -14,7 +14,9 @@ from orchestrator.cli.options import (accept_new_host_key_option, complete_model
 
 
 def _manifest_lookups(app):
-    """(port_of, served_name_of) from the manifests, for a model loading before it is recorded."""
+    """(port_of, served_name_of, api_key_of) from the manifests: the port and served name of a model
+    loading before it is recorded, and the API key its probes need (VLLM_API_KEY from the
+    environment when the manifest lists it in serving.secret_env)."""
     from orchestrator.cli.common import resolved_models_dir
 
     cache: dict[str, object] = {}
@@ -37,7 +39,13 @@ def _manifest_lookups(app):
         m = manifest(name)
         return m.served_name if m is not None else None
 
-    return port_of, served_name_of
+    def api_key_of(name: str):
+        from orchestrator.render.artifacts import secrets_from_environ
+
+        m = manifest(name)
+        return secrets_from_environ(m).get("VLLM_API_KEY") if m is not None else None
+
+    return port_of, served_name_of, api_key_of
 
 
 # -- status ----------------------------------------------------------------------------------------
@@ -74,8 +82,8 @@ def status(app, host_names, accept_new_host_key, as_json):
 
             raise ConfigError("no hosts in the inventory",
                               hint="write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`")
-    port_of, served_name_of = _manifest_lookups(app)
-    results = gather_status(entries, port_of, served_name_of, accept_new_host_key)
+    port_of, served_name_of, api_key_of = _manifest_lookups(app)
+    results = gather_status(entries, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:

@@ -151,6 +151,9 @@ def render_host_details(console, r: HostStatus) -> None:
         console.print(f"  {gpu_lines(r.gpus)}", markup=False)
     for line, attention in process_lines(r.gpu_processes):
         console.print(f"  [yellow]{escape(line)}[/]" if attention else f"  {escape(line)}")
+    if r.engines and r.engines > 1 and r.kv_cache_usage is not None:
+        console.print(f"  KV cache: {_pct(r.kv_cache_usage)} mean over {r.engines} engines, "
+                      f"fullest {_pct(r.kv_cache_usage_max)}", markup=False)
     if r.models or r.disk:
         parts = [f"{m['name']} {fmt_bytes(m['bytes'])}" + (" *active*" if m["active"] else "")
                  + ("" if m["verified"] else " (not verified)") for m in r.models]

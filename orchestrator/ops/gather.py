@@ -54,14 +54,14 @@ def hf_token() -> Secret | None:
     return None
 
 
-def serving_now(host: Host, m: Manifest) -> bool:
-    """/health answers 200 and /v1/models lists the served name, right now."""
-    port = m.serving.port
-    if api.health(host, port, m.probes.health_path, timeout=3) != 200:
+def serving_now(host: Host, m: Manifest, api_key: Secret | None = None) -> bool:
+    """/health answers 200 and /v1/models lists the served name (asked with the key), right now."""
+    ep = api.Endpoint(host, m.serving.port, api_key)
+    if api.health(ep, m.probes.health_path, timeout=3) != 200:
         return False
     try:
-        return m.served_name in [c.get("id") for c in api.served_models(host, port, timeout=3)]
-    except Exception:
+        return m.served_name in api.served_models(ep, timeout=3)
+    except api.HttpError:
         return False
 
 
@@ -71,7 +71,7 @@ def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts) -
     rendered = render(m, entry, secrets)
     installed = {f.path: host.get(f.path) for f in rendered.files}
     st = facts.services.get(m.name)
-    serving = bool(st and st.active) and serving_now(host, m)
+    serving = bool(st and st.active) and serving_now(host, m, secrets.get("VLLM_API_KEY"))
     return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving)
 
 

@@ -226,7 +226,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         cursor = env.record.log_cursors.get(m.name) or service.log_cursor()
         ready = wait_ready(env.host, service, m, cursor, on_event=env.event, budget_s=budget,
                            no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s,
-                           api_key=key.reveal() if key else None)
+                           api_key=key)
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()

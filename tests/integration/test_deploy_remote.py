@@ -8,7 +8,7 @@ import yaml
 
 from orchestrator.errors import RefusedError
 from orchestrator.config.inventory import HostEntry
-from orchestrator.probe.api import health
+from orchestrator.probe.api import Endpoint, health
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
 
@@ -48,7 +48,7 @@ def test_deploy_over_real_ssh(ssh_sim, sim_host, model):
     assert result.ok, result.error
     assert statuses(result)["ready"] == "done"
     assert deploy(ssh_sim, m).plan.changes is False
-    assert health(sim_host.host, m.serving.port) == 200
+    assert health(Endpoint(sim_host.host, m.serving.port)) == 200
 
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(sim_host, sshd_local, tmp_path):
