@@ -68,7 +68,7 @@ def host_dir(name: str, home: Path | None = None) -> Path:
 # -- processes ---------------------------------------------------------------------------------
 # One liveness rule for everything simulated: the standalone fake nvidia-smi's (a running process that
 # is the one recorded - not a reused PID, not an unreaped zombie).
-from orchestrator.sim.nvidia_smi import _alive as alive, _start_time as start_time  # noqa: E402
+from orchestrator.sim.nvidia_smi import proc_alive as alive, proc_start_time as start_time  # noqa: E402
 
 
 def stop_pid(pid: int, started: int | None, timeout: float = 5.0) -> bool:
