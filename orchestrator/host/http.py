@@ -138,8 +138,8 @@ def stream(host: Host, port: int, method: str, path: str, *, json: Any = None,
         if json is not None:
             head += [("Content-Type", "application/json")]
     head += list((headers or {}).items())
-    if api_key is not None and api_key:
-        head += [("Authorization", f"Bearer {_reveal(api_key)}")]
+    if api_key:
+        head += [("Authorization", f"Bearer {api_key.reveal()}")]
     sock = _connect(host, port, address, timeout)
     try:
         reader = _Reader(sock, timeout, f"{address}:{port}{path}")
@@ -159,10 +159,6 @@ def stream(host: Host, port: int, method: str, path: str, *, json: Any = None,
             sock.close()
         except Exception:   # closing a dead channel may raise anything; the answer is what counts
             pass
-
-
-def _reveal(key: Secret | str) -> str:
-    return key.reveal() if isinstance(key, Secret) else str(key)
 
 
 def _connect(host: Host, port: int, address: str, timeout: float):

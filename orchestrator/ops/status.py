@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from orchestrator.host.base import Host, Script
 from orchestrator.config.inventory import HostEntry
+from orchestrator.host.base import Host, Script
 from orchestrator.probe import api as probes
 from orchestrator.secret import Secret
 

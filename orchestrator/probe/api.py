@@ -32,17 +32,13 @@ class Unauthorized(http.HttpError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A vLLM server as seen from its host: loopback `address`:`port`, and the key it wants.
-    A str key is kept as a Secret (str() is ***), so an Endpoint can be printed."""
+    """A vLLM server as seen from its host: loopback `address`:`port`, and the key it wants
+    (a Secret: str() is ***, so an Endpoint can be printed)."""
 
     host: Host
     port: int
     api_key: Secret | None = None
     address: str = "127.0.0.1"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.api_key, str):
-            object.__setattr__(self, "api_key", Secret(self.api_key) if self.api_key else None)
 
     def request(self, method: str, path: str, *, json: Any = None, timeout: float = 5.0) -> http.Response:
         return http.request(self.host, self.port, method, path, json=json, api_key=self.api_key,
@@ -160,7 +156,9 @@ def smoke_test(ep: Endpoint, served_name: str, prompt: str, expect: str, max_tok
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = last = None
-    content, reasoning, usage = [], [], None
+    content: list[str] = []
+    reasoning: list[str] = []
+    usage: dict | None = None
 
     def failed(problem: str, at: float | None = None) -> SmokeResult:
         return SmokeResult(False, "".join(content), 0, None, None,

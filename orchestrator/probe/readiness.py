@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from orchestrator.probe import logsig
-from orchestrator.probe import api as probes
+from orchestrator.config.manifest import Manifest
 from orchestrator.errors import DeployFailed
 from orchestrator.host.base import Host
-from orchestrator.config.manifest import Manifest
 from orchestrator.host.services import Service
+from orchestrator.probe import api as probes
+from orchestrator.probe import logsig
 from orchestrator.secret import Secret
 
 GATES = ("process alive", "port accepting", "/health 200", "model listed", "smoke test")
@@ -69,7 +69,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
     phases: list[tuple[str, float]] = []
     seen: list[str] = []
     port = m.serving.port
-    ep = probes.Endpoint(host, port, api_key)
+    ep = probes.Endpoint(host, port, Secret(api_key) if isinstance(api_key, str) else api_key)
 
     def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> None:
         more, _ = service.read_log(cursor_box[0])

@@ -70,13 +70,13 @@ def test_api_key_flag_takes_precedence_over_the_environment(sim_host):
     with SimServer(sim_host, [str(small(sim_host)), "--served-model-name", "small",
                               "--api-key", "from-flag"], env={"VLLM_API_KEY": "from-env"}) as srv:
         srv.wait_ready()
-        assert probes.served_models(probes.Endpoint(LOCAL, srv.port, "from-flag")) == ["small"]
+        assert probes.served_models(probes.Endpoint(LOCAL, srv.port, Secret("from-flag"))) == ["small"]
         with pytest.raises(probes.Unauthorized):
-            probes.served_models(probes.Endpoint(LOCAL, srv.port, "from-env"))
+            probes.served_models(probes.Endpoint(LOCAL, srv.port, Secret("from-env")))
     with SimServer(sim_host, [str(small(sim_host)), "--served-model-name", "small"],
                    env={"VLLM_API_KEY": "from-env"}) as srv:
         srv.wait_ready()
-        assert probes.served_models(probes.Endpoint(LOCAL, srv.port, "from-env")) == ["small"]
+        assert probes.served_models(probes.Endpoint(LOCAL, srv.port, Secret("from-env"))) == ["small"]
         with pytest.raises(probes.Unauthorized, match="got none"):
             probes.served_models(probes.Endpoint(LOCAL, srv.port))
 

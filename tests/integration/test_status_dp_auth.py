@@ -97,7 +97,7 @@ def keyed(sim_host, tmp_path, monkeypatch):
 def test_keyed_service_deploys_and_is_guarded(keyed, sim_host):
     e, m, _ = keyed
     host = LocalHost("sim")
-    assert probes.served_models(probes.Endpoint(host, m.serving.port, KEY)) == [m.served_name]
+    assert probes.served_models(probes.Endpoint(host, m.serving.port, Secret(KEY))) == [m.served_name]
     with pytest.raises(probes.Unauthorized):
         probes.served_models(probes.Endpoint(host, m.serving.port))
     env_file = (sim_host.dir / "units").glob("*.env")
