@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json as _json
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import h11
 
@@ -76,7 +77,7 @@ class Stream:
 
     status: int
     headers: dict[str, str]
-    _reader: "_Reader" = field(repr=False)
+    _reader: _Reader = field(repr=False)
 
     def chunks(self) -> Iterator[tuple[float, bytes]]:
         """(arrival time, bytes) per piece of body, the time being time.perf_counter() right

@@ -4,8 +4,9 @@ Per host: one facts round trip (orchestrator/facts.py), one for the history tail
 uptime clock, and up to three HTTP probes through the host (/health, /v1/models, /metrics) when a
 service runs, carrying the service's API key when its manifest names one (VLLM_API_KEY in
 serving.secret_env, taken from the environment). /metrics is aggregated across vLLM's DP engines
-by probe/metrics.py: KV usage is the per-engine mean (and max), requests are sums. Hosts are asked in parallel, one thread and one connection each; a host that cannot
-be reached is a row with its error, never a crash of the whole command.
+by probe/metrics.py: KV usage is the per-engine mean (and max), requests are sums.
+Hosts are asked in parallel, one thread and one connection each; a host that cannot be reached is a
+row with its error, never a crash of the whole command.
 
 The state of a host is decided by a pure function (`decide_state`) from the service state and the
 probe answers, so the rules are unit-tested without a host:
@@ -21,9 +22,9 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.base import Host, Script

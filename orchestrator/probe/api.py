@@ -117,6 +117,7 @@ class SmokeResult:
 
 
 _WORD = re.compile(r"[A-Za-z]+")
+_WORDLIKE = re.compile(r"[\"'(]*([A-Za-z]+(['-][A-Za-z]+)*|\d+([.,:]\d+)*%?)[\"').,;:!?]*")
 
 
 def looks_like_garbage(text: str) -> str | None:
@@ -132,7 +133,7 @@ def looks_like_garbage(text: str) -> str | None:
         return "mostly symbols"
     tokens = stripped.split()
     if len(tokens) >= 5:
-        wordlike = sum(1 for t in tokens if re.fullmatch(r"[\"'(]*([A-Za-z]+(['-][A-Za-z]+)*|\d+([.,:]\d+)*%?)[\"').,;:!?]*", t))
+        wordlike = sum(1 for t in tokens if _WORDLIKE.fullmatch(t))
         if wordlike / len(tokens) < 0.5:
             return "tokens that are neither words nor numbers"
     words = _WORD.findall(stripped)

@@ -12,8 +12,8 @@ it too - that is what an NCCL hang looks like. Time is a parameter: tests pass s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import DeployFailed

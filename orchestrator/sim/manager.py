@@ -68,10 +68,11 @@ def host_dir(name: str, home: Path | None = None) -> Path:
 # -- processes ---------------------------------------------------------------------------------
 # One liveness rule for everything simulated: the standalone fake nvidia-smi's (a running process that
 # is the one recorded - not a reused PID, not an unreaped zombie).
-from orchestrator.sim.nvidia_smi import proc_alive as alive, proc_start_time as start_time  # noqa: E402
+from orchestrator.sim.nvidia_smi import proc_alive as alive  # noqa: E402
+from orchestrator.sim.nvidia_smi import proc_start_time as start_time  # noqa: E402
 
 
-def stop_pid(pid: int, started: int | None, timeout: float = 5.0) -> bool:
+def stop_pid(pid: int, started: float | None, timeout: float = 5.0) -> bool:
     """SIGTERM, wait, then SIGKILL; only if the PID is still the recorded process."""
     if not alive(pid, started):
         return False
@@ -292,7 +293,7 @@ def _nspawn():
     if importlib.util.find_spec("orchestrator.sim.nspawn") is None:
         raise RefusedError("--systemd needs orchestrator.sim.nspawn, which is not installed "
                            "in this build", hint="use the default flavour: vllm-orch sim up")
-    from orchestrator.sim import nspawn   # type: ignore[attr-defined]
+    from orchestrator.sim import nspawn  # type: ignore[attr-defined]
     return nspawn
 
 

@@ -54,7 +54,7 @@ def disk(path):
 
 def dir_bytes(path):
     total = 0
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         for name in files:
             try:
                 total += os.lstat(os.path.join(root, name)).st_size
@@ -64,7 +64,7 @@ def dir_bytes(path):
 
 
 def models(root):
-    out = []
+    out = []  # type: list
     try:
         names = sorted(os.listdir(root))
     except OSError:
@@ -125,8 +125,8 @@ def port_holders(ports):
     """Processes with a TCP socket listening (or bound with no peer) on each port: {port: [pid]};
     [None] when the socket is there but its owner is not visible to us (another user's, not root)."""
     wanted = {int(p) for p in ports}
-    found = {str(p): [] for p in wanted}
-    seen = set()
+    found = {str(p): [] for p in wanted}  # type: dict
+    seen = set()  # type: set
     if psutil is not None:
         try:
             conns = psutil.net_connections(kind="tcp")
@@ -163,9 +163,9 @@ def port_holders(ports):
             for fd in os.listdir("/proc/%s/fd" % pid):
                 target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
                 if target.startswith("socket:[") and target[8:-1] in inodes:
-                    port = str(inodes[target[8:-1]])
-                    if int(pid) not in found[port]:
-                        found[port].append(int(pid))
+                    holders = found[str(inodes[target[8:-1]])]
+                    if int(pid) not in holders:
+                        holders.append(int(pid))
         except OSError:
             continue
     return _unseen_owner(found, seen)
@@ -205,7 +205,8 @@ def main():
     args = json.loads(sys.argv[1])
     state_dir = args["state_dir"]
     facts = {"hostname": socket.gethostname(), "time": time.time(),
-             "python": sys.version.split()[0], "psutil": psutil.__version__ if psutil else None}
+             "python": sys.version.split()[0],
+             "psutil": psutil.__version__ if psutil else None}  # type: dict
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             facts["boot_id"] = f.read().strip()
