@@ -1,12 +1,13 @@
 """status, readiness and bench against services the way a real vLLM host runs them (issue #12):
 a DP8 service reports eight engines and its KV usage is the per-engine mean in status and in bench
-(not their 400%-style sum); a service with an API key passes every gate and is read by status and
-bench --host only with the key."""
+(not their 400%-style sum); a service with an API key passes every gate (deploy, a swap's rollback,
+regen --restart) and is read by status and bench --host only with the key."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,14 +20,18 @@ from orchestrator.bench.loadgen import scrape
 from orchestrator.config.manifest import Manifest
 from orchestrator.host.local import LocalHost
 from orchestrator.host.services import Service
+from orchestrator.ops.execute import Reporter
+from orchestrator.ops.regen import run_regen
 from orchestrator.ops.status import host_status
 from orchestrator.ops.stop import stop_model
+from orchestrator.paths import shipped_dir
 from orchestrator.probe import api as probes
 from orchestrator.probe import metrics
 from orchestrator.probe.readiness import NotReady, wait_ready
 from orchestrator.secret import Secret
+from orchestrator.sim import manager
 
-from .deployhelp import cli_env, deploy, entry, on_port, write_models
+from .deployhelp import cli_env, deploy, entry, free_port, on_port, opts, swap, write_models
 
 KEY = "sk-test-7c1e"
 
@@ -146,3 +151,29 @@ def test_bench_host_of_a_keyed_service(keyed, sim_host, tmp_path):
                              text=True, timeout=180)
     assert refused.returncode == 2
     assert "answered 401" in refused.stdout + refused.stderr
+
+
+def test_swap_rollback_and_regen_restart_of_keyed_services(sim_host, monkeypatch, tmp_path):
+    """The key reaches every readiness wait of a plan: a failed swap's rollback to the old keyed
+    model, and regen --restart."""
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    port = free_port()
+    old, new = (with_changes(on_port(name, port), serving={"secret_env": ["VLLM_API_KEY"]})
+                for name in ("kimi-k25-int4", "kimi-k25-nvfp4"))
+    e = entry(sim_host)
+    assert deploy(e, old).ok
+    manager.add_fault("sim", "garbage", model=new.name, home=sim_host.home)
+    failed = swap(e, new, {old.name: old, new.name: new}, no_progress_s=2)
+    assert not failed.ok and isinstance(failed.error, NotReady) and failed.error.kind == "smoke"
+    assert failed.extra["rollback"]["ok"], failed.extra["rollback"]
+    ep = probes.Endpoint(LocalHost("sim"), port, Secret(KEY))
+    assert probes.served_models(ep) == [old.served_name]
+
+    templates = tmp_path / "templates"
+    shutil.copytree(shipped_dir("templates"), templates)
+    script = templates / "vllm-process.sh.j2"
+    script.write_text(script.read_text().replace("set -a\n", "# local tuning\nset -a\n"))
+    monkeypatch.setenv("VLLM_ORCH_TEMPLATES", str(templates))
+    restarted = run_regen(e, {old.name: old}, opts(), Reporter(None, quiet=True), dry_run=False, restart=True)
+    assert restarted.ok, restarted.error
+    assert probes.served_models(ep) == [old.served_name]
