@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.bench.client import Endpoint
 from orchestrator.bench.loadgen import run_level
-from orchestrator.sim.mockserver import start_process
 from orchestrator.bench.options import BenchOptions
 from orchestrator.bench.prompts import RequestFactory
 from orchestrator.bench.summary import summarize_level
+from orchestrator.sim.mockserver import start_process
 
 
 def level(url: str, c: int, **kw) -> dict:

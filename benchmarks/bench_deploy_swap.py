@@ -88,8 +88,8 @@ def main() -> None:
                     h = counts[-1]
                     print(f"no-op redeploy over SSH: {noop_ssh:.2f}s, {h.stats.round_trips} round trips, "
                           f"{getattr(h, 'connects', '?')} connection(s)")
-                    from orchestrator.ops.stop import stop_model
                     from orchestrator.host.connect import open_host
+                    from orchestrator.ops.stop import stop_model
                     with open_host(e) as lh:
                         stop_model(lh, e, kimi.name)
                     t0 = time.monotonic()

@@ -36,7 +36,7 @@ class Endpoint:
     prefix: str          # path before /v1, without trailing slash
 
     @classmethod
-    def parse(cls, base_url: str) -> "Endpoint":
+    def parse(cls, base_url: str) -> Endpoint:
         u = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
         if u.scheme not in ("http", "https"):
             raise ValueError(f"unsupported URL scheme {u.scheme!r} in {base_url!r}")

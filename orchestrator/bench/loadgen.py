@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter, perf_counter_ns
-from typing import Callable
 
 from orchestrator.bench.client import Endpoint, connect, http_get
 from orchestrator.bench.options import BenchOptions
@@ -68,7 +68,7 @@ async def scrape(ep: Endpoint) -> dict | None:
     try:
         status, body = await http_get(ep, "/metrics", timeout=5.0)
         return snapshot(body.decode("utf-8", "replace")) if status == 200 else None
-    except (OSError, asyncio.TimeoutError, ValueError):     # MetricsError is a ValueError
+    except (TimeoutError, OSError, ValueError):     # MetricsError is a ValueError
         return None
 
 
@@ -94,7 +94,7 @@ async def run_level(ep: Endpoint, make_request: Callable[[int], bytes], concurre
             if conn is None or conn.closed:
                 try:
                     conn = await connect(ep, timeout=min(10.0, opts.timeout_s))
-                except (OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError) as exc:
                     conn = None
                     rec.t_send = rec.t_done = perf_counter_ns()
                     rec.phase = "measure" if st.t_w else "warmup"

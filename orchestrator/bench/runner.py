@@ -81,7 +81,7 @@ async def _probe(ep: Endpoint, model: str, api_key: str | None = None) -> dict:
         status, body = await http_get(ep, "/v1/models", timeout=10, api_key=api_key)
         if status == 200:
             info["served_models"] = model_ids(json.loads(body))
-    except (OSError, ValueError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, ValueError) as exc:
         raise ConnectionError(f"cannot reach {ep.url('/v1/models')}: {exc}") from exc
     if status == 401:
         raise ConfigError(f"{ep.url('/v1/models')} answered 401: the server wants an API key and "
@@ -91,7 +91,7 @@ async def _probe(ep: Endpoint, model: str, api_key: str | None = None) -> dict:
         status, body = await http_get(ep, "/version", timeout=5)
         if status == 200:
             info["server_version"] = json.loads(body).get("version")
-    except (OSError, ValueError, asyncio.TimeoutError):
+    except (TimeoutError, OSError, ValueError):
         pass
     return info
 

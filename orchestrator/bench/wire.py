@@ -14,7 +14,7 @@ are joined with LF, `event:` names the event (`event: error` marks a streamed er
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # on_event(ts_ns, event_name_or_None, data_bytes)
 EventSink = Callable[[int, "str | None", bytes], None]

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import click
 
-from orchestrator.cli.options import (accept_new_host_key_option, exit_codes, host_option, json_option,
-                                      model_argument)
+from orchestrator.cli.options import accept_new_host_key_option, exit_codes, host_option, json_option, model_argument
 from orchestrator.errors import ConfigError
 
 HELP = """Benchmark a served model: single stream and a concurrency sweep, with reports.
@@ -216,9 +215,9 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
     connected Host; orchestrator.host.state.read_active(host, entry) -> {"model", "served_name", "port",
     ...metadata} | None; orchestrator.host.state.append_history(host, entry_dict).
     """
+    from orchestrator.config.inventory import get_host, load_inventory
     from orchestrator.host import state
     from orchestrator.host.connect import open_host
-    from orchestrator.config.inventory import get_host, load_inventory
 
     entry = get_host(load_inventory(getattr(app, "inventory_path", None)), host_name)
     host = open_host(entry, accept_new_host_key)

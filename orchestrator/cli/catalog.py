@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from orchestrator.errors import ConfigError
 from orchestrator.cli.common import console, load_host_entry, pass_app, resolved_models_dir
 from orchestrator.cli.options import exit_codes, host_option, json_option, model_argument
+from orchestrator.errors import ConfigError
 
 
 def _size(n: int | None) -> str:

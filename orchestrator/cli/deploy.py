@@ -8,9 +8,16 @@ import sys
 import click
 
 from orchestrator.cli.common import console, load_host_entry, load_model, pass_app
-from orchestrator.cli.options import (DEFAULT_EXIT_CODES, dry_run_option, exit_codes, host_options,
-                                      json_option, kill_foreign_option, model_argument,
-                                      skip_check_option)
+from orchestrator.cli.options import (
+    DEFAULT_EXIT_CODES,
+    dry_run_option,
+    exit_codes,
+    host_options,
+    json_option,
+    kill_foreign_option,
+    model_argument,
+    skip_check_option,
+)
 
 
 def make_options(skip_checks, kill_foreign, enable=False, yes=False):

@@ -9,8 +9,17 @@ import time
 import click
 
 from orchestrator.cli.common import console, is_tty, load_host_entry, pass_app
-from orchestrator.cli.options import (accept_new_host_key_option, complete_models, dry_run_option, exit_codes,
-                                      host_option, host_options, json_option, model_argument, yes_option)
+from orchestrator.cli.options import (
+    accept_new_host_key_option,
+    complete_models,
+    dry_run_option,
+    exit_codes,
+    host_option,
+    host_options,
+    json_option,
+    model_argument,
+    yes_option,
+)
 
 
 def _manifest_lookups(app):
@@ -69,9 +78,9 @@ def status(app, host_names, accept_new_host_key, as_json):
       vllm-orch status
       vllm-orch status --host sim --host gpu1 --json
     """
+    from orchestrator.cli.views import render_status
     from orchestrator.config.inventory import load_inventory
     from orchestrator.ops.status import gather_status
-    from orchestrator.cli.views import render_status
 
     if host_names:
         entries = [load_host_entry(app, name) for name in dict.fromkeys(host_names)]
@@ -109,9 +118,9 @@ def history(app, host_name, accept_new_host_key, limit, model, as_json):
     Example:
       vllm-orch history --host sim
     """
+    from orchestrator.cli.views import render_history
     from orchestrator.host.connect import open_host
     from orchestrator.host.state import read_history
-    from orchestrator.cli.views import render_history
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
@@ -146,11 +155,11 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
       vllm-orch logs kimi-k25-int4 --host sim --since-deploy
       vllm-orch logs kimi-k25-int4 --host gpu1 -f
     """
-    from orchestrator.host.connect import open_host
     from orchestrator.errors import ConfigError
-    from orchestrator.ops.stop import deploy_started_at
+    from orchestrator.host.connect import open_host
     from orchestrator.host.services import Service
     from orchestrator.host.state import read_history, read_json
+    from orchestrator.ops.stop import deploy_started_at
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
@@ -211,8 +220,8 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
     entry = load_host_entry(app, host_name)
     manifest_gpus = None
     try:
-        from orchestrator.config.manifest import get_manifest
         from orchestrator.cli.common import resolved_models_dir
+        from orchestrator.config.manifest import get_manifest
 
         manifest_gpus = get_manifest(model, resolved_models_dir(app))[0].serving.visible_devices
     except Exception:
@@ -268,10 +277,10 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
     Example:
       vllm-orch gc --host sim --dry-run
     """
-    from orchestrator.ops.session import session
-    from orchestrator.errors import RefusedError
-    from orchestrator.ops.stop import gc_facts, plan_gc, run_gc
     from orchestrator.cli.views import render_gc_plan
+    from orchestrator.errors import RefusedError
+    from orchestrator.ops.session import session
+    from orchestrator.ops.stop import gc_facts, plan_gc, run_gc
 
     entry = load_host_entry(app, host_name)
     c = console()

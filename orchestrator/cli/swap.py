@@ -6,9 +6,17 @@ import click
 
 from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, resolved_models_dir
 from orchestrator.cli.deploy import finish, make_options
-from orchestrator.cli.options import (DEFAULT_EXIT_CODES, dry_run_option, exit_codes, host_options,
-                                      json_option, kill_foreign_option, model_argument,
-                                      skip_check_option, yes_option)
+from orchestrator.cli.options import (
+    DEFAULT_EXIT_CODES,
+    dry_run_option,
+    exit_codes,
+    host_options,
+    json_option,
+    kill_foreign_option,
+    model_argument,
+    skip_check_option,
+    yes_option,
+)
 
 
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
@@ -37,8 +45,8 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
       vllm-orch swap minimax-m25 --host gpu1
     """
-    from orchestrator.ops.execute import Reporter
     from orchestrator.config.manifest import load_all
+    from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
 
     m = load_model(app, model)
@@ -76,8 +84,8 @@ def regen(app, host_name, accept_new_host_key, dry_run, as_json, restart):
       vllm-orch regen --host gpu1 --dry-run
       vllm-orch regen --host gpu1 --restart
     """
-    from orchestrator.ops.execute import Reporter
     from orchestrator.config.manifest import load_all
+    from orchestrator.ops.execute import Reporter
     from orchestrator.ops.regen import run_regen
 
     entry = load_host_entry(app, host_name)

@@ -9,9 +9,9 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.ops.status import HostStatus
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host.ownership import gpu_list
+from orchestrator.ops.status import HostStatus
 
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red"}

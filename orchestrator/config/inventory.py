@@ -17,9 +17,9 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator.config.checks import CheckName
-from orchestrator.errors import ConfigError
 from orchestrator.config.manifest import ENV_NAME, SLUG, Strict, _check_text, validation_error
 from orchestrator.config.yamlsrc import YamlDoc, display_path
+from orchestrator.errors import ConfigError
 
 LOCAL = "local"
 
@@ -107,7 +107,7 @@ class HostEntry(Strict):
         return {k: str(val) for k, val in v.items()}
 
     @model_validator(mode="after")
-    def _defaults(self) -> "HostEntry":
+    def _defaults(self) -> HostEntry:
         if self.python is None:
             self.python = str(Path(self.vllm).with_name("python")) if "/" in self.vllm else "python3"
         if self.env_dir is None:
@@ -147,7 +147,7 @@ class Inventory(Strict):
         return data
 
     @model_validator(mode="after")
-    def _keys(self) -> "Inventory":
+    def _keys(self) -> Inventory:
         for key, entry in self.hosts.items():
             if entry.name != key:
                 raise ValueError(f"hosts.{key}.name is {entry.name!r}; leave it out or make it {key!r}")

@@ -3,23 +3,31 @@ and turn its JSON lines into a plan, a rich progress bar and a result.
 
 Transport: orchestrator/host/scripts.py (`python - ARGS`, the script on stdin), streamed so that
 progress arrives as the bytes do. The HF token never appears in argv or in the shell text: given
-as a Secret it is put into a 0600 file under `<state_dir>/secrets/` for the run and removed afterwards (or pass an existing `token_file`, or
-rely on HF_TOKEN already set in the host's environment).
+as a Secret it is put into a 0600 file under `<state_dir>/secrets/` for the run and removed
+afterwards (or pass an existing `token_file`, or rely on HF_TOKEN already set in the host's
+environment).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from orchestrator.errors import DeployFailed
-from orchestrator.host.base import Host
 from orchestrator.host import scripts
+from orchestrator.host.base import Host
 from orchestrator.secret import Secret
 
 SCRIPT = "download.py"
@@ -173,7 +181,7 @@ class DownloadProgress:
         self.skipped = 0
         self.refetched = 0
 
-    def __enter__(self) -> "DownloadProgress":
+    def __enter__(self) -> DownloadProgress:
         self.progress.start()
         return self
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
-
-import queue
 
 from orchestrator.host.base import Command, Host, Result, Spawned, printable
 

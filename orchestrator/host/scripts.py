@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
+from functools import cache
 
 from orchestrator.host.base import Host, Result, Script
 from orchestrator.paths import package_file
 
 
-@lru_cache(maxsize=None)
+@cache
 def source(name: str) -> bytes:
     """The text of orchestrator/host/remote/<name>."""
     return package_file("host", "remote", name).read_bytes()

@@ -11,8 +11,8 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from orchestrator.host.base import Command, Host, Script
 from orchestrator.config.inventory import HostEntry
+from orchestrator.host.base import Command, Host, Script
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ServiceState:
     raw: dict | None = None
 
     @classmethod
-    def from_facts(cls, raw: dict | None) -> "ServiceState":
+    def from_facts(cls, raw: dict | None) -> ServiceState:
         raw = raw or {}
         pid = int(raw.get("MainPID") or 0) or None
         active_state = raw.get("ActiveState", "inactive")
@@ -50,7 +50,7 @@ class Service:
         return self._host
 
     @staticmethod
-    def for_host(host: Host | None, entry: HostEntry, model: str) -> "Service":
+    def for_host(host: Host | None, entry: HostEntry, model: str) -> Service:
         return SystemdService(host, entry, model) if entry.service_manager == "systemd" \
             else ProcessService(host, entry, model)
 

@@ -7,25 +7,24 @@ as the same shell text LocalHost runs (`Host.wrap`), so a plan reads the same fo
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import select
 import shlex
 import threading
 import time
 import uuid
-from typing import Callable, Mapping
-
-import logging
+from collections.abc import Callable, Mapping
 
 import paramiko
-
-# paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
-# those are expected and reported by the probes themselves.
-logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 from orchestrator.errors import ConnectError
 from orchestrator.host.base import Command, Host, Result, Spawned, printable
 from orchestrator.host.ssh_connect import Target, connect, resolve_target
+
+# paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
+# those are expected and reported by the probes themselves.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 TIMED_OUT = 124           # like coreutils `timeout` and LocalHost
 _GET_MISSING = 44         # exit code of the sudo `get` script when the file does not exist
@@ -54,7 +53,7 @@ class SshHost(Host):
 
     @classmethod
     def from_inventory(cls, name: str, entry: Mapping, *, accept_new_host_key: bool = False,
-                       connect_timeout: float | None = None) -> "SshHost":
+                       connect_timeout: float | None = None) -> SshHost:
         """Build from an inventory entry (a dict; keys this class does not use are ignored)."""
         return cls(name, entry["address"], port=entry.get("port"), user=entry.get("user"),
                    identity_file=entry.get("identity_file"), sudo=bool(entry.get("sudo", False)),

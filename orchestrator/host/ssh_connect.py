@@ -35,7 +35,7 @@ class Target:
     port: int = 22
     user: str = "root"
     identity_files: tuple[str, ...] = ()
-    jump: "Target | None" = None   # ProxyJump: one hop, reached first
+    jump: Target | None = None   # ProxyJump: one hop, reached first
     known_hosts_file: str = DEFAULT_KNOWN_HOSTS
     accept_new_host_key: bool = False
     connect_timeout: float = 10.0

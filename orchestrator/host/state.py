@@ -17,17 +17,17 @@ import os
 import shlex
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
+from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
 from orchestrator.host.base import Host, Script
-from orchestrator.config.inventory import HostEntry
 
 LOCK_BUSY_EXIT = 75
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _path(entry: HostEntry, *parts: str) -> str:

@@ -26,7 +26,6 @@ from orchestrator.host.ownership import Holders, Proc, gpu_list, holders, kill_c
 from orchestrator.host.services import Service
 from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
-
 # -- stop ------------------------------------------------------------------------------------------
 
 @dataclass

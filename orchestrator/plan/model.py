@@ -14,8 +14,9 @@ unit, wait for its gates). --dry-run prints recovery branches too. Text renderin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import RefusedError
 from orchestrator.host.base import Command, printable

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field as dc_field
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any
 
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import Holders

@@ -11,8 +11,8 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 FAULTS = "faults.json"
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import heapq
+import json
 import os
 import sys
 import threading
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
-def start_process(cpu: int | None = None, timeout: float = 10.0, **cfg) -> tuple["object", int]:
+def start_process(cpu: int | None = None, timeout: float = 10.0, **cfg) -> tuple[object, int]:
     """Start the mock server in a child process; returns (Popen, port). The caller terminates it."""
     import subprocess
 

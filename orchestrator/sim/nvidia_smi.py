@@ -203,7 +203,7 @@ def main(argv=None) -> int:
             print("NVIDIA System Management Interface -- v" + "580.95.05 (SIMULATED)")
             return 0
         else:
-            print(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
+            print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
             return 2
         i += 1
     sim, gpus, procs = load_state()

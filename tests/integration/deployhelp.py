@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from orchestrator.ops.deploy import run_deploy
-from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest, load_all
+from orchestrator.ops.deploy import run_deploy
+from orchestrator.ops.execute import Reporter
+from orchestrator.ops.swap import run_swap
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.run import Options
-from orchestrator.ops.swap import run_swap
 
 SHIPPED, _ = load_all(shipped_dir("models"))
 DEPLOYABLE = ["kimi-k25-int4", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 
 from orchestrator.bench.client import Endpoint
 from orchestrator.bench.loadgen import run_level
-from orchestrator.sim.mockserver import start_process
 from orchestrator.bench.options import BenchOptions
 from orchestrator.bench.prompts import RequestFactory
 from orchestrator.bench.runner import run_benchmark
 from orchestrator.bench.summary import summarize_level
 from orchestrator.errors import ConfigError
+from orchestrator.sim.mockserver import start_process
 
 CORES = sorted(os.sched_getaffinity(0))
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RefusedError
+from orchestrator.host.state import HostLock, read_active, read_history
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
-from orchestrator.host.state import HostLock, read_active, read_history
 from tests.plugins.sim_hosts import wait_until
 
-from .deployhelp import cli_env, kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
+from .deployhelp import DEPLOYABLE, cli_env, deploy, entry, kill_when, on_port, statuses, write_models
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
 

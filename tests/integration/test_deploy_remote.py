@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.errors import RefusedError
 from orchestrator.config.inventory import HostEntry
+from orchestrator.errors import RefusedError
 from orchestrator.probe.api import Endpoint, health
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
-
 from tests.plugins.remote_hosts import systemd_skip_reason
 
 from .deployhelp import DEPLOYABLE, deploy, on_port, statuses, swap
@@ -121,11 +120,10 @@ def test_probes_reach_a_server_bound_to_the_hosts_loopback(systemd_sim):
     """vLLM listening on 127.0.0.1 inside the host: the gates go through the SSH connection."""
     import socket
 
-    from orchestrator.host.connect import open_host
     from orchestrator.config.manifest import Manifest
-    from orchestrator.ops.stop import stop_model
-
+    from orchestrator.host.connect import open_host
     from orchestrator.host.state import read_active
+    from orchestrator.ops.stop import stop_model
 
     home, e = systemd_sim
     with open_host(e) as host:                 # this module's host is shared: stop what serves

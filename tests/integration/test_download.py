@@ -12,8 +12,8 @@ import time
 import pytest
 from rich.console import Console
 
-from orchestrator.host.download import DownloadProgress, plan_download, run_download
 from orchestrator.errors import DeployFailed
+from orchestrator.host.download import DownloadProgress, plan_download, run_download
 from orchestrator.host.local import LocalHost
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret

@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.errors import RefusedError
-from orchestrator.ops.execute import Reporter
-from orchestrator.host.local import LocalHost
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import get_manifest
-from orchestrator.ops.stop import stop_model
+from orchestrator.errors import RefusedError
+from orchestrator.host.local import LocalHost
 from orchestrator.host.services import Service
-from orchestrator.sim import manager
 from orchestrator.host.state import HostLock, read_active, read_history
+from orchestrator.ops.execute import Reporter
 from orchestrator.ops.status import gather_status, host_status
+from orchestrator.ops.stop import stop_model
 from orchestrator.plan.run import Options
+from orchestrator.sim import manager
 from tests.plugins.sim_hosts import TEST_SPEED, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

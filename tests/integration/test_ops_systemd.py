@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.host.connect import open_host
-from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import get_manifest
+from orchestrator.host.connect import open_host
 from orchestrator.host.services import Service
-from orchestrator.sim import manager, nspawn
-from orchestrator.sim.inventory import SimHost
+from orchestrator.ops.execute import Reporter
 from orchestrator.ops.status import host_status
 from orchestrator.plan.run import Options
+from orchestrator.sim import manager, nspawn
+from orchestrator.sim.inventory import SimHost
 from tests.plugins.sim_hosts import TEST_SPEED, free_port
 
 pytestmark = pytest.mark.systemd

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.errors import RefusedError
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.errors import RefusedError
 from orchestrator.sim import manager
 
 from .deployhelp import DEPLOYABLE, deploy, on_port

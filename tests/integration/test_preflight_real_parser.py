@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.host.local import LocalHost
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_manifest, manifest_files
-from orchestrator.paths import shipped_dir
-from orchestrator.plan.preflight import FAIL, OK, WARN, check_env, check_flags
 from orchestrator.host import nvidia_smi, scripts
+from orchestrator.host.local import LocalHost
 from orchestrator.host.ownership import holders, read_gpus
 from orchestrator.ops.gather import preflight_facts
-from orchestrator.plan.preflight import evaluate, needs_for
+from orchestrator.paths import shipped_dir
+from orchestrator.plan.preflight import FAIL, OK, WARN, check_env, check_flags, evaluate, needs_for
 from orchestrator.render.artifacts import build_argv
 
 pytestmark = pytest.mark.vllm_parser
@@ -107,7 +106,7 @@ def argcheck_batch(python: Path, requests: list[dict]) -> list[dict]:
     return [_BATCHES[json.dumps(r, sort_keys=True)] for r in requests]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kimi_render():
     m = load_manifest(shipped_dir("models") / "kimi-k25-int4.yaml")
     return m, build_argv(m, HOST)

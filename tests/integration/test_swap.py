@@ -10,15 +10,15 @@ import sys
 import pytest
 
 from orchestrator.errors import RefusedError
+from orchestrator.host.state import read_active, read_history
 from orchestrator.ops.execute import Reporter
+from orchestrator.ops.regen import run_regen
 from orchestrator.paths import shipped_dir
 from orchestrator.probe.api import Endpoint, health
 from orchestrator.probe.readiness import NotReady
-from orchestrator.ops.regen import run_regen
 from orchestrator.sim import manager
-from orchestrator.host.state import read_active, read_history
 
-from .deployhelp import cli_env, kill_when, deploy, entry, free_port, on_port, opts, swap, write_models
+from .deployhelp import cli_env, deploy, entry, free_port, kill_when, on_port, opts, swap, write_models
 
 
 @pytest.fixture

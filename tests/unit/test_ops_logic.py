@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.views import gpu_lines, history_details, process_lines
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
 from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, UNMANAGED_VLLM, Proc
-from orchestrator.ops.stop import deploy_started_at, delete_script, leftovers, model_gpus, plan_gc
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.cli.views import gpu_lines, history_details, process_lines
+from orchestrator.ops.stop import delete_script, deploy_started_at, leftovers, model_gpus, plan_gc
 
 
 @pytest.mark.parametrize("active,failed,health,listed,expected", [

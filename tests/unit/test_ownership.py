@@ -8,8 +8,17 @@ import subprocess
 import sys
 import time
 
-from orchestrator.host.ownership import (FOREIGN, LEFT, SERVICE, UNMANAGED_VLLM, Proc, classify, gpu_list,
-                                         holders, kill_commands)
+from orchestrator.host.ownership import (
+    FOREIGN,
+    LEFT,
+    SERVICE,
+    UNMANAGED_VLLM,
+    Proc,
+    classify,
+    gpu_list,
+    holders,
+    kill_commands,
+)
 from orchestrator.plan.preflight import FAIL, OK, WARN, check_foreign_gpu_processes
 
 SYSTEMD = {"kimi": {"ActiveState": "active", "MainPID": "100"},

@@ -72,8 +72,9 @@ def download(to_fetch: int, total: int | None = None) -> DownloadPlan:
 
 def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: ServiceInput | None = None,
         **opts) -> PlanInput:
-    return PlanInput(entry=ENTRY, facts=f, opts=Options(**opts), lock=LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock"),
-                     target=target, download=dl, preflight=CHECKS, old=old)
+    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+    return PlanInput(entry=ENTRY, facts=f, opts=Options(**opts), lock=lock, target=target, download=dl,
+                     preflight=CHECKS, old=old)
 
 
 def test_deploy_on_a_fresh_host_and_its_recovery():

@@ -11,13 +11,29 @@ import sys
 import pytest
 
 from orchestrator.host.local import LocalHost
-from orchestrator.paths import package_file
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import UNMANAGED_VLLM, Proc, holders
 from orchestrator.ops.gather import preflight_facts
-from orchestrator.plan.preflight import (FAIL, OK, SKIPPED, WARN, GpuNeeds, PreflightNeeds, check_env, check_flags,
-                                         check_gpus, check_package_pairs, check_required_packages, check_torch_cuda,
-                                         check_vllm_version, evaluate, field_for, packages_needed, version_key, worst)
+from orchestrator.paths import package_file
+from orchestrator.plan.preflight import (
+    FAIL,
+    OK,
+    SKIPPED,
+    WARN,
+    GpuNeeds,
+    PreflightNeeds,
+    check_env,
+    check_flags,
+    check_gpus,
+    check_package_pairs,
+    check_required_packages,
+    check_torch_cuda,
+    check_vllm_version,
+    evaluate,
+    field_for,
+    packages_needed,
+    version_key,
+)
 
 PROVENANCE = [("/opt/vllm/bin/vllm", "host.vllm"), ("serve", "(command)"),
               ("/models/kimi", "name"), ("--tensor-parallel-size", "vllm.tensor_parallel_size"),
