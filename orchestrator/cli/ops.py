@@ -175,7 +175,7 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
                 since = time.time() - 24 * 3600   # no deploy on record: the last day (process: last start)
         svc = Service.for_host(host, entry, model)
         cmd = svc.log_command(follow=follow, since=since, lines=lines)
-        out = click.get_text_stream("stdout")
+        out = sys.stdout
 
         def emit(line: str) -> None:
             out.write(line + "\n")

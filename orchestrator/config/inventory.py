@@ -42,14 +42,15 @@ class HostEntry(Strict):
     models_root: str = Field("/var/lib/vllm-orch/models",
                              description="Folder holding one sub-folder per managed model. Nothing outside it is ever deleted.")
     vllm: str = Field("/opt/vllm/bin/vllm", description="The vLLM executable on the host (usually inside its venv).")
-    python: str | None = Field(
-        None, description="Python that runs host-side helper scripts (download, flag check); it needs "
-                          "huggingface_hub. Default: `python` beside the vllm executable (the vLLM venv).")
+    python: str = Field(
+        "", description="Python that runs host-side helper scripts (download, flag check); it needs "
+                        "huggingface_hub. Default (empty): `python` beside the vllm executable (the vLLM venv).")
     nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi executable.")
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
-    env_dir: str | None = Field(None, description="Where the 0600 env files go. Default: /etc/vllm-orch (systemd), units_dir (process).")
+    env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
+                                         "units_dir (process).")
     state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
-    log_dir: str | None = Field(None, description="Service logs for `process` hosts. Default: state_dir/../logs.")
+    log_dir: str = Field("", description="Service logs for `process` hosts. Default (empty): state_dir/../logs.")
     service_user: str = Field("root", description="User= of the rendered units.")
     models_disk_budget_gib: float | None = Field(
         None, gt=0, description="Most GiB that managed models may use in models_root (a disk budget); "
@@ -90,12 +91,14 @@ class HostEntry(Strict):
 
     @field_validator("models_root", "units_dir", "state_dir", "env_dir", "log_dir")
     @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
+    def _absolute(cls, v: str) -> str:
+        if not v:
+            return v                                   # the default (env_dir, log_dir): filled in below
+        if not v.startswith("/"):
             raise ValueError(f"{v!r} must be an absolute path")
-        if v is not None and v.rstrip("/") in ("", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
+        if v.rstrip("/") in ("", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
             raise ValueError(f"{v!r} is too broad a folder for vllm-orch to manage")
-        return v.rstrip("/") if v else v
+        return v.rstrip("/")
 
     @field_validator("env")
     @classmethod
@@ -108,11 +111,11 @@ class HostEntry(Strict):
 
     @model_validator(mode="after")
     def _defaults(self) -> HostEntry:
-        if self.python is None:
+        if not self.python:
             self.python = str(Path(self.vllm).with_name("python")) if "/" in self.vllm else "python3"
-        if self.env_dir is None:
+        if not self.env_dir:
             self.env_dir = self.units_dir if self.service_manager == "process" else "/etc/vllm-orch"
-        if self.log_dir is None:
+        if not self.log_dir:
             self.log_dir = str(Path(self.state_dir).parent / "logs")
         return self
 

@@ -84,19 +84,18 @@ class _TokenFile:
     def __init__(self, host: Host, state_dir: str, token: Secret | None, token_file: str | None):
         self.host, self.token = host, token
         self.path = token_file
-        self.created = False
+        self.created: str | None = None          # the file this run wrote (and removes)
         if token:
-            self.path = f"{state_dir.rstrip('/')}/secrets/hf-token-{time.time_ns()}"
-            self.created = True
+            self.created = self.path = f"{state_dir.rstrip('/')}/secrets/hf-token-{time.time_ns()}"
 
     def __enter__(self) -> str | None:
-        if self.created:
-            self.host.put(self.path, self.token.reveal().encode(), 0o600)
+        if self.created and self.token:
+            self.host.put(self.created, self.token.reveal().encode(), 0o600)
         return self.path
 
     def __exit__(self, *exc) -> None:
         if self.created:
-            self.host.run(["rm", "-f", self.path], timeout=30)
+            self.host.run(["rm", "-f", self.created], timeout=30)
 
 
 def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,

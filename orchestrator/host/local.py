@@ -21,6 +21,7 @@ class LocalSpawned(Spawned):
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
+        assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             self.lines.put(raw.decode(errors="replace").rstrip("\n"))
         self.lines.put(None)
@@ -33,7 +34,8 @@ class LocalSpawned(Spawned):
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
         except OSError:
             pass
         try:
@@ -76,7 +78,9 @@ class LocalHost(Host):
         if input is not None:
             threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
         err_chunks: list[bytes] = []
-        t = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr = proc.stderr
+        t = threading.Thread(target=lambda: err_chunks.append(stderr.read()), daemon=True)
         t.start()
         timer = threading.Timer(timeout, proc.kill)
         timer.start()

@@ -71,6 +71,8 @@ class SshHost(Host):
                 self._client = connect(self.target)
                 self.connects += 1
                 t = self._client.get_transport()
+                if t is None:
+                    raise ConnectError(f"{self.target.where}: the SSH connection has no transport", host=self.name)
                 t.set_keepalive(30)
             return t
 
@@ -158,11 +160,11 @@ class SshHost(Host):
                             bytes(out), _strip_mark(err)[1] + b"\n(connection closed)")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    pgid, err = _strip_mark(err)
+                    pgid, errors = _strip_mark(err)
                     if pgid:
                         kill = f"kill -KILL -- -{pgid}"
                         self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None)
-                    return TIMED_OUT, bytes(out), err + \
+                    return TIMED_OUT, bytes(out), errors + \
                         f"\n(timed out after {timeout:g} s)".encode()
                 select.select([chan], [], [], min(remaining, 0.5))
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -174,8 +176,11 @@ class SshHost(Host):
     # -- files -----------------------------------------------------------------------------------
     def sftp(self) -> paramiko.SFTPClient:
         transport = self.transport()
-        if self._sftp is None or self._sftp.get_channel().closed:
+        channel = self._sftp.get_channel() if self._sftp is not None else None
+        if self._sftp is None or channel is None or channel.closed:
             self._sftp = paramiko.SFTPClient.from_transport(transport)
+            if self._sftp is None:
+                raise ConnectError(f"{self.target.where}: cannot open an SFTP session", host=self.name)
         return self._sftp
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:

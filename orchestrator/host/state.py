@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
-from orchestrator.host.base import Host, Script
+from orchestrator.host.base import Host, Script, Spawned
 
 LOCK_BUSY_EXIT = 75
 
@@ -109,7 +109,7 @@ class HostLock:
 
     def __init__(self, host: Host, entry: HostEntry, operation: str, timeout: float = 15.0):
         self.host, self.entry, self.operation, self.timeout = host, entry, operation, timeout
-        self._proc = None
+        self._proc: Spawned | None = None
 
     @property
     def path(self) -> str:

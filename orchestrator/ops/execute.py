@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.markup import escape
 
@@ -37,7 +38,7 @@ class Reporter:
     def __init__(self, console=None, quiet: bool = False):
         self.console = console
         self.quiet = quiet or console is None
-        self._status = None
+        self._status: Any = None                     # a rich Status while readiness waits
 
     def print(self, text: str = "", **kw) -> None:
         if not self.quiet:

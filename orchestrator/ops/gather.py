@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
     known = prepare.download_from_record(folder.verified if folder else None, src.repo, src.revision, src.pinned)
     if known is not None:
         return known
-    event = plan_download(host, entry.python or "python3", src.repo, src.revision, prepare.model_path(entry, m.name),
+    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.name),
                           src.allow_patterns, src.ignore_patterns, state_dir=entry.state_dir, token=token)
     return DownloadPlan.from_event(event)
 
@@ -112,11 +113,11 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
 
 
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
-              stopping: set[str] = frozenset()) -> list[Check]:
+              stopping: Collection[str] = ()) -> list[Check]:
     m, r = svc.manifest, svc.rendered
     needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml")
     skip = set(opts.skip_checks) | set(entry.skip_checks)
-    pf = preflight_facts(host, entry.python or "python3", list(r.argv), dict(needs.env), facts, skip)
+    pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
     for c in checks:    # skipped by the inventory, not by the command line: say so
         if c.status == SKIPPED and c.name in entry.skip_checks and c.name not in opts.skip_checks:

@@ -211,7 +211,8 @@ def delete_script(models_root: str, name: str) -> Script:
 def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) -> dict:
     """Delete the planned folders (the caller holds the lock and has the user's go-ahead)."""
     t0 = time.monotonic()
-    deleted, kept = [], []
+    deleted: list[dict] = []
+    kept: list[dict] = []
     for c in plan.delete:
         r = host.run(delete_script(entry.models_root, c.name), timeout=3600)
         if r.ok:

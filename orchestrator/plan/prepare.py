@@ -80,7 +80,8 @@ def disk_available(inp: PlanInput) -> tuple[int, str]:
     """Bytes the download may use now: min(disk free - reserve, budget - managed bytes), and why."""
     f, entry, m = inp.facts, inp.entry, inp.target.manifest
     host_reserve = entry.disk_reserve_gib is not None
-    reserve = int((entry.disk_reserve_gib if host_reserve else m.requires.disk_reserve_gib) * GIB)
+    reserve_gib = entry.disk_reserve_gib if entry.disk_reserve_gib is not None else m.requires.disk_reserve_gib
+    reserve = int(reserve_gib * GIB)
     available = f.disk_free - reserve
     limit_txt = f"{fmt_bytes(f.disk_free)} free on {f.disk_path} - {fmt_bytes(reserve)} reserve" + \
         (" (host setting)" if host_reserve else "")
@@ -149,7 +150,7 @@ def download_action(inp: PlanInput) -> Action:
                                   f"({dl.files} files, {fmt_bytes(dl.total_bytes)}; checked against {how})",
                       noop=True)
     token = inp.hf_token
-    shown = scripts.command(entry.python or "python3", SCRIPT, download_args(
+    shown = scripts.command(entry.python, SCRIPT, download_args(
         src.repo, src.revision, model_path(entry, name), allow=src.allow_patterns, ignore=src.ignore_patterns,
         token_file=f"{entry.state_dir}/secrets/hf-token-<run>" if token else None))
 
@@ -159,7 +160,7 @@ def download_action(inp: PlanInput) -> Action:
         if progress is not None:
             progress.__enter__()
         try:
-            result = run_download(env.host, env.entry.python or "python3", src.repo, src.revision,
+            result = run_download(env.host, env.entry.python, src.repo, src.revision,
                                   model_path(env.entry, name), src.allow_patterns, src.ignore_patterns,
                                   state_dir=env.entry.state_dir, token=token,
                                   on_event=progress.handle if progress else None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import shlex
 import time
+from collections.abc import Collection
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
@@ -29,7 +30,7 @@ def service_of(env: RunEnv, model: str) -> Service:
     return Service.for_host(env.host, env.entry, model)
 
 
-def placement_holders(facts: HostFacts, m: Manifest, stopping: set[str] = frozenset()) -> Holders:
+def placement_holders(facts: HostFacts, m: Manifest, stopping: Collection[str] = ()) -> Holders:
     """The processes on the manifest's GPUs and port, by the one ownership rule."""
     return holders(facts.procs, facts.ports.get(m.serving.port, []), m.name, m.serving.visible_devices,
                    stopping)
@@ -44,7 +45,7 @@ def release_action(model_gpus: list[int], why: str) -> Action:
                                                 env.opts.poll_s))
 
 
-def gpus_action(inp: PlanInput, stopping: set[str] = frozenset()) -> tuple[Action, RefusedError | None]:
+def gpus_action(inp: PlanInput, stopping: Collection[str] = ()) -> tuple[Action, RefusedError | None]:
     m, entry = inp.target.manifest, inp.entry
     want = m.serving.visible_devices
     held = placement_holders(inp.facts, m, set(stopping))
@@ -169,7 +170,7 @@ def start_action(inp: PlanInput, unit_changed: bool) -> Action:
     name, entry = inp.name, inp.entry
     st = inp.facts.services.get(name)
     running = bool(st and st.active)
-    if running and not unit_changed:
+    if st is not None and running and not unit_changed:
         return Action("start", f"nothing to do, because {name} is already running (PID {st.main_pid})",
                       noop=True, run=lambda env: _mark_cursor(env, name))
     return start_service_action(entry, name, restart=running, enable=inp.opts.enable,

@@ -51,7 +51,7 @@ def failure_fields(err: Exception | None) -> dict:
     (crash, fatal-log, hang, timeout, smoke, auth) and root-cause line."""
     if err is None:
         return {}
-    fields = {"error": str(err)}
+    fields: dict[str, str | None] = {"error": str(err)}
     if isinstance(err, NotReady):
         fields.update(failure_kind=err.kind, root_cause=err.root_cause)
     return fields
