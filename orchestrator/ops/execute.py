@@ -127,13 +127,15 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
     for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
         if action.noop:
-            if action.run is not None:
-                action.run(env)
-            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
             reporter.step_skip(label(i), total, action)
-            continue
-        reporter.step_start(label(i), total, action)
+        else:
+            reporter.step_start(label(i), total, action)
         try:
+            if action.noop:
+                if action.run is not None:       # bookkeeping, or a check that the no-op still holds
+                    action.run(env)
+                results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
+                continue
             if action.run is not None:
                 result = action.run(env)
             else:

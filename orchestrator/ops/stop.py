@@ -123,7 +123,7 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
             pids = sorted({p.pid for p in victims})
             say(f"killing {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
                 f"{gpu_list(res.gpus)}: " + ", ".join(f"{p.pid} {p.name}" for p in victims))
-            for cmd in kill_commands(pids):
+            for cmd in kill_commands(victims):
                 host.run(cmd, timeout=60).check(entry.name, "kill leftover GPU processes")
             res.killed = _rows(victims)
         if held.others:

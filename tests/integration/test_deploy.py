@@ -130,7 +130,7 @@ def test_die_after_ready_is_redeployed(sim_host):
 def test_leftover_workers_of_a_killed_service_are_killed(sim_host):
     e, m = entry(sim_host), on_port("kimi-k25-int4")
     assert deploy(e, m).ok
-    pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text())
+    pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)                       # workers survive, holding GPU memory
     from orchestrator.host.services import Service
 

@@ -95,7 +95,7 @@ def test_failed_swap_rolls_back_on_real_systemd(systemd_sim, fault, kinds, cause
     manifests = {old.name: old, new.name: new}
     assert deploy(e, old).ok
     manager.add_fault("sim", fault, model=new.name, home=home)
-    failed = swap(e, new, manifests, no_progress_s=2)
+    failed = swap(e, new, manifests, no_progress_s=5)
     assert isinstance(failed.error, NotReady) and failed.error.kind in kinds
     if cause:
         assert cause in failed.error.root_cause
