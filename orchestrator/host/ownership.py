@@ -208,17 +208,24 @@ def gpu_list(indices: Iterable[int]) -> str:
     return "GPU" + ("s " if len(ids) != 1 else " ") + ",".join(map(str, ids))
 
 
-def wait_released(host: Host, entry: HostEntry, indices: list[int], timeout: float, poll: float = 0.5) -> str:
-    """Poll nvidia-smi until the GPUs hold no process and their memory is released."""
+def wait_released(host: Host, entry: HostEntry, indices: list[int], timeout: float, poll: float = 0.5,
+                  ignore: Iterable[Proc] = ()) -> str:
+    """Poll nvidia-smi until the GPUs hold no process and their memory is released. `ignore`:
+    processes that are not ours to wait for (foreign ones stop leaves alone); a GPU one of them
+    holds is checked for our processes only, since its memory is theirs."""
     start = time.monotonic()
     deadline = start + timeout
+    skip = {p.pid for p in ignore}
+    shared = {p.gpu_index for p in ignore}
     while True:
         gpus, apps = read_gpus(host, entry)
-        procs = [a for i in indices for a in apps.get(i, [])]
+        procs = [a for i in indices for a in apps.get(i, []) if a.pid not in skip]
         busy = {g.index: g.memory_used_mib or 0 for g in gpus
-                if g.index in indices and (g.memory_used_mib or 0) >= IDLE_GPU_MIB}
+                if g.index in indices and g.index not in shared and (g.memory_used_mib or 0) >= IDLE_GPU_MIB}
         if not procs and not busy:
-            return f"{gpu_list(indices)} free after {time.monotonic() - start:.1f}s"
+            held = f" (GPU {', '.join(str(i) for i in sorted(x for x in shared if x in indices))} stays in use "
+            held = held + "by a process that is not ours)" if shared & set(indices) else ""
+            return f"{gpu_list(indices)} free after {time.monotonic() - start:.1f}s{held}"
         if time.monotonic() > deadline:
             last = (f"{len(procs)} processes, " if procs else "") + \
                 ", ".join(f"GPU {i}: {u} MiB" for i, u in busy.items())
