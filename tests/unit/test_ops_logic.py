@@ -11,7 +11,7 @@ import pytest
 from orchestrator.cli.views import gpu_lines, history_details, process_lines
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
-from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, ABANDONED, Proc
+from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
 from orchestrator.ops.stop import delete_script, deploy_started_at, leftovers, model_gpus, plan_gc

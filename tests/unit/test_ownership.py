@@ -9,10 +9,10 @@ import sys
 import time
 
 from orchestrator.host.ownership import (
+    ABANDONED,
     FOREIGN,
     LEFT,
     SERVICE,
-    ABANDONED,
     Proc,
     classify,
     gpu_list,
