@@ -31,9 +31,37 @@ def test_sweep_reproduces_the_nvfp4_profile(sim_host, tmp_path):
         # the steady window's aggregate (tokens counted by arrival time, warm-up and drain excluded)
         assert L["throughput"]["output_tok_s"] == pytest.approx(want, rel=0.05), (c, L["throughput"])
         assert L["tokens"]["completion"]["mean"] == 24
+        # prompts sized through the sim's /tokenize: the server counted exactly 64 for every request
+        assert L["tokens"]["prompt"]["min"] == L["tokens"]["prompt"]["max"] == 64
+        assert L["tokens"]["prompt_off_target"] == 0
         assert L["server_metrics"]["available"]
         assert abs(L["server_metrics"]["generation_tokens_discrepancy_pct"]) < 1
     print("\n" + "\n".join(
         f"sim NVFP4 C={L['concurrency']}: {L['throughput']['output_tok_s']:.1f} tok/s window, "
         f"{L['per_user']['tok_s_user_median']:.2f} tok/s/user, TTFT p50 {L['latency_ms']['ttft']['p50']:.1f} ms"
         for L in result.levels))
+
+
+def test_search_finds_the_highest_concurrency_meeting_a_tpot_slo(sim_host, tmp_path):
+    """TPOT <= 50 ms for 90% of requests: the NVFP4 profile's per-stream rate falls below 20 tok/s
+    between C=46 (49.7 ms) and C=48 (51.0 ms). The search must bracket that knee within a few levels;
+    the bracket is allowed 10% either side, for the precision and a busy machine's noise."""
+    model = make_model(sim_host.dir, "kimi-k25-nvfp4", "nvidia/Kimi-K2.5-NVFP4", total_size=540e9)
+    profile = vs.PROFILES["kimi-k25-nvfp4"]
+    with SimServer(sim_host, [str(model), "--trust-remote-code", "--max-model-len", "65536", "-tp", "8",
+                              "--served-model-name", "kimi"]) as srv:
+        srv.wait_ready()
+        opts = BenchOptions(concurrency=[1, 128], max_tokens=12, input_tokens=32, warmup_s=0.3,
+                            duration_s=0.8, min_requests=8, scrape_metrics=False,
+                            slo={"tpot": 50.0}, slo_percentile=90.0, search=True)
+        result = run_benchmark(f"http://127.0.0.1:{srv.port}", "kimi", opts, {"simulated": True},
+                               tmp_path / "search")
+    search = result.data["search"]
+    tpot = lambda c: 1000.0 / vs.stream_rate(profile, c)  # noqa: E731
+    assert search["kind"] == "concurrency" and search["levels_run"] <= 8, search
+    assert search["best"] is not None and tpot(search["best"]) <= 50.0 * 1.1, search
+    assert search["first_failing"] is not None and tpot(search["first_failing"]) >= 50.0 * 0.9, search
+    assert search["first_failing"] / search["best"] <= 1.25, search
+    assert result.headline["slo_best"] == search["best"]
+    met = {L["concurrency"]: L["slo"]["met"] for L in result.levels}
+    assert met[1] and not met[128] and len(met) == search["levels_run"]
