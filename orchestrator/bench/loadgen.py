@@ -77,7 +77,6 @@ class LevelRun:
 class _Progress:
     completed: int = 0
     measured_done: int = 0
-    measured_sent: int = 0
     errors: int = 0
     phase: str = "warm-up"
     stop: bool = False
@@ -132,8 +131,6 @@ class _Harness:
             parser = ResponseParser(rec.add_event)
             rec.t_send = perf_counter_ns()
             rec.phase = phase()
-            if rec.phase == "measure":
-                st.measured_sent += 1
             err = None
             try:
                 async with asyncio.timeout(opts.timeout_s):

@@ -114,16 +114,14 @@ def _first_user_turn(item) -> str | None:
 
 
 def load_prompts(opts: BenchOptions) -> list[str]:
-    """The prompt pool before sizing: a seeded sample of the file, or built-in prompts (made a
-    little longer than needed when they will be cut to an exact length)."""
+    """The prompt pool before sizing: a seeded sample of the file, or built-in prompts of about
+    the target length (tokenizer.py then cuts or extends them to the exact length)."""
     if opts.prompts_file:
         prompts = read_prompt_file(opts.prompts_file)
         rng = random.Random(f"prompts:{opts.seed}")
         rng.shuffle(prompts)
         return prompts[:opts.prompt_pool or FILE_PROMPT_POOL]
-    target = opts.builtin_input_tokens()
-    size = target + target // 4 + 8 if opts.exact_input else target
-    return builtin_prompts(opts.prompt_pool or BUILTIN_PROMPTS, size, opts.seed)
+    return builtin_prompts(opts.prompt_pool or BUILTIN_PROMPTS, opts.builtin_input_tokens(), opts.seed)
 
 
 def content(body: str, nonce: str = NONCE.decode()) -> str:

@@ -102,9 +102,8 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
     if served is not None and model not in served:
         raise ConfigError(f"the server does not serve {model!r}", hint=f"served names: {', '.join(map(str, served))}")
 
-    target = opts.input_tokens if (opts.input_tokens or not opts.prompts_file) else None
-    if target is None and not opts.prompts_file:
-        target = opts.builtin_input_tokens()
+    # built-in prompts always have a target length; a file's prompts only when one is asked for
+    target = opts.input_tokens or (None if opts.prompts_file else opts.builtin_input_tokens())
     sized = await size_prompts(ep, model, load_prompts(opts), target, enabled=opts.exact_input,
                                api_key=opts.api_key,
                                template_kwargs=opts.extra_body.get("chat_template_kwargs"))

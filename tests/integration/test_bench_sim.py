@@ -65,3 +65,6 @@ def test_search_finds_the_highest_concurrency_meeting_a_tpot_slo(sim_host, tmp_p
     assert result.headline["slo_best"] == search["best"]
     met = {L["concurrency"]: L["slo"]["met"] for L in result.levels}
     assert met[1] and not met[128] and len(met) == search["levels_run"]
+    print(f"\nsim NVFP4 search TPOT <= 50 ms: best C={search['best']}, first failing C="
+          f"{search['first_failing']}, {search['levels_run']} levels, tried "
+          + ", ".join(f"{t['value']:g}{'+' if t['met'] else '-'}" for t in search["tried"]))

@@ -98,3 +98,14 @@ def test_level_deltas():
 
 def test_old_gpu_cache_usage_name_is_read():
     assert snapshot('vllm:gpu_cache_usage_perc{model_name="m"} 0.25\n')["kv_cache_usage_perc"] == 0.25
+
+
+def test_docs_carry_every_formula_verbatim():
+    """docs/benchmarking.md lists the definitions written into every result.json; keep them equal."""
+    from pathlib import Path
+
+    from orchestrator.bench.formulas import FORMULAS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarking.md").read_text()
+    missing = [k for k, v in FORMULAS.items() if f"- **{k}**: {v}" not in doc]
+    assert not missing, f"update docs/benchmarking.md for: {missing}"
