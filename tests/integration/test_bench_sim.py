@@ -68,3 +68,27 @@ def test_search_finds_the_highest_concurrency_meeting_a_tpot_slo(sim_host, tmp_p
     print(f"\nsim NVFP4 search TPOT <= 50 ms: best C={search['best']}, first failing C="
           f"{search['first_failing']}, {search['levels_run']} levels, tried "
           + ", ".join(f"{t['value']:g}{'+' if t['met'] else '-'}" for t in search["tried"]))
+
+
+def test_open_loop_rates_against_the_simulated_server(sim_host, tmp_path):
+    """Rates well below the NVFP4 profile's knee: every request meets TPOT <= 50 ms, the latency
+    is the profile's at the few streams Little's law predicts, and the send rate is the offered one."""
+    model = make_model(sim_host.dir, "kimi-k25-nvfp4", "nvidia/Kimi-K2.5-NVFP4", total_size=540e9)
+    profile = vs.PROFILES["kimi-k25-nvfp4"]
+    with SimServer(sim_host, [str(model), "--trust-remote-code", "--max-model-len", "65536", "-tp", "8",
+                              "--served-model-name", "kimi"]) as srv:
+        srv.wait_ready()
+        opts = BenchOptions(rates=[4.0, 12.0], max_concurrency=64, max_tokens=12, input_tokens=48,
+                            warmup_s=0.5, duration_s=2.5, min_requests=10, metrics_interval_s=0.5,
+                            slo={"tpot": 50.0, "ttft": 500.0})
+        result = run_benchmark(f"http://127.0.0.1:{srv.port}", "kimi", opts, {"simulated": True},
+                               tmp_path / "open")
+    for L in result.levels:
+        rate = L["rate"]
+        assert L["mode"] == "open" and L["requests"]["errors"] == 0 and not L["aborted"]
+        assert L["requests"]["sent_per_s"] == pytest.approx(rate, rel=0.35)
+        assert L["slo"]["met"] and L["slo"]["good_fraction"] >= 0.9, L["slo"]
+        assert L["tokens"]["prompt"]["min"] == L["tokens"]["prompt"]["max"] == 48
+        in_flight = rate * L["latency_ms"]["e2e"]["mean"] / 1000.0          # Little's law
+        assert L["latency_ms"]["tpot"]["p50"] <= 1000.0 / vs.stream_rate(profile, max(1, round(in_flight) + 4))
+        assert L["requests"]["max_in_flight"] < 64
