@@ -603,13 +603,31 @@ def _api_error(message: str, kind: str, code: int, param=None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def _model_error(model, served: list):
+    """vLLM 0.33's check for the request's model (serve/engine/serving.py, _check_model)."""
+    if model and model not in served:
+        return 404, _api_error(f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.",
+                               "NotFoundError", 404, "model")
+    return None
+
+
+def _validation_error(body, missing: list) -> tuple:
+    """FastAPI's 400 as vLLM renders it (exception_handling/handlers/validation.py)."""
+    given = f"<dict of {len(body) if isinstance(body, dict) else 0} items>"
+    lines = [f"  {{'type': 'missing', 'loc': 'body.{f}', 'msg': 'Field required', 'input': '{given}'}}"
+             for f in missing]
+    label = "error" if len(lines) == 1 else "errors"
+    return 400, _api_error(f"{len(lines)} validation {label}:\n" + "\n".join(lines), "Bad Request", 400,
+                           f"body.{missing[0]}")
+
+
 def tokenize_endpoint(body, served: list, max_model_len: int) -> tuple:
     """(status, JSON object) for POST /tokenize."""
     if not isinstance(body, dict) or not ("messages" in body or "prompt" in body):
-        return 400, _api_error("Field required: `prompt` or `messages`", "BadRequestError", 400)
-    model = body.get("model")
-    if model and model not in served:
-        return 404, _api_error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
+        return _validation_error(body, ["prompt", "messages"])
+    err = _model_error(body.get("model"), served)
+    if err:
+        return err
     if "messages" in body:
         gen, cont = body.get("add_generation_prompt", True), body.get("continue_final_message", False)
         if gen and cont:
@@ -623,16 +641,20 @@ def tokenize_endpoint(body, served: list, max_model_len: int) -> tuple:
 
 
 def detokenize_endpoint(body, served: list) -> tuple:
-    """(status, JSON object) for POST /detokenize."""
+    """(status, JSON object) for POST /detokenize. Ids outside the vocabulary decode to nothing,
+    as the real tokenizer does; negative ones fail validation (ge=0)."""
     if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
-        return 400, _api_error("Field required: `tokens`", "BadRequestError", 400)
-    model = body.get("model")
-    if model and model not in served:
-        return 404, _api_error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
-    bad = [t for t in body["tokens"] if not isinstance(t, int) or not 0 <= t < len(_PIECES)]
-    if bad:
-        return 400, _api_error(f"token id {bad[0]!r} is out of vocabulary", "BadRequestError", 400)
-    return 200, {"prompt": "".join(_PIECES[t] for t in body["tokens"])}
+        return _validation_error(body, ["tokens"])
+    err = _model_error(body.get("model"), served)
+    if err:
+        return err
+    for i, t in enumerate(body["tokens"]):
+        if not isinstance(t, int) or t < 0:
+            return 400, _api_error(f"1 validation error:\n  {{'type': 'greater_than_equal', 'loc': "
+                                   f"'body.tokens.{i}', 'msg': 'Input should be greater than or equal "
+                                   f"to 0', 'input': '{t}', 'ctx': {{'ge': 0}}}}", "Bad Request", 400,
+                                   f"body.tokens.{i}")
+    return 200, {"prompt": "".join(_PIECES[t] for t in body["tokens"] if t < len(_PIECES))}
 
 
 # --------------------------------------------------------------------------------------------

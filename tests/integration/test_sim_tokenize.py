@@ -1,5 +1,8 @@
 """/tokenize and /detokenize of the simulated vLLM server: vLLM 0.33's request and response shapes,
-its error for an unknown model, and counts that agree with the completions' usage.prompt_tokens."""
+its errors (unknown model, missing fields, both template switches), and counts that agree with the
+completions' usage.prompt_tokens. The error bodies are the ones vLLM 0.33's source builds
+(serve/engine/serving.py _check_model, exception_handling/handlers/validation.py), checked by hand
+against vLLM's CPU build serving a tiny model."""
 
 from __future__ import annotations
 
@@ -50,12 +53,20 @@ def test_tokenize_detokenize_shapes_and_usage_agreement(sim_host):
         assert nogen["count"] == chat["count"] - 3
 
         status, err = post(srv.port, "/tokenize", {"model": "nope", "prompt": "x"})
-        assert status == 404 and err == {"error": {"message": "The model `nope` does not exist.",
-                                                   "type": "NotFoundError", "param": "model", "code": 404}}
+        assert status == 404 and err == {"error": {
+            "message": "The model `nope` does not exist. Valid aliases: small.",
+            "type": "NotFoundError", "param": "model", "code": 404}}
         status, err = post(srv.port, "/detokenize", {"model": "nope", "tokens": [1]})
         assert status == 404 and err["error"]["type"] == "NotFoundError"
         status, err = post(srv.port, "/tokenize", {"model": "small"})
-        assert status == 400 and err["error"]["type"] == "BadRequestError"
+        assert status == 400 and err["error"]["type"] == "Bad Request"
+        assert err["error"]["param"] == "body.prompt" and err["error"]["message"].startswith("2 validation errors:")
+        status, err = post(srv.port, "/detokenize", {"model": "small"})
+        assert status == 400 and err["error"]["param"] == "body.tokens"
+        status, err = post(srv.port, "/detokenize", {"tokens": [-1]})
+        assert status == 400 and err["error"]["param"] == "body.tokens.0"
+        assert post(srv.port, "/detokenize", {"tokens": [10**9]}) == (200, {"prompt": ""})
         status, err = post(srv.port, "/tokenize", {"messages": messages, "add_generation_prompt": True,
                                                    "continue_final_message": True})
-        assert status == 400 and "Cannot set both" in err["error"]["message"]
+        assert status == 400 and err["error"]["type"] == "BadRequestError" and err["error"]["param"] is None
+        assert "Cannot set both" in err["error"]["message"]
