@@ -247,8 +247,8 @@ class MockProtocol(asyncio.Protocol):
         st.requests += 1
         n = st.requests
         if req.get("model") != cfg.model:
-            t.write(_response(404, _error_body(404, f"The model `{req.get('model')}` does not exist.",
-                                                "NotFoundError", "model")))
+            t.write(_response(404, _error_body(404, f"The model `{req.get('model')}` does not exist. "
+                                                f"Valid aliases: {cfg.model}.", "NotFoundError", "model")))
             return
         if cfg.http_error_every and n % cfg.http_error_every == 0:
             t.write(_response(500, _error_body(500, "mock injected failure", "InternalServerError")))
