@@ -74,17 +74,23 @@ def main() -> None:
     with mock(server_core) as url:
         # Loops alternate level by level, and each cell is the best of --repeat runs, so a machine
         # busy with other work disturbs both loops alike and a momentary disturbance is dropped.
+        # The single-core mock is usually the limit here, so each cell also gives the client's own
+        # cost, microseconds of client CPU per streamed token, and the ceiling it implies for one
+        # client core (tokens/s / CPU share).
         print(f"\nCEILING (zero-latency server, max_tokens {a.max_tokens}, 1 token per chunk, one client "
-              f"process; best of {a.repeat}; tokens/s, requests/s, client CPU%)")
-        print(f"{'C':>5}" + "".join(f" {loop + ' tok/s':>15} {'req/s':>7} {'CPU%':>5}" for loop in loops))
+              f"process; best of {a.repeat}; tokens/s, client CPU%, client CPU us per token, implied "
+              "one-core ceiling tokens/s)")
+        print(f"{'C':>5}" + "".join(f" {loop + ' tok/s':>15} {'CPU%':>5} {'us/tok':>7} {'ceiling':>9}"
+                                    for loop in loops))
         for c in levels:
             cells = []
             for loop in loops:
                 best = max((level(url, loop, c, max_tokens=a.max_tokens, warmup_s=0.5,
                                   duration_s=a.seconds, min_requests=1) for _ in range(a.repeat)),
                            key=lambda L: L["throughput"]["output_tok_s"])
-                cells.append(f" {best['throughput']['output_tok_s']:>15,.0f} "
-                             f"{best['throughput']['requests_per_s']:>7,.1f} {best['client']['cpu_pct'] or 0:>5.0f}")
+                tok, cpu = best["throughput"]["output_tok_s"], best["client"]["cpu_pct"] or 0.0
+                us = 1e4 * cpu / tok if tok else 0.0
+                cells.append(f" {tok:>15,.0f} {cpu:>5.0f} {us:>7.2f} {1e6 / us if us else 0:>9,.0f}")
             print(f"{c:>5}" + "".join(cells))
         if not a.skip_open:
             for loop in loops:
