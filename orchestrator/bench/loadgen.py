@@ -297,7 +297,9 @@ async def run_open_level(ep: Endpoint, make_request: MakeRequest, rate: float, o
     st = h.st
     before = await scrape(ep) if opts.scrape_metrics else None
     mine = range(first_index, W + N, index_stride)
-    idle = await _preconnect(ep, min(len(mine), cap or min(256, max(1, math.ceil(2 * rate)))))
+    # connections opened before the start: the cap, all of a burst (up to 1024), else ~2 s of arrivals
+    expected = cap or (1024 if burst else min(256, max(1, math.ceil(2 * rate))))
+    idle = await _preconnect(ep, min(len(mine), expected))
     if start_at_ns:
         await _wait_until(start_at_ns)
     t_start = perf_counter_ns()

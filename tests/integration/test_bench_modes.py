@@ -152,6 +152,10 @@ def test_burst_through_a_cap_and_sharded_open_loop(tmp_path):
         assert max(row["queue_ms"] for row in rows) > 20          # the last ones waited for a slot
         assert L["throughput"]["output_tok_s"] > 0
 
+        r, _ = run(url, tmp_path, "burst-uncapped", rates=[math.inf], min_requests=10, max_tokens=6)
+        L = r.levels[0]
+        assert L["level"] == "rate=inf" and L["requests"]["ok"] == 10 and L["requests"]["max_in_flight"] == 10
+
         r, rows = run(url, tmp_path, "sharded", rates=[40.0], min_requests=40, processes=2)
         L = r.levels[0]
         assert L["processes"] == 2 and L["requests"]["window"] == 40 and L["requests"]["errors"] == 0
