@@ -24,16 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.sim import manager
 from tests.integration.deployhelp import deploy, free_port, on_port, swap  # noqa: E402
 
 
 def sim(home: Path, speed: float) -> HostEntry:
-    os.environ["VLLM_ORCH_SIM_HOME"] = str(home)
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
     manager.up(1, speed=speed, home=home)
-    raw = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
     return HostEntry.model_validate({**raw, "name": "sim"})
 
 
@@ -47,7 +46,7 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=200.0)
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="bench-sim-"))
+    home = Path(tempfile.mkdtemp(prefix="bench-sim-")) / "sim"
     e = sim(home, a.speed)
     try:
         port = free_port()
@@ -73,8 +72,7 @@ def main() -> None:
                 info = sshd_mod.start(home / "sshd")
                 try:
                     se = HostEntry.model_validate({**e.model_dump(), **info.inventory()})
-                    from orchestrator.ops import deploy as deploy_mod
-                    from orchestrator.host import ssh as ssh_mod
+                    from orchestrator.ops import session as deploy_mod
 
                     counts = []
                     real_open = deploy_mod.open_host
@@ -90,8 +88,8 @@ def main() -> None:
                     h = counts[-1]
                     print(f"no-op redeploy over SSH: {noop_ssh:.2f}s, {h.stats.round_trips} round trips, "
                           f"{getattr(h, 'connects', '?')} connection(s)")
-                    from orchestrator.ops.stop import stop_model
                     from orchestrator.host.connect import open_host
+                    from orchestrator.ops.stop import stop_model
                     with open_host(e) as lh:
                         stop_model(lh, e, kimi.name)
                     t0 = time.monotonic()

@@ -35,16 +35,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-status-"))
-    os.environ["VLLM_ORCH_SIM_HOME"] = str(tmp / "sim")
-    from orchestrator.ops.deploy import run_deploy
-    from orchestrator.ops.execute import Reporter
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(tmp)
     from orchestrator.config.inventory import load_inventory
     from orchestrator.config.manifest import get_manifest
-    from orchestrator.ops.stop import stop_model
     from orchestrator.host.connect import open_host
-    from orchestrator.sim import manager
+    from orchestrator.ops.deploy import run_deploy
+    from orchestrator.ops.execute import Reporter
     from orchestrator.ops.status import gather_status
-    from orchestrator.plan.steps import Options
+    from orchestrator.ops.stop import stop_model
+    from orchestrator.plan.run import Options
+    from orchestrator.sim import manager
 
     models = tmp / "models"
     models.mkdir()

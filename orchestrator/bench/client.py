@@ -5,6 +5,13 @@ same loop callback that read the socket, so the arrival timestamp (`perf_counter
 any task switch, buffering or JSON parsing, and there is no per-read Future/Task overhead. No pool
 limit exists: each worker owns its connection (aiohttp's default of 100 would queue requests at C=128).
 Reads are as large as the kernel hands over (asyncio reads up to 256 KiB per call).
+
+Why not the shared client (orchestrator/host/http.py): that one is blocking, one request per
+connection over Host.connect_tcp, made for probes seconds apart. The load generator drives up to
+hundreds of concurrent keep-alive streams from one event loop at 100k tok/s, stamping every read
+before any parsing; a blocking request - even a /metrics scrape - would stall every stream's
+timestamps. So bench keeps this asyncio client for its requests, and shares the *reading* of the
+answers instead: /v1/models through probe.api.model_ids, /metrics through probe/metrics.py.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ class Endpoint:
     prefix: str          # path before /v1, without trailing slash
 
     @classmethod
-    def parse(cls, base_url: str) -> "Endpoint":
+    def parse(cls, base_url: str) -> Endpoint:
         u = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
         if u.scheme not in ("http", "https"):
             raise ValueError(f"unsupported URL scheme {u.scheme!r} in {base_url!r}")
@@ -199,14 +206,15 @@ class Session:
             self.conn.close()
             self.conn = None
 
-    async def __aenter__(self) -> "Session":
+    async def __aenter__(self) -> Session:
         return self
 
     async def __aexit__(self, *exc) -> None:
         self.close()
 
 
-async def http_get(ep: Endpoint, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+async def http_get(ep: Endpoint, path: str, timeout: float = 10.0,
+                   api_key: str | None = None) -> tuple[int, bytes]:
     """A one-off GET (for /metrics, /v1/models, /version); returns (status, body)."""
-    async with Session(ep, timeout=timeout) as s:
+    async with Session(ep, api_key, timeout) as s:
         return await s.request("GET", path, close=True)

@@ -8,7 +8,8 @@ ceiling; docs/figures.md has both figures), asyncio's own loop otherwise. uvloop
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 KINDS = ("auto", "uvloop", "asyncio")
 

@@ -1,7 +1,8 @@
 """The definitions behind every number, written verbatim into each result file and docs/benchmarking.md.
 
 Names follow vLLM/AIPerf usage (TTFT, TPOT, ITL, ICL) - not guidellm's, whose "TPOT" includes the
-first token and whose "ITL" is what we call TPOT (facts/benchmarking.md section 5.6).
+first token and whose "ITL" is what we call TPOT (guidellm's docs/guides/metrics.md; the confusion
+costs users: vllm-project/vllm#6531, "inter-token latency is lower than TPOT").
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ FORMULAS: dict[str, str] = {
     "percentiles": PERCENTILE_METHOD + "; p50, p90, p95 and p99; every summary carries its sample "
                    "count n, and p99_low_n=true when n < 100 (the p99 is then close to the max).",
     "server_metrics": "/metrics scraped before and after each level (counters: after - before) and "
-                      "every metrics_interval_s during the window (gauges: mean and max). "
+                      "every metrics_interval_s during the window (gauges: mean and max). vLLM's "
+                      "per-engine series (one per DP rank) combine as in status: requests and "
+                      "counters are sums, kv_cache_usage_perc is the mean over engines and "
+                      "kv_cache_usage_perc_max the fullest engine. "
                       "generation_tokens_delta is compared with the sum of usage.completion_tokens of "
                       "all the level's requests (warm-up and drain included).",
     "client_self_check": "a heartbeat task sleeps 10 ms and records its oversleep (event-loop lag); "

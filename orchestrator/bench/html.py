@@ -48,8 +48,9 @@ def render_html(data: dict, plots: dict[str, Path]) -> str:
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<link rel='icon' href='data:,'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    if meta.get("simulated"):
-        parts.append("<p class='warn'>SIMULATED server: these numbers do not describe real hardware.</p>")
+    if meta.get("host_label"):   # the inventory's note on the host, e.g. SIMULATED: shown first
+        parts.append(f"<p class='warn'>Host {html.escape(str(meta.get('host', '?')))}: "
+                     f"{html.escape(str(meta['host_label']))}</p>")
     parts.append("<h2>Run</h2>" + _table(["field", "value"], [
         [html.escape(k), _f(v) if not isinstance(v, (list, dict)) else f"<code>{html.escape(str(v))}</code>"]
         for k, v in meta.items()]))
@@ -109,6 +110,8 @@ def render_html(data: dict, plots: dict[str, Path]) -> str:
                       ("per_user", "per-user vs aggregate")):
         if name in plots:
             parts.append(_img(plots[name], alt))
+    if data.get("plots_skipped"):
+        parts.append(f"<p class='warn'>Plots skipped: {html.escape(data['plots_skipped'])}</p>")
 
     detail = []
     for L in levels:

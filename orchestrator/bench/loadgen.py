@@ -30,9 +30,9 @@ import asyncio
 import gc
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter, perf_counter_ns
-from typing import Callable
 
 from orchestrator.bench.arrivals import schedule, warmup_arrivals
 from orchestrator.bench.client import Connection, Endpoint, connect, http_get
@@ -87,11 +87,13 @@ class _Progress:
 
 
 async def scrape(ep: Endpoint) -> dict | None:
+    """/metrics read through bench's own asyncio client (a blocking request would stall every
+    stream's timestamps), aggregated by the shared reader (probe/metrics.py); None if unusable."""
     try:
         status, body = await http_get(ep, "/metrics", timeout=5.0)
-    except (OSError, asyncio.TimeoutError, ConnectionError, ValueError):
+        return snapshot(body.decode("utf-8", "replace")) if status == 200 else None
+    except (TimeoutError, OSError, ValueError):     # MetricsError is a ValueError
         return None
-    return snapshot(body.decode("utf-8", "replace")) if status == 200 else None
 
 
 class _Harness:
@@ -121,7 +123,7 @@ class _Harness:
             if conn is None or conn.closed:
                 try:
                     conn = await connect(self.ep, timeout=min(10.0, opts.timeout_s))
-                except (OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError) as exc:
                     rec.t_send = rec.t_done = perf_counter_ns()
                     rec.phase = phase()
                     rec.fail("connect", str(exc) or type(exc).__name__)

@@ -1,12 +1,25 @@
-"""PNG plots of a sweep (matplotlib, Agg backend, imported only here)."""
+"""PNG plots of a sweep (matplotlib, Agg backend, imported only here).
+
+matplotlib is an extra (`pip install 'vllm-orch[plots]'`): a controller that only deploys does not
+need it, and a report written without it says the plots were skipped and how to get them.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+INSTALL_HINT = "PNG plots need matplotlib: pip install 'vllm-orch[plots]'"
+
+
+class PlotsUnavailable(ImportError):
+    """matplotlib is not installed; str() is the one-line message for the user."""
+
 
 def _plt():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotsUnavailable(INSTALL_HINT) from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

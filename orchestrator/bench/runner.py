@@ -1,7 +1,7 @@
 """run_benchmark: the Python API behind `vllm-orch bench` (also called by `--host` mode).
 
     result = run_benchmark("http://127.0.0.1:8000", "kimi-k25", BenchOptions(concurrency=[1, 32]),
-                           metadata={"manifest_hash": ..., "vllm_version": ..., "simulated": True},
+                           metadata={"manifest_hash": ..., "vllm_version": ..., "host_label": "staging"},
                            out_dir=Path("bench-results/run1"), console=rich_console)
     result.headline -> {"single_stream_tok_s": 61.3, "peak_output_tok_s": 1238.0, ...}
 
@@ -64,22 +64,26 @@ def run_benchmark(base_url: str, model: str, options: BenchOptions | None = None
     return run_coroutine(_run(base_url, model, opts, meta, out, console), opts.event_loop)[0]
 
 
-async def _probe(ep: Endpoint, model: str) -> dict:
-    import asyncio
+async def _probe(ep: Endpoint, model: str, api_key: str | None = None) -> dict:
+    from orchestrator.errors import ConfigError
+    from orchestrator.probe.api import model_ids
 
     info: dict = {}
     try:
-        status, body = await http_get(ep, "/v1/models", timeout=10)
+        status, body = await http_get(ep, "/v1/models", timeout=10, api_key=api_key)
         if status == 200:
-            ids = [m.get("id") for m in json.loads(body).get("data", [])]
-            info["served_models"] = ids
-    except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            info["served_models"] = model_ids(json.loads(body))
+    except (TimeoutError, OSError, ValueError) as exc:
         raise ConnectionError(f"cannot reach {ep.url('/v1/models')}: {exc}") from exc
+    if status == 401:
+        raise ConfigError(f"{ep.url('/v1/models')} answered 401: the server wants an API key and "
+                          f"{'got a wrong one' if api_key else 'got none'}",
+                          hint="pass --api-key or export VLLM_API_KEY")
     try:
         status, body = await http_get(ep, "/version", timeout=5)
         if status == 200:
             info["server_version"] = json.loads(body).get("version")
-    except (OSError, ValueError, asyncio.TimeoutError):
+    except (TimeoutError, OSError, ValueError):
         pass
     return info
 
@@ -95,7 +99,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
 
     ep = Endpoint.parse(base_url)
     try:
-        probe = await _probe(ep, model)
+        probe = await _probe(ep, model, opts.api_key)
     except ConnectionError as exc:
         raise ConnectError(str(exc), hint="is the server up? try: curl " + ep.url("/v1/models")) from exc
     served = probe.get("served_models")
@@ -124,7 +128,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
                 "load_model": "open" if opts.open_loop else "closed",
                 "prompts": {**sized.to_json(), "source": str(opts.prompts_file) if opts.prompts_file
                             else "built-in", "seed": opts.seed},
-                "simulated": meta.pop("simulated", None), **meta}
+                **meta}
     data = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
             "levels": [], "headline": {}, "warnings": run_warnings}
     if opts.slo:
@@ -177,18 +181,21 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     files = {"result": "result.json", "requests": "requests.jsonl", "summary_csv": "summary.csv"}
     write_csv(out / "summary.csv", data["levels"])
-    try:
-        from orchestrator.bench.html import write_html
-        from orchestrator.bench.plots import write_plots
+    from orchestrator.bench.html import write_html
+    from orchestrator.bench.plots import PlotsUnavailable, write_plots
 
+    plots: dict[str, Path] = {}
+    try:
         plots = write_plots(data["levels"], out / "plots", f"{model}{' ' + opts.label if opts.label else ''}")
-        files.update({f"plot_{k}": str(p.relative_to(out)) for k, p in plots.items()})
-        data["files"] = files
-        write_html(out / "report.html", data, plots)
-        files["html"] = "report.html"
-    except ImportError as exc:                            # matplotlib missing: tables still written
-        _say(console, f"[yellow]plots skipped:[/] {exc}")
+    except PlotsUnavailable as exc:                       # the report is still written, saying so
+        data["plots_skipped"] = str(exc)
+        from rich.markup import escape
+
+        _say(console, f"[yellow]plots skipped:[/] {escape(str(exc))}")
+    files.update({f"plot_{k}": str(p.relative_to(out)) for k, p in plots.items()})
     data["files"] = files
+    write_html(out / "report.html", data, plots)
+    files["html"] = "report.html"
     write_json(out / "result.json", data)
     return BenchResult(data, out, files)
 

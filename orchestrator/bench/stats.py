@@ -10,7 +10,7 @@ A p99 from fewer than 100 samples is mostly the max: it is reported with `p99_lo
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 P99_MIN_N = 100
 PERCENTILE_METHOD = ("linear interpolation between closest ranks (Hyndman-Fan type 7, numpy "

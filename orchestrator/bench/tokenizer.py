@@ -84,7 +84,7 @@ async def size_prompts(ep: Endpoint, model: str, bodies: list[str], target: int 
     try:
         async with Session(ep, api_key) as s:
             await _Tokenizer(s, model, template_kwargs).ids("probe")
-    except (_Unusable, OSError, ConnectionError, asyncio.TimeoutError, KeyError, TypeError) as exc:
+    except (TimeoutError, _Unusable, OSError, ConnectionError, KeyError, TypeError) as exc:
         return SizedPrompts(bodies, target, False, warning=(
             f"the server has no usable /tokenize ({exc}): prompt lengths are estimated at about "
             "4 characters per token; usage.prompt_tokens records the real counts"))
@@ -101,7 +101,7 @@ async def size_prompts(ep: Endpoint, model: str, bodies: list[str], target: int 
 
     try:
         await asyncio.gather(*(worker() for _ in range(min(WORKERS, len(bodies)))))
-    except (_Unusable, OSError, ConnectionError, asyncio.TimeoutError, KeyError, TypeError) as exc:
+    except (TimeoutError, _Unusable, OSError, ConnectionError, KeyError, TypeError) as exc:
         return SizedPrompts(bodies, target, False, warning=(
             f"sizing prompts with /tokenize failed part-way ({exc}): prompt lengths are estimated"))
     done = [o for o in out if o is not None]

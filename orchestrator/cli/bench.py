@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import click
 
+from orchestrator.cli.options import accept_new_host_key_option, exit_codes, host_option, json_option, model_argument
 from orchestrator.errors import ConfigError
 
 HELP = """Benchmark a served model: a concurrency sweep (closed loop) or request rates (open loop),
@@ -199,13 +200,16 @@ class BenchCommand(click.Command):
     def format_epilog(self, ctx, formatter):
         with formatter.section("Subcommand"):
             formatter.write_dl([("compare A B ...", "Compare results side by side (see `bench compare --help`).")])
+        super().format_epilog(ctx, formatter)
 
 
-@click.command("bench", cls=BenchCommand, help=HELP, context_settings={"max_content_width": 100})
-@click.argument("model_arg", metavar="[MODEL]", required=False)
+@click.command("bench", cls=BenchCommand, help=HELP, context_settings={"max_content_width": 100},
+               epilog=exit_codes("0 ok, 1 the run failed (server or host unreachable), 2 bad input."))
+@model_argument(required=False, metavar="[MODEL]")
 @click.option("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000 (with or without /v1).")
-@click.option("--model", help="Served model name (with --url).")
-@click.option("--host", "host_name", help="Benchmark the active deployment on this inventory host.")
+@click.option("--model", "served_model", help="Served model name (with --url).")
+@host_option(required=False, help="Benchmark the active deployment on this inventory host.")
+@accept_new_host_key_option
 @click.option("-c", "--concurrency", default="1,2,4,8,16,32,64,128", show_default=True, callback=_levels,
               help="Closed loop: concurrency levels, comma separated.")
 @click.option("--max-tokens", default="512", show_default=True, callback=_max_tokens, metavar="N|A:B|normal:M:S",
@@ -246,13 +250,13 @@ class BenchCommand(click.Command):
 @click.option("--no-metrics", is_flag=True, help="Do not scrape the server's /metrics.")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of the prompts, their sample from --prompts, output lengths and arrivals.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of tables.")
+@json_option("Print the result JSON instead of tables.")
 @load_options
 @click.pass_context
-def bench(ctx, model_arg, url, model, host_name, concurrency, max_tokens, ignore_eos, min_tokens,
-          temperature, input_tokens, prompts_file, warmup, warmup_requests, duration, min_requests,
-          timeout, max_level_time, processes, continuous_usage, extra_body, api_key, label, out_dir,
-          save_chunks, no_metrics, seed, as_json, **load):
+def bench(ctx, model, url, served_model, host_name, accept_new_host_key, concurrency, max_tokens,
+          ignore_eos, min_tokens, temperature, input_tokens, prompts_file, warmup, warmup_requests,
+          duration, min_requests, timeout, max_level_time, processes, continuous_usage, extra_body,
+          api_key, label, out_dir, save_chunks, no_metrics, seed, as_json, **load):
     import time
 
     from rich.console import Console
@@ -287,9 +291,9 @@ def bench(ctx, model_arg, url, model, host_name, concurrency, max_tokens, ignore
     out = out_dir or Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + (f"-{label}" if label else ""))
 
     if host_name:
-        target = host_target(ctx.obj, host_name, model_arg or model)
+        target = host_target(ctx.obj, host_name, model or served_model, accept_new_host_key)
     else:
-        served = model or model_arg
+        served = served_model or model
         if not served:
             raise ConfigError("--url needs --model NAME (the served model name)",
                               hint="curl URL/v1/models lists the served names")
@@ -304,12 +308,14 @@ def bench(ctx, model_arg, url, model, host_name, concurrency, max_tokens, ignore
     if as_json:
         click.echo(json.dumps(result.data, indent=1, default=str))
     else:
-        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, plots/)")
+        plots = "plots skipped" if result.data.get("plots_skipped") else "plots/"
+        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, {plots})")
 
 
-@click.command("compare", help=COMPARE_HELP, context_settings={"max_content_width": 100})
+@click.command("compare", help=COMPARE_HELP, context_settings={"max_content_width": 100},
+               epilog=exit_codes("0 ok, 1 a metric got worse beyond noise (with --fail-on-worse), 2 bad input."))
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@json_option("Print the comparison as JSON.")
 @click.option("--fail-on-worse", is_flag=True, help="Exit 1 if any metric got worse beyond noise.")
 def compare_cmd(results, as_json, fail_on_worse):
     from rich.console import Console
@@ -343,19 +349,19 @@ class Target:
     record: Callable[[dict], None] | None     # appends the summary to the host's deploy history
 
 
-def host_target(app, host_name: str, model: str | None) -> Target:
+def host_target(app, host_name: str, model: str | None, accept_new_host_key: bool = False) -> Target:
     """Endpoint of the active deployment on an inventory host, forwarded over SSH when needed.
 
     Contract with the deployment side (lead): orchestrator.config.inventory gives the host entry and a
     connected Host; orchestrator.host.state.read_active(host, entry) -> {"model", "served_name", "port",
     ...metadata} | None; orchestrator.host.state.append_history(host, entry_dict).
     """
+    from orchestrator.config.inventory import get_host, load_inventory
     from orchestrator.host import state
     from orchestrator.host.connect import open_host
-    from orchestrator.config.inventory import get_host, load_inventory
 
     entry = get_host(load_inventory(getattr(app, "inventory_path", None)), host_name)
-    host = open_host(entry)
+    host = open_host(entry, accept_new_host_key)
     active = state.read_active(host, entry)
     if not active:
         host.close()
@@ -378,7 +384,7 @@ def host_target(app, host_name: str, model: str | None) -> Target:
         base_url = f"http://127.0.0.1:{local_port}"
     metadata = {k: v for k, v in active.items() if k not in ("port", "served_name")}
     metadata["host"] = host_name
-    metadata["simulated"] = entry.simulated
+    metadata["host_label"] = entry.label
     try:
         from orchestrator.host.facts import gather
 

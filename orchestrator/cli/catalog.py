@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from orchestrator.errors import ConfigError
 from orchestrator.cli.common import console, load_host_entry, pass_app, resolved_models_dir
+from orchestrator.cli.options import exit_codes, host_option, json_option, model_argument
+from orchestrator.errors import ConfigError
 
 
 def _size(n: int | None) -> str:
@@ -33,8 +34,8 @@ def parallelism(v) -> str:
     return "+".join(parts)
 
 
-@click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+@click.command(epilog=exit_codes("0 ok, 2 a manifest is invalid (the valid ones are still listed)."))
+@json_option("Print a JSON list instead of a table.")
 @pass_app
 def models(app, as_json):
     """List the deployable models (the manifests in the models folder).
@@ -76,21 +77,21 @@ def models(app, as_json):
         raise SystemExit(2)
 
 
-@click.command()
+@click.command(epilog=exit_codes("0 every file is valid, 2 a file is invalid or there is nothing to check."))
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @pass_app
 def validate(app, files):
     """Check manifests and inventories: every problem with file, line and field path.
 
-    With no FILES, checks every manifest of the models folder and the inventory in use. A file is
-    treated as an inventory when it has a top-level `hosts:` key. Exit 2 if anything is bad.
+    With no FILES, checks every manifest of the models folder, the inventory in use and the extra
+    inventory files (hosts.d). A file is treated as an inventory when it has a top-level `hosts:` key.
 
     \b
     Example:
       vllm-orch validate
       vllm-orch validate models/kimi-k25-int4.yaml hosts.yaml
     """
-    from orchestrator.config.inventory import inventory_path, load_inventory_file
+    from orchestrator.config.inventory import extra_inventory_files, inventory_path, load_inventory_file
     from orchestrator.config.manifest import load_manifest, manifest_files
     from orchestrator.config.yamlsrc import display_path
 
@@ -103,8 +104,7 @@ def validate(app, files):
     else:
         targets += [("manifest", p) for p in manifest_files(resolved_models_dir(app))]
         inv = inventory_path(app.inventory_path)
-        if inv is not None:
-            targets.append(("inventory", inv))
+        targets += [("inventory", p) for p in [*([inv] if inv is not None else []), *extra_inventory_files()]]
     out = console()
     failures = 0
     for kind, path in targets:
@@ -136,11 +136,10 @@ def _looks_like_inventory(path: Path) -> bool:
     return isinstance(data, dict) and "hosts" in data
 
 
-@click.command()
-@click.argument("model")
-@click.option("--host", "host_name", default=None,
-              help="Render for this inventory host (paths, service manager). Default: a typical "
-                   "systemd host with vLLM in /opt/vllm.")
+@click.command(epilog=exit_codes("0 ok, 2 bad input (unknown model or host, invalid manifest)."))
+@model_argument()
+@host_option(required=False, help="Render for this inventory host (paths, service manager). Default: a "
+                                  "typical systemd host with vLLM in /opt/vllm.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
               help="Write the unit, env file and argv.json into this folder instead of printing.")
 @pass_app
@@ -178,7 +177,7 @@ def render(app, model, host_name, out_dir):
         out.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
 
-@click.command()
+@click.command(epilog=exit_codes("0 ok."))
 @click.option("--hosts", "for_hosts", is_flag=True, help="The inventory (hosts.yaml) schema instead.")
 def schema(for_hosts):
     """Print the JSON schema of model manifests (for editor completion and checks).
@@ -198,11 +197,12 @@ def schema(for_hosts):
         click.echo(json.dumps(manifest_schema(), indent=2))
 
 
-@click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.command(epilog=exit_codes("0 ok, 2 an inventory file is invalid."))
+@json_option("Print JSON.")
 @pass_app
 def hosts(app, as_json):
-    """List the hosts of the inventory (yours plus the SIMULATED ones of `vllm-orch sim up`).
+    """List the hosts of the inventory: yours, plus those of the extra inventory files (hosts.d),
+    such as the SIMULATED ones of `vllm-orch sim up`.
 
     \b
     Example:
@@ -217,12 +217,12 @@ def hosts(app, as_json):
     if not inv.hosts:
         console().print("No hosts. Write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`.")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table()
     for col in ("host", "address", "service manager", "models root", "vllm"):
         table.add_column(col)
     for h in inv.hosts.values():
-        table.add_row(h.name + (" [SIMULATED]" if h.simulated else ""), h.address, h.service_manager,
-                      h.models_root, h.vllm)
+        table.add_row(escape(h.display_name), h.address, h.service_manager, h.models_root, h.vllm)
     console().print(table)

@@ -8,28 +8,20 @@ import sys
 import click
 
 from orchestrator.cli.common import console, load_host_entry, load_model, pass_app
-
-
-def host_options(f):
-    f = click.option("--accept-new-host-key", is_flag=True,
-                     help="Trust and remember an SSH host key seen for the first time (like OpenSSH's "
-                          "accept-new). A changed key is always refused.")(f)
-    f = click.option("--host", "host_name", required=True, help="Inventory host name (see `vllm-orch hosts`).")(f)
-    return f
-
-
-def run_options(f):
-    f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live output).")(f)
-    f = click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")(f)
-    f = click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
-                     help="Skip a failing preflight check by name (shown as skipped in the plan).")(f)
-    f = click.option("--kill-foreign", is_flag=True,
-                     help="Also kill GPU processes that are not vLLM on the model's GPUs.")(f)
-    return f
+from orchestrator.cli.options import (
+    DEFAULT_EXIT_CODES,
+    dry_run_option,
+    exit_codes,
+    host_options,
+    json_option,
+    kill_foreign_option,
+    model_argument,
+    skip_check_option,
+)
 
 
 def make_options(skip_checks, kill_foreign, enable=False, yes=False):
-    from orchestrator.plan.steps import Options
+    from orchestrator.plan.run import Options
 
     return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks))
 
@@ -50,21 +42,22 @@ def finish(result, as_json: bool) -> None:
     sys.exit(code)
 
 
-@click.command()
-@click.argument("model")
+@click.command(epilog=exit_codes(DEFAULT_EXIT_CODES))
+@model_argument()
 @host_options
-@run_options
+@dry_run_option()
+@json_option()
+@skip_check_option
+@kill_foreign_option
 @click.option("--enable", is_flag=True, help="Also enable the unit so it starts at boot (systemd hosts).")
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, as_json, dry_run, skip_checks, kill_foreign, enable):
+def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
     Every step says what it will do or why there is nothing to do; --dry-run prints exactly that
     plan. Running it again when the model already serves unchanged does nothing.
 
-    \b
-    Exit codes: 0 ok, 1 failed, 2 bad input, 3 refused by a safety check.
     \b
     Examples:
       vllm-orch deploy kimi-k25-int4 --host sim --dry-run
@@ -82,11 +75,12 @@ def deploy(app, model, host_name, accept_new_host_key, as_json, dry_run, skip_ch
     finish(result, as_json)
 
 
-@click.command()
-@click.argument("model")
+@click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
+                                  "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host."))
+@model_argument()
 @host_options
-@click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME", help="Skip a check by name.")
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@skip_check_option
+@json_option("Print the checks as JSON.")
 @pass_app
 def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
     """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
@@ -96,15 +90,14 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
     Example:
       vllm-orch check kimi-k25-int4 --host sim
     """
-    from orchestrator.ops.deploy import make_ctx, session
-    from orchestrator.ops.execute import Reporter
-    from orchestrator.plan.steps import preflight_action
+    from orchestrator.ops.gather import for_check
+    from orchestrator.ops.session import session
+    from orchestrator.plan.prepare import preflight_action
 
     m = load_model(app, model)
     entry = load_host_entry(app, host_name)
-    with session(entry, f"check {m.name}", True, accept_new_host_key) as (host, _holder, _held):
-        ctx = make_ctx(host, entry, m, make_options(skip_checks, False), Reporter(None, quiet=True))
-        action, refusal = preflight_action(ctx)
+    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
+        action, refusal = preflight_action(for_check(s.host, entry, m, make_options(skip_checks, False), s.lock))
     if as_json:
         click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
                                "checks": action.details}, indent=2))

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from orchestrator import __version__
+from orchestrator.cli.options import exit_codes
 from orchestrator.errors import OrchestratorError
 
 # name -> ("module:attribute", one-line help). Listed in --help without importing the module.
@@ -68,15 +69,18 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
-                                              "max_content_width": 100})
+                                              "max_content_width": 100},
+             epilog=exit_codes("0 ok, 1 failed, 2 bad input, 3 refused by a safety check, 130 interrupted. "
+                               "Each command's --help says what they mean for it."))
 @click.version_option(__version__, prog_name="vllm-orch")
 @click.option("--models", "models_dir", type=click.Path(path_type=Path), envvar="VLLM_ORCH_MODELS",
               help="Folder of model manifests (*.yaml). Default: $VLLM_ORCH_MODELS, else ./models, "
                    "else the models shipped with vllm-orch.")
 @click.option("--inventory", "inventory_path", type=click.Path(path_type=Path),
               envvar="VLLM_ORCH_INVENTORY",
-              help="hosts.yaml. Default: ./hosts.yaml, else ~/.config/vllm-orch/hosts.yaml. "
-                   "Simulated hosts from `vllm-orch sim up` are always added.")
+              help="hosts.yaml. Default: ./hosts.yaml, else ~/.config/vllm-orch/hosts.yaml. The extra "
+                   "inventory files (hosts.d, e.g. the SIMULATED hosts of `vllm-orch sim up`) are always "
+                   "added.")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx, models_dir, inventory_path, debug):
@@ -91,6 +95,10 @@ def cli(ctx, models_dir, inventory_path, debug):
       vllm-orch deploy kimi-k25-int4 --host sim --dry-run
       vllm-orch deploy kimi-k25-int4 --host sim
       vllm-orch bench --host sim
+
+    \b
+    Shell completion (commands, options, model and host names), bash:
+      eval "$(_VLLM_ORCH_COMPLETE=bash_source vllm-orch)"
     """
     ctx.obj = AppContext(models_dir=models_dir, inventory_path=inventory_path, debug=debug)
 

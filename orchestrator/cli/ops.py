@@ -9,13 +9,23 @@ import time
 import click
 
 from orchestrator.cli.common import console, is_tty, load_host_entry, pass_app
-
-_KEY_OPTION = click.option("--accept-new-host-key", is_flag=True,
-                           help="Trust and remember an SSH host key seen for the first time.")
+from orchestrator.cli.options import (
+    accept_new_host_key_option,
+    complete_models,
+    dry_run_option,
+    exit_codes,
+    host_option,
+    host_options,
+    json_option,
+    model_argument,
+    yes_option,
+)
 
 
 def _manifest_lookups(app):
-    """(port_of, served_name_of) from the manifests, for a model loading before it is recorded."""
+    """(port_of, served_name_of, api_key_of) from the manifests: the port and served name of a model
+    loading before it is recorded, and the API key its probes need (VLLM_API_KEY from the
+    environment when the manifest lists it in serving.secret_env)."""
     from orchestrator.cli.common import resolved_models_dir
 
     cache: dict[str, object] = {}
@@ -38,18 +48,25 @@ def _manifest_lookups(app):
         m = manifest(name)
         return m.served_name if m is not None else None
 
-    return port_of, served_name_of
+    def api_key_of(name: str):
+        from orchestrator.render.artifacts import secrets_from_environ
+
+        m = manifest(name)
+        return secrets_from_environ(m).get("VLLM_API_KEY") if m is not None else None
+
+    return port_of, served_name_of, api_key_of
 
 
 # -- status ----------------------------------------------------------------------------------------
 
-@click.command()
-@click.option("--host", "host_names", multiple=True, metavar="H",
-              help="A host to ask (repeatable). Default: every host of the inventory.")
-@click.option("--json", "as_json", is_flag=True, help="Print a list with one object per host.")
-@_KEY_OPTION
+@click.command(epilog=exit_codes("0 every host answered, 1 a host could not be reached (shown with its "
+                                  "error), 2 bad input."))
+@host_option(required=False, multiple=True,
+             help="A host to ask (repeatable). Default: every host of the inventory.")
+@accept_new_host_key_option
+@json_option("Print a list with one object per host.")
 @pass_app
-def status(app, host_names, as_json, accept_new_host_key):
+def status(app, host_names, accept_new_host_key, as_json):
     """Show, per host: the active model and its state (loading / ready / failed / stopped),
     uptime, GPUs and their memory, GPU processes (service, left behind, foreign), KV-cache usage
     and running/waiting requests, disk use per model, the last deploy and the last benchmark.
@@ -61,9 +78,9 @@ def status(app, host_names, as_json, accept_new_host_key):
       vllm-orch status
       vllm-orch status --host sim --host gpu1 --json
     """
+    from orchestrator.cli.views import render_status
     from orchestrator.config.inventory import load_inventory
     from orchestrator.ops.status import gather_status
-    from orchestrator.cli.views import render_status
 
     if host_names:
         entries = [load_host_entry(app, name) for name in dict.fromkeys(host_names)]
@@ -74,8 +91,8 @@ def status(app, host_names, as_json, accept_new_host_key):
 
             raise ConfigError("no hosts in the inventory",
                               hint="write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`")
-    port_of, served_name_of = _manifest_lookups(app)
-    results = gather_status(entries, port_of, served_name_of, accept_new_host_key)
+    port_of, served_name_of, api_key_of = _manifest_lookups(app)
+    results = gather_status(entries, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
@@ -85,15 +102,15 @@ def status(app, host_names, as_json, accept_new_host_key):
 
 # -- history ---------------------------------------------------------------------------------------
 
-@click.command()
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@click.command(epilog=exit_codes("0 ok, 1 the host could not be reached, 2 bad input."))
+@host_options
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=30, show_default=True,
               help="Show the last N records.")
-@click.option("--model", "model", default=None, help="Only records about this model.")
-@click.option("--json", "as_json", is_flag=True, help="Print the records as a JSON list.")
-@_KEY_OPTION
+@click.option("--model", "model", default=None, help="Only records about this model.",
+              shell_complete=complete_models)
+@json_option("Print the records as a JSON list.")
 @pass_app
-def history(app, host_name, limit, model, as_json, accept_new_host_key):
+def history(app, host_name, accept_new_host_key, limit, model, as_json):
     """Show every deploy, swap, rollback, stop, gc and bench on a host, with timings and results
     (from history.jsonl in the host's state_dir).
 
@@ -101,9 +118,9 @@ def history(app, host_name, limit, model, as_json, accept_new_host_key):
     Example:
       vllm-orch history --host sim
     """
+    from orchestrator.cli.views import render_history
     from orchestrator.host.connect import open_host
     from orchestrator.host.state import read_history
-    from orchestrator.cli.views import render_history
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
@@ -119,17 +136,17 @@ def history(app, host_name, limit, model, as_json, accept_new_host_key):
 
 # -- logs ------------------------------------------------------------------------------------------
 
-@click.command()
-@click.argument("model")
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@click.command(epilog=exit_codes("0 ok, 1 the host could not be reached or its log could not be read, "
+                                  "2 bad input (no service of MODEL installed)."))
+@model_argument()
+@host_options
 @click.option("--since-deploy", is_flag=True,
               help="From the start of the last deploy/swap of MODEL (process hosts: its last start).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
 @click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True,
               help="How many of the last lines to show (without --since-deploy).")
-@_KEY_OPTION
 @pass_app
-def logs(app, model, host_name, since_deploy, follow, lines, accept_new_host_key):
+def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines):
     """Show a model service's log: journalctl -u vllm-MODEL on systemd hosts, the service's log
     file on process hosts. Streamed as it is read; -f follows until Ctrl-C.
 
@@ -138,11 +155,11 @@ def logs(app, model, host_name, since_deploy, follow, lines, accept_new_host_key
       vllm-orch logs kimi-k25-int4 --host sim --since-deploy
       vllm-orch logs kimi-k25-int4 --host gpu1 -f
     """
-    from orchestrator.host.connect import open_host
     from orchestrator.errors import ConfigError
-    from orchestrator.ops.stop import deploy_started_at
+    from orchestrator.host.connect import open_host
     from orchestrator.host.services import Service
     from orchestrator.host.state import read_history, read_json
+    from orchestrator.ops.stop import deploy_started_at
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
@@ -158,7 +175,7 @@ def logs(app, model, host_name, since_deploy, follow, lines, accept_new_host_key
                 since = time.time() - 24 * 3600   # no deploy on record: the last day (process: last start)
         svc = Service.for_host(host, entry, model)
         cmd = svc.log_command(follow=follow, since=since, lines=lines)
-        out = click.get_text_stream("stdout")
+        out = sys.stdout
 
         def emit(line: str) -> None:
             out.write(line + "\n")
@@ -175,46 +192,55 @@ def logs(app, model, host_name, since_deploy, follow, lines, accept_new_host_key
 
 # -- stop ------------------------------------------------------------------------------------------
 
-@click.command()
-@click.argument("model")
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.command(epilog=exit_codes("0 stopped (or already stopped; with --dry-run: the plan was shown), "
+                                  "1 GPUs not released, 2 bad input, 3 refused (lock held, MODEL not "
+                                  "installed)."))
+@model_argument()
+@host_options
+@dry_run_option("Show what would be stopped and killed, and change nothing on the host.")
+@json_option("Print the result as JSON.")
 @click.option("--gpu-timeout", type=click.FloatRange(min=0.1), default=None,
               help="Seconds to wait for GPU memory to be released (default 90).")
-@_KEY_OPTION
 @pass_app
-def stop(app, model, host_name, as_json, gpu_timeout, accept_new_host_key):
+def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeout):
     """Stop MODEL's service, then make sure its GPUs are really free: leftover VLLM::Worker
     processes of that model on its GPUs are killed (SIGTERM, then SIGKILL) and nvidia-smi is polled
     until their memory is released. Clears the active record if MODEL was active. Takes the host
     lock. Stopping a stopped model does nothing and says so.
 
     \b
-    Exit codes: 0 stopped (or already), 1 GPUs not released, 3 refused (lock held).
-    Example:
+    Examples:
+      vllm-orch stop kimi-k25-int4 --host sim --dry-run
       vllm-orch stop kimi-k25-int4 --host sim
     """
-    from orchestrator.ops.deploy import session
+    from orchestrator.ops.session import session
     from orchestrator.ops.stop import stop_model
-    from orchestrator.plan.steps import GPU_RELEASE_TIMEOUT_S, gpu_list
+    from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
     entry = load_host_entry(app, host_name)
     manifest_gpus = None
     try:
-        from orchestrator.config.manifest import get_manifest
         from orchestrator.cli.common import resolved_models_dir
+        from orchestrator.config.manifest import get_manifest
 
         manifest_gpus = get_manifest(model, resolved_models_dir(app))[0].serving.visible_devices
     except Exception:
         pass    # a manifest removed since the deploy: the active record or the processes say
     say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))
-    with session(entry, f"stop {model}", False, accept_new_host_key) as (host, _holder, _held):
-        res = stop_model(host, entry, model, manifest_gpus,
-                         release_timeout=gpu_timeout or GPU_RELEASE_TIMEOUT_S, say=say)
+    timeout = gpu_timeout or GPU_RELEASE_TIMEOUT_S
+    with session(entry, f"stop {model}", dry_run, accept_new_host_key) as s:
+        res = stop_model(s.host, entry, model, manifest_gpus, release_timeout=timeout, say=say,
+                         dry_run=dry_run)
+        lock_holder = s.lock.holder
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
         sys.exit(0 if res.ok else 1)
     c = console()
+    if dry_run:
+        from orchestrator.cli.views import render_stop_plan
+
+        render_stop_plan(c, entry, res, lock_holder, timeout)
+        return
     if res.nothing_to_do:
         c.print(f"{model} on {entry.name} is already stopped: nothing to do "
                 f"({res.gpus_free or 'no GPUs recorded'}).", markup=False)
@@ -235,31 +261,31 @@ def stop(app, model, host_name, as_json, gpu_timeout, accept_new_host_key):
 
 # -- gc --------------------------------------------------------------------------------------------
 
-@click.command()
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
-@click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
-@click.option("--yes", "-y", is_flag=True, help="Delete without asking.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan/result as JSON (needs --yes or --dry-run).")
-@_KEY_OPTION
+@click.command(epilog=exit_codes("0 ok, 1 a folder could not be deleted, 2 bad input, 3 refused (no "
+                                  "confirmation, lock held)."))
+@host_options
+@dry_run_option("Show what would be deleted; delete nothing.")
+@json_option("Print the plan/result as JSON (needs --yes or --dry-run).")
+@yes_option("delete the folders without asking (needed without a terminal)")
 @pass_app
-def gc(app, host_name, dry_run, yes, as_json, accept_new_host_key):
+def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
     """Delete managed model folders (direct children of models_root) that are not the active model
     and whose service is not running. Shows each with its size and last use and asks first; without
     a terminal it refuses unless --yes. Never deletes anything outside models_root.
 
     \b
-    Exit codes: 0 ok, 1 a folder could not be deleted, 3 refused (no confirmation, lock held).
     Example:
       vllm-orch gc --host sim --dry-run
     """
-    from orchestrator.ops.deploy import session
-    from orchestrator.errors import RefusedError
-    from orchestrator.ops.stop import gc_facts, plan_gc, run_gc
     from orchestrator.cli.views import render_gc_plan
+    from orchestrator.errors import RefusedError
+    from orchestrator.ops.session import session
+    from orchestrator.ops.stop import gc_facts, plan_gc, run_gc
 
     entry = load_host_entry(app, host_name)
     c = console()
-    with session(entry, "gc", dry_run, accept_new_host_key) as (host, holder, _held):
+    with session(entry, "gc", dry_run, accept_new_host_key) as s:
+        host, holder = s.host, s.lock.holder
         plan = plan_gc(gc_facts(host, entry))
         data = {"host": entry.name, "dry_run": dry_run,
                 "delete": [vars(x) for x in plan.delete], "keep": [list(k) for k in plan.keep],
@@ -284,7 +310,7 @@ def gc(app, host_name, dry_run, yes, as_json, accept_new_host_key):
     if as_json:
         click.echo(json.dumps({**data, **record}, indent=2))
     else:
-        from orchestrator.plan.steps import fmt_bytes
+        from orchestrator.fmt import fmt_bytes
 
         c.print(f"[bold]gc on {entry.name}:[/] deleted {len(record['deleted'])} folders, freed "
                 f"{fmt_bytes(record['freed_bytes'])}" + (f"; kept {len(record['kept'])} (see above)"

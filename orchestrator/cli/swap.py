@@ -5,21 +5,33 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, resolved_models_dir
-from orchestrator.cli.deploy import finish, host_options, make_options
+from orchestrator.cli.deploy import finish, make_options
+from orchestrator.cli.options import (
+    DEFAULT_EXIT_CODES,
+    dry_run_option,
+    exit_codes,
+    host_options,
+    json_option,
+    kill_foreign_option,
+    model_argument,
+    skip_check_option,
+    yes_option,
+)
 
 
-@click.command()
-@click.argument("model")
+@click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
+                                 "see the rollback line), 2 bad input, 3 refused by a safety check or for "
+                                 "want of --yes (nothing changed)."))
+@model_argument()
 @host_options
-@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
-@click.option("--yes", is_flag=True,
-              help="Accept an unstaged swap when the disk cannot hold both models (longer downtime, "
-                   "no rollback without a new download).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live output).")
-@click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME", help="Skip a failing preflight check.")
-@click.option("--kill-foreign", is_flag=True, help="Also kill non-vLLM GPU processes on the model's GPUs.")
+@dry_run_option()
+@json_option()
+@skip_check_option
+@kill_foreign_option
+@yes_option("accept an unstaged swap when the disk cannot hold both models (longer downtime, no "
+            "rollback without a new download); without it such a swap is refused")
 @pass_app
-def swap(app, model, host_name, accept_new_host_key, dry_run, yes, as_json, skip_checks, kill_foreign):
+def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
@@ -33,8 +45,8 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, yes, as_json, skip
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
       vllm-orch swap minimax-m25 --host gpu1
     """
-    from orchestrator.ops.execute import Reporter
     from orchestrator.config.manifest import load_all
+    from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
 
     m = load_model(app, model)
@@ -55,14 +67,14 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, yes, as_json, skip
     finish(result, as_json)
 
 
-@click.command()
+@click.command(epilog=exit_codes(DEFAULT_EXIT_CODES))
 @host_options
-@click.option("--dry-run", is_flag=True, help="Show the diffs and change nothing.")
+@dry_run_option("Show the diffs and change nothing on the host.")
+@json_option()
 @click.option("--restart", is_flag=True,
               help="Restart running services whose unit changed, through the readiness gates (with rollback).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_app
-def regen(app, host_name, accept_new_host_key, dry_run, restart, as_json):
+def regen(app, host_name, accept_new_host_key, dry_run, as_json, restart):
     """Re-render the units and env files of every model installed on a host from the current
     manifests and templates: a unified diff per file, then install what changed and daemon-reload.
     Running services keep running unless --restart.
@@ -72,8 +84,8 @@ def regen(app, host_name, accept_new_host_key, dry_run, restart, as_json):
       vllm-orch regen --host gpu1 --dry-run
       vllm-orch regen --host gpu1 --restart
     """
-    from orchestrator.ops.execute import Reporter
     from orchestrator.config.manifest import load_all
+    from orchestrator.ops.execute import Reporter
     from orchestrator.ops.regen import run_regen
 
     entry = load_host_entry(app, host_name)

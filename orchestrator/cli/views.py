@@ -9,8 +9,9 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.fmt import fmt_bytes
+from orchestrator.host.ownership import gpu_list
 from orchestrator.ops.status import HostStatus
-from orchestrator.plan.steps import fmt_bytes, gpu_list
 
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red"}
@@ -135,7 +136,8 @@ def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
 
 def render_host_details(console, r: HostStatus) -> None:
     """The per-host lines under the table: why this state, GPUs, processes, models, bench."""
-    head = f"[bold]{escape(r.host)}[/]{' (SIMULATED)' if r.simulated else ''}: {escape(r.active_model or 'no active model')} " \
+    head = f"[bold]{escape(r.host)}[/]{f' ({escape(r.label)})' if r.label else ''}: " \
+           f"{escape(r.active_model or 'no active model')} " \
            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/] - {escape(r.state_reason)}"
     if r.port:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
@@ -149,6 +151,9 @@ def render_host_details(console, r: HostStatus) -> None:
         console.print(f"  {gpu_lines(r.gpus)}", markup=False)
     for line, attention in process_lines(r.gpu_processes):
         console.print(f"  [yellow]{escape(line)}[/]" if attention else f"  {escape(line)}")
+    if r.engines and r.engines > 1 and r.kv_cache_usage is not None:
+        console.print(f"  KV cache: {_pct(r.kv_cache_usage)} mean over {r.engines} engines, "
+                      f"fullest {_pct(r.kv_cache_usage_max)}", markup=False)
     if r.models or r.disk:
         parts = [f"{m['name']} {fmt_bytes(m['bytes'])}" + (" *active*" if m["active"] else "")
                  + ("" if m["verified"] else " (not verified)") for m in r.models]
@@ -249,3 +254,32 @@ def render_gc_plan(console, entry, plan, holder: dict | None) -> None:
         table.add_row(escape(c.name), fmt_bytes(c.bytes), fmt_ago(c.last_used), "yes" if c.verified else "no")
     console.print(table)
     console.print(f"total: {fmt_bytes(plan.bytes)}")
+
+
+def render_stop_plan(console, entry, res, holder: dict | None, release_timeout: float) -> None:
+    """What `stop --dry-run` found and what a real stop would do (orchestrator.ops.stop.StopResult)."""
+    lines = [f"Plan: stop {res.model} on {entry.describe()}"]
+    if holder:
+        lines.append(f"  note: {holder.get('operation')} holds the lock ({holder.get('holder')}); a real stop "
+                     "would be refused now")
+    gpus = gpu_list(res.gpus) if res.gpus else "its GPUs"
+    if res.nothing_to_do:
+        lines.append(f"  nothing to do, because {res.model} is stopped and no process of it is left on {gpus}")
+    else:
+        steps = [f"stop the service ({res.was})" if res.was != "stopped" else
+                 "the service is already stopped: only what outlived it is left"]
+        if res.gpus:
+            procs = res.leftovers
+            if res.was == "stopped":     # orphans: each one is a process the stop will kill
+                there = ", ".join(f"{p['pid']} {p['name']} (GPU {p['gpu']})" for p in procs)
+            else:                        # the service's own processes, which its stop should end
+                there = f"{len(procs)} processes of it, e.g. PID {procs[0]['pid']} {procs[0]['name']}" if procs else ""
+            steps.append(f"kill what of it is still on {gpus} after the stop (SIGTERM, then SIGKILL)"
+                         + (f"; there now: {there}" if there else ""))
+            steps.append(f"wait up to {release_timeout:g}s until nvidia-smi shows their memory released")
+        if res.cleared_active:
+            steps.append(f"clear the active record ({res.model} is the active model)")
+        lines += [f"  {i}. {text}" for i, text in enumerate(steps, 1)]
+    lines.append("Dry run: nothing changed.")
+    for line in lines:
+        console.print(line, markup=False, soft_wrap=True)

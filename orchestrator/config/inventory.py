@@ -1,7 +1,9 @@
 """The host inventory (hosts.yaml): how to reach each host and where things live on it.
 
-Looked up from --inventory PATH, else ./hosts.yaml, else ~/.config/vllm-orch/hosts.yaml. The hosts
-of a running simulator (`vllm-orch sim up`) are always added. A host whose address is `local` is this
+Looked up from --inventory PATH, else ./hosts.yaml, else ~/.config/vllm-orch/hosts.yaml. Every
+`*.yaml` in the extra-inventory folder (`hosts_d()`) is always added: tools that provision hosts
+write one file there each (`vllm-orch sim up` writes its SIMULATED hosts there, `sim down` removes
+the file), so this module knows nothing of who wrote it. A host whose address is `local` is this
 machine, reached without SSH.
 """
 
@@ -14,9 +16,10 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from orchestrator.errors import ConfigError
+from orchestrator.config.checks import CheckName
 from orchestrator.config.manifest import ENV_NAME, SLUG, Strict, _check_text, validation_error
 from orchestrator.config.yamlsrc import YamlDoc, display_path
+from orchestrator.errors import ConfigError
 
 LOCAL = "local"
 
@@ -39,14 +42,15 @@ class HostEntry(Strict):
     models_root: str = Field("/var/lib/vllm-orch/models",
                              description="Folder holding one sub-folder per managed model. Nothing outside it is ever deleted.")
     vllm: str = Field("/opt/vllm/bin/vllm", description="The vLLM executable on the host (usually inside its venv).")
-    python: str | None = Field(
-        None, description="Python that runs host-side helper scripts (download, flag check); it needs "
-                          "huggingface_hub. Default: `python` beside the vllm executable (the vLLM venv).")
+    python: str = Field(
+        "", description="Python that runs host-side helper scripts (download, flag check); it needs "
+                        "huggingface_hub. Default (empty): `python` beside the vllm executable (the vLLM venv).")
     nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi executable.")
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
-    env_dir: str | None = Field(None, description="Where the 0600 env files go. Default: /etc/vllm-orch (systemd), units_dir (process).")
+    env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
+                                         "units_dir (process).")
     state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
-    log_dir: str | None = Field(None, description="Service logs for `process` hosts. Default: state_dir/../logs.")
+    log_dir: str = Field("", description="Service logs for `process` hosts. Default (empty): state_dir/../logs.")
     service_user: str = Field("root", description="User= of the rendered units.")
     models_disk_budget_gib: float | None = Field(
         None, gt=0, description="Most GiB that managed models may use in models_root (a disk budget); "
@@ -55,10 +59,18 @@ class HostEntry(Strict):
         default_factory=dict,
         description="Environment for every command vllm-orch runs on the host (e.g. HF_ENDPOINT for a "
                     "mirror, proxies). Not passed to the service: use the manifest's env for that.")
-    simulated: bool = Field(False, description="Set by `vllm-orch sim`: the host is SIMULATED.")
-    sim_scale: int | None = Field(
-        None, ge=1, description="Set by `vllm-orch sim`: file sizes on this SIMULATED host are 1/sim_scale "
-                                "of the real ones, and so is the manifest's disk reserve.")
+    label: str | None = Field(
+        None, max_length=40,
+        description="A short note shown beside the host's name in plans, `status`, `hosts` and bench "
+                    "reports, e.g. `staging` (`vllm-orch sim up` writes `SIMULATED`).")
+    disk_reserve_gib: float | None = Field(
+        None, ge=0, description="Free space to keep on this host's models disk, in GiB, instead of every "
+                                "manifest's requires.disk_reserve_gib (e.g. a host with a small "
+                                "dedicated models disk).")
+    skip_checks: list[CheckName] = Field(
+        default_factory=list,
+        description="Preflight checks always skipped on this host (shown as skipped \"(host setting)\" in "
+                    "plans), e.g. `[flags, env]` for a host whose Python cannot import vLLM.")
 
     @field_validator("name")
     @classmethod
@@ -67,19 +79,26 @@ class HostEntry(Strict):
             raise ValueError(f"{v!r} is not a lowercase slug")
         return v
 
-    @field_validator("address", "models_root", "vllm", "nvidia_smi", "units_dir", "state_dir")
+    @field_validator("address", "models_root", "vllm", "nvidia_smi", "units_dir", "state_dir", "label")
     @classmethod
-    def _text(cls, v: str) -> str:
-        return _check_text(v, "the value")
+    def _text(cls, v: str | None) -> str | None:
+        return v if v is None else _check_text(v, "the value")
+
+    @field_validator("skip_checks")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
 
     @field_validator("models_root", "units_dir", "state_dir", "env_dir", "log_dir")
     @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
+    def _absolute(cls, v: str) -> str:
+        if not v:
+            return v                                   # the default (env_dir, log_dir): filled in below
+        if not v.startswith("/"):
             raise ValueError(f"{v!r} must be an absolute path")
-        if v is not None and v.rstrip("/") in ("", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
+        if v.rstrip("/") in ("", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
             raise ValueError(f"{v!r} is too broad a folder for vllm-orch to manage")
-        return v.rstrip("/") if v else v
+        return v.rstrip("/")
 
     @field_validator("env")
     @classmethod
@@ -91,12 +110,12 @@ class HostEntry(Strict):
         return {k: str(val) for k, val in v.items()}
 
     @model_validator(mode="after")
-    def _defaults(self) -> "HostEntry":
-        if self.python is None:
+    def _defaults(self) -> HostEntry:
+        if not self.python:
             self.python = str(Path(self.vllm).with_name("python")) if "/" in self.vllm else "python3"
-        if self.env_dir is None:
+        if not self.env_dir:
             self.env_dir = self.units_dir if self.service_manager == "process" else "/etc/vllm-orch"
-        if self.log_dir is None:
+        if not self.log_dir:
             self.log_dir = str(Path(self.state_dir).parent / "logs")
         return self
 
@@ -104,10 +123,15 @@ class HostEntry(Strict):
     def is_local(self) -> bool:
         return self.address == LOCAL
 
+    @property
+    def display_name(self) -> str:
+        """The name with the host's label, e.g. `sim [SIMULATED]`."""
+        return f"{self.name} [{self.label}]" if self.label else self.name
+
     def describe(self) -> str:
         where = "this machine" if self.is_local else (
             f"{self.user + '@' if self.user else ''}{self.address}{':' + str(self.port) if self.port else ''}")
-        return f"{self.name} ({where}, {self.service_manager}{', SIMULATED' if self.simulated else ''})"
+        return f"{self.name} ({where}, {self.service_manager}{', ' + self.label if self.label else ''})"
 
 
 class Inventory(Strict):
@@ -126,7 +150,7 @@ class Inventory(Strict):
         return data
 
     @model_validator(mode="after")
-    def _keys(self) -> "Inventory":
+    def _keys(self) -> Inventory:
         for key, entry in self.hosts.items():
             if entry.name != key:
                 raise ValueError(f"hosts.{key}.name is {entry.name!r}; leave it out or make it {key!r}")
@@ -138,9 +162,24 @@ def config_dir() -> Path:
     return Path(base) / "vllm-orch"
 
 
-def sim_inventory_path() -> Path:
-    home = os.environ.get("VLLM_ORCH_SIM_HOME") or str(Path.home() / ".local/state/vllm-orch/sim")
-    return Path(home) / "inventory.yaml"
+def state_home() -> Path:
+    """vllm-orch's own files on this machine (the controller): $VLLM_ORCH_STATE_HOME, else
+    $XDG_STATE_HOME/vllm-orch, else ~/.local/state/vllm-orch."""
+    explicit = os.environ.get("VLLM_ORCH_STATE_HOME")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
+    return Path(base) / "vllm-orch"
+
+
+def hosts_d() -> Path:
+    """The extra-inventory folder: every `*.yaml` in it is added to the inventory (docs/user-guide.md)."""
+    return state_home() / "hosts.d"
+
+
+def extra_inventory_files() -> list[Path]:
+    folder = hosts_d()
+    return sorted(p for p in folder.glob("*.yaml") if p.is_file()) if folder.is_dir() else []
 
 
 def inventory_path(explicit: Path | None = None) -> Path | None:
@@ -166,18 +205,20 @@ def load_inventory_file(path: Path) -> Inventory:
 
 
 def load_inventory(explicit: Path | None = None) -> Inventory:
-    """The user's inventory (if any) plus the running simulator's hosts."""
+    """The user's inventory (if any) plus every extra inventory file of hosts_d(); a host name
+    defined twice is refused, naming both files."""
     hosts: dict[str, HostEntry] = {}
-    sim = sim_inventory_path()
-    if sim.is_file():
-        hosts.update(load_inventory_file(sim).hosts)
+    origin: dict[str, Path] = {}
     path = inventory_path(explicit)
-    if path is not None:
-        for name, entry in load_inventory_file(path).hosts.items():
+    for source in extra_inventory_files() + ([path] if path is not None else []):
+        for name, entry in load_inventory_file(source).hosts.items():
             if name in hosts:
-                raise ConfigError(f"{display_path(path)}: host {name!r} clashes with a SIMULATED host of "
-                                  f"`vllm-orch sim`; rename it or run `vllm-orch sim down`")
+                raise ConfigError(f"{display_path(source)}: host {name!r} is also defined in "
+                                  f"{display_path(origin[name])}",
+                                  hint=f"rename one of them; files in {hosts_d()} are written by tools "
+                                       "(`vllm-orch sim down` removes the simulator's)")
             hosts[name] = entry
+            origin[name] = source
     return Inventory(hosts=hosts)
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
 from orchestrator.paths import shipped_dir
-from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -225,9 +225,9 @@ class VllmArgs(Strict):
         return v
 
     @model_validator(mode="after")
-    def _cross(self) -> "VllmArgs":
+    def _cross(self) -> VllmArgs:
         if self.tensor_parallel_size % self.decode_context_parallel_size:
-            raise at("decode_context_parallel_size", 
+            raise at("decode_context_parallel_size",
                 f"decode_context_parallel_size ({self.decode_context_parallel_size}) must divide "
                 f"tensor_parallel_size ({self.tensor_parallel_size})")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
@@ -352,17 +352,17 @@ class Manifest(Strict):
         return {k: str(val) for k, val in v.items()}
 
     @model_validator(mode="after")
-    def _cross(self) -> "Manifest":
+    def _cross(self) -> Manifest:
         s, v = self.serving, self.vllm
         if s.gpu_ids is not None and len(s.gpu_ids) != s.gpus:
             raise at("serving.gpu_ids", f"serving.gpu_ids lists {len(s.gpu_ids)} GPUs but serving.gpus is {s.gpus}")
         if v.world_size != s.gpus:
-            raise at("vllm.tensor_parallel_size", 
+            raise at("vllm.tensor_parallel_size",
                 f"parallel sizes use {v.world_size} GPUs (tensor {v.tensor_parallel_size} x pipeline "
                 f"{v.pipeline_parallel_size} x data {v.data_parallel_size}) but serving.gpus is {s.gpus}")
         if re.search(r"minimax-m2", self.source.repo, re.I) and v.tensor_parallel_size == 8 \
                 and not v.enable_expert_parallel:
-            raise at("vllm.tensor_parallel_size", 
+            raise at("vllm.tensor_parallel_size",
                 "MiniMax-M2.5 does not support pure TP8: intermediate_size / 8 = 192 is not divisible by "
                 "the FP8 block size 128 (vllm recipes). Use tensor_parallel_size 4, or 8 with "
                 "enable_expert_parallel, or data_parallel_size 8 with enable_expert_parallel")
@@ -511,14 +511,3 @@ def manifest_schema() -> dict:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "vllm-orch model manifest"
     return schema
-
-
-def version_tuple(v: str) -> tuple[int, ...]:
-    """'0.33.0' -> (0, 33, 0); tolerant of suffixes like '0.33.0rc1' or '0.11.1+cu129'."""
-    parts = []
-    for piece in re.split(r"[.+-]", v):
-        m = re.match(r"\d+", piece)
-        if not m:
-            break
-        parts.append(int(m.group()))
-    return tuple(parts)

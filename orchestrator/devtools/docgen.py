@@ -48,8 +48,8 @@ def _table(model: type[BaseModel], prefix: str) -> tuple[list[str], list]:
 
 def reference() -> str:
     lines = ["# Manifest reference", "",
-             "Generated from the field descriptions in `orchestrator/manifest.py` and",
-             "`orchestrator/inventory.py` by `python -m orchestrator.devtools.docgen`; a test fails when this file",
+             "Generated from the field descriptions in `orchestrator/config/manifest.py` and",
+             "`orchestrator/config/inventory.py` by `python -m orchestrator.devtools.docgen`; a test fails when this file",
              "is out of date. `models/example.yaml` shows every field in use; `vllm-orch schema` prints",
              "the JSON schema for editors.", "",
              "## Model manifest (`models/NAME.yaml`)", ""]
@@ -60,7 +60,9 @@ def reference() -> str:
         rows, _ = _table(model, f"{path}.")
         lines += rows
     lines += ["", "## Host inventory (`hosts.yaml`: `hosts: {NAME: entry}`)", "",
-              "See `hosts.example.yaml`. A host named `local` with `address: local` is this machine.", ""]
+              "See `hosts.example.yaml`. A host named `local` with `address: local` is this machine. Every",
+              "`*.yaml` of the extra-inventory folder (`hosts.d/` in vllm-orch's state home, see",
+              "docs/user-guide.md) is read with the same schema.", ""]
     rows, _ = _table(HostEntry, "")
     lines += rows
     return "\n".join(lines) + "\n"

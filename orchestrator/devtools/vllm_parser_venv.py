@@ -3,7 +3,7 @@
 Why: preflight validates a rendered argv with the host's own vLLM parser. Tests (and anyone who wants
 to rehearse a check with `vllm-orch sim up --vllm-python PATH`) need a real vLLM without a GPU. The
 full `pip install vllm` pulls CUDA kernels worth many GB; the parser only needs vLLM's Python code,
-torch (a CPU build is enough) and the packages vLLM imports at import time (facts/test-hosts.md).
+torch (a CPU build is enough) and the packages vLLM imports at import time (listed below).
 
 The venv is built once per machine and recipe:
   ~/.cache/vllm-orch/vllm-0.33.0-parser-<recipe hash>/
@@ -31,7 +31,8 @@ from pathlib import Path
 VLLM_VERSION = "0.33.0"
 TORCH_VERSION = "2.13.0"   # vllm 0.33.0 pins 2.14.0; the parser does not care, and 2.13.0 CPU is on disk
 
-# The packages vLLM imports while building its parser (facts/test-hosts.md), with vLLM 0.33.0's own
+# The packages vLLM imports while building its parser (vllm.entrypoints.common.cli_args.make_arg_parser),
+# with vLLM 0.33.0's own
 # version specifiers from its wheel METADATA. Installed WITH their dependencies; vllm itself --no-deps.
 # Deliberately absent: fastapi's [standard] extra, flashinfer, triton, CUDA wheels, torchvision/audio.
 # xgrammar is installed --no-deps (with its other requirements): its only other dependency is triton
@@ -55,7 +56,7 @@ IMPORT_DEPS: tuple[str, ...] = (
     "ninja", "depyf==0.20.0", "numba==0.65.0",
 )
 
-# The argv that proves the venv works: Kimi-K2.5 INT4 on 8 GPUs (facts/vllm.md 1.2), plus the same
+# The argv that proves the venv works: Kimi-K2.5 INT4 on 8 GPUs (models/kimi-k25-int4.yaml), plus the same
 # parse must reject a removed flag.
 SMOKE_ARGV = ["serve", "moonshotai/Kimi-K2.5", "--tensor-parallel-size", "8",
               "--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2",

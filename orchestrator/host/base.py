@@ -14,8 +14,8 @@ from __future__ import annotations
 import shlex
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence, Union
 
 from orchestrator.errors import CommandFailed
 from orchestrator.secret import Secret, reveal
@@ -32,8 +32,8 @@ class Script:
         return self.display or self.text
 
 
-Arg = Union[str, Secret]
-Command = Union[Sequence[Arg], Script]
+Arg = str | Secret
+Command = Sequence[Arg] | Script
 
 
 def printable(cmd: Command) -> str:
@@ -50,10 +50,6 @@ def shell_text(cmd: Command) -> str:
     return " ".join(shlex.quote(reveal(a)) for a in cmd)
 
 
-def argv_revealed(cmd: Sequence[Arg]) -> list[str]:
-    return [reveal(a) for a in cmd]
-
-
 @dataclass
 class Result:
     cmd: str                      # printable form
@@ -66,7 +62,7 @@ class Result:
     def ok(self) -> bool:
         return self.exit_code == 0
 
-    def check(self, host: str = "", what: str = "") -> "Result":
+    def check(self, host: str = "", what: str = "") -> Result:
         if not self.ok:
             tail = (self.stderr or self.stdout).strip().splitlines()[-5:]
             raise CommandFailed(
@@ -113,8 +109,10 @@ class Host(ABC):
 
     @abstractmethod
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
-               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
-        """Run, calling on_line(line) for each stdout line as it arrives. stderr is collected."""
+               input: bytes | None = None, env: Mapping[str, str] | None = None,
+               sudo: bool | None = None) -> Result:
+        """Run, calling on_line(line) for each stdout line as it arrives. stderr is collected;
+        `input` is written to stdin, which is then closed."""
 
     @abstractmethod
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
@@ -127,13 +125,13 @@ class Host(ABC):
         """A connected socket-like object (sendall/recv/makefile/settimeout/close)."""
 
     def spawn(self, cmd: Command, *, env: Mapping[str, str] | None = None,
-              sudo: bool | None = None) -> "Spawned":
+              sudo: bool | None = None) -> Spawned:
         """Start a long-lived command whose stdin stays open until Spawned.close(): when this
         process dies (or the SSH connection drops) the command sees EOF. Used for the host lock."""
         raise NotImplementedError(f"{type(self).__name__} cannot spawn processes")
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - closing is optional: LocalHost holds nothing open
+        """Release the connection (SshHost); a no-op where there is none."""
 
     # -- helpers shared by implementations -------------------------------------------------------
     def wrap(self, cmd: Command, env: Mapping[str, str] | None, sudo: bool | None) -> str:

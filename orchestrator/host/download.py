@@ -1,31 +1,36 @@
 """Controller side of the Download step: run orchestrator/host/remote/download.py with the HOST's Python
 and turn its JSON lines into a plan, a rich progress bar and a result.
 
-Transport: the script is written with `host.put` to `<state_dir>/scripts/download-<sha12>.py`
-(content-addressed, once per Host object) and run as `python <that path> ARGS`. Piping it on stdin
-(`python - ARGS`) would save the put, but Host.stream has no stdin and the script must stream.
-The HF token never appears in argv or in the shell text: given as a Secret it is put into a 0600 file
-under `<state_dir>/secrets/` for the run and removed afterwards (or pass an existing `token_file`, or
-rely on HF_TOKEN already set in the host's environment).
+Transport: orchestrator/host/scripts.py (`python - ARGS`, the script on stdin), streamed so that
+progress arrives as the bytes do. The HF token never appears in argv or in the shell text: given
+as a Secret it is put into a 0600 file under `<state_dir>/secrets/` for the run and removed
+afterwards (or pass an existing `token_file`, or rely on HF_TOKEN already set in the host's
+environment).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-import weakref
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from orchestrator.errors import DeployFailed
+from orchestrator.host import scripts
 from orchestrator.host.base import Host
-from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 
+SCRIPT = "download.py"
 EVENTS = ("plan", "progress", "file", "error", "done")
 HINTS = {
     "auth": "set HF_TOKEN for the host (or a token file) and make sure the account has access to the repo",
@@ -34,8 +39,6 @@ HINTS = {
     "checksum": "run the deploy again; if a shard keeps failing, the hub (or a proxy) serves bad data",
     "disk": "free space under models_root or fix its permissions",
 }
-
-_installed: "weakref.WeakKeyDictionary[Host, set[str]]" = weakref.WeakKeyDictionary()
 
 
 def parse_event(line: str) -> dict | None:
@@ -52,27 +55,11 @@ def parse_event(line: str) -> dict | None:
     return None
 
 
-def script_bytes() -> bytes:
-    return package_file("host", "remote", "download.py").read_bytes()
-
-
-def install_script(host: Host, state_dir: str) -> str:
-    """Put the script on the host (skipped when this Host object already got this version)."""
-    data = script_bytes()
-    path = f"{state_dir.rstrip('/')}/scripts/download-{hashlib.sha256(data).hexdigest()[:12]}.py"
-    done = _installed.setdefault(host, set())
-    if path not in done:
-        host.put(path, data, 0o644)
-        done.add(path)
-    return path
-
-
-def download_argv(python: str, script: str, repo: str, revision: str, local_dir: str, *,
-                  allow: Iterable[str] = (), ignore: Iterable[str] = (), workers: int = 8,
-                  plan_only: bool = False, token_file: str | None = None,
-                  extra: Iterable[str] = ()) -> list[str]:
-    argv = [python, script, "--repo", repo, "--revision", revision, "--local-dir", local_dir,
-            "--workers", str(workers)]
+def download_args(repo: str, revision: str, local_dir: str, *, allow: Iterable[str] = (),
+                  ignore: Iterable[str] = (), workers: int = 8, plan_only: bool = False,
+                  token_file: str | None = None, extra: Iterable[str] = ()) -> list[str]:
+    """The download script's arguments (orchestrator/host/remote/download.py)."""
+    argv = ["--repo", repo, "--revision", revision, "--local-dir", local_dir, "--workers", str(workers)]
     for p in allow:
         argv += ["--allow", p]
     for p in ignore:
@@ -97,25 +84,23 @@ class _TokenFile:
     def __init__(self, host: Host, state_dir: str, token: Secret | None, token_file: str | None):
         self.host, self.token = host, token
         self.path = token_file
-        self.created = False
+        self.created: str | None = None          # the file this run wrote (and removes)
         if token:
-            self.path = f"{state_dir.rstrip('/')}/secrets/hf-token-{time.time_ns()}"
-            self.created = True
+            self.created = self.path = f"{state_dir.rstrip('/')}/secrets/hf-token-{time.time_ns()}"
 
     def __enter__(self) -> str | None:
-        if self.created:
-            self.host.put(self.path, self.token.reveal().encode(), 0o600)
+        if self.created and self.token:
+            self.host.put(self.created, self.token.reveal().encode(), 0o600)
         return self.path
 
     def __exit__(self, *exc) -> None:
         if self.created:
-            self.host.run(["rm", "-f", self.path], timeout=30)
+            self.host.run(["rm", "-f", self.created], timeout=30)
 
 
 def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,
                 env, *, state_dir: str, token, token_file, workers: int, plan_only: bool,
                 extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None):
-    script = install_script(host, state_dir)
     events: list[dict] = []
 
     def on_line(line: str) -> None:
@@ -128,9 +113,9 @@ def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: st
             on_event(event)
 
     with _TokenFile(host, state_dir, token, token_file) as tf:
-        argv = download_argv(python, script, repo, revision, local_dir, allow=allow, ignore=ignore,
-                             workers=workers, plan_only=plan_only, token_file=tf, extra=extra)
-        result = host.stream(argv, on_line=on_line, timeout=timeout, env=env)
+        args = download_args(repo, revision, local_dir, allow=allow, ignore=ignore, workers=workers,
+                             plan_only=plan_only, token_file=tf, extra=extra)
+        result = scripts.stream(host, python, SCRIPT, args, on_line=on_line, timeout=timeout, env=env)
     errors = [e for e in events if e["event"] == "error"]
     if errors:
         raise failure(host, errors[0], result.stderr)
@@ -195,7 +180,7 @@ class DownloadProgress:
         self.skipped = 0
         self.refetched = 0
 
-    def __enter__(self) -> "DownloadProgress":
+    def __enter__(self) -> DownloadProgress:
         self.progress.start()
         return self
 

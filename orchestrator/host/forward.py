@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 BUF = 256 * 1024
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
-
-import queue
 
 from orchestrator.host.base import Command, Host, Result, Spawned, printable
 
@@ -22,6 +21,7 @@ class LocalSpawned(Spawned):
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
+        assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             self.lines.put(raw.decode(errors="replace").rstrip("\n"))
         self.lines.put(None)
@@ -34,7 +34,8 @@ class LocalSpawned(Spawned):
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
         except OSError:
             pass
         try:
@@ -42,6 +43,14 @@ class LocalSpawned(Spawned):
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:          # the command exited without reading all of it
+        pass
 
 
 class LocalHost(Host):
@@ -60,12 +69,18 @@ class LocalHost(Host):
                       err.decode(errors="replace"), time.monotonic() - started)
 
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
-               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+               input: bytes | None = None, env: Mapping[str, str] | None = None,
+               sudo: bool | None = None) -> Result:
         started = time.monotonic()
         proc = subprocess.Popen(["sh", "-c", self.wrap(cmd, env, sudo)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.PIPE,
+                                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+        if input is not None:
+            threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
         err_chunks: list[bytes] = []
-        t = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr = proc.stderr
+        t = threading.Thread(target=lambda: err_chunks.append(stderr.read()), daemon=True)
         t.start()
         timer = threading.Timer(timeout, proc.kill)
         timer.start()

@@ -11,8 +11,8 @@ the simulated nvidia-smi. They accept every variant the orchestrator may meet:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 GPU_QUERY_FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "uuid",
                     "driver_version", "utilization.gpu")

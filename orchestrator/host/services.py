@@ -11,8 +11,8 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from orchestrator.host.base import Command, Host, Script
 from orchestrator.config.inventory import HostEntry
+from orchestrator.host.base import Command, Host, Script
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ServiceState:
     raw: dict | None = None
 
     @classmethod
-    def from_facts(cls, raw: dict | None) -> "ServiceState":
+    def from_facts(cls, raw: dict | None) -> ServiceState:
         raw = raw or {}
         pid = int(raw.get("MainPID") or 0) or None
         active_state = raw.get("ActiveState", "inactive")
@@ -37,13 +37,20 @@ class ServiceState:
 
 
 class Service:
-    """One model's service on one host."""
+    """One model's service on one host. Without a host (None) it only tells the commands it would
+    issue, which is all a plan needs to print them."""
 
-    def __init__(self, host: Host, entry: HostEntry, model: str):
-        self.host, self.entry, self.model = host, entry, model
+    def __init__(self, host: Host | None, entry: HostEntry, model: str):
+        self._host, self.entry, self.model = host, entry, model
+
+    @property
+    def host(self) -> Host:
+        if self._host is None:
+            raise RuntimeError("a Service without a host can only list its commands")
+        return self._host
 
     @staticmethod
-    def for_host(host: Host, entry: HostEntry, model: str) -> "Service":
+    def for_host(host: Host | None, entry: HostEntry, model: str) -> Service:
         return SystemdService(host, entry, model) if entry.service_manager == "systemd" \
             else ProcessService(host, entry, model)
 

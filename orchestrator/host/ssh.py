@@ -7,25 +7,24 @@ as the same shell text LocalHost runs (`Host.wrap`), so a plan reads the same fo
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import select
 import shlex
 import threading
 import time
 import uuid
-from typing import Callable, Mapping
-
-import logging
+from collections.abc import Callable, Mapping
 
 import paramiko
-
-# paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
-# those are expected and reported by the probes themselves.
-logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 from orchestrator.errors import ConnectError
 from orchestrator.host.base import Command, Host, Result, Spawned, printable
 from orchestrator.host.ssh_connect import Target, connect, resolve_target
+
+# paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
+# those are expected and reported by the probes themselves.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 TIMED_OUT = 124           # like coreutils `timeout` and LocalHost
 _GET_MISSING = 44         # exit code of the sudo `get` script when the file does not exist
@@ -47,7 +46,6 @@ class SshHost(Host):
             accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout,
             ssh_config=ssh_config)
         self.connects = 0              # how many times a connection was opened (1 per run, ideally)
-        self.connect_seconds = 0.0
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()       # guards _client
@@ -55,7 +53,7 @@ class SshHost(Host):
 
     @classmethod
     def from_inventory(cls, name: str, entry: Mapping, *, accept_new_host_key: bool = False,
-                       connect_timeout: float | None = None) -> "SshHost":
+                       connect_timeout: float | None = None) -> SshHost:
         """Build from an inventory entry (a dict; keys this class does not use are ignored)."""
         return cls(name, entry["address"], port=entry.get("port"), user=entry.get("user"),
                    identity_file=entry.get("identity_file"), sudo=bool(entry.get("sudo", False)),
@@ -70,11 +68,11 @@ class SshHost(Host):
             t = self._client.get_transport() if self._client else None
             if t is None or not t.is_active():
                 self._drop()
-                started = time.monotonic()
                 self._client = connect(self.target)
                 self.connects += 1
-                self.connect_seconds += time.monotonic() - started
                 t = self._client.get_transport()
+                if t is None:
+                    raise ConnectError(f"{self.target.where}: the SSH connection has no transport", host=self.name)
                 t.set_keepalive(30)
             return t
 
@@ -112,7 +110,8 @@ class SshHost(Host):
                       err.decode(errors="replace"), time.monotonic() - started)
 
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
-               env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+               input: bytes | None = None, env: Mapping[str, str] | None = None,
+               sudo: bool | None = None) -> Result:
         started = time.monotonic()
         lines: list[str] = []
         pending = bytearray()
@@ -125,7 +124,7 @@ class SshHost(Host):
                 lines.append(line)
                 on_line(line)
 
-        code, _, err = self._exec(self.wrap(cmd, env, sudo), timeout, None, feed,
+        code, _, err = self._exec(self.wrap(cmd, env, sudo), timeout, input, feed,
                                   self.sudo if sudo is None else sudo)
         if pending:
             lines.append(pending.decode(errors="replace"))
@@ -161,11 +160,11 @@ class SshHost(Host):
                             bytes(out), _strip_mark(err)[1] + b"\n(connection closed)")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    pgid, err = _strip_mark(err)
+                    pgid, errors = _strip_mark(err)
                     if pgid:
                         kill = f"kill -KILL -- -{pgid}"
                         self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None)
-                    return TIMED_OUT, bytes(out), err + \
+                    return TIMED_OUT, bytes(out), errors + \
                         f"\n(timed out after {timeout:g} s)".encode()
                 select.select([chan], [], [], min(remaining, 0.5))
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -177,8 +176,11 @@ class SshHost(Host):
     # -- files -----------------------------------------------------------------------------------
     def sftp(self) -> paramiko.SFTPClient:
         transport = self.transport()
-        if self._sftp is None or self._sftp.get_channel().closed:
+        channel = self._sftp.get_channel() if self._sftp is not None else None
+        if self._sftp is None or channel is None or channel.closed:
             self._sftp = paramiko.SFTPClient.from_transport(transport)
+            if self._sftp is None:
+                raise ConnectError(f"{self.target.where}: cannot open an SFTP session", host=self.name)
         return self._sftp
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:

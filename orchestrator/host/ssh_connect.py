@@ -13,8 +13,9 @@ import os
 import random
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
@@ -35,7 +36,7 @@ class Target:
     port: int = 22
     user: str = "root"
     identity_files: tuple[str, ...] = ()
-    jump: "Target | None" = None   # ProxyJump: one hop, reached first
+    jump: Target | None = None   # ProxyJump: one hop, reached first
     known_hosts_file: str = DEFAULT_KNOWN_HOSTS
     accept_new_host_key: bool = False
     connect_timeout: float = 10.0
@@ -151,12 +152,17 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
 
     fail = lambda cause: ConnectError(f"cannot connect to {target.where}: {cause}",  # noqa: E731
                                       host=target.name)
-    jump_client = client = sock = None
+    jump_client: paramiko.SSHClient | None = None
+    client: paramiko.SSHClient | None = None
+    sock: Any = None
     try:
         if target.jump is not None:
             jump_client = _connect_once(replace(target.jump, connect_timeout=target.connect_timeout),
                                         deadline)
-            sock = jump_client.get_transport().open_channel(
+            hop = jump_client.get_transport()
+            if hop is None:
+                raise fail("the jump host's connection has no transport")
+            sock = hop.open_channel(
                 "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=left())
         else:
             sock = socket.create_connection((target.hostname, target.port), timeout=left())
@@ -169,11 +175,11 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
         client.set_missing_host_key_policy(_HostKeyPolicy(target))
         remaining = left()
         client.connect(target.hostname, port=target.port, username=target.user, sock=sock,
-                       key_filename=list(target.identity_files) or None,
+                       key_filename=list(target.identity_files) or None,  # type: ignore[arg-type]
                        timeout=remaining, banner_timeout=remaining, auth_timeout=remaining,
                        channel_timeout=remaining, allow_agent=True,
                        look_for_keys=not target.identity_files)
-        client._vllm_orch_jump = jump_client        # keep the hop alive as long as the client
+        client._vllm_orch_jump = jump_client  # type: ignore[attr-defined]  # the hop lives as long as the client
         return client
     except (ConnectError, RefusedError):
         _close(client, jump_client, sock)

@@ -17,17 +17,17 @@ import os
 import shlex
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from orchestrator.errors import RefusedError
-from orchestrator.host.base import Host, Script
 from orchestrator.config.inventory import HostEntry
+from orchestrator.errors import RefusedError
+from orchestrator.host.base import Host, Script, Spawned
 
 LOCK_BUSY_EXIT = 75
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _path(entry: HostEntry, *parts: str) -> str:
@@ -59,6 +59,15 @@ def write_active(host: Host, entry: HostEntry, record: dict | None) -> None:
         write_json(host, _path(entry, "active.json"), record)
 
 
+def update_active(host: Host, entry: HostEntry, model: str, **fields) -> bool:
+    """Change some fields of active.json when MODEL is the active one (False when it is not)."""
+    record = read_active(host, entry)
+    if not isinstance(record, dict) or record.get("model") != model:
+        return False
+    write_active(host, entry, {**record, **fields})
+    return True
+
+
 def write_installed(host: Host, entry: HostEntry, model: str, record: dict) -> None:
     write_json(host, _path(entry, "installed", f"{model}.json"), record)
 
@@ -81,8 +90,10 @@ def read_history(host: Host, entry: HostEntry) -> list[dict]:
     return out
 
 
-def touch_usage(host: Host, entry: HostEntry, model: str, usage: dict) -> None:
-    write_json(host, _path(entry, "usage.json"), {**usage, model: time.time()})
+def touch_usage(host: Host, entry: HostEntry, model: str) -> None:
+    """Record that MODEL was started now (least-recently-used disk eviction reads this)."""
+    usage = read_json(host, _path(entry, "usage.json"))
+    write_json(host, _path(entry, "usage.json"), {**(usage if isinstance(usage, dict) else {}), model: time.time()})
 
 
 def whoami() -> str:
@@ -98,7 +109,7 @@ class HostLock:
 
     def __init__(self, host: Host, entry: HostEntry, operation: str, timeout: float = 15.0):
         self.host, self.entry, self.operation, self.timeout = host, entry, operation, timeout
-        self._proc = None
+        self._proc: Spawned | None = None
 
     @property
     def path(self) -> str:

@@ -1,4 +1,5 @@
-"""Running a plan: each action in order, timed, shown live; the first failure stops the run.
+"""Running a plan: each action in order, timed, shown live; the first failure stops the run and
+runs the plan's recovery branch for that step, if it has one (a swap's rollback).
 
 The Reporter is the only thing that prints: a live step list for people (rich), or nothing until
 the end for --json. Readiness shows the loading phase and the latest log line while it waits.
@@ -8,10 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from rich.markup import escape
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.host.base import printable
-from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.model import Action, Plan, Recovery
+from orchestrator.plan.run import RunEnv
 
 
 @dataclass
@@ -33,8 +38,7 @@ class Reporter:
     def __init__(self, console=None, quiet: bool = False):
         self.console = console
         self.quiet = quiet or console is None
-        self._status = None
-        self._last_log = ""
+        self._status: Any = None                     # a rich Status while readiness waits
 
     def print(self, text: str = "", **kw) -> None:
         if not self.quiet:
@@ -44,19 +48,21 @@ class Reporter:
         if not self.quiet:
             self.console.print(plan.text(), markup=False, highlight=False, soft_wrap=True)
 
-    def step_start(self, index: int, total: int, action: Action) -> None:
+    def step_start(self, index: int | str, total: int, action: Action) -> None:
         if self.quiet:
             return
-        self.console.print(f"[bold]\\[{index}/{total}] {action.step}[/]: {action.summary}", soft_wrap=True)
+        self.console.print(f"[bold]\\[{index}/{total}] {escape(action.step)}[/]: {escape(action.summary)}",
+                           soft_wrap=True)
         for c in action.commands:
             self.console.print(f"      $ {printable(c)}", markup=False, highlight=False, soft_wrap=True)
         if action.step == "ready":
             self._status = self.console.status("starting...", spinner="dots")
             self._status.start()
 
-    def step_skip(self, index: int, total: int, action: Action) -> None:
+    def step_skip(self, index: int | str, total: int, action: Action) -> None:
         if not self.quiet:
-            self.console.print(f"[dim]\\[{index}/{total}] {action.step}: {action.summary}[/]", soft_wrap=True)
+            self.console.print(f"[dim]\\[{index}/{total}] {escape(action.step)}: {escape(action.summary)}[/]",
+                               soft_wrap=True)
 
     def step_end(self, res: StepResult) -> None:
         self._stop_status()
@@ -65,7 +71,7 @@ class Reporter:
         style = {"done": "green", "skipped": "dim", "failed": "red"}.get(res.status, "")
         mark = {"done": "ok", "skipped": "skip", "failed": "FAILED"}.get(res.status, res.status)
         text = res.result or (res.summary if res.status == "skipped" else "")
-        self.console.print(f"      [{style}]{mark}[/] {res.seconds:6.1f}s  {text}", soft_wrap=True)
+        self.console.print(f"      [{style}]{mark}[/] {res.seconds:6.1f}s  {escape(text)}", soft_wrap=True)
 
     def _stop_status(self) -> None:
         if self._status is not None:
@@ -76,13 +82,12 @@ class Reporter:
         if self.quiet:
             return
         if kind == "gate":
-            self.console.print(f"      [green]gate passed[/]: {text}")
+            self.console.print(f"      [green]gate passed[/]: {escape(text)}")
         elif kind == "phase":
-            self.console.print(f"      [cyan]loading[/]: {text}")
+            self.console.print(f"      [cyan]loading[/]: {escape(text)}")
         elif kind == "log":
-            self._last_log = text
             if self._status is not None:
-                self._status.update(f"[dim]{text[:110]}[/]")
+                self._status.update(f"[dim]{escape(text[:110])}[/]")
         else:
             self.console.print(f"      {text}", markup=False)
 
@@ -91,54 +96,91 @@ class Reporter:
 
 
 @dataclass
-class RunOutcome:
+class RecoveryOutcome:
+    title: str
     ok: bool
     results: list[StepResult] = field(default_factory=list)
     error: OrchestratorError | None = None
     seconds: float = 0.0
 
+    def as_dict(self) -> dict:
+        return {"title": self.title, "ok": self.ok, "seconds": round(self.seconds, 3),
+                "error": str(self.error) if self.error else None,
+                "steps": [r.as_dict() for r in self.results]}
+
+
+@dataclass
+class RunOutcome:
+    ok: bool
+    results: list[StepResult] = field(default_factory=list)
+    error: OrchestratorError | None = None
+    seconds: float = 0.0
+    recovery: RecoveryOutcome | None = None
+
     def timings(self) -> dict[str, float]:
         return {r.step: round(r.seconds, 3) for r in self.results if r.status in ("done", "failed")}
 
 
-def run_plan(plan: Plan, ctx, reporter: Reporter, start_at: int = 0) -> RunOutcome:
-    """Execute the actions; a no-op runs only its bookkeeping `run` (if any) and counts as skipped."""
-    outcome = RunOutcome(ok=True)
-    t_all = time.monotonic()
-    total = len(plan.actions)
-    for i, action in enumerate(plan.actions[start_at:], start_at + 1):
+def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, results: list[StepResult],
+                 total: int) -> OrchestratorError | None:
+    """Run actions in order; the first OrchestratorError stops them and is returned."""
+    for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
         if action.noop:
             if action.run is not None:
-                action.run(ctx)
-            res = StepResult(action.step, "skipped", action.summary, time.monotonic() - t0)
-            outcome.results.append(res)
-            reporter.step_skip(i, total, action)
+                action.run(env)
+            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
+            reporter.step_skip(label(i), total, action)
             continue
-        reporter.step_start(i, total, action)
+        reporter.step_start(label(i), total, action)
         try:
             if action.run is not None:
-                result = action.run(ctx)
+                result = action.run(env)
             else:
                 for cmd in action.commands:
-                    ctx.host.run(cmd, timeout=600).check(ctx.entry.name, f"{action.step}: {printable(cmd)}")
+                    env.host.run(cmd, timeout=600).check(env.entry.name, f"{action.step}: {printable(cmd)}")
                 result = None
         except OrchestratorError as err:
             err.step = err.step or action.step
-            err.host = err.host or ctx.entry.name
+            err.host = err.host or env.entry.name
             res = StepResult(action.step, "failed", action.summary, time.monotonic() - t0, str(err.message))
-            outcome.results.append(res)
+            results.append(res)
             reporter.step_end(res)
-            outcome.ok, outcome.error = False, err
-            break
+            return err
         except BaseException:
             reporter.close()
             raise
         res = StepResult(action.step, "done", action.summary, time.monotonic() - t0, result)
-        outcome.results.append(res)
+        results.append(res)
         reporter.step_end(res)
-    for action in plan.actions[len(outcome.results) + start_at:]:
+    return None
+
+
+def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter) -> RecoveryOutcome:
+    t0 = time.monotonic()
+    reporter.print(f"[yellow]recovery: {recovery.title}[/]")
+    out = RecoveryOutcome(recovery.title, ok=True)
+    err = _run_actions(recovery.actions, env, reporter, lambda i: f"r{i}", out.results, len(recovery.actions))
+    out.ok, out.error, out.seconds = err is None, err, time.monotonic() - t0
+    return out
+
+
+def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:
+    """Execute the actions; a no-op runs only its bookkeeping `run` (if any) and counts as skipped.
+    On a failure, the recovery branch covering the failed step runs, and its outcome is kept."""
+    outcome = RunOutcome(ok=True)
+    t_all = time.monotonic()
+    err = _run_actions(plan.actions, env, reporter, lambda i: i, outcome.results, len(plan.actions))
+    for action in plan.actions[len(outcome.results):]:
         outcome.results.append(StepResult(action.step, "not-run", action.summary))
+    if err is not None:
+        outcome.ok, outcome.error = False, err
+        failed_at = next(i for i, r in enumerate(outcome.results, 1) if r.status == "failed")
+        recovery = plan.recovery_for(failed_at)
+        if recovery is not None:
+            outcome.recovery = run_recovery(recovery, env, reporter)
+            err.details = err.details + [f"{recovery.title}: " + (
+                "done" if outcome.recovery.ok else f"FAILED: {outcome.recovery.error}")]
     outcome.seconds = time.monotonic() - t_all
     reporter.close()
     return outcome

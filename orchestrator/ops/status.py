@@ -2,8 +2,11 @@
 
 Per host: one facts round trip (orchestrator/facts.py), one for the history tail and the host's
 uptime clock, and up to three HTTP probes through the host (/health, /v1/models, /metrics) when a
-service runs. Hosts are asked in parallel, one thread and one connection each; a host that cannot
-be reached is a row with its error, never a crash of the whole command.
+service runs, carrying the service's API key when its manifest names one (VLLM_API_KEY in
+serving.secret_env, taken from the environment). /metrics is aggregated across vLLM's DP engines
+by probe/metrics.py: KV usage is the per-engine mean (and max), requests are sums.
+Hosts are asked in parallel, one thread and one connection each; a host that cannot be reached is a
+row with its error, never a crash of the whole command.
 
 The state of a host is decided by a pure function (`decide_state`) from the service state and the
 probe answers, so the rules are unit-tested without a host:
@@ -19,17 +22,18 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
-from orchestrator.host.base import Host, Script
 from orchestrator.config.inventory import HostEntry
+from orchestrator.host.base import Host, Script
+from orchestrator.probe import api as probes
+from orchestrator.secret import Secret
 
 DEPLOY_OPS = ("deploy", "swap", "rollback")
 HISTORY_TAIL = 500          # lines of history.jsonl read for the last deploy / bench
 PROBE_TIMEOUT_S = 3.0
-KV_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")   # new name, then the pre-0.11 one
 
 
 @dataclass
@@ -37,7 +41,7 @@ class HostStatus:
     host: str
     reachable: bool = True
     error: str | None = None
-    simulated: bool = False
+    label: str | None = None         # the host's inventory label, e.g. SIMULATED
     active_model: str | None = None
     served_name: str | None = None
     port: int | None = None
@@ -49,7 +53,9 @@ class HostStatus:
     gpus: list[dict] = field(default_factory=list)
     gpu_error: str | None = None
     gpu_processes: list[dict] = field(default_factory=list)
-    kv_cache_usage: float | None = None
+    kv_cache_usage: float | None = None          # mean over the service's engines (0..1)
+    kv_cache_usage_max: float | None = None      # the fullest engine
+    engines: int | None = None                   # engines reporting metrics (DP size)
     requests_running: float | None = None
     requests_waiting: float | None = None
     disk: dict = field(default_factory=dict)
@@ -170,16 +176,19 @@ def pick_model(active: dict | None, running: list[str]) -> str | None:
 
 def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = None,
                 served_name_of: Callable[[str], str | None] | None = None,
-                accept_new_host_key: bool = False) -> HostStatus:
-    """Status of one host. Never raises: errors become HostStatus(reachable=False, error=...)."""
+                accept_new_host_key: bool = False,
+                api_key_of: Callable[[str], Secret | None] | None = None) -> HostStatus:
+    """Status of one host. Never raises: errors become HostStatus(reachable=False, error=...).
+    The callbacks map a model name to its manifest's port, served name and API key."""
     from orchestrator.host.connect import open_host
 
     t0 = time.monotonic()
-    st = HostStatus(host=entry.name, simulated=entry.simulated)
+    st = HostStatus(host=entry.name, label=entry.label)
     host = None
     try:
         host = open_host(entry, accept_new_host_key)
-        _fill(st, host, entry, port_of or (lambda _m: None), served_name_of or (lambda _m: None))
+        _fill(st, host, entry, port_of or (lambda _m: None), served_name_of or (lambda _m: None),
+              api_key_of or (lambda _m: None))
     except Exception as exc:   # one host's failure is that host's row, not the command's crash
         st.reachable, st.state = False, "unreachable"
         st.error = str(exc) or type(exc).__name__
@@ -194,8 +203,7 @@ def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = 
     return st
 
 
-def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of) -> None:
-    from orchestrator.probe import api as probes
+def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of, api_key_of) -> None:
     from orchestrator.host.facts import gather
 
     active, history, host_uptime, lock_holder = read_extras(host, entry)
@@ -210,28 +218,16 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of)
     st.served_name = (rec or {}).get("served_name") or (served_name_of(model) if model else None)
 
     svc = facts.services.get(model) if model else None
-    health = listed = None
+    health = listed = auth_problem = None
     if svc is not None and svc.active:
         st.main_pid = svc.main_pid
         st.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
         if st.port:
-            health = probes.health(host, st.port, timeout=PROBE_TIMEOUT_S)
-            if health == 200:
-                try:
-                    names = [c.get("id") for c in probes.served_models(host, st.port, timeout=PROBE_TIMEOUT_S)]
-                    listed = st.served_name in names if st.served_name else bool(names)
-                except Exception:
-                    listed = False
-                try:
-                    samples = probes.metrics(host, st.port, timeout=PROBE_TIMEOUT_S)
-                    kv = next((samples[k] for k in KV_METRICS if k in samples), None)
-                    st.kv_cache_usage = kv
-                    st.requests_running = samples.get("vllm:num_requests_running")
-                    st.requests_waiting = samples.get("vllm:num_requests_waiting")
-                except Exception:
-                    pass
+            health, listed, auth_problem = _probe(st, probes.Endpoint(host, st.port, api_key_of(model)))
     st.state, st.state_reason = decide_state(bool(svc and svc.active), bool(svc and svc.failed),
                                              health, listed)
+    if auth_problem:
+        st.state_reason += f"; {auth_problem}"
     if st.state == "loading" and not st.port:
         st.state_reason += " (port unknown: no manifest and no active record)"
 
@@ -253,12 +249,37 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of)
     st.last_bench = bench_summary(last_record(history, ("bench",)))
 
 
+def _probe(st: HostStatus, ep: probes.Endpoint) -> tuple[int | None, bool | None, str | None]:
+    """(/health status, served name listed?, why /v1/models could not be read), and the /metrics
+    figures into `st`."""
+    health = probes.health(ep, timeout=PROBE_TIMEOUT_S)
+    if health != 200:
+        return health, None, None
+    listed, auth_problem = None, None
+    try:
+        names = probes.served_models(ep, timeout=PROBE_TIMEOUT_S)
+        listed = st.served_name in names if st.served_name else bool(names)
+    except probes.Unauthorized as exc:
+        auth_problem = f"{exc} (export VLLM_API_KEY; the manifest lists it in serving.secret_env)"
+    except probes.HttpError:
+        listed = False
+    try:
+        snap = probes.fetch_metrics(ep, timeout=PROBE_TIMEOUT_S)
+    except (probes.HttpError, ValueError):          # MetricsError is a ValueError
+        return health, listed, auth_problem
+    st.kv_cache_usage, st.kv_cache_usage_max = snap["kv_cache_usage_perc"], snap["kv_cache_usage_perc_max"]
+    st.requests_running, st.requests_waiting = snap["running"], snap["waiting"]
+    st.engines = int(snap["engines"]) if snap["engines"] else None
+    return health, listed, auth_problem
+
+
 def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
-                  accept_new_host_key: bool = False, max_workers: int = 32) -> list[HostStatus]:
+                  accept_new_host_key: bool = False, max_workers: int = 32,
+                  api_key_of: Callable[[str], Secret | None] | None = None) -> list[HostStatus]:
     """Every host at once (one thread and one connection per host), in the order given."""
     if not entries:
         return []
     with ThreadPoolExecutor(max_workers=min(max_workers, len(entries))) as pool:
-        futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key)
+        futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key, api_key_of)
                    for e in entries]
         return [f.result() for f in futures]

@@ -16,15 +16,15 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
-from orchestrator.host import nvidia_smi as gpu
-from orchestrator.host import state
-from orchestrator.errors import CommandFailed, DeployFailed, RefusedError
-from orchestrator.host.facts import GpuProc, HostFacts, gather
-from orchestrator.host.base import Host, Script
 from orchestrator.config.inventory import HostEntry
+from orchestrator.errors import DeployFailed, RefusedError
+from orchestrator.fmt import fmt_bytes
+from orchestrator.host import state
+from orchestrator.host.base import Host, Script
+from orchestrator.host.facts import HostFacts, gather
+from orchestrator.host.ownership import Holders, Proc, gpu_list, holders, kill_commands, read_gpus, wait_released
 from orchestrator.host.services import Service
-from orchestrator.plan.steps import GPU_RELEASE_TIMEOUT_S, fmt_bytes, gpu_list, kill_commands, wait_gpus_free
-
+from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
 # -- stop ------------------------------------------------------------------------------------------
 
@@ -43,6 +43,8 @@ class StopResult:
     nothing_to_do: bool = False
     seconds: float = 0.0
     error: str | None = None
+    dry_run: bool = False                # nothing done: `leftovers` and `cleared_active` say what would be
+    leftovers: list[dict] = field(default_factory=list)  # on its GPUs now, killed if they outlive the stop
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
@@ -62,37 +64,21 @@ def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) ->
                    if p.gpu_index is not None and model in (p.owner, p.left_by)})
 
 
-def leftovers(procs: list[GpuProc], model: str, gpus: list[int]) -> list[GpuProc]:
-    """Processes stop may kill: on the model's GPUs only; the model's own (owner / left_by), or
-    vLLM processes that no managed service owns. Never another model's, never a foreign one."""
-    out = []
-    for p in procs:
-        if not p.pid or p.gpu_index is None or p.gpu_index not in gpus:
-            continue
-        if model in (p.owner, p.left_by):
-            out.append(p)
-        elif p.owner is None and p.left_by is None and p.vllm_like:
-            out.append(p)
-    return out
+def leftovers(facts: HostFacts, model: str, gpus: list[int]) -> Holders:
+    """The processes on the model's GPUs, sorted by the one ownership rule (orchestrator.host.ownership)
+    as if the model's service were being stopped: its own and what was abandoned may be killed."""
+    return holders(facts.procs, [], model, gpus, stopping={model})
 
 
-def gpu_apps(host: Host, entry: HostEntry, gpus: list[int]) -> dict[int, int]:
-    """{pid: gpu index} of the compute processes nvidia-smi lists on these GPUs now."""
-    r = host.run(gpu.query_gpus_argv(entry.nvidia_smi))
-    a = host.run(gpu.query_compute_apps_argv(entry.nvidia_smi))
-    if not (r.ok and a.ok):
-        raise CommandFailed(f"nvidia-smi failed: {(r.stderr or a.stderr).strip()[-200:]}",
-                            host=entry.name, step="gpus")
-    by_uuid = {g.uuid: g.index for g in gpu.parse_gpus(r.stdout, gpu.GPU_QUERY_FIELDS)}
-    return {x.pid: by_uuid[x.gpu_uuid]
-            for x in gpu.parse_compute_apps(a.stdout, gpu.COMPUTE_APPS_FIELDS)
-            if by_uuid.get(x.gpu_uuid) in gpus}
+def _rows(procs: list[Proc]) -> list[dict]:
+    return [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib} for p in procs]
 
 
 def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int] | None = None,
                release_timeout: float = GPU_RELEASE_TIMEOUT_S, poll: float = 0.5,
-               say=lambda text: None) -> StopResult:
-    """Stop MODEL on a host whose lock the caller holds. Idempotent."""
+               say=lambda text: None, dry_run: bool = False) -> StopResult:
+    """Stop MODEL on a host whose lock the caller holds. Idempotent. dry_run: read the facts and say
+    what a stop would do; change nothing (no lock needed)."""
     t0 = time.monotonic()
     res = StopResult(entry.name, model)
     facts = gather(host, entry, [model])
@@ -104,10 +90,16 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     res.was = "running" if svc_state and svc_state.active else ("failed" if svc_state and svc_state.failed
                                                                   else "stopped")
     res.gpus = model_gpus(facts, model, manifest_gpus)
-    before = leftovers(facts.procs, model, res.gpus)
+    held = leftovers(facts, model, res.gpus)
+    before = held.ours + held.kill
     if res.was != "running":
-        res.orphans = [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib}
-                       for p in before]
+        res.orphans = _rows(before)
+    if dry_run:
+        res.dry_run = True
+        res.leftovers = _rows(before)
+        res.cleared_active = (facts.active or {}).get("model") == model
+        res.nothing_to_do = res.was == "stopped" and not before and not res.cleared_active
+        return res
     svc = Service.for_host(host, entry, model)
     if res.was != "stopped" or before:
         say(f"stopping {model} ({res.was}" + (f", PID {svc_state.main_pid}" if svc_state and svc_state.main_pid
@@ -116,7 +108,8 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
         res.stopped_service = res.was != "stopped"
     # What the stop left on the model's GPUs (orphaned workers outlive a SIGKILLed parent).
     if res.gpus:
-        still = gpu_apps(host, entry, res.gpus)
+        _gpus, apps = read_gpus(host, entry)
+        still = [a.pid for i in res.gpus for a in apps.get(i, [])]
         candidates = {p.pid: p for p in before}
         # A process of ours that escaped the group/cgroup is still attributed by the pre-stop facts;
         # one that is new on our GPUs and vLLM-like is re-read from fresh facts.
@@ -124,22 +117,21 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
         unknown = [pid for pid in still if pid not in candidates]
         if unknown:
             fresh = gather(host, entry, [model])
-            victims += [p for p in leftovers(fresh.procs, model, res.gpus) if p.pid in unknown]
+            again = leftovers(fresh, model, res.gpus)
+            victims += [p for p in again.ours + again.kill if p.pid in unknown]
         if victims:
             pids = sorted({p.pid for p in victims})
             say(f"killing {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
                 f"{gpu_list(res.gpus)}: " + ", ".join(f"{p.pid} {p.name}" for p in victims))
             for cmd in kill_commands(pids):
                 host.run(cmd, timeout=60).check(entry.name, "kill leftover GPU processes")
-            res.killed = [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib}
-                          for p in victims]
-        others = [p for p in facts.procs if p.gpu_index in res.gpus and p.owner and p.owner != model]
-        if others:
-            res.gpus_free = (f"not waited for: {', '.join(sorted({p.owner for p in others}))} also runs on "
-                             f"{gpu_list(res.gpus)}")
+            res.killed = _rows(victims)
+        if held.others:
+            res.gpus_free = (f"not waited for: {', '.join(sorted({p.model or '?' for p in held.others}))} also "
+                             f"runs on {gpu_list(res.gpus)}")
         else:
             try:
-                res.gpus_free = wait_gpus_free(host, entry, res.gpus, release_timeout, poll)
+                res.gpus_free = wait_released(host, entry, res.gpus, release_timeout, poll)
             except DeployFailed as exc:
                 res.ok, res.error = False, str(exc.message)
     if (facts.active or {}).get("model") == model:
@@ -219,7 +211,8 @@ def delete_script(models_root: str, name: str) -> Script:
 def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) -> dict:
     """Delete the planned folders (the caller holds the lock and has the user's go-ahead)."""
     t0 = time.monotonic()
-    deleted, kept = [], []
+    deleted: list[dict] = []
+    kept: list[dict] = []
     for c in plan.delete:
         r = host.run(delete_script(entry.models_root, c.name), timeout=3600)
         if r.ok:

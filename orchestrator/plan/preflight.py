@@ -2,7 +2,7 @@
 36-minute load, before anything is downloaded or stopped.
 
 Every function here is pure: plain data in (what argcheck.py / inspect_env.py / nvidia-smi reported,
-what the manifest needs), one `Check` out. Gathering the data from a host is preflight_run.py's job.
+what the manifest needs), one `Check` out. Gathering the data from a host is orchestrator.ops.gather's job.
 A failing Check names what is wrong, the numbers, and the fix; `field` names the manifest field to
 edit when one is to blame.
 
@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field as dc_field
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any
+
+from orchestrator.host.nvidia_smi import Gpu
+from orchestrator.host.ownership import Holders
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 
@@ -103,7 +108,7 @@ PACKAGE_PAIRS = (("flashinfer-python", "flashinfer-cubin"), ("flashinfer-python"
 
 
 def flashinfer_error_text(cubin: str, flashinfer: str, other: str = "flashinfer-cubin") -> str:
-    """The start-up error FlashInfer raises (facts/vllm.md section 3; vllm #49804)."""
+    """The start-up error FlashInfer raises (vllm-project/vllm#49804)."""
     return (f"RuntimeError: {other} version ({cubin}) does not match flashinfer version "
             f"({flashinfer}). Please install the same version of both packages. "
             "Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
@@ -221,7 +226,8 @@ def check_required_packages(needs: Mapping[str, str], versions: Mapping[str, str
 
 
 # -- flags --------------------------------------------------------------------------------------------
-# Removed or renamed flags (facts/vllm.md section 3) -> the fix.
+# Removed or renamed flags -> the fix. vLLM changes behind them: PR #17452 (--enable-reasoning), #21739
+# and #29402 (--disable-log-requests), #22772 (--guided-decoding-*); swap_space left EngineArgs in 0.18.0.
 FLAG_FIXES = {
     "--enable-reasoning": "remove --enable-reasoning: --reasoning-parser NAME alone enables reasoning "
                           "(deprecated in 0.8.5, rejected since 0.10)",
@@ -355,70 +361,65 @@ class GpuNeeds:
 
 
 @skippable("gpus")
-def check_gpus(gpus: Sequence[Mapping[str, Any]], needs: GpuNeeds) -> Check:
-    """gpus: [{"index", "name", "memory_total_mib", ...}] as nvidia-smi reports them."""
+def check_gpus(gpus: Sequence[Gpu], needs: GpuNeeds) -> Check:
+    """gpus: as nvidia-smi reports them (orchestrator.host.nvidia_smi.Gpu)."""
     if not gpus:
         return Check("gpus", FAIL, f"no GPU visible (nvidia-smi lists none); {needs.count} needed",
                      fix="check the NVIDIA driver (nvidia-smi) on the host")
-    chosen = [g for g in gpus if needs.indices is None or g["index"] in needs.indices]
+    chosen = [g for g in gpus if needs.indices is None or g.index in needs.indices]
     problems = []
     if len(gpus) < needs.count:
         problems.append(f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} available, "
                         f"{needs.count} needed")
     if needs.indices is not None:
-        absent = sorted(set(needs.indices) - {g["index"] for g in gpus})
+        absent = sorted(set(needs.indices) - {g.index for g in gpus})
         if absent:
             problems.append(f"GPU index {', '.join(map(str, absent))} does not exist "
                             f"(the host has {len(gpus)}: 0-{len(gpus) - 1})")
     if len(chosen) < needs.count and len(gpus) >= needs.count and not problems:
         problems.append(f"{len(chosen)} of the chosen GPUs exist, {needs.count} needed")
     if needs.name_contains:
-        wrong = [g for g in chosen if needs.name_contains.lower() not in g["name"].lower()]
+        wrong = [g for g in chosen if needs.name_contains.lower() not in (g.name or "").lower()]
         if wrong:
-            problems.append(f"GPU {wrong[0]['index']} is a {wrong[0]['name']}, the manifest needs "
+            problems.append(f"GPU {wrong[0].index} is a {wrong[0].name}, the manifest needs "
                             f"'{needs.name_contains}'" + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
     if needs.min_vram_mib:
-        small = [g for g in chosen if g["memory_total_mib"] < needs.min_vram_mib]
+        small = [g for g in chosen if (g.memory_total_mib or 0) < needs.min_vram_mib]
         if small:
-            problems.append(f"GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
+            problems.append(f"GPU {small[0].index} has {small[0].memory_total_mib} MiB, "
                             f"{needs.min_vram_mib} MiB per GPU needed")
-    desc = f"{len(chosen)}x {chosen[0]['name'] if chosen else '?'}"
+    desc = f"{len(chosen)}x {chosen[0].name if chosen else '?'}"
     if problems:
-        return Check("gpus", FAIL, problems[0], details=problems + [f"host: {len(gpus)}x {gpus[0]['name']}"
-                                                                     f", {gpus[0]['memory_total_mib']} MiB each"],
+        return Check("gpus", FAIL, problems[0], details=problems + [f"host: {len(gpus)}x {gpus[0].name}"
+                                                                     f", {gpus[0].memory_total_mib} MiB each"],
                      fix="deploy onto a host with enough matching GPUs, or change the manifest's "
                          "GPU requirements (tensor/data parallel size)", field="gpus")
-    return Check("gpus", OK, f"{desc}, {min(g['memory_total_mib'] for g in chosen)} MiB each "
+    return Check("gpus", OK, f"{desc}, {min(g.memory_total_mib or 0 for g in chosen)} MiB each "
                  f"({needs.count} needed)")
 
 
-VLLM_PROCESS = re.compile(r"VLLM::|vllm|EngineCore|ray::", re.IGNORECASE)
-
-
 @skippable("foreign-gpu-processes")
-def check_foreign_gpu_processes(processes: Sequence[Mapping[str, Any]], gpu_indices: Collection[int],
-                                managed_pids: Collection[int] = (), *,
+def check_foreign_gpu_processes(held: Holders, gpu_indices: Collection[int], *,
                                 kill_foreign: bool = False) -> Check:
-    """processes: [{"pid", "process_name", "gpu_index", "used_mib"}] from nvidia-smi. A process on a
-    target GPU that no managed service owns is a leftover (a vLLM worker: the deploy stops it) or a
-    stranger (not vLLM: refused unless --kill-foreign)."""
-    foreign = [p for p in processes if p["gpu_index"] in gpu_indices and p["pid"] not in managed_pids]
-    if not foreign:
+    """held: the target GPUs' processes sorted by orchestrator.host.ownership (the same rule the
+    GPU step acts on). What a dead service left and unmanaged vLLM processes are leftovers the
+    deploy stops; anything else no managed service owns is refused unless --kill-foreign."""
+    target = [p for p in held.kill + held.foreign if p.gpu_index is not None]
+    plural = "s" if len(gpu_indices) != 1 else ""
+    if not target:
         return Check("foreign-gpu-processes", OK,
-                     f"no foreign process on GPU{'s' if len(gpu_indices) != 1 else ''} "
-                     f"{','.join(map(str, sorted(gpu_indices)))}")
-    details = [f"GPU {p['gpu_index']}: pid {p['pid']} {p['process_name']} holds {p.get('used_mib', '?')} MiB"
-               for p in foreign]
-    strangers = [p for p in foreign if not VLLM_PROCESS.search(p["process_name"])]
+                     f"no foreign process on GPU{plural} {','.join(map(str, sorted(gpu_indices)))}")
+    details = [p.describe() for p in target]
+    strangers = [p for p in held.foreign if p.gpu_index is not None]
     if strangers and not kill_foreign:
         s = strangers[0]
         return Check("foreign-gpu-processes", FAIL,
-                     f"{len(strangers)} non-vLLM process{'es' if len(strangers) > 1 else ''} on the "
-                     f"target GPUs (pid {s['pid']} {s['process_name']} on GPU {s['gpu_index']})",
+                     f"{len(strangers)} process{'es' if len(strangers) > 1 else ''} vllm-orch does not "
+                     f"manage on the target GPUs (pid {s.pid} {s.name} on GPU {s.gpu_index})",
                      details=details,
                      fix="stop them yourself, or pass --kill-foreign to let the deploy stop them")
     return Check("foreign-gpu-processes", WARN,
-                 f"{len(foreign)} leftover GPU process{'es' if len(foreign) > 1 else ''} on the target "
+                 f"{len(target)} leftover GPU process{'es' if len(target) > 1 else ''} on the target "
                  "GPUs; the deploy stops them (SIGTERM, then SIGKILL) before starting",
                  details=details)
 
@@ -428,3 +429,119 @@ def worst(checks: Iterable[Check]) -> str:
     order = {FAIL: 3, WARN: 2, OK: 1, SKIPPED: 0}
     statuses = [c.status for c in checks]
     return max(statuses, key=lambda s: order[s]) if statuses else OK
+
+
+# -- evaluating everything at once ---------------------------------------------------------------------
+@dataclass
+class HostAnswer:
+    """What one host-side script answered: its JSON (None when it printed none) and how it ran."""
+
+    value: dict | None
+    exit_code: int = 0
+    tail: list[str] = dc_field(default_factory=list)     # last stderr/stdout lines, for failures
+    seconds: float | None = None
+
+
+@dataclass
+class PreflightFacts:
+    """What preflight reads off a host (orchestrator.ops.gather), before any check is made.
+    `packages`: inspect_env.py's answer; `argcheck`: argcheck.py's (None when not asked);
+    the GPU part comes from the host facts (nvidia-smi) already read for the plan."""
+
+    python: str
+    packages: HostAnswer | None
+    argcheck: HostAnswer | None
+    gpus: list[Gpu] | None                      # None: nvidia-smi failed (gpu_error says why)
+    gpu_error: str | None = None
+    driver_version: str | None = None
+    driver_cuda: str | None = None
+    gpu_seconds: float | None = None
+
+
+@dataclass
+class PreflightNeeds:
+    """What the manifest asks for, as the checks take it."""
+
+    argv: Sequence[str]
+    provenance: Sequence[tuple[str, str]]
+    env: Mapping[str, str]                      # the service's plain (non-secret) environment
+    manifest_label: str | None = None
+    env_fields: Mapping[str, str] | None = None
+    min_vllm: str | None = None
+    gpu_needs: GpuNeeds | None = None
+    required_packages: Mapping[str, str] | None = None
+
+
+def _broken(name: str, what: str, python: str, answer: HostAnswer) -> Check:
+    return Check(name, FAIL, f"could not run {what} with {python} (exit {answer.exit_code})"
+                 + (f": {answer.tail[-1]}" if answer.tail else ""), details=list(answer.tail),
+                 fix="check the inventory's `python:` (the Python of the host's vLLM)",
+                 seconds=answer.seconds)
+
+
+def _timed(check: Check, seconds: float | None) -> Check:
+    if check.status != SKIPPED:
+        check.seconds = seconds
+    return check
+
+
+def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
+             kill_foreign: bool = False, skip: Collection[str] = ()) -> list[Check]:
+    """Every preflight check, in plan order: flags, env, vllm-version, package-pairs, torch-cuda,
+    required-packages, gpus, foreign-gpu-processes. Pure: pf holds what the host answered.
+    `held`: the target GPUs' processes (None: the GPU checks are not made)."""
+    skip = set(skip)
+    checks: list[Check] = []
+    if pf.argcheck is None:
+        checks += [check_flags({}, (), skip=skip), check_env({}, skip=skip)]
+    elif pf.argcheck.value is None:
+        checks.append(_broken("flags", "argcheck.py", pf.python, pf.argcheck))
+    else:
+        checks.append(_timed(check_flags(pf.argcheck.value, needs.provenance, manifest=needs.manifest_label,
+                                         skip=skip), pf.argcheck.seconds))
+        checks.append(_timed(check_env(needs.env, pf.argcheck.value.get("unknown_env") or (),
+                                       env_fields=needs.env_fields, skip=skip), pf.argcheck.seconds))
+    if pf.packages is None or pf.packages.value is None:
+        if pf.packages is not None:
+            checks.append(_broken("vllm-version", "inspect_env.py", pf.python, pf.packages))
+        else:
+            checks += [Check(n, SKIPPED, f"skipped (--skip-check {n})") for n in
+                       ("vllm-version", "package-pairs", "torch-cuda", "required-packages")]
+    else:
+        info, t = pf.packages.value, pf.packages.seconds
+        pk = info.get("packages", {})
+        required = {**packages_needed(needs.argv, needs.env), **(needs.required_packages or {})}
+        for c in (check_vllm_version(pk.get("vllm"), needs.min_vllm, python=pf.python, skip=skip),
+                  check_package_pairs(pk, needs.env, skip=skip),
+                  check_torch_cuda(info.get("torch_cuda"), pf.driver_cuda, torch_version=pk.get("torch"),
+                                   driver_version=pf.driver_version, skip=skip),
+                  check_required_packages(required, pk, skip=skip)):
+            checks.append(_timed(c, t))
+    if needs.gpu_needs is not None and held is not None:
+        if pf.gpus is None:
+            for name in ("gpus", "foreign-gpu-processes"):
+                checks.append(Check(name, SKIPPED, f"skipped (--skip-check {name})") if name in skip else
+                              Check(name, FAIL, f"nvidia-smi failed: {pf.gpu_error or '?'}",
+                                    fix="check the NVIDIA driver; nvidia-smi is the inventory's `nvidia_smi`"))
+        else:
+            targets = needs.gpu_needs.indices if needs.gpu_needs.indices is not None else \
+                [g.index for g in pf.gpus if g.index is not None][:needs.gpu_needs.count]
+            checks.append(_timed(check_gpus(pf.gpus, needs.gpu_needs, skip=skip), pf.gpu_seconds))
+            checks.append(_timed(check_foreign_gpu_processes(held, targets, kill_foreign=kill_foreign,
+                                                             skip=skip), pf.gpu_seconds))
+    return checks
+
+
+def needs_for(manifest: Any, argv: Sequence[str], provenance: Sequence[tuple[str, str]],
+              manifest_label: str | None = None) -> PreflightNeeds:
+    """PreflightNeeds from a Manifest (orchestrator.config.manifest) and its rendered argv."""
+    from orchestrator.secret import Secret
+
+    vram = getattr(manifest.requires, "vram_per_gpu_gib", 0) or 0
+    return PreflightNeeds(
+        argv=list(argv), provenance=list(provenance), manifest_label=manifest_label,
+        env={k: str(v) for k, v in dict(manifest.env).items() if not isinstance(v, Secret)},
+        min_vllm=manifest.requires.min_vllm_version,
+        gpu_needs=GpuNeeds(count=manifest.serving.gpus, name_contains=manifest.requires.gpu_name,
+                           min_vram_mib=int(vram * 1024) or None,
+                           indices=list(manifest.serving.visible_devices)))

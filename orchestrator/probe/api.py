@@ -1,5 +1,10 @@
-"""Talking HTTP to the vLLM server *through the host*: host.connect_tcp gives a socket on the host's
-loopback (a direct-tcpip channel over SSH), so probes work when vLLM listens on 127.0.0.1 only.
+"""The vLLM endpoint as vllm-orch probes it, through the host: health, served models, /metrics,
+the smoke test and the garbage detector, all over the one HTTP client (orchestrator/host/http.py).
+
+An `Endpoint` is (host, port, API key): host.connect_tcp reaches the server on the host's loopback
+(an SSH direct-tcpip channel for a remote host), so probes work when vLLM listens on 127.0.0.1
+only, and every probe carries the key when the service has one (vLLM answers 401 on /v1/* without
+it; /health, /metrics and /version stay open - vllm/entrypoints/serve/middleware/authenticate.py).
 
 Readiness is graded: port accepting -> /health 200 -> /v1/models lists the served name -> a real
 streamed chat completion whose answer passes the manifest's check and is not garbage.
@@ -7,103 +12,89 @@ streamed chat completion whose answer passes the manifest's check and is not gar
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from orchestrator.host import http
 from orchestrator.host.base import Host
+from orchestrator.probe import metrics
+from orchestrator.secret import Secret
+
+HttpError = http.HttpError      # what every probe raises when there is no usable HTTP answer
 
 
-class Refused(Exception):
-    """Nothing listens on the port yet (vLLM binds early but listens only when loaded)."""
+class Unauthorized(http.HttpError):
+    """HTTP 401: the server wants an API key and got none, or a wrong one."""
 
 
-@dataclass
-class HttpResponse:
-    status: int
-    body: bytes
-    headers: dict
+@dataclass(frozen=True)
+class Endpoint:
+    """A vLLM server as seen from its host: loopback `address`:`port`, and the key it wants
+    (a Secret: str() is ***, so an Endpoint can be printed)."""
+
+    host: Host
+    port: int
+    api_key: Secret | None = None
+    address: str = "127.0.0.1"
+
+    def request(self, method: str, path: str, *, json: Any = None, timeout: float = 5.0) -> http.Response:
+        return http.request(self.host, self.port, method, path, json=json, api_key=self.api_key,
+                            timeout=timeout, address=self.address)
+
+    def stream(self, method: str, path: str, *, json: Any = None, timeout: float = 5.0):
+        return http.stream(self.host, self.port, method, path, json=json, api_key=self.api_key,
+                           timeout=timeout, address=self.address)
 
 
-class _HostConnection(http.client.HTTPConnection):
-    def __init__(self, host: Host, port: int, timeout: float):
-        super().__init__("127.0.0.1", port, timeout=timeout)
-        self._host = host
-
-    def connect(self):
-        try:
-            self.sock = self._host.connect_tcp(self.port, "127.0.0.1", timeout=self.timeout)
-        except ConnectionRefusedError as exc:
-            raise Refused(str(exc)) from None
-        except OSError as exc:
-            raise Refused(str(exc)) from None
-        except Exception as exc:  # paramiko ChannelException: "Connect failed"
-            if type(exc).__name__ in ("ChannelException", "SSHException"):
-                raise Refused(str(exc)) from None
-            raise
-        try:
-            self.sock.settimeout(self.timeout)
-        except Exception:
-            pass
-
-
-def request(host: Host, port: int, method: str, path: str, body: dict | None = None,
-            timeout: float = 5.0, headers: dict | None = None) -> HttpResponse:
-    conn = _HostConnection(host, port, timeout)
+def port_open(ep: Endpoint, timeout: float = 2.0) -> bool:
+    """Something accepts TCP connections on the port (vLLM listens only once it is loaded)."""
     try:
-        payload = json.dumps(body).encode() if body is not None else None
-        hdrs = {"Content-Type": "application/json"} if payload else {}
-        hdrs.update(headers or {})
-        conn.request(method, path, body=payload, headers=hdrs)
-        resp = conn.getresponse()
-        return HttpResponse(resp.status, resp.read(), dict(resp.getheaders()))
-    finally:
-        conn.close()
-
-
-def port_open(host: Host, port: int, timeout: float = 2.0) -> bool:
-    try:
-        sock = host.connect_tcp(port, "127.0.0.1", timeout=timeout)
-    except Exception:
+        sock = ep.host.connect_tcp(ep.port, ep.address, timeout=timeout)
+    except OSError:
         return False
     try:
         sock.close()
-    except Exception:
+    except Exception:   # closing a just-opened channel may fail in any way; it was open
         pass
     return True
 
 
-def health(host: Host, port: int, path: str = "/health", timeout: float = 5.0) -> int | None:
+def health(ep: Endpoint, path: str = "/health", timeout: float = 5.0) -> int | None:
     """HTTP status of the health path, None when nothing answers."""
     try:
-        return request(host, port, "GET", path, timeout=timeout).status
-    except (Refused, OSError, http.client.HTTPException):
+        return ep.request("GET", path, timeout=timeout).status
+    except http.HttpError:
         return None
 
 
-def served_models(host: Host, port: int, timeout: float = 5.0) -> list[dict]:
-    r = request(host, port, "GET", "/v1/models", timeout=timeout)
+def model_ids(payload: Any) -> list[str]:
+    """The served names in a /v1/models answer (`{"data": [{"id": ...}, ...]}`); [] if it has
+    none. Shared with bench, which fetches the list with its own client."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return [str(card["id"]) for card in data or [] if isinstance(card, dict) and "id" in card]
+
+
+def served_models(ep: Endpoint, timeout: float = 5.0) -> list[str]:
+    """The served model names; Unauthorized on 401, HttpError on any other failure."""
+    r = ep.request("GET", "/v1/models", timeout=timeout)
+    if r.status == 401:
+        raise Unauthorized(f"/v1/models answered HTTP 401: the server wants an API key and "
+                           f"{'got a wrong one' if ep.api_key else 'got none'}")
     if r.status != 200:
-        raise RuntimeError(f"/v1/models answered HTTP {r.status}")
-    return json.loads(r.body).get("data", [])
+        raise http.BadResponse(f"/v1/models answered HTTP {r.status}: {r.text()[:200]}")
+    return model_ids(r.json())
 
 
-def metrics(host: Host, port: int, timeout: float = 5.0) -> dict[str, float]:
-    """Prometheus samples of /metrics summed over labels: {'vllm:num_requests_running': 0.0, ...}."""
-    r = request(host, port, "GET", "/metrics", timeout=timeout)
-    out: dict[str, float] = {}
-    for line in r.body.decode(errors="replace").splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if m:
-            try:
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-            except ValueError:
-                pass
-    return out
+def fetch_metrics(ep: Endpoint, timeout: float = 5.0) -> dict[str, float | None]:
+    """/metrics aggregated across vLLM's engines (see probe/metrics.py for how: KV usage is the
+    per-engine mean and max, requests and counters are sums). HttpError or MetricsError."""
+    r = ep.request("GET", "/metrics", timeout=timeout)
+    if r.status != 200:
+        raise http.BadResponse(f"/metrics answered HTTP {r.status}")
+    return metrics.snapshot(r.text())
 
 
 @dataclass
@@ -126,6 +117,7 @@ class SmokeResult:
 
 
 _WORD = re.compile(r"[A-Za-z]+")
+_WORDLIKE = re.compile(r"[\"'(]*([A-Za-z]+(['-][A-Za-z]+)*|\d+([.,:]\d+)*%?)[\"').,;:!?]*")
 
 
 def looks_like_garbage(text: str) -> str | None:
@@ -141,7 +133,7 @@ def looks_like_garbage(text: str) -> str | None:
         return "mostly symbols"
     tokens = stripped.split()
     if len(tokens) >= 5:
-        wordlike = sum(1 for t in tokens if re.fullmatch(r"[\"'(]*([A-Za-z]+(['-][A-Za-z]+)*|\d+([.,:]\d+)*%?)[\"').,;:!?]*", t))
+        wordlike = sum(1 for t in tokens if _WORDLIKE.fullmatch(t))
         if wordlike / len(tokens) < 0.5:
             return "tokens that are neither words nor numbers"
     words = _WORD.findall(stripped)
@@ -156,114 +148,50 @@ def looks_like_garbage(text: str) -> str | None:
     return None
 
 
-def stream_lines(host: Host, port: int, path: str, body: dict, headers: dict, timeout: float):
-    """POST and yield (arrival time, line) of the response body as bytes arrive.
-
-    A minimal HTTP/1.1 client on host.connect_tcp (only sendall/recv, so a paramiko channel works
-    as well as a socket): Connection: close, chunked or plain bodies. Yields ("status", code) first.
-    """
-    payload = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: {len(payload)}\r\n"
-            + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
-    try:
-        sock = host.connect_tcp(port, "127.0.0.1", timeout=timeout)
-    except Exception as exc:
-        raise Refused(str(exc)) from None
-    try:
-        sock.settimeout(timeout)
-        sock.sendall(head + payload)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionError("connection closed before the response headers")
-            buf += data
-        header_blob, buf = buf.split(b"\r\n\r\n", 1)
-        lines = header_blob.decode(errors="replace").split("\r\n")
-        yield "status", int(lines[0].split()[1])
-        chunked = any(l.lower().replace(" ", "") == "transfer-encoding:chunked" for l in lines[1:])
-        body_buf, raw, eof = b"", buf, False
-        while True:
-            if chunked:
-                while True:                       # move every complete chunk from raw to body_buf
-                    if b"\r\n" not in raw:
-                        break
-                    size_line, rest = raw.split(b"\r\n", 1)
-                    size = int(size_line.split(b";")[0] or b"0", 16)
-                    if size == 0:
-                        eof = True
-                        break
-                    if len(rest) < size + 2:
-                        break
-                    body_buf += rest[:size]
-                    raw = rest[size + 2:]
-            else:
-                body_buf, raw = body_buf + raw, b""
-            now = time.perf_counter()
-            while b"\n" in body_buf:
-                line, body_buf = body_buf.split(b"\n", 1)
-                yield now, line.decode(errors="replace").rstrip("\r")
-            if eof:
-                return
-            data = sock.recv(65536)
-            if not data:
-                if body_buf:
-                    yield time.perf_counter(), body_buf.decode(errors="replace")
-                return
-            raw += data
-    finally:
-        try:
-            sock.close()
-        except Exception:
-            pass
-
-
-def smoke_test(host: Host, port: int, served_name: str, prompt: str, expect: str, max_tokens: int,
-               timeout: float, api_key: str | None = None) -> SmokeResult:
-    """A real streamed chat completion; rate = (completion_tokens - 1) / (last - first token)."""
+def smoke_test(ep: Endpoint, served_name: str, prompt: str, expect: str, max_tokens: int,
+               timeout: float) -> SmokeResult:
+    """A real streamed chat completion; rate = (completion_tokens - 1) / (last - first token).
+    `timeout` bounds the connect and each wait for the next bytes of the stream."""
     body = {"model": served_name, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.perf_counter()
     first = last = None
-    content, reasoning, usage = [], [], None
-    status = None
+    content: list[str] = []
+    reasoning: list[str] = []
+    usage: dict | None = None
+
+    def failed(problem: str, at: float | None = None) -> SmokeResult:
+        return SmokeResult(False, "".join(content), 0, None, None,
+                           (at or time.perf_counter()) - t0, None, problem)
+
     try:
-        for when, line in stream_lines(host, port, "/v1/chat/completions", body, headers, timeout):
-            if when == "status":
-                status = line
-                continue
-            if status != 200:
-                return SmokeResult(False, "", 0, None, None, time.perf_counter() - t0, None,
-                                   f"HTTP {status}: {line[:300]}")
-            line = line.strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                return SmokeResult(False, "".join(content), 0, None, None, when - t0, None,
-                                   f"stream error: {event['error']}")
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                piece_c = delta.get("content") or ""
-                piece_r = delta.get("reasoning_content") or delta.get("reasoning") or ""
-                if piece_c or piece_r:
-                    first = first if first is not None else when
-                    last = when
-                content.append(piece_c)
-                reasoning.append(piece_r)
-        if status is not None and status != 200:
-            return SmokeResult(False, "", 0, None, None, time.perf_counter() - t0, None, f"HTTP {status}")
-    except Exception as exc:  # refused, reset, timeout, bad JSON: all mean "not serving"
-        return SmokeResult(False, "".join(content), 0, None, None, time.perf_counter() - t0, None,
-                           f"{type(exc).__name__}: {exc}")
+        with ep.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as s:
+            if s.status != 200:
+                return failed(f"HTTP {s.status}: {s.read()[:300].decode('utf-8', 'replace')}")
+            for when, line in s.lines():
+                line = line.strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    return failed(f"stream error: {event['error']}", when)
+                if event.get("usage"):
+                    usage = event["usage"]
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    piece_c = delta.get("content") or ""
+                    piece_r = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    if piece_c or piece_r:
+                        first = first if first is not None else when
+                        last = when
+                    content.append(piece_c)
+                    reasoning.append(piece_r)
+    except (http.HttpError, ValueError, AttributeError, TypeError) as exc:  # refused, reset, timeout, bad JSON
+        return failed(f"{type(exc).__name__}: {exc}")
     answer = "".join(content)
     tokens = (usage or {}).get("completion_tokens")
     rate = None

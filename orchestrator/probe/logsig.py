@@ -1,5 +1,6 @@
-"""Reading vLLM's start-up log: fatal signatures (facts/vllm.md section 3) and progress markers
-(section 2). Pure functions over lines; the readiness gate feeds them the service log as it grows."""
+"""Reading vLLM's start-up log: fatal signatures (the messages users report, e.g. vllm-project/vllm#18538
+unrecognized arguments, #49804 flashinfer mismatch, #20305 GPU memory held by another process) and
+progress markers. Pure functions over lines; the readiness gate feeds them the service log as it grows."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ FATAL: list[Signature] = [
     _sig("gpu-memory-busy", r"Free memory on device .* is less than desired GPU memory utilization",
          "other processes (often leftover VLLM::Worker processes) hold GPU memory",
          "free the GPUs (`vllm-orch deploy` kills leftover vLLM workers) or lower gpu_memory_utilization"),
-    _sig("trust-remote-code", r"contains custom code which must be executed|pass the argument `?trust_remote_code=True`? to allow",
+    _sig("trust-remote-code",
+         r"contains custom code which must be executed|pass the argument `?trust_remote_code=True`? to allow",
          "the model needs --trust-remote-code", "set vllm.trust_remote_code: true in the manifest"),
     _sig("cuda-oom", r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory)",
          "the GPUs ran out of memory", "lower gpu_memory_utilization, max_model_len or max_num_batched_tokens"),
@@ -48,7 +50,8 @@ FATAL: list[Signature] = [
     _sig("deepgemm-sm120", r"deepgemm/csrc/apis/layout\.hpp:\d+\): Unknown SF transformation",
          "DeepGEMM does not support this checkpoint on SM120", "set env VLLM_USE_DEEP_GEMM=0 and VLLM_MOE_USE_DEEP_GEMM=0"),
     _sig("flashinfer-jit", r"CalledProcessError: Command '\['ninja'.*flashinfer",
-         "FlashInfer's JIT build failed (on SM120 needs CUDA toolkit >= 12.9)", "install a matching CUDA toolkit or prebuilt flashinfer kernels"),
+         "FlashInfer's JIT build failed (on SM120 needs CUDA toolkit >= 12.9)",
+         "install a matching CUDA toolkit or prebuilt flashinfer kernels"),
     _sig("nan-probability", r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
          "NaN in sampling (flashinfer FP4 MoE race on SM120)", "use vllm.moe_backend: marlin"),
     _sig("engine-core-failed", r"Engine core initialization failed|EngineCore failed to start",

@@ -1,7 +1,9 @@
 """Waiting until a started service really serves, while following its log.
 
 Gates, each timed from the start: process alive -> port accepting -> /health 200 -> /v1/models
-lists the served name -> smoke completion passes. The log is read every poll: a fatal line (see
+lists the served name -> smoke completion passes. Every gate carries the service's API key
+(`api_key`): without it vLLM answers 401 on /v1/*, and a 401 fails the wait at once (kind "auth")
+instead of burning the start-up budget. The log is read every poll: a fatal line (see
 logsig.FATAL) or the process exiting fails the wait at once with the root-cause line and the last
 log lines; no new log line for the manifest's no-progress window (before /health answers) fails
 it too - that is what an NCCL hang looks like. Time is a parameter: tests pass small budgets.
@@ -10,15 +12,16 @@ it too - that is what an NCCL hang looks like. Time is a parameter: tests pass s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from orchestrator.probe import logsig
-from orchestrator.probe import api as probes
+from orchestrator.config.manifest import Manifest
 from orchestrator.errors import DeployFailed
 from orchestrator.host.base import Host
-from orchestrator.config.manifest import Manifest
 from orchestrator.host.services import Service
+from orchestrator.probe import api as probes
+from orchestrator.probe import logsig
+from orchestrator.secret import Secret
 
 GATES = ("process alive", "port accepting", "/health 200", "model listed", "smoke test")
 
@@ -33,7 +36,7 @@ class Ready:
 
 
 class NotReady(DeployFailed):
-    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke."""
+    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke, auth."""
 
     def __init__(self, message: str, *, kind: str, root_cause: str | None, last_lines: list[str],
                  gates: list[tuple[str, float]], host: str | None = None, hint: str | None = None):
@@ -45,10 +48,10 @@ class NotReady(DeployFailed):
 
 def failure_fields(err: Exception | None) -> dict:
     """What a history record says about a failure: the error, and for readiness failures its kind
-    (crash, fatal-log, hang, timeout, smoke) and root-cause line."""
+    (crash, fatal-log, hang, timeout, smoke, auth) and root-cause line."""
     if err is None:
         return {}
-    fields = {"error": str(err)}
+    fields: dict[str, str | None] = {"error": str(err)}
     if isinstance(err, NotReady):
         fields.update(failure_kind=err.kind, root_cause=err.root_cause)
     return fields
@@ -57,7 +60,7 @@ def failure_fields(err: Exception | None) -> dict:
 def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                on_event: Callable[[str, str], None] = lambda kind, text: None,
                budget_s: float | None = None, no_progress_s: float | None = None,
-               poll_s: float = 0.5, api_key: str | None = None) -> Ready:
+               poll_s: float = 0.5, api_key: Secret | str | None = None) -> Ready:
     budget = float(budget_s if budget_s is not None else m.startup.budget_seconds)
     quiet_limit = float(no_progress_s if no_progress_s is not None else m.startup.no_progress_seconds)
     start = time.monotonic()
@@ -66,6 +69,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
     phases: list[tuple[str, float]] = []
     seen: list[str] = []
     port = m.serving.port
+    ep = probes.Endpoint(host, port, Secret(api_key) if isinstance(api_key, str) else api_key)
 
     def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> None:
         more, _ = service.read_log(cursor_box[0])
@@ -102,26 +106,30 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             passed.append((GATES[0], elapsed))
             on_event("gate", GATES[0])
             continue
-        if stage == 1 and probes.port_open(host, port):
+        if stage == 1 and probes.port_open(ep):
             passed.append((GATES[1], time.monotonic() - start))
             on_event("gate", GATES[1])
             continue
-        if stage == 2 and probes.health(host, port, m.probes.health_path) == 200:
+        if stage == 2 and probes.health(ep, m.probes.health_path) == 200:
             passed.append((GATES[2], time.monotonic() - start))
             on_event("gate", GATES[2])
             continue
         if stage == 3:
             try:
-                ids = [card.get("id") for card in probes.served_models(host, port)]
-            except Exception:
+                ids = probes.served_models(ep)
+            except probes.Unauthorized as exc:
+                fail("auth", f"{exc} (after {elapsed:.1f}s)",
+                     hint="export the key vLLM was started with (VLLM_API_KEY, listed in the "
+                          "manifest's serving.secret_env) in vllm-orch's environment")
+            except probes.HttpError:
                 ids = []
             if m.served_name in ids:
                 passed.append((GATES[3], time.monotonic() - start))
                 on_event("gate", GATES[3])
                 continue
         if stage == 4:
-            smoke = probes.smoke_test(host, port, m.served_name, m.probes.smoke_prompt, m.probes.smoke_expect,
-                                      m.probes.smoke_max_tokens, m.probes.smoke_timeout_seconds, api_key)
+            smoke = probes.smoke_test(ep, m.served_name, m.probes.smoke_prompt, m.probes.smoke_expect,
+                                      m.probes.smoke_max_tokens, m.probes.smoke_timeout_seconds)
             if smoke.ok:
                 passed.append((GATES[4], time.monotonic() - start))
                 on_event("gate", GATES[4])

@@ -9,10 +9,12 @@ import json
 
 import click
 
+from orchestrator.cli.options import exit_codes, json_option
 from orchestrator.sim import manager
 
 
-@click.group("sim")
+@click.group("sim", epilog=exit_codes("0 ok, 1 failed, 2 bad input, 3 refused (e.g. --systemd without "
+                                      "root or systemd-nspawn)."))
 def sim():
     """Run SIMULATED GPU hosts on this machine (no GPU needed).
 
@@ -24,7 +26,8 @@ def sim():
     """
 
 
-@sim.command("up")
+@sim.command("up", epilog=exit_codes("0 the hosts are up, 1 a process did not start, 2 bad input, "
+                                     "3 refused (--systemd without root or systemd-nspawn)."))
 @click.option("--hosts", "hosts", default=1, show_default=True, help="How many simulated hosts.")
 @click.option("--speed", type=float,
               help="Weight loading runs this many times faster than the field report's "
@@ -37,7 +40,8 @@ def sim():
 @click.option("--vllm-python", type=click.Path(exists=True, dir_okay=False),
               help="Record this Python (with a real vLLM installed) as the hosts' python.")
 def up_cmd(hosts, speed, scale, systemd, vllm_python):
-    """Start SIMULATED hosts (idempotent) and add them to <sim home>/inventory.yaml."""
+    """Start SIMULATED hosts (idempotent) and add them to the inventory (hosts.d/sim.yaml in
+    vllm-orch's state home, which every command reads)."""
     state = manager.up(hosts, speed=speed, scale=scale, systemd=systemd,
                        vllm_python=vllm_python)
     home = manager.sim_home()
@@ -52,11 +56,16 @@ def up_cmd(hosts, speed, scale, systemd, vllm_python):
                                                      "not available in this build)"))
         click.echo("    " + ("started now: " + ", ".join(news) if news else
                              "already running, nothing started"))
-    click.echo(f"  inventory: {home / 'inventory.yaml'}")
+        if rec["flavour"] == "systemd":
+            click.echo("    preflight: the flags and env checks are skipped (the container has no real vLLM)")
+        elif not rec.get("python"):
+            click.echo("    preflight: the flags and env checks are skipped (no real vLLM to parse "
+                       "them; `--vllm-python PATH` records one)")
+    click.echo(f"  inventory: {manager.inventory_file(home)}")
 
 
-@sim.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@sim.command("status", epilog=exit_codes("0 ok (also when no host is up)."))
+@json_option("Print the status as JSON.")
 def status_cmd(as_json):
     """Show the SIMULATED hosts and what runs on them."""
     st = manager.status()
@@ -84,7 +93,7 @@ def status_cmd(as_json):
             click.echo(f"    pending fault: {f['fault']} (model {f.get('model') or 'any'})")
 
 
-@sim.command("down")
+@sim.command("down", epilog=exit_codes("0 ok (also when nothing was up)."))
 def down_cmd():
     """Stop everything `sim up` started (by PID) and remove the SIMULATED hosts' state."""
     stopped = manager.down()
@@ -93,7 +102,7 @@ def down_cmd():
     click.echo(f"SIMULATED hosts removed ({len(stopped)} processes stopped).")
 
 
-@sim.command("fault")
+@sim.command("fault", epilog=exit_codes("0 ok, 2 unknown host or fault, or a missing argument."))
 @click.argument("host", required=False)
 @click.argument("fault", required=False)
 @click.option("--model", help="Apply at the next start of this model only (default: any model).")

@@ -11,8 +11,8 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 FAULTS = "faults.json"
 
@@ -41,11 +41,6 @@ def _write(hostdir: Path, entries: list[dict]) -> None:
     tmp = hostdir / f".{FAULTS}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(entries, indent=1) + "\n")
     os.replace(tmp, hostdir / FAULTS)
-
-
-def read_faults(hostdir: str | Path) -> list[dict]:
-    """The pending faults (an empty list when the file is missing or unreadable)."""
-    return _read(Path(hostdir))
 
 
 def add_fault(hostdir: str | Path, fault: str, model: str | None = None, **extra) -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from orchestrator.sim import fault_file
-from orchestrator.sim.repos import (DEFAULT_SCALE, Catalog, Repo, model_repos_from_manifests, revisions_from_manifests)
+from orchestrator.sim.repos import DEFAULT_SCALE, Catalog, Repo, model_repos_from_manifests, revisions_from_manifests
 
 SIM_TOKEN = "hf_vllmorchSIMULATEDgatedToken0000"   # accepted for gated repos unless --token-file
 PORT_FILE = "hub.port"

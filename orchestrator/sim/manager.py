@@ -1,9 +1,11 @@
 """Creating, inspecting and removing SIMULATED GPU hosts (the `vllm-orch sim` commands' logic).
 
-A sim home (`$VLLM_ORCH_SIM_HOME`, default ~/.local/state/vllm-orch/sim) holds `hosts/<name>/`
-(one folder per simulated host, layout in the sim contract), `inventory.yaml` (the hosts, in the
-inventory format the orchestrator reads) and `sim.json` (every process `up` started, by PID and
-/proc start time, so `down` stops exactly those and never a reused PID).
+A sim home (`sim/` in vllm-orch's state home: $VLLM_ORCH_STATE_HOME, default
+~/.local/state/vllm-orch) holds `hosts/<name>/` (one folder per simulated host, made by prepare_host
+below) and `sim.json` (every process `up` started, by PID and /proc start time, so `down` stops
+exactly those and never a reused PID). The hosts reach the orchestrator as ordinary inventory
+entries (orchestrator.sim.inventory) in `hosts.d/sim.yaml` beside the sim home: the state home's
+extra-inventory folder, which the orchestrator always reads.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.config.inventory import state_home
 from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.paths import package_file
+from orchestrator.sim.inventory import SimHost
 
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 GPU_MEMORY_MIB = 97887
@@ -45,8 +49,12 @@ HUB_FAULTS = {
 
 
 def sim_home() -> Path:
-    env = os.environ.get("VLLM_ORCH_SIM_HOME")
-    return Path(env) if env else Path.home() / ".local/state/vllm-orch/sim"
+    return state_home() / "sim"
+
+
+def inventory_file(home: Path | None = None) -> Path:
+    """The inventory file `up` writes: hosts.d/sim.yaml of the state home the sim home is in."""
+    return (home or sim_home()).parent / "hosts.d" / "sim.yaml"
 
 
 def host_name(i: int) -> str:
@@ -60,10 +68,11 @@ def host_dir(name: str, home: Path | None = None) -> Path:
 # -- processes ---------------------------------------------------------------------------------
 # One liveness rule for everything simulated: the standalone fake nvidia-smi's (a running process that
 # is the one recorded - not a reused PID, not an unreaped zombie).
-from orchestrator.sim.nvidia_smi import _alive as alive, _start_time as start_time  # noqa: E402
+from orchestrator.sim.nvidia_smi import proc_alive as alive  # noqa: E402
+from orchestrator.sim.nvidia_smi import proc_start_time as start_time  # noqa: E402
 
 
-def stop_pid(pid: int, started: int | None, timeout: float = 5.0) -> bool:
+def stop_pid(pid: int, started: float | None, timeout: float = 5.0) -> bool:
     """SIGTERM, wait, then SIGKILL; only if the PID is still the recorded process."""
     if not alive(pid, started):
         return False
@@ -196,17 +205,7 @@ def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executab
                        details=tail, hint=f"see {hdir / 'logs' / 'hub.log'}")
 
 
-# -- inventory ---------------------------------------------------------------------------------
-def inventory_entry(hdir: Path, hub_port: int | None, python: str) -> dict:
-    env = {"PYTHONPATH": str(hdir / "site-packages"), "HF_HUB_DISABLE_TELEMETRY": "1"}
-    if hub_port:
-        env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub_port}"
-    return {"address": "local", "simulated": True, "service_manager": "process",
-            "models_root": str(hdir / "models"), "vllm": str(hdir / "bin" / "vllm"),
-            "python": python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
-            "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
-
-
+# -- state -------------------------------------------------------------------------------------
 def load_state(home: Path | None = None) -> dict:
     return _read_json((home or sim_home()) / "sim.json", {})
 
@@ -225,7 +224,6 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
     state["simulated"] = True
     flavour = "systemd" if systemd else "process"
     nspawn = _nspawn() if systemd else None
-    python = vllm_python or sys.executable
     tree = nspawn.ensure_tree(_tree_cache(nspawn)) if nspawn else None
     inventory = {"hosts": {}}
     for i in range(max(hosts, len(state["hosts"]))):
@@ -256,10 +254,12 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         hub_port = hub["port"] if hub and alive(hub["pid"], hub["start_time"]) else None
         info["hub_port"] = hub_port
         _write_json(hdir / "sim.json", info)
-        entry = inventory_entry(hdir, hub_port, rec.get("python") or python)
-        entry["sim_scale"] = scale
         if vllm_python and i < hosts:
-            entry["python"] = rec["python"] = vllm_python
+            rec["python"] = vllm_python
+        real_python = rec.get("python") or vllm_python      # a Python with a real vLLM, if given
+        sim_host = SimHost(name, hdir, rec["flavour"], info["speed"], scale,
+                           python=real_python or sys.executable, real_vllm=bool(real_python),
+                           hub_port=hub_port)
         if rec["flavour"] == "systemd":
             nspawn = nspawn or _nspawn()
             box = rec["processes"].get("nspawn")
@@ -270,17 +270,17 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
                 box["pid"] = box["_pid"]
                 rec["processes"]["nspawn"] = box
                 started.append(f"systemd-nspawn container pid {box['pid']}")
-            entry.update({k: v for k, v in box.items()
-                          if not k.startswith("_") and k not in ("pid", "start_time")})
-            entry["simulated"] = True
+            sim_host.container = {k: v for k, v in box.items() if k not in ("pid", "start_time")}
+            sim_host.real_vllm = False          # the container's own /opt/vllm, never --vllm-python
         rec["started_now"] = started
         state["hosts"][name] = rec
-        inventory["hosts"][name] = entry
+        inventory["hosts"][name] = sim_host.host_entry()
     state["hub_available"] = hub_available()
     _write_json(home / "sim.json", state)
-    (home / "inventory.yaml").write_text(
-        "# SIMULATED GPU hosts written by `vllm-orch sim up` (removed by `vllm-orch sim down`)\n"
-        + yaml.safe_dump(inventory, sort_keys=False))
+    inv = inventory_file(home)
+    inv.parent.mkdir(parents=True, exist_ok=True)
+    inv.write_text("# SIMULATED GPU hosts written by `vllm-orch sim up` (removed by `vllm-orch sim down`)\n"
+                   + yaml.safe_dump(inventory, sort_keys=False))
     return state
 
 
@@ -293,7 +293,7 @@ def _nspawn():
     if importlib.util.find_spec("orchestrator.sim.nspawn") is None:
         raise RefusedError("--systemd needs orchestrator.sim.nspawn, which is not installed "
                            "in this build", hint="use the default flavour: vllm-orch sim up")
-    from orchestrator.sim import nspawn   # type: ignore[attr-defined]
+    from orchestrator.sim import nspawn  # type: ignore[attr-defined]
     return nspawn
 
 
@@ -338,8 +338,8 @@ def down(home: Path | None = None) -> list:
             elif stop_pid(p["pid"], p.get("start_time")):
                 stopped.append(f"{name}: {kind} pid {p['pid']}")
     shutil.rmtree(home / "hosts", ignore_errors=True)
-    for f in ("inventory.yaml", "sim.json"):
-        (home / f).unlink(missing_ok=True)
+    (home / "sim.json").unlink(missing_ok=True)
+    inventory_file(home).unlink(missing_ok=True)
     return stopped
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import heapq
+import json
 import os
 import sys
 import threading
@@ -332,10 +332,13 @@ class MockProtocol(asyncio.Protocol):
             f"vllm:prompt_tokens_total{lbl} {float(st.prompt_tokens)}\n",
             "# TYPE vllm:generation_tokens_total counter\n",
             f"vllm:generation_tokens_total{lbl} {float(st.generation_tokens)}\n",
-            "# TYPE mock:write_lateness_seconds summary (how late the mock wrote tokens)\n",
+            "# HELP mock:write_lateness_seconds How late the mock wrote tokens.\n",
+            "# TYPE mock:write_lateness_seconds summary\n",
             f"mock:write_lateness_seconds_sum {st.late_sum}\n",
             f"mock:write_lateness_seconds_count {st.late_n}\n",
+            "# TYPE mock:write_lateness_seconds_max gauge\n",
             f"mock:write_lateness_seconds_max {st.late_max}\n",
+            "# TYPE mock:first_token_lateness_seconds summary\n",
             f"mock:first_token_lateness_seconds_sum {st.first_late_sum}\n",
             f"mock:first_token_lateness_seconds_count {st.first_late_n}\n",
             "# TYPE vllm:request_success_total counter\n",
@@ -385,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
-def start_process(cpu: int | None = None, timeout: float = 10.0, **cfg) -> tuple["object", int]:
+def start_process(cpu: int | None = None, timeout: float = 10.0, **cfg) -> tuple[object, int]:
     """Start the mock server in a child process; returns (Popen, port). The caller terminates it."""
     import subprocess
 

@@ -1,5 +1,5 @@
 """Real-systemd simulated hosts: a Debian tree booted by systemd-nspawn in its own network
-namespace, reached over real SSH (facts/test-hosts.md has the recipe and why each flag is there).
+namespace, reached over real SSH (systemd-nspawn(1) explains each flag used below).
 
     tree = ensure_tree(cache_dir)                  # once per machine (~55 s), cached
     info = boot("sim", 1, host_dir, tree)          # ~1-2 s; returns the host's inventory entry
@@ -134,7 +134,6 @@ def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | N
         "vllm": "/opt/vllm/bin/vllm", "python": "/opt/vllm/bin/python",
         "nvidia_smi": "/usr/local/bin/nvidia-smi",
         "env": {"PYTHONPATH": f"{SIM_MOUNT}/site-packages", "HF_HUB_DISABLE_TELEMETRY": "1"},
-        "simulated": True,
         "_name": name, "_pid": proc.pid, "_netns": net["netns"], "_veth": net["veth"],
         "_gateway": net["gateway"], "_cgroups": [str(c) for c in cgroups],
         "_console_log": str(console), "_timings": timings,

@@ -3,8 +3,9 @@
 
 Self-contained, stdlib only, Python >= 3.9. Reads `<hostdir>/sim.json` (the GPUs, driver and CUDA
 versions) and `<hostdir>/gpu-procs/*.json` (processes "holding" GPU memory, written by the simulated
-vLLM server); an entry counts only while its PID is alive and its /proc start time still matches, so
-killed workers free their memory and a reused PID does not inherit it.
+vLLM server); an entry counts only while its PID is alive (not a zombie) and its start time still
+matches, so killed workers free their memory and a reused PID does not inherit it. Process facts
+come from psutil when the host's Python has it, else from /proc.
 
 Output formats follow real nvidia-smi 580 (see tests/fixtures/nvidia-smi/ for recorded samples):
   --query-gpu=FIELDS --format=csv[,noheader][,nounits]     "0, NVIDIA ..., 97887 MiB, 0 MiB, ..."
@@ -57,28 +58,47 @@ def _read_json(path: Path, default):
         return default
 
 
-def _start_time(pid: int):
+try:   # psutil when the host's Python has it (a vLLM venv does); /proc by hand otherwise
+    import psutil
+except ImportError:
+    psutil = None
+
+
+def proc_start_time(pid: int):
+    """When the process started, in seconds after boot (None if it is gone): with the PID, the
+    identity of one process (PIDs are reused). Boot-relative, so a wall-clock step changes nothing.
+    The simulated vLLM server records its GPU holders with the same rule."""
+    if psutil is not None:
+        try:
+            return round(psutil.Process(pid).create_time() - psutil.boot_time(), 2)
+        except psutil.Error:
+            return None
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return None
+    return round(ticks / os.sysconf("SC_CLK_TCK"), 2)
 
 
-def _alive(pid: int, start_time) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if start_time is not None and Path("/proc").is_dir():
+def proc_alive(pid: int, start_time=None) -> bool:
+    """The process runs - a zombie (exited, not reaped) holds nothing and counts as dead - and,
+    given the start time recorded with it, it is still that process and not a reused PID."""
+    if psutil is not None:
         try:
-            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return False
+        except psutil.Error:
+            return False
+    else:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return False
         except (OSError, IndexError):
             return False
-        if rest[0] == "Z" or int(rest[19]) != int(start_time):
-            return False
-    return True
+    if start_time is None:
+        return True
+    now = proc_start_time(pid)
+    return now is not None and abs(now - float(start_time)) < 0.015
 
 
 def load_state():
@@ -93,7 +113,7 @@ def load_state():
     procs = []
     for f in sorted((HOST_DIR / "gpu-procs").glob("*.json")):
         e = _read_json(f, None)
-        if e and _alive(int(e["pid"]), e.get("start_time")):
+        if e and proc_alive(int(e["pid"]), e.get("start_time")):
             procs.append(e)
     for g in gpus:
         mine = [p for p in procs if int(p["gpu_index"]) == int(g["index"])]
@@ -183,7 +203,7 @@ def main(argv=None) -> int:
             print("NVIDIA System Management Interface -- v" + "580.95.05 (SIMULATED)")
             return 0
         else:
-            print(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
+            print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
             return 2
         i += 1
     sim, gpus, procs = load_state()

@@ -12,8 +12,8 @@ import hashlib
 import json
 import random
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 BLOCK = 1 << 20          # bytes per generated block; a block is a rotation of the repo's pool
 _POOLS: dict[str, bytes] = {}
@@ -77,7 +77,7 @@ class RepoFile:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def from_text(cls, path: str, text: str | bytes, *, seed: str, lfs: bool = False) -> "RepoFile":
+    def from_text(cls, path: str, text: str | bytes, *, seed: str, lfs: bool = False) -> RepoFile:
         data = text.encode() if isinstance(text, str) else text
         return cls(path=path, size=len(data), lfs=lfs, seed=seed, text=data, real_size=len(data))
 

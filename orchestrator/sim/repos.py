@@ -24,12 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from orchestrator.sim.repo_files import RepoFile, safetensors_header
 from orchestrator.sim import repo_texts as T
+from orchestrator.sim.repo_files import RepoFile, safetensors_header
 
 DEFAULT_SCALE = 10000
 MIN_LFS_BYTES = 4096      # a scaled LFS file never gets smaller than this (room for a header)

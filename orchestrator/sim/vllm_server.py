@@ -13,12 +13,18 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
 - start-up: the real log lines and prefixes of 0.33 (`(APIServer pid=N) INFO 11-29 09:05:12
   [entry.py:139] Starting vLLM server on http://...`); the port is bound but not listening while
   loading (connects are refused), then uvicorn's "Application startup complete.".
-- GPU memory: one process per GPU rank (`VLLM::Worker_TP<n>[_EP<n>]`, or `VLLM::EngineCore` at TP=1)
-  registered in `<hostdir>/gpu-procs/`, which the fake nvidia-smi reads. Workers outlive a SIGKILLed
-  server and keep "holding" memory; a SIGTERMed server stops them. A start fails with the real
-  "Free memory on device ..." error when other live holders leave too little memory.
-- serving: /health, /v1/models, /version, /metrics, /tokenize, /detokenize,
-  /v1/chat/completions (stream or not), /v1/completions, with per-model token rates (PROFILES below) paced on an absolute schedule.
+- processes: vLLM's titles (see Launch.start_engine): one GPU worker per rank
+  (`VLLM::Worker[_DP<d>][_TP<t>][_EP<e>]`, or `VLLM::EngineCore` alone at world size 1), engine
+  cores `VLLM::EngineCore[_DP<d>]`, and with data parallelism `VLLM::DPCoordinator` and
+  `VLLM::APIServer_<i>`. GPU holders are registered in `<hostdir>/gpu-procs/`, which the fake
+  nvidia-smi reads. Workers outlive a SIGKILLed server and keep "holding" memory; a SIGTERMed
+  server stops them. A start fails with the real "Free memory on device ..." error when other live
+  holders leave too little memory.
+- serving: /health, /v1/models, /version, /metrics, /tokenize, /detokenize, /v1/chat/completions
+  (stream or not), /v1/completions, with per-model token rates (PROFILES below) paced on an
+  absolute schedule; a DP-N service runs N engines (own queue, KV cache and metrics series `engine="0".."N-1"`).
+- auth: with --api-key / VLLM_API_KEY, /v1/* answers 401 `{"error":"Unauthorized"}` without the
+  key, exactly as vLLM's middleware does; /health, /metrics and /version stay open.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS).
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import math
 import os
@@ -399,42 +406,44 @@ def traceback_text(frames: list, exc: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # GPU memory bookkeeping shared with the fake nvidia-smi (gpu-procs/<pid>-<gpu>.json).
+try:   # a vLLM venv always has psutil; a bare python3 may not: /proc is read by hand then
+    import psutil
+except ImportError:
+    psutil = None
+
+
 def proc_start_time(pid: int):
+    """When the process started, in seconds after boot (None if it is gone). With the PID this
+    names one process - PIDs are reused - and it is what the fake nvidia-smi compares. Boot-relative
+    (/proc/<pid>/stat field 22), so a wall-clock step does not change it."""
+    if psutil is not None:
+        try:
+            return round(psutil.Process(pid).create_time() - psutil.boot_time(), 2)
+        except psutil.Error:
+            return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return None
+    return round(ticks / os.sysconf("SC_CLK_TCK"), 2)
 
 
-def pid_alive(pid: int, start_time) -> bool:
+def gpu_used_mib() -> dict:
+    """MiB in use per GPU index as the simulated driver reports it: the fake nvidia-smi beside
+    this program counts only live holders (a killed worker frees its memory, a zombie too)."""
+    import subprocess
+    smi = HOST_DIR / "bin" / "nvidia-smi"
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if start_time is not None and Path("/proc").is_dir():
-        now = proc_start_time(pid)
-        if now is None or now != start_time:
-            return False
-        try:   # a zombie (exited, not yet reaped) holds no memory
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-        except (OSError, IndexError):
-            return False
-    return True
-
-
-def live_gpu_usage(exclude_pids: set) -> dict:
-    """MiB used per GPU index by live holders other than `exclude_pids`."""
-    used: dict = {}
-    for f in (HOST_DIR / "gpu-procs").glob("*.json"):
-        e = _read_json(f, None)
-        if not e or e.get("pid") in exclude_pids:
-            continue
-        if pid_alive(int(e["pid"]), e.get("start_time")):
-            used[int(e["gpu_index"])] = used.get(int(e["gpu_index"]), 0) + int(e["used_mib"])
+        out = subprocess.run([sys.executable, str(smi), "--query-gpu=index,memory.used",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    used = {}
+    for line in out.splitlines():
+        idx, _, mib = line.partition(",")
+        if idx.strip().isdigit() and mib.strip().isdigit():
+            used[int(idx)] = int(mib)
     return used
 
 
@@ -467,7 +476,9 @@ def holder_main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+    # The spawner's PID, from the spawner: reading getppid() here would race with a parent killed
+    # before this interpreter got this far (then the holder never notices it is orphaned).
+    parent = int(os.environ.get("VLLM_SIM_PARENT_PID") or os.getppid())
     exit_with_parent = os.environ.get("VLLM_SIM_EXIT_WITH_PARENT") == "1"
     while True:   # GPU holders outlive a killed parent (like real orphaned workers); an engine
         time.sleep(0.5 if exit_with_parent else 3600)   # core without GPU memory does not
@@ -478,7 +489,7 @@ def holder_main() -> None:
 def spawn_holder(title: str, exit_with_parent: bool = False):
     import subprocess
     env = dict(os.environ, VLLM_SIM_HOLDER_TITLE=title, VLLM_SIM_HOST_DIR=str(HOST_DIR),
-               VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0")
+               VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0", VLLM_SIM_PARENT_PID=str(os.getpid()))
     return subprocess.Popen([title, str(Path(__file__).resolve()), "__sim_gpu_holder__"],
                             executable=sys.executable, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -658,12 +669,28 @@ def detokenize_endpoint(body, served: list) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
+def go_float(v) -> str:
+    """A sample value or `le` bound as prometheus_client writes it (its floatToGoString)."""
+    d = float(v)
+    if math.isinf(d):
+        return "+Inf" if d > 0 else "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    text = repr(d)
+    dot = text.find(".")
+    if d > 0 and dot > 6:            # Go switches to exponents sooner than Python
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text
+
+
 class Histogram:
     def __init__(self, name: str, doc: str, buckets: list):
         self.name, self.doc, self.buckets = name, doc, buckets
         self.counts = [0] * len(buckets)
         self.total = 0
         self.sum = 0.0
+        self.created = time.time()
 
     def observe(self, v: float) -> None:
         self.total += 1
@@ -672,26 +699,23 @@ class Histogram:
             if v <= b:
                 self.counts[i] += 1
 
-    def render(self, labels: str) -> list:
-        out = [f"# HELP {self.name} {self.doc}", f"# TYPE {self.name} histogram"]
-        for b, c in zip(self.buckets, self.counts):
-            out.append(f'{self.name}_bucket{{{labels},le="{float(b)}"}} {float(c)}')
-        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {float(self.total)}')
-        out.append(f"{self.name}_count{{{labels}}} {float(self.total)}")
-        out.append(f"{self.name}_sum{{{labels}}} {self.sum}")
-        return out
+    def samples(self, labels: dict) -> list:
+        out = [(f"{self.name}_bucket", dict(labels, le=go_float(b)), c)
+               for b, c in zip(self.buckets, self.counts)]
+        out.append((f"{self.name}_bucket", dict(labels, le="+Inf"), self.total))
+        return out + [(f"{self.name}_count", labels, self.total), (f"{self.name}_sum", labels, self.sum)]
 
 
-class Engine:
-    """Request scheduling, token pacing and metrics."""
+class EngineCore:
+    """One engine (one DP rank): its scheduler queue, KV cache and the metrics vLLM labels with
+    `engine="<rank>"`."""
 
-    def __init__(self, cfg: dict):
-        self.cfg = cfg
-        self.profile = PROFILES[cfg["profile"]]
+    def __init__(self, index: int, cfg: dict):
+        self.index = index
         self.running = 0
         self.waiting = 0
         self.kv_in_use = 0
-        self.slots = asyncio.Semaphore(cfg["max_num_seqs"])
+        self.slots = asyncio.Semaphore(cfg["max_num_seqs"])     # max_num_seqs is per engine
         self.counters = {"prompt": 0, "generation": 0, "preemptions": 0,
                          "prefix_queries": 0, "prefix_hits": 0}
         self.success: dict = {}
@@ -707,6 +731,28 @@ class Engine:
                              "Histogram of e2e request latency in seconds.",
                              [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                               40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])
+
+    def finished(self, reason: str) -> None:
+        self.success[reason] = self.success.get(reason, 0) + 1
+
+
+class Engine:
+    """Request scheduling, token pacing and metrics over the service's engines: one per DP rank,
+    each with its own queue and KV cache; a request goes to the least loaded engine (vLLM's DP
+    load balancing scores engines by waiting * 4 + running)."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.profile = PROFILES[cfg["profile"]]
+        self.cores = [EngineCore(i, cfg) for i in range(max(1, cfg["dp"]))]
+        self.started = time.time()
+
+    @property
+    def running(self) -> int:
+        return sum(c.running for c in self.cores)
+
+    def pick(self) -> EngineCore:
+        return min(self.cores, key=lambda c: (c.waiting * 4 + c.running, c.index))
 
     def plan(self, prompt: str, prompt_tokens: int, body: dict) -> tuple:
         """[(kind, token)] and finish_reason for one request."""
@@ -740,23 +786,24 @@ class Engine:
             finish = "length"
         return seq, finish
 
-    async def run(self, seq: list, prompt_tokens: int, emit):
+    async def run(self, core: EngineCore, seq: list, prompt_tokens: int, emit):
         """Pace `seq` like the real engine: queue, prefill (TTFT), then decode at the profile's
-        per-stream rate for the current concurrency, on an absolute schedule (no drift)."""
+        per-stream rate for the service's current concurrency (the profiles are whole-service
+        figures), on an absolute schedule (no drift)."""
         loop = asyncio.get_running_loop()
         t_arrive = loop.time()
-        self.waiting += 1
-        await self.slots.acquire()
-        self.waiting -= 1
-        self.running += 1
-        self.kv_in_use += prompt_tokens
-        self.counters["prefix_queries"] += prompt_tokens
+        core.waiting += 1
+        await core.slots.acquire()
+        core.waiting -= 1
+        core.running += 1
+        core.kv_in_use += prompt_tokens
+        core.counters["prefix_queries"] += prompt_tokens
         done = 0
         try:
             await asyncio.sleep(0.015 + prompt_tokens / self.profile["prefill"])
             t = loop.time()
-            self.ttft.observe(t - t_arrive)
-            self.counters["prompt"] += prompt_tokens
+            core.ttft.observe(t - t_arrive)
+            core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
                 if i:
                     itl = 1.0 / stream_rate(self.profile, self.running)
@@ -764,64 +811,93 @@ class Engine:
                     delay = t - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                    self.itl.observe(itl)
+                    core.itl.observe(itl)
                 await emit(item)
                 done += 1
-                self.kv_in_use += 1
-                self.counters["generation"] += 1
+                core.kv_in_use += 1
+                core.counters["generation"] += 1
         finally:
-            self.running -= 1
-            self.kv_in_use -= prompt_tokens + done
-            self.slots.release()
-            self.e2e.observe(loop.time() - t_arrive)
-
-    def finished(self, reason: str) -> None:
-        self.success[reason] = self.success.get(reason, 0) + 1
+            core.running -= 1
+            core.kv_in_use -= prompt_tokens + done
+            core.slots.release()
+            core.e2e.observe(loop.time() - t_arrive)
 
     def metrics(self) -> str:
-        labels = f'engine="0",model_name="{self.cfg["served"][0]}"'
-        kv = min(1.0, self.kv_in_use / max(1, self.cfg["kv_tokens"]))
-        out = []
+        """/metrics as vLLM 0.33 serves it with prometheus_client 0.26: one series per engine
+        (labels `engine`, `model_name`, sorted), counters named `*_total`. A single API server
+        serves the process registry, whose counters and histograms also carry `*_created`
+        series; several API servers (the default with DP > 1) serve the multiprocess registry,
+        which has none (vllm/v1/metrics/prometheus.py)."""
+        cfg = self.cfg
+        created = cfg["api_servers"] == 1
+        out: list = []
 
-        def metric(name, kind, doc, value, extra=""):
+        def fmt(labels: dict) -> str:
+            return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+
+        def family(name: str, kind: str, doc: str, samples: list) -> None:
             out.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}"])
-            sample = name + ("_total" if kind == "counter" else "")
-            out.append(f"{sample}{{{labels}{extra}}} {float(value)}")
+            out.extend(f"{n}{{{fmt(lab)}}} {go_float(v)}" for n, lab, v in samples)
 
-        metric("vllm:num_requests_running", "gauge",
-               "Number of requests in model execution batches.", self.running)
-        metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               self.waiting)
-        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-               kv)
-        metric("vllm:prefix_cache_queries", "counter",
-               "Prefix cache queries, in terms of number of queried tokens.",
-               self.counters["prefix_queries"])
-        metric("vllm:prefix_cache_hits", "counter",
-               "Prefix cache hits, in terms of number of cached tokens.",
-               self.counters["prefix_hits"])
-        metric("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.",
-               self.counters["preemptions"])
-        metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
-               self.counters["prompt"])
-        metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
-               self.counters["generation"])
-        out.extend(["# HELP vllm:request_success Count of successfully processed requests.",
-                    "# TYPE vllm:request_success counter"])
-        for reason in ("abort", "error", "length", "repetition", "stop"):
-            out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} '
-                       f'{float(self.success.get(reason, 0))}')
-        out.extend(["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
-                    "# TYPE vllm:cache_config_info gauge",
-                    f'vllm:cache_config_info{{block_size="16",cache_dtype="{self.cfg["kv_dtype"]}",'
-                    f'engine="0",gpu_memory_utilization="{self.cfg["util"]}",'
-                    f'num_gpu_blocks="{self.cfg["kv_tokens"] // 16}"}} 1.0'])
-        for h in (self.ttft, self.itl, self.e2e):
-            out.extend(h.render(labels))
+        def per_core(name: str, kind: str, doc: str, value_of) -> None:
+            family(name, kind, doc, [(name, self.labels(c), value_of(c)) for c in self.cores])
+            if kind == "counter" and created:
+                base = name[:-len("_total")]
+                family(f"{base}_created", "gauge", doc,
+                       [(f"{base}_created", self.labels(c), self.started) for c in self.cores])
+
+        per_core("vllm:num_requests_running", "gauge",
+                 "Number of requests in model execution batches.", lambda c: c.running)
+        per_core("vllm:num_requests_waiting", "gauge",
+                 "Number of requests waiting to be processed.", lambda c: c.waiting)
+        per_core("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                 lambda c: min(1.0, c.kv_in_use / max(1, cfg["kv_tokens"])))
+        per_core("vllm:prefix_cache_queries_total", "counter",
+                 "Prefix cache queries, in terms of number of queried tokens.",
+                 lambda c: c.counters["prefix_queries"])
+        per_core("vllm:prefix_cache_hits_total", "counter",
+                 "Prefix cache hits, in terms of number of cached tokens.",
+                 lambda c: c.counters["prefix_hits"])
+        per_core("vllm:num_preemptions_total", "counter",
+                 "Cumulative number of preemption from the engine.",
+                 lambda c: c.counters["preemptions"])
+        per_core("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                 lambda c: c.counters["prompt"])
+        per_core("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                 lambda c: c.counters["generation"])
+        doc = "Count of successfully processed requests."
+        family("vllm:request_success_total", "counter", doc,
+               [("vllm:request_success_total", dict(self.labels(c), finished_reason=r),
+                 c.success.get(r, 0))
+                for r in ("stop", "length", "abort", "error", "repetition") for c in self.cores])
+        for kind in ("ttft", "itl", "e2e"):
+            h0 = getattr(self.cores[0], kind)
+            family(h0.name, "histogram", h0.doc,
+                   [row for c in self.cores for row in getattr(c, kind).samples(self.labels(c))])
+            if created:
+                family(f"{h0.name}_created", "gauge", h0.doc,
+                       [(f"{h0.name}_created", self.labels(c), getattr(c, kind).created)
+                        for c in self.cores])
+        family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+               [("vllm:cache_config_info",
+                 {"block_size": "16", "cache_dtype": cfg["kv_dtype"], "engine": str(c.index),
+                  "enable_prefix_caching": "True",
+                  "gpu_memory_utilization": str(cfg["util"]),
+                  "num_gpu_blocks": str(cfg["kv_tokens"] // 16)}, 1.0) for c in self.cores])
         return "\n".join(out) + "\n"
+
+    def labels(self, core: EngineCore) -> dict:
+        return {"engine": str(core.index), "model_name": self.cfg["served"][0]}
 
 
 # --------------------------------------------------------------------------------------------
+# vllm/entrypoints/serve/middleware/authenticate.py (0.33.0): what the API key guards, and the
+# body of its 401 (a starlette JSONResponse, compact JSON). /health, /metrics, /version, /ping,
+# /load and the docs stay open.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'
+
+
 class Server:
     """The HTTP side: a small HTTP/1.1 implementation on asyncio streams (keep-alive, chunked)."""
 
@@ -897,11 +973,20 @@ class Server:
     def error(self, message: str, kind: str, code: int, param=None) -> dict:
         return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
+    def authorized(self, method: str, path: str, headers: dict) -> bool:
+        """vLLM 0.33's AuthenticationMiddleware (with --api-key / VLLM_API_KEY): OPTIONS and paths
+        outside GUARDED_PREFIX pass; otherwise the Authorization header must be "<scheme> <key>"
+        with scheme "bearer" in any case and key one of the configured keys."""
+        keys = self.cfg["api_keys"]
+        if not keys or method == "OPTIONS" or not path.startswith(GUARDED_PREFIX):
+            return True
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and any(
+            [hmac.compare_digest(token.encode(), k.encode()) for k in keys])
+
     async def route(self, method, path, headers, body, writer):
-        if path.startswith("/v1") and self.cfg["api_keys"]:
-            auth = headers.get("authorization", "")
-            if not (auth.startswith("Bearer ") and auth[7:] in self.cfg["api_keys"]):
-                return await self.json(writer, 401, {"error": "Unauthorized"})
+        if not self.authorized(method, path, headers):
+            return await self.respond(writer, 401, UNAUTHORIZED_BODY)
         if path == "/health" and method in ("GET", "HEAD"):
             return await self.respond(writer, 200 if self.healthy else 503)
         if path == "/ping":
@@ -984,8 +1069,9 @@ class Server:
         async def collect(item):
             parts[item[0]].append(item[1])
 
-        await self.engine.run(seq, prompt_tokens, collect)
-        self.engine.finished(finish)
+        core = self.engine.pick()
+        await self.engine.run(core, seq, prompt_tokens, collect)
+        core.finished(finish)
         content = "".join(parts["content"]).lstrip()
         reasoning = "".join(parts["reasoning"]).lstrip() or None
         if chat:
@@ -1045,8 +1131,9 @@ class Server:
                           "finish_reason": finish if last else None, "stop_reason": None}
             await send(chunk(choice))
 
+        core = self.engine.pick()
         try:
-            await self.engine.run(seq, prompt_tokens, emit)
+            await self.engine.run(core, seq, prompt_tokens, emit)
             if not seq:
                 await send(chunk({"index": 0, "delta": {"content": ""}, "logprobs": None,
                                   "finish_reason": finish}))
@@ -1055,17 +1142,13 @@ class Server:
             await send("[DONE]")
             writer.write(b"0\r\n\r\n")
             await writer.drain()
-            self.engine.finished(finish)
+            core.finished(finish)
         except (ConnectionError, OSError):
-            self.engine.finished("abort")
+            core.finished("abort")
             raise
 
 
 # --------------------------------------------------------------------------------------------
-def fail_argparse(parser: argparse.ArgumentParser, message: str) -> None:
-    parser.error(message)   # prints usage + "vllm: error: ..." to stderr, exit 2
-
-
 class StartupFailed(Exception):
     pass
 
@@ -1076,8 +1159,9 @@ class Launch:
     def __init__(self, args, fault):
         self.args, self.fault = args, fault
         self.api = ("APIServer", os.getpid())
-        self.holders: list = []        # (Popen, title, gpu)
-        self.engine_proc = None
+        self.holders: list = []        # GPU holders: (Popen, title, gpu, start time)
+        self.aux: list = []            # engine cores, DP coordinator, API servers (no GPU memory)
+        self.engine_logs: list = []    # (log name, pid) of each engine core
         self.sock = None
         self.stopping = False
         self.t0 = time.time()
@@ -1121,15 +1205,26 @@ class Launch:
                                          "M": 1 << 20}[m.group(2)]
         kv_dtype = a.kv_cache_dtype or "auto"
         speed = float(os.environ.get("VLLM_SIM_SPEED") or SIM.get("speed") or 1.0)
-        keys = list(a.api_key or [])
-        if os.environ.get("VLLM_API_KEY"):
-            keys.append(os.environ["VLLM_API_KEY"])
+        # --api-key takes precedence over VLLM_API_KEY (vllm .../middleware/register.py)
+        keys = [k for k in (a.api_key or [os.environ.get("VLLM_API_KEY")]) if k]
+        # API server processes: the default is one per DP rank with internal load balancing
+        # (vllm/entrypoints/cli/serve.py), one with an external load balancer
+        external_lb = bool(a.data_parallel_external_lb) or a.data_parallel_rank is not None
+        hybrid_lb = bool(a.data_parallel_hybrid_lb) or a.data_parallel_start_rank is not None
+        if a.api_server_count is not None:
+            api_servers = int(a.api_server_count)
+        elif external_lb:
+            api_servers = 1
+        elif hybrid_lb:
+            api_servers = int(a.data_parallel_size_local or 1)
+        else:
+            api_servers = dp
         return {
             "model": model, "model_dir": mpath if mpath.is_dir() else None, "ident": ident,
             "profile": key, "size": size, "tp": tp, "pp": pp, "dp": dp, "dcp": dcp, "ep": ep,
             "served": served, "max_model_len": max_len, "kv_dtype": kv_dtype,
             "util": float(a.gpu_memory_utilization or 0.9), "speed": speed,
-            "reasoning": bool(a.reasoning_parser), "api_keys": keys,
+            "reasoning": bool(a.reasoning_parser), "api_keys": keys, "api_servers": api_servers,
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
             "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
@@ -1195,32 +1290,50 @@ class Launch:
         return 97887
 
     async def start_engine(self, cfg: dict) -> None:
+        """Start the processes vLLM 0.33 starts, titled as its setproctitle calls title them:
+        - world size across DP (TP x PP x DP) > 1 selects the multiproc executor: one engine core
+          per DP rank, `VLLM::EngineCore` (`VLLM::EngineCore_DP<d>` with DP > 1, v1/engine/core.py)
+          and one GPU worker per rank, `VLLM::Worker[_DP<d>][_PP<p>][_TP<t>][_DCP<c>][_EP<e>]`
+          (v1/executor/multiproc_executor.py); at world size 1 the engine core holds the GPU.
+        - DP > 1 adds `VLLM::DPCoordinator` (v1/engine/coordinator.py), and several API servers
+          (the default with DP: one per rank) run as `VLLM::APIServer_<i>` (v1/utils.py).
+        Only GPU workers (or a lone engine core) hold memory and outlive a killed server; the
+        others exit with it."""
         ec_name = "EngineCore_DP0"
+        dp = cfg["dp"]
         gpus = self.gpus(cfg)
-        multi = cfg["tp"] * cfg["pp"] > 1
+        multi = cfg["tp"] * cfg["pp"] * dp > 1
         titles = []
         for rank, gpu in enumerate(gpus):
             d, rest = divmod(rank, cfg["tp"] * cfg["pp"])
             p, t = divmod(rest, cfg["tp"])
             if multi:
                 name = "Worker"
-                name += f"_DP{d}" if cfg["dp"] > 1 else ""
+                name += f"_DP{d}" if dp > 1 else ""
                 name += f"_PP{p}" if cfg["pp"] > 1 else ""
                 name += f"_TP{t}" if cfg["tp"] > 1 else ""
                 name += f"_DCP{t % cfg['dcp']}" if cfg["dcp"] > 1 else ""
                 name += f"_EP{rank}" if cfg["ep"] else ""
             else:
-                name = f"EngineCore_DP{d}" if cfg["dp"] > 1 else "EngineCore"
+                name = "EngineCore"
             titles.append((name, gpu))
         if multi:
-            self.engine_proc = spawn_holder("VLLM::EngineCore" if cfg["dp"] == 1
-                                            else "VLLM::EngineCore_DP0", exit_with_parent=True)
-            ec = (ec_name, self.engine_proc.pid)
+            cores = [spawn_holder(f"VLLM::EngineCore_DP{d}" if dp > 1 else "VLLM::EngineCore",
+                                  exit_with_parent=True) for d in range(dp)]
+            self.engine_logs = [(f"EngineCore_DP{d}", c.pid) for d, c in enumerate(cores)]
+            self.aux += cores
+            if dp > 1:
+                self.aux.append(spawn_holder("VLLM::DPCoordinator", exit_with_parent=True))
+            ec = self.engine_logs[0]
+        if cfg["api_servers"] > 1:
+            self.aux += [spawn_holder(f"VLLM::APIServer_{i}", exit_with_parent=True)
+                         for i in range(cfg["api_servers"])]
         for name, gpu in titles:
             proc = spawn_holder(f"VLLM::{name}")
             self.holders.append((proc, f"VLLM::{name}", gpu, proc_start_time(proc.pid)))
         if not multi:
             ec = (ec_name, self.holders[0][0].pid)
+            self.engine_logs = [ec]
         workers = [(t[len("VLLM::"):] if multi else ec_name, p.pid)
                    for (p, t, _g, _s) in self.holders]
         w0 = workers[0]
@@ -1246,13 +1359,13 @@ class Launch:
         if multi:
             log(w0, "INFO", "pynccl.py:148", "vLLM is using nccl==2.28.9")
         await asyncio.sleep(0.05)
-        # the real start-up memory check (vllm/v1/worker/utils.py): other live holders count
-        own = {h[0].pid for h in self.holders}
-        used = live_gpu_usage(own)
+        # the real start-up memory check (vllm/v1/worker/utils.py): free memory as the driver
+        # reports it, i.e. after every live holder (ours hold their CUDA context by now)
+        used = gpu_used_mib()
         for local, (p, title, gpu, st) in enumerate(self.holders):
             total = self.total_mib(gpu) * MiB
             requested = cfg["util"] * total
-            free = total - used.get(gpu, 0) * MiB - CUDA_CONTEXT_MIB * MiB
+            free = total - used.get(gpu, 0) * MiB
             if self.fault == "crash-gpu-memory" and local == 0:
                 free = min(free, requested * 0.55)
             if free < requested:
@@ -1351,10 +1464,11 @@ class Launch:
                 f"{kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` when initializing the engine."))
             self.engine_failed(ec)
-        cfg["kv_tokens"] = kv_tokens
-        log(ec, "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {kv_tokens:,} tokens, "
-            f"Maximum concurrency for {cfg['max_model_len']:,} tokens per request: "
-            f"{kv_tokens / cfg['max_model_len']:.2f}x")
+        cfg["kv_tokens"] = kv_tokens           # per engine: each DP rank has its own cache
+        for engine_core in self.engine_logs:
+            log(engine_core, "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: "
+                f"{kv_tokens:,} tokens, Maximum concurrency for {cfg['max_model_len']:,} tokens "
+                f"per request: {kv_tokens / cfg['max_model_len']:.2f}x")
         for (p, title, gpu, st) in self.holders:
             register_gpu(p.pid, title, gpu, cfg["util"] * self.total_mib(gpu) - 300, st)
         await asyncio.sleep(graph_s)
@@ -1403,7 +1517,7 @@ class Launch:
         raise StartupFailed(None)
 
     def stop_holders(self) -> None:
-        procs = [h[0] for h in self.holders] + ([self.engine_proc] if self.engine_proc else [])
+        procs = [h[0] for h in self.holders] + self.aux
         for p in procs:
             try:
                 p.terminate()
@@ -1414,7 +1528,7 @@ class Launch:
                 p.wait(timeout=5)
             except Exception:
                 p.kill()
-        self.holders, self.engine_proc = [], None
+        self.holders, self.aux = [], []
 
     # -- serving ---------------------------------------------------------------------------------
     async def serve(self, cfg: dict) -> int:
@@ -1441,8 +1555,7 @@ class Launch:
         return code
 
     def die(self, server) -> None:
-        ec = ("EngineCore_DP0", self.engine_proc.pid if self.engine_proc else
-              (self.holders[0][0].pid if self.holders else os.getpid()))
+        ec = self.engine_logs[0] if self.engine_logs else ("EngineCore_DP0", os.getpid())
         server.healthy = False
         log(ec, "ERROR", "core.py:1590", "EngineCore encountered a fatal error.")
         log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1571, "run_engine_core",

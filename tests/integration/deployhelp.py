@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from orchestrator.ops.deploy import run_deploy
-from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest, load_all
-from orchestrator.paths import shipped_dir
-from orchestrator.plan.steps import Options
+from orchestrator.ops.deploy import run_deploy
+from orchestrator.ops.execute import Reporter
 from orchestrator.ops.swap import run_swap
+from orchestrator.paths import shipped_dir
+from orchestrator.plan.run import Options
 
 SHIPPED, _ = load_all(shipped_dir("models"))
 DEPLOYABLE = ["kimi-k25-int4", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]
@@ -45,7 +45,7 @@ def cli_env(sim_host, models: Path) -> dict:
     """Environment for running the CLI in a subprocess against this sim home and models folder."""
     import os
 
-    return dict(os.environ, VLLM_ORCH_SIM_HOME=str(sim_host.home), VLLM_ORCH_MODELS=str(models))
+    return dict(os.environ, VLLM_ORCH_STATE_HOME=str(sim_host.home.parent), VLLM_ORCH_MODELS=str(models))
 
 
 def entry(sim_host, **changes) -> HostEntry:

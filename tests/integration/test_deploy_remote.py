@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.errors import RefusedError
 from orchestrator.config.inventory import HostEntry
-from orchestrator.probe.api import health
+from orchestrator.errors import RefusedError
+from orchestrator.probe.api import Endpoint, health
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
-
 from tests.plugins.remote_hosts import systemd_skip_reason
 
 from .deployhelp import DEPLOYABLE, deploy, on_port, statuses, swap
@@ -29,11 +28,11 @@ def systemd_sim(tmp_path_factory):
     reason = systemd_skip_reason()
     if reason:
         pytest.skip(reason)
-    home = tmp_path_factory.mktemp("sim-systemd")
     mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_ORCH_SIM_HOME", str(home))
+    mp.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path_factory.mktemp("sim-systemd")))
+    home = manager.sim_home()
     manager.up(1, speed=2000, systemd=True, home=home)
-    entry = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+    entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
     try:
         yield home, HostEntry.model_validate({**entry, "name": "sim"})
     finally:
@@ -48,7 +47,7 @@ def test_deploy_over_real_ssh(ssh_sim, sim_host, model):
     assert result.ok, result.error
     assert statuses(result)["ready"] == "done"
     assert deploy(ssh_sim, m).plan.changes is False
-    assert health(sim_host.host, m.serving.port) == 200
+    assert health(Endpoint(sim_host.host, m.serving.port)) == 200
 
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(sim_host, sshd_local, tmp_path):
@@ -121,11 +120,10 @@ def test_probes_reach_a_server_bound_to_the_hosts_loopback(systemd_sim):
     """vLLM listening on 127.0.0.1 inside the host: the gates go through the SSH connection."""
     import socket
 
-    from orchestrator.host.connect import open_host
     from orchestrator.config.manifest import Manifest
-    from orchestrator.ops.stop import stop_model
-
+    from orchestrator.host.connect import open_host
     from orchestrator.host.state import read_active
+    from orchestrator.ops.stop import stop_model
 
     home, e = systemd_sim
     with open_host(e) as host:                 # this module's host is shared: stop what serves

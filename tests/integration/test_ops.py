@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.errors import RefusedError
-from orchestrator.ops.execute import Reporter
-from orchestrator.host.local import LocalHost
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import get_manifest
-from orchestrator.ops.stop import stop_model
+from orchestrator.errors import RefusedError
+from orchestrator.host.local import LocalHost
 from orchestrator.host.services import Service
-from orchestrator.sim import manager
 from orchestrator.host.state import HostLock, read_active, read_history
+from orchestrator.ops.execute import Reporter
 from orchestrator.ops.status import gather_status, host_status
-from orchestrator.plan.steps import Options
-from tests.plugins.sim_hosts import TEST_SPEED, free_port
+from orchestrator.ops.stop import stop_model
+from orchestrator.plan.run import Options
+from orchestrator.sim import manager
+from tests.plugins.sim_hosts import TEST_SPEED, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def models_dir(tmp_path, monkeypatch):
 
 
 def entry_of(sim, name: str = "sim") -> HostEntry:
-    data = yaml.safe_load((sim.home / "inventory.yaml").read_text())["hosts"][name]
+    data = yaml.safe_load(manager.inventory_file(sim.home).read_text())["hosts"][name]
     return HostEntry(name=name, **data)
 
 
@@ -79,13 +79,6 @@ def holders(sim) -> list[dict]:
         except (OSError, ValueError):
             pass
     return [h for h in out if manager.alive(int(h["pid"]), h.get("start_time"))]
-
-
-def wait_until(predicate, budget: float = 10.0):
-    deadline = time.monotonic() + budget
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def kill_group(pgid: int) -> None:
@@ -160,15 +153,32 @@ def test_status_of_several_hosts_in_parallel_with_one_unreachable(sim_host, mode
 
     text = cli("--inventory", str(inventory), "status")
     assert "unreachable" in text.stdout and "minimax-m25" in text.stdout and "ready" in text.stdout
-    # The threads really overlap: four hosts take about as long as the slowest one.
     entries = [entry_of(sim_host, n) for n in ("sim", "sim-2", "sim-3")]
-    t0 = time.monotonic()
-    results = gather_status(entries)
-    wall = time.monotonic() - t0
-    assert [s.host for s in results] == ["sim", "sim-2", "sim-3"]
-    assert wall < sum(s.seconds for s in results), (wall, [s.seconds for s in results])
+    assert [s.host for s in gather_status(entries)] == ["sim", "sim-2", "sim-3"]    # in the order given
     stop_model(LocalHost("sim-2", env=entries[1].env), entries[1], "minimax-m25", release_timeout=10)
 
+
+
+def test_status_asks_the_hosts_at_the_same_time(tmp_path):
+    """Four hosts that each keep vllm-orch waiting 1 s (a port that accepts but never speaks SSH):
+    asked together they take about 1 s, one after the other 4 s. Waiting costs no CPU, so this holds
+    on a busy machine, where a comparison of CPU-bound status calls would not."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    entries = [HostEntry(name=f"hung-{i}", address="127.0.0.1", port=silent.getsockname()[1], user="nobody",
+                         connect_timeout=1, known_hosts_file=str(tmp_path / "kh")) for i in range(4)]
+    try:
+        t0 = time.monotonic()
+        results = gather_status(entries)
+        wall = time.monotonic() - t0
+    finally:
+        silent.close()
+    assert [s.host for s in results] == [e.name for e in entries]
+    assert all(s.state == "unreachable" and "timed out" in s.error for s in results), results
+    assert wall < 2.5, (wall, [s.seconds for s in results])
 
 def test_stop_kills_its_orphaned_workers_on_its_gpus_only(sim_host, models_dir):
     """The model's workers outlive a SIGKILLed parent AND its PID file is gone (state lost): stop
@@ -224,10 +234,10 @@ def test_stop_refuses_while_the_lock_is_held(sim_host, models_dir):
 
 
 def stop_model_locked(entry: HostEntry) -> None:
-    from orchestrator.ops.deploy import session
+    from orchestrator.ops.session import session
 
-    with session(entry, "stop kimi-k25-int4", False) as (host, _holder, _held):
-        stop_model(host, entry, "kimi-k25-int4")
+    with session(entry, "stop kimi-k25-int4", False) as s:
+        stop_model(s.host, entry, "kimi-k25-int4")
 
 
 def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_dir, tmp_path):

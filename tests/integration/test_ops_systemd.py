@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.host.connect import open_host
-from orchestrator.ops.execute import Reporter
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import get_manifest
+from orchestrator.host.connect import open_host
 from orchestrator.host.services import Service
-from orchestrator.sim import manager, nspawn
+from orchestrator.ops.execute import Reporter
 from orchestrator.ops.status import host_status
-from orchestrator.plan.steps import Options
+from orchestrator.plan.run import Options
+from orchestrator.sim import manager, nspawn
+from orchestrator.sim.inventory import SimHost
 from tests.plugins.sim_hosts import TEST_SPEED, free_port
 
 pytestmark = pytest.mark.systemd
@@ -42,7 +43,8 @@ def sd_sim(systemd_hosts, tmp_path_factory):
     while not (hdir / "hub.port").exists() or not (hdir / "hub.port").read_text().strip():
         assert hub.poll() is None and time.monotonic() < deadline, (hdir / "hub.stderr").read_text()
         time.sleep(0.05)
-    data = {k: v for k, v in info.items() if not k.startswith("_")}
+    # the inventory entry `vllm-orch sim up --systemd` would write for it (label, scaled reserve, no flag check)
+    data = SimHost(info["_name"], hdir, "systemd", TEST_SPEED, 10000, python="", container=info).host_entry()
     data["models_root"] = f"{nspawn.SIM_MOUNT}/models"     # the bound host folder, not the overlay tmpfs
     data["env"] = {**data["env"], "HF_ENDPOINT": f"http://{info['_gateway']}:{(hdir / 'hub.port').read_text().strip()}"}
     entry = HostEntry(name=info["_name"], **data)

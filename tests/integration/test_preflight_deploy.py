@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.errors import RefusedError
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.errors import RefusedError
 from orchestrator.sim import manager
 
 from .deployhelp import DEPLOYABLE, deploy, on_port
@@ -19,10 +19,10 @@ pytestmark = pytest.mark.vllm_parser
 
 @pytest.fixture
 def real_parser_sim(tmp_path, monkeypatch, vllm_parser_python):
-    home = tmp_path / "sim-home"
-    monkeypatch.setenv("VLLM_ORCH_SIM_HOME", str(home))
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
     manager.up(1, speed=2000, vllm_python=str(vllm_parser_python), home=home)
-    raw = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
     try:
         yield HostEntry.model_validate({**raw, "name": "sim"})
     finally:

@@ -16,41 +16,45 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.host.local import LocalHost
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_manifest, manifest_files
+from orchestrator.host import nvidia_smi, scripts
+from orchestrator.host.local import LocalHost
+from orchestrator.host.ownership import holders, read_gpus
+from orchestrator.ops.gather import preflight_facts
 from orchestrator.paths import shipped_dir
-from orchestrator.plan.preflight import FAIL, OK, WARN, check_env, check_flags
-from orchestrator.ops.preflight_run import manifest_kwargs, run_host_script, run_preflight
+from orchestrator.plan.preflight import FAIL, OK, WARN, check_env, check_flags, evaluate, needs_for
 from orchestrator.render.artifacts import build_argv
 
 pytestmark = pytest.mark.vllm_parser
 
 HOST = HostEntry(name="t", address="local", vllm="/opt/vllm/bin/vllm", models_root="/models")
 
-# facts/vllm.md 1.2 / 1.3 / 1.4, verbatim (the model positional is the repo id).
+# Published command lines, verbatim (the model positional is the repo id): rtx6kpro =
+# https://github.com/voipmonitor/rtx6kpro/blob/main/models/ (kimi-k25.md, minimax-m25.md); recipes =
+# https://github.com/vllm-project/recipes (models/moonshotai/Kimi-K2.5.yaml nvfp4, MiniMax/MiniMax-M2.md).
 FACTS_ARGVS = {
-    "kimi-int4-tp8-dcp8 (1.2)": """serve moonshotai/Kimi-K2.5 --served-model-name Kimi-K2.5
+    "kimi-int4-tp8-dcp8 (rtx6kpro)": """serve moonshotai/Kimi-K2.5 --served-model-name Kimi-K2.5
         --trust-remote-code --host 0.0.0.0 --port 5000 --tensor-parallel-size 8
         --pipeline-parallel-size 1 --enable-chunked-prefill --enable-prefix-caching
         --load-format fastsafetensors --tool-call-parser kimi_k2 --enable-auto-tool-choice
         --reasoning-parser kimi_k2 --async-scheduling --gpu-memory-utilization 0.95
         --max-num-batched-tokens 4096 --attention-backend TRITON_MLA --kv-cache-dtype fp8
         --mm-encoder-tp-mode data --decode-context-parallel-size 8""",
-    "kimi-nvfp4 (1.3)": """serve nvidia/Kimi-K2.5-NVFP4 -tp 4 --mm-encoder-tp-mode data
+    "kimi-nvfp4 (recipes)": """serve nvidia/Kimi-K2.5-NVFP4 -tp 4 --mm-encoder-tp-mode data
         --compilation_config.pass_config.fuse_allreduce_rms true --tool-call-parser kimi_k2
         --reasoning-parser kimi_k2 --enable-auto-tool-choice --trust-remote-code
         --kv-cache-dtype fp8""",
-    "minimax-tp4 (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
+    "minimax-tp4 (recipes)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
         --tool-call-parser minimax_m2 --reasoning-parser minimax_m2 --enable-auto-tool-choice
         --trust-remote-code""",
-    "minimax-tp4-ep (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
+    "minimax-tp4-ep (recipes)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
         --enable-expert-parallel --tool-call-parser minimax_m2 --reasoning-parser minimax_m2
         --compilation-config '{"cudagraph_mode":"PIECEWISE"}' --enable-auto-tool-choice""",
-    "minimax-dp8-ep (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --data-parallel-size 8
+    "minimax-dp8-ep (recipes)": """serve MiniMaxAI/MiniMax-M2.5 --data-parallel-size 8
         --enable-expert-parallel --tool-call-parser minimax_m2 --reasoning-parser minimax_m2
         --enable-auto-tool-choice --trust-remote-code""",
-    "minimax-rtx6kpro (1.4)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
+    "minimax-tp4 (rtx6kpro)": """serve MiniMaxAI/MiniMax-M2.5 --tensor-parallel-size 4
         --tool-call-parser minimax_m2 --reasoning-parser minimax_m2_append_think
         --enable-auto-tool-choice --trust-remote-code""",
 }
@@ -87,22 +91,22 @@ def argcheck_batch(python: Path, requests: list[dict]) -> list[dict]:
     ever ask (ALL_REQUESTS) in one argcheck batch, so vLLM is imported once, not once per test."""
     if not _BATCHES:
         everything = [r for build in ALL_REQUESTS for r in build()]
-        out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": everything},
-                                   timeout=300)
+        out, res = scripts.run_json(LocalHost("t"), str(python), "argcheck.py",
+                                    [json.dumps({"batch": everything})], timeout=300)
         assert out is not None, res.stderr[-3000:]
         for req, result in zip(everything, out["results"]):
             _BATCHES[json.dumps(req, sort_keys=True)] = result
     missing = [r for r in requests if json.dumps(r, sort_keys=True) not in _BATCHES]
     if missing:   # a request not registered in ALL_REQUESTS: still answered, in its own process
-        out, res = run_host_script(LocalHost("t"), str(python), "argcheck", {"batch": missing},
-                                   timeout=300)
+        out, res = scripts.run_json(LocalHost("t"), str(python), "argcheck.py",
+                                    [json.dumps({"batch": missing})], timeout=300)
         assert out is not None, res.stderr[-3000:]
         for req, result in zip(missing, out["results"]):
             _BATCHES[json.dumps(req, sort_keys=True)] = result
     return [_BATCHES[json.dumps(r, sort_keys=True)] for r in requests]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kimi_render():
     m = load_manifest(shipped_dir("models") / "kimi-k25-int4.yaml")
     return m, build_argv(m, HOST)
@@ -235,6 +239,17 @@ def fake_nvidia_smi(folder: Path, n: int = 8, cuda: str = "13.0", apps: str = ""
     return str(script)
 
 
+def run_preflight(host, python, argv, prov, m, smi_path):
+    """Preflight as deploy runs it: the host's answers gathered, the GPUs read with nvidia-smi."""
+    needs = needs_for(m, argv, prov, manifest_label="models/kimi-k25-int4.yaml")
+    pf = preflight_facts(host, python, list(argv), dict(needs.env), None, set())
+    entry = HostEntry(name="t", address="local", nvidia_smi=smi_path)
+    gpus, apps = read_gpus(host, entry)
+    info = nvidia_smi.parse_driver_info(host.run([smi_path]).stdout)
+    pf.gpus, pf.gpu_error, pf.driver_version, pf.driver_cuda = gpus, None, info.driver_version, info.cuda_version
+    return evaluate(pf, needs, holders([], [], m.name, needs.gpu_needs.indices or []))
+
+
 def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake_site_packages,
                                                   tmp_path):
     """The whole preflight as deploy runs it: real parser, fake packages/GPUs like a sim host."""
@@ -243,9 +258,7 @@ def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake
                              "flashinfer-cubin": "0.7.2"})
     host = LocalHost("sim", env={"PYTHONPATH": str(sp)})
     started = time.monotonic()
-    checks = run_preflight(host, str(vllm_parser_python), argv, prov,
-                           manifest_label="models/kimi-k25-int4.yaml",
-                           nvidia_smi=fake_nvidia_smi(tmp_path), **manifest_kwargs(m))
+    checks = run_preflight(host, str(vllm_parser_python), argv, prov, m, fake_nvidia_smi(tmp_path))
     took = time.monotonic() - started
     summary = {c.name: (c.status, c.summary, c.seconds) for c in checks}
     assert all(c.status == OK for c in checks), summary
@@ -260,9 +273,7 @@ def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake
     old.mkdir()
     checks = run_preflight(host2, str(vllm_parser_python), argv + ["--swap-space", "4"],
                            prov + [("--swap-space", "vllm.extra_args[0]"), ("4", "vllm.extra_args[1]")],
-                           manifest_label="models/kimi-k25-int4.yaml",
-                           nvidia_smi=fake_nvidia_smi(old, n=4, cuda="12.8"),
-                           **manifest_kwargs(m))
+                           m, fake_nvidia_smi(old, n=4, cuda="12.8"))
     by = {c.name: c for c in checks}
     assert by["flags"].status == FAIL and by["flags"].field == "vllm.extra_args[0]"
     assert by["package-pairs"].status == FAIL and "0.7.1" in by["package-pairs"].summary

@@ -10,15 +10,15 @@ import sys
 import pytest
 
 from orchestrator.errors import RefusedError
-from orchestrator.ops.execute import Reporter
-from orchestrator.paths import shipped_dir
-from orchestrator.probe.api import health
-from orchestrator.probe.readiness import NotReady
-from orchestrator.ops.regen import run_regen
-from orchestrator.sim import manager
 from orchestrator.host.state import read_active, read_history
+from orchestrator.ops.execute import Reporter
+from orchestrator.ops.regen import run_regen
+from orchestrator.paths import shipped_dir
+from orchestrator.probe.api import Endpoint, health
+from orchestrator.probe.readiness import NotReady
+from orchestrator.sim import manager
 
-from .deployhelp import cli_env, kill_when, deploy, entry, free_port, on_port, opts, swap, write_models
+from .deployhelp import cli_env, deploy, entry, free_port, kill_when, on_port, opts, swap, write_models
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_failed_swap_rolls_back_to_the_previous_model(sim_host, pair, fault, kin
         assert cause in result.error.root_cause
     assert result.extra["rollback"]["ok"], result.extra["rollback"]
     assert any("serves again" in d for d in result.error.details)
-    assert health(sim_host.host, old.serving.port) == 200
+    assert health(Endpoint(sim_host.host, old.serving.port)) == 200
     assert read_active(sim_host.host, e)["model"] == old.name
     assert sorted(p.name for p in (sim_host.dir / "models" / old.name).rglob("*")) == before
     ops = [h["operation"] for h in read_history(sim_host.host, e)[-2:]]
@@ -82,7 +82,7 @@ def test_swap_when_the_disk_cannot_stage_both(sim_host, pair):
     assert isinstance(refused.error, RefusedError) and refused.error.step == "disk"
     assert "cannot stage" in refused.plan.text() and "min of downtime" in refused.plan.text()
     assert refused.error.hint.startswith("pass --yes")
-    assert health(sim_host.host, old.serving.port) == 200, "a refused swap must not stop the old model"
+    assert health(Endpoint(sim_host.host, old.serving.port)) == 200, "a refused swap must not stop the old model"
     accepted = swap(tight, new, manifests, yes=True)
     assert accepted.ok, accepted.error
     assert accepted.extra["staged"] is False
@@ -101,7 +101,7 @@ def test_an_interrupted_swap_converges(sim_host, pair, tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
     assert read_active(sim_host.host, e)["model"] == new.name
-    assert health(sim_host.host, new.serving.port) == 200
+    assert health(Endpoint(sim_host.host, new.serving.port)) == 200
 
 
 def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatch):
@@ -128,7 +128,7 @@ def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatc
     restarted = run_regen(e, manifests, opts(), quiet, dry_run=False, restart=True)
     assert restarted.ok, restarted.error
     assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() != pid_before
-    assert health(sim_host.host, m.serving.port) == 200
+    assert health(Endpoint(sim_host.host, m.serving.port)) == 200
 
 
 def test_unstaged_swap_is_refused_when_even_deleting_the_old_model_is_not_enough(sim_host, pair):
@@ -136,5 +136,5 @@ def test_unstaged_swap_is_refused_when_even_deleting_the_old_model_is_not_enough
     hopeless = entry(sim_host, models_disk_budget_gib=0.01)
     refused = swap(hopeless, new, manifests, yes=True)
     assert isinstance(refused.error, RefusedError) and "even after deleting" in str(refused.error)
-    assert health(sim_host.host, old.serving.port) == 200
+    assert health(Endpoint(sim_host.host, old.serving.port)) == 200
     assert (sim_host.dir / "models" / old.name).is_dir()

@@ -3,7 +3,7 @@ simulated vLLM server by hand and wait on its log.
 
     def test_x(sim_host):
         sim_host.dir / "bin" / "vllm"         # the simulated vLLM 0.33 server
-        sim_host.entry                        # its inventory entry (dict, as in inventory.yaml)
+        sim_host.entry                        # its inventory entry (dict, as in hosts.d/sim.yaml)
         sim_host.host.run(["nvidia-smi", ...])  # a LocalHost with the entry's env
         model = make_model(sim_host.dir, "kimi-k25-int4", "moonshotai/Kimi-K2.5")
         with SimServer(sim_host, [str(model), "--tensor-parallel-size", "8", ...]) as srv:
@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +48,12 @@ class SimHost:
 
 @pytest.fixture
 def sim_host(tmp_path, monkeypatch):
-    """A fresh SIMULATED host `sim` in a tmp sim home (speed 2000); torn down afterwards."""
-    home = tmp_path / "sim-home"
-    monkeypatch.setenv("VLLM_ORCH_SIM_HOME", str(home))
+    """A fresh SIMULATED host `sim` in a tmp state home (speed 2000); torn down afterwards."""
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
     manager.up(1, speed=TEST_SPEED, home=home)
     try:
-        entry = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
         yield SimHost("sim", manager.host_dir("sim", home), entry,
                       LocalHost("sim", env=entry["env"]), home)
     finally:
@@ -83,6 +84,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until(predicate, budget: float = 10.0, what: str = "condition"):
+    """Poll until predicate() is true (and return its value): what a fixed sleep would hope for,
+    without betting on how fast a busy machine gets there."""
+    deadline = time.monotonic() + budget
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {budget} s"
+        time.sleep(0.05)
+    return value
 
 
 class SimServer:
@@ -158,24 +169,15 @@ class SimServer:
 
 
 # -- hub_mirror: a real SIMULATED Hub mirror process per test -------------------------------
-import json as _json
-import os as _os
-import subprocess as _subprocess
-import sys as _sys
-import time as _time
-from dataclasses import dataclass as _dataclass
-from pathlib import Path as _Path
-
-import pytest as _pytest
 
 
-@_dataclass
+@dataclass
 class HubMirror:
     """A running `python -m orchestrator.sim.hub` (its own host folder, faults and request log)."""
 
-    hostdir: _Path
+    hostdir: Path
     port: int
-    proc: _subprocess.Popen
+    proc: subprocess.Popen
 
     @property
     def url(self) -> str:
@@ -183,7 +185,7 @@ class HubMirror:
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a client process: HF_ENDPOINT at the mirror, no telemetry, a private HF_HOME."""
-        env = {k: v for k, v in _os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
         env.update(HF_ENDPOINT=self.url, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
                    HF_HOME=str(self.hostdir / "hf-home"), **extra)
         return env
@@ -197,22 +199,22 @@ class HubMirror:
         log = self.hostdir / "hub-requests.jsonl"
         if not log.exists():
             return []
-        return [_json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def start_hub_mirror(hostdir: _Path, *args: str, timeout: float = 10.0) -> HubMirror:
+def start_hub_mirror(hostdir: Path, *args: str, timeout: float = 10.0) -> HubMirror:
     hostdir.mkdir(parents=True, exist_ok=True)
-    proc = _subprocess.Popen([_sys.executable, "-m", "orchestrator.sim.hub", "--host-dir", str(hostdir),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.sim.hub", "--host-dir", str(hostdir),
                               "--port", "0", "--bind", "127.0.0.1", *args],
-                             cwd=str(_Path(__file__).resolve().parents[2]),
-                             stdout=_subprocess.DEVNULL, stderr=open(hostdir / "hub.stderr", "wb"))
+                             cwd=str(Path(__file__).resolve().parents[2]),
+                             stdout=subprocess.DEVNULL, stderr=open(hostdir / "hub.stderr", "wb"))
     port_file = hostdir / "hub.port"
-    deadline = _time.monotonic() + timeout
+    deadline = time.monotonic() + timeout
     while not port_file.exists():
-        if proc.poll() is not None or _time.monotonic() > deadline:
+        if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"hub mirror did not start: {(hostdir / 'hub.stderr').read_text()[-500:]}")
-        _time.sleep(0.02)
+        time.sleep(0.02)
     return HubMirror(hostdir, int(port_file.read_text()), proc)
 
 
@@ -220,12 +222,12 @@ def stop_hub_mirror(mirror: HubMirror) -> None:
     mirror.proc.terminate()
     try:
         mirror.proc.wait(10)
-    except _subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:
         mirror.proc.kill()
         mirror.proc.wait()
 
 
-@_pytest.fixture
+@pytest.fixture
 def hub_mirror(tmp_path):
     """A SIMULATED Hub mirror on 127.0.0.1 (scale 10000) with `vllm-orch-sim/tiny-random-3shard`,
     the gated `vllm-orch-sim/gated-tiny` and the shipped models' repos. Stopped after the test."""

@@ -7,7 +7,7 @@
                         a failed build fails the tests instead.
   fake_site_packages   factory: fake_site_packages({"vllm": "0.33.0", "torch": "2.13.0+cu130"})
                         -> a folder of *.dist-info (METADATA Name/Version) to put on PYTHONPATH,
-                        the way simulated hosts fake their packages (SIM-CONTRACT.md).
+                        the way simulated hosts fake their packages (orchestrator/sim/manager.py).
 """
 
 from __future__ import annotations

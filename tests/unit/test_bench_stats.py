@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.bench.compare import compare, judge
-from orchestrator.bench.promscrape import level_deltas, parse, snapshot
+from orchestrator.bench.promscrape import level_deltas, snapshot
 from orchestrator.bench.stats import percentile, summarize, summarize_weighted
 
 
@@ -78,26 +78,14 @@ vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 5.0
 """
 
 
-def test_prometheus_parse_sums_engines_and_averages_kv_usage():
-    p = parse(METRICS)
-    assert p["vllm:num_requests_running"] == 5.0
-    assert p["vllm:kv_cache_usage_perc"] == pytest.approx(0.6)
-    assert p["vllm:request_success_total"] == 5.0
-    s = snapshot(METRICS)
-    assert s["running"] == 5.0 and s["generation_tokens"] == 1500.0 and s["waiting"] is None
-
-
 def test_level_deltas():
     before = snapshot(METRICS)
     after = dict(before, generation_tokens=2500.0, running=0.0)
     d = level_deltas(before, after, [dict(before, running=8.0), dict(before, running=4.0)])
     assert d["generation_tokens_delta"] == 1000.0
     assert d["running"] == {"before": 5.0, "after": 0.0, "mean_during": 6.0, "max_during": 8.0}
+    assert d["kv_cache_usage_perc"]["before"] == pytest.approx(0.6) and d["engines"] == 2
     assert level_deltas(None, after, []) == {"available": False}
-
-
-def test_old_gpu_cache_usage_name_is_read():
-    assert snapshot('vllm:gpu_cache_usage_perc{model_name="m"} 0.25\n')["kv_cache_usage_perc"] == 0.25
 
 
 def test_docs_carry_every_formula_verbatim():

@@ -4,7 +4,7 @@ import ast
 
 from rich.console import Console
 
-from orchestrator.host.download import DownloadProgress, download_argv, parse_event
+from orchestrator.host.download import DownloadProgress, download_args, parse_event
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 
@@ -48,9 +48,8 @@ def test_progress_summary_on_error():
 
 
 def test_argv_never_carries_a_token():
-    argv = download_argv("python3", "/s/d.py", "o/r", "main", "/m/x", allow=["*.json"], ignore=["*.png"],
-                         token_file="/state/secrets/t")
-    assert argv[:2] == ["python3", "/s/d.py"]
+    argv = download_args("o/r", "main", "/m/x", allow=["*.json"], ignore=["*.png"], token_file="/state/secrets/t")
+    assert argv[:2] == ["--repo", "o/r"] and argv[argv.index("--token-file") + 1] == "/state/secrets/t"
     assert ["--allow", "*.json"] == argv[argv.index("--allow"):argv.index("--allow") + 2]
     assert all(not isinstance(a, Secret) for a in argv)
 

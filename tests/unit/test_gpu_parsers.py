@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.host.nvidia_smi import COMPUTE_APPS_FIELDS, GPU_QUERY_FIELDS, DriverInfo, Gpu, GpuProcess, parse_compute_apps, parse_driver_info, parse_gpus, query_compute_apps_argv, query_gpus_argv
+from orchestrator.host.nvidia_smi import (
+    COMPUTE_APPS_FIELDS,
+    GPU_QUERY_FIELDS,
+    DriverInfo,
+    Gpu,
+    GpuProcess,
+    parse_compute_apps,
+    parse_driver_info,
+    parse_gpus,
+    query_compute_apps_argv,
+    query_gpus_argv,
+)
 from orchestrator.sim import manager
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"

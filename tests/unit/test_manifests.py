@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
 from orchestrator.config.manifest import Manifest, get_manifest, load_all, load_manifest, manifest_schema
+from orchestrator.errors import ConfigError
 from orchestrator.paths import shipped_dir
 
 BAD = Path(__file__).parent.parent / "fixtures" / "bad-manifests"

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.views import gpu_lines, history_details, process_lines
 from orchestrator.errors import RefusedError
-from orchestrator.host.facts import GpuProc, HostFacts, ModelDir
-from orchestrator.ops.stop import deploy_started_at, delete_script, leftovers, model_gpus, plan_gc
+from orchestrator.host.facts import HostFacts, ModelDir
+from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, UNMANAGED_VLLM, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.cli.views import gpu_lines, history_details, process_lines
+from orchestrator.ops.stop import delete_script, deploy_started_at, leftovers, model_gpus, plan_gc
 
 
 @pytest.mark.parametrize("active,failed,health,listed,expected", [
@@ -52,16 +53,19 @@ def test_deploy_and_bench_summaries():
 
 
 def proc(pid, gpu, owner=None, left_by=None, vllm=True, name="VLLM::Worker_TP0"):
-    return GpuProc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, owner=owner, left_by=left_by,
-                   vllm_like=vllm)
+    kind = SERVICE if owner else LEFT if left_by else UNMANAGED_VLLM if vllm else FOREIGN
+    return Proc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, kind=kind, model=owner or left_by)
 
 
-def test_leftovers_only_on_the_models_gpus_and_never_another_models_or_foreign():
+def test_stop_leftovers_only_on_the_models_gpus_and_never_a_running_models_or_foreign():
     procs = [proc(1, 0, owner="m"), proc(2, 1, left_by="m"), proc(3, 2),            # ours / unowned vLLM
              proc(4, 5, left_by="m"),                                               # another GPU
              proc(5, 3, owner="other"), proc(6, 3, left_by="other"),                # another model's
              proc(7, 2, vllm=False, name="python")]                                 # foreign
-    assert [p.pid for p in leftovers(procs, "m", [0, 1, 2, 3])] == [1, 2, 3]
+    held = leftovers(facts(procs=procs), "m", [0, 1, 2, 3])
+    assert [p.pid for p in held.ours] == [1]
+    assert [p.pid for p in held.kill] == [2, 3, 6]     # abandoned: by m, by nobody, by the dead "other"
+    assert [p.pid for p in held.others] == [5] and [p.pid for p in held.foreign] == [7]
 
 
 def facts(**kw) -> HostFacts:

@@ -7,14 +7,33 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from orchestrator.host.local import LocalHost
+from orchestrator.host.nvidia_smi import Gpu
+from orchestrator.host.ownership import UNMANAGED_VLLM, Proc, holders
+from orchestrator.ops.gather import preflight_facts
 from orchestrator.paths import package_file
-from orchestrator.plan.preflight import FAIL, OK, SKIPPED, WARN, GpuNeeds, check_env, check_flags, check_foreign_gpu_processes, check_gpus, check_package_pairs, check_required_packages, check_torch_cuda, check_vllm_version, field_for, packages_needed, version_key, worst
-from orchestrator.ops.preflight_run import parse_nvidia_smi, run_preflight
+from orchestrator.plan.preflight import (
+    FAIL,
+    OK,
+    SKIPPED,
+    WARN,
+    GpuNeeds,
+    PreflightNeeds,
+    check_env,
+    check_flags,
+    check_gpus,
+    check_package_pairs,
+    check_required_packages,
+    check_torch_cuda,
+    check_vllm_version,
+    evaluate,
+    field_for,
+    packages_needed,
+    version_key,
+)
 
 PROVENANCE = [("/opt/vllm/bin/vllm", "host.vllm"), ("serve", "(command)"),
               ("/models/kimi", "name"), ("--tensor-parallel-size", "vllm.tensor_parallel_size"),
@@ -25,7 +44,7 @@ RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
 def gpus(n=8, name=RTX, mib=97887):
-    return [{"index": i, "name": name, "memory_total_mib": mib, "uuid": f"GPU-{i}"} for i in range(n)]
+    return [Gpu(index=i, name=name, memory_total_mib=mib, uuid=f"GPU-{i}") for i in range(n)]
 
 
 # -- flags --------------------------------------------------------------------------------------------
@@ -167,40 +186,6 @@ def test_gpu_count_model_and_vram():
     assert check_gpus([], GpuNeeds(1)).status == FAIL
 
 
-def test_foreign_gpu_processes():
-    procs = [{"pid": 11, "process_name": "VLLM::Worker_TP0", "gpu_index": 0, "used_mib": 90000},
-             {"pid": 12, "process_name": "python3 train.py", "gpu_index": 5, "used_mib": 1000},
-             {"pid": 13, "process_name": "VLLM::Worker_TP1", "gpu_index": 1, "used_mib": 90000}]
-    assert check_foreign_gpu_processes(procs, [2, 3]).status == OK
-    leftover = check_foreign_gpu_processes(procs, [0, 1, 2, 3])
-    assert leftover.status == WARN and len(leftover.details) == 2
-    assert check_foreign_gpu_processes(procs, [0, 1], managed_pids={11, 13}).status == OK
-    stranger = check_foreign_gpu_processes(procs, range(8))
-    assert stranger.status == FAIL and "pid 12" in stranger.summary and "--kill-foreign" in stranger.fix
-    assert check_foreign_gpu_processes(procs, range(8), kill_foreign=True).status == WARN
-    assert worst([leftover, stranger]) == FAIL
-
-
-NVIDIA_SMI_OUT = textwrap.dedent(f"""\
-    0, {RTX}, 97887, 90000, 7442, GPU-aaa, 580.95.05, 0
-    1, {RTX}, 97887, 1, 97441, GPU-bbb, 580.95.05, 0
-    @@vllm-orch@@
-    4242, VLLM::Worker_TP0, 90000, GPU-aaa
-    @@vllm-orch@@
-    +-----------------------------------------------------------------------------------------+
-    | NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |
-    +-----------------------------------------+------------------------+----------------------+
-    """)
-
-
-def test_parse_nvidia_smi():
-    g, procs, driver, cuda = parse_nvidia_smi(NVIDIA_SMI_OUT)
-    assert [x["index"] for x in g] == [0, 1] and g[0]["memory_total_mib"] == 97887
-    assert procs == [{"pid": 4242, "process_name": "VLLM::Worker_TP0", "gpu_index": 0,
-                      "gpu_uuid": "GPU-aaa", "used_mib": 90000}]
-    assert (driver, cuda) == ("580.95.05", "13.0")
-
-
 # -- inspect_env.py (host-side, stdlib only) ----------------------------------------------------------
 def run_inspect(site_packages, *args):
     env = {**os.environ, "PYTHONPATH": str(site_packages)}
@@ -231,38 +216,24 @@ def test_inspect_env_reads_torch_version_py_without_importing_torch(fake_site_pa
     assert (info["torch_cuda"], info["torch_cuda_source"]) == ("12.8", "torch/version.py")
 
 
-# -- the runner, on this machine, without a real vLLM -------------------------------------------------
-def fake_nvidia_smi(tmp_path, text=NVIDIA_SMI_OUT):
-    parts = text.split("@@vllm-orch@@\n")
-    script = tmp_path / "nvidia-smi"
-    script.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        case "$1" in
-          --query-gpu=*) cat <<'EOF'
-        {parts[0].rstrip()}
-        EOF
-          ;;
-          --query-compute-apps=*) cat <<'EOF'
-        {parts[1].rstrip()}
-        EOF
-          ;;
-          *) cat <<'EOF'
-        {parts[2].rstrip()}
-        EOF
-          ;;
-        esac
-        """).replace("\n        ", "\n"))
-    script.chmod(0o755)
-    return str(script)
+# -- gathering + evaluating, on this machine, without a real vLLM -------------------------------------
+def run_preflight(host, python, argv, skip=(), gpu_list=None, procs=(), min_vllm=None, gpu_needs=None,
+                  driver_cuda="13.0"):
+    pf = preflight_facts(host, python, list(argv), {}, None, set(skip))
+    pf.gpus, pf.driver_cuda, pf.driver_version = gpu_list, driver_cuda, "580.95.05"
+    needs = PreflightNeeds(argv=list(argv), provenance=[], env={}, min_vllm=min_vllm, gpu_needs=gpu_needs)
+    targets = gpu_needs.indices or list(range(gpu_needs.count)) if gpu_needs else []
+    return evaluate(pf, needs, holders(procs, [], "m", targets) if gpu_needs else None, skip=skip)
 
 
 def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp_path):
     sp = fake_site_packages({"vllm": "0.18.0", "torch": "2.13.0+cu130",
                              "flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"})
     host = LocalHost("t", env={"PYTHONPATH": str(sp)})
+    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=UNMANAGED_VLLM)
     checks = run_preflight(host, sys.executable, ["vllm", "serve", "m", "--load-format", "fastsafetensors"],
-                           [], min_vllm="0.19.1", gpu_needs=GpuNeeds(8, "RTX PRO 6000"),
-                           nvidia_smi=fake_nvidia_smi(tmp_path), skip={"flags", "env"})
+                           skip={"flags", "env"}, gpu_list=gpus(2), procs=[leftover], min_vllm="0.19.1",
+                           gpu_needs=GpuNeeds(8, "RTX PRO 6000"))
     by = {c.name: c for c in checks}
     assert [c.name for c in checks] == ["flags", "env", "vllm-version", "package-pairs", "torch-cuda",
                                         "required-packages", "gpus", "foreign-gpu-processes"]
@@ -273,13 +244,14 @@ def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp
     assert by["required-packages"].status == FAIL and "fastsafetensors" in by["required-packages"].summary
     assert by["gpus"].status == FAIL and by["gpus"].summary == "2 GPUs available, 8 needed"
     assert by["foreign-gpu-processes"].status == WARN        # the leftover VLLM::Worker_TP0 on GPU 0
-    assert all(c.seconds is not None for c in checks if c.status != SKIPPED)
+    assert all(c.seconds is not None for c in checks if c.status not in (SKIPPED,) and c.name not in
+               ("gpus", "foreign-gpu-processes"))
 
 
 def test_run_preflight_with_a_python_lacking_vllm_fails_the_flag_check(tmp_path):
-    checks = run_preflight(LocalHost("t"), sys.executable, ["serve", "m"], [], gpu_needs=None)
+    checks = run_preflight(LocalHost("t"), sys.executable, ["serve", "m"])
     flags = checks[0]
     assert flags.name == "flags" and flags.status == FAIL
     assert "could not build vLLM's argument parser" in flags.summary
-    missing = run_preflight(LocalHost("t"), str(tmp_path / "no-python"), ["serve", "m"], [])
+    missing = run_preflight(LocalHost("t"), str(tmp_path / "no-python"), ["serve", "m"])
     assert missing[0].status == FAIL and "exit 127" in missing[0].summary

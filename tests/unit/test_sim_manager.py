@@ -3,7 +3,6 @@ orchestrator.sim.hub is present)."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import subprocess
 import sys
@@ -11,21 +10,28 @@ import sys
 import yaml
 from click.testing import CliRunner
 
+from orchestrator.config.inventory import load_inventory
 from orchestrator.sim import manager
 from orchestrator.sim.cli import sim
 
 
-def test_up_is_idempotent_and_writes_the_inventory(tmp_path):
-    home = tmp_path / "home"
+def test_up_is_idempotent_and_writes_the_inventory(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
     manager.up(2, speed=500, home=home)
-    inv1 = (home / "inventory.yaml").read_text()
+    inv_file = tmp_path / "state" / "hosts.d" / "sim.yaml"
+    inv1 = inv_file.read_text()
     manager.up(2, home=home)
-    assert (home / "inventory.yaml").read_text() == inv1
+    assert inv_file.read_text() == inv1
     hosts = yaml.safe_load(inv1)["hosts"]
     assert list(hosts) == ["sim", "sim-2"]
     e = hosts["sim"]
     hdir = home / "hosts" / "sim"
-    assert e["simulated"] is True and e["address"] == "local"
+    # ordinary host settings describe it: a label, the reserve scaled like the files, no flag check
+    # without a real vLLM
+    assert e["label"] == "SIMULATED" and e["address"] == "local"
+    assert e["disk_reserve_gib"] == 20 / manager.DEFAULT_SCALE and e["skip_checks"] == ["flags", "env"]
+    assert {h.name: h.label for h in load_inventory().hosts.values()} == {"sim": "SIMULATED", "sim-2": "SIMULATED"}
     assert e["service_manager"] == "process"
     assert e["vllm"] == str(hdir / "bin" / "vllm") and e["models_root"] == str(hdir / "models")
     assert e["env"]["PYTHONPATH"] == str(hdir / "site-packages")
@@ -41,19 +47,20 @@ def test_up_is_idempotent_and_writes_the_inventory(tmp_path):
                          text=True, check=True).stdout
     assert out.strip() == "0.33.0"
     manager.down(home)
-    assert not (home / "hosts").exists() and not (home / "inventory.yaml").exists()
+    assert not (home / "hosts").exists() and not inv_file.exists()
+    assert load_inventory().hosts == {}
 
 
-def test_vllm_python_is_recorded(tmp_path):
-    home = tmp_path / "home"
+def test_vllm_python_is_recorded_and_the_flag_check_kept(tmp_path):
+    home = tmp_path / "state" / "sim"
     manager.up(1, home=home, vllm_python=sys.executable)
-    assert yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]["python"] == \
-        sys.executable
+    e = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    assert e["python"] == sys.executable and "skip_checks" not in e
     manager.down(home)
 
 
 def test_faults_cli(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_ORCH_SIM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path))
     r = CliRunner()
     out = r.invoke(sim, ["up", "--speed", "2000"])
     assert out.exit_code == 0 and "SIMULATED" in out.output
@@ -62,7 +69,7 @@ def test_faults_cli(tmp_path, monkeypatch):
         "crash-flashinfer", "crash-gpu-memory", "crash-unrecognized-args",
         "crash-trust-remote-code", "hang", "die-after-ready", "garbage", "slow-start"}
     assert r.invoke(sim, ["fault", "sim", "crash-flashinfer", "--model", "m1"]).exit_code == 0
-    hdir = tmp_path / "home" / "hosts" / "sim"
+    hdir = tmp_path / "sim" / "hosts" / "sim"      # the sim home is <state home>/sim
     assert json.loads((hdir / "faults.json").read_text()) == [
         {"fault": "crash-flashinfer", "model": "m1"}]
     assert (hdir / "site-packages" / "flashinfer_cubin-0.6.13.dist-info").is_dir()

@@ -4,8 +4,8 @@ Run by the host's vLLM Python, standard library + the installed vLLM only:
 
     echo '{"argv": ["serve", "org/model", "--tensor-parallel-size", "8"], "env": {}}' | python argcheck.py
 
-The orchestrator sends this file as the program text (`python -` with the file on stdin); then the
-request comes as a first line `_REQUEST = '<json>'` prepended to the text instead of on stdin.
+The orchestrator sends this file as the program text (`python - '<json request>'`, the file on
+stdin, orchestrator/host/scripts.py); then the request is the first argument instead of stdin.
 
 Request: {"argv": [...], "env": {NAME: VALUE}}, or {"batch": [request, ...]} (answered with
 {"results": [result, ...], "seconds": float}; the parser is built once). argv may be `["vllm", "serve", MODEL, ...]`,
@@ -282,9 +282,8 @@ def main():
     real_stdout = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    raw = globals().get("_REQUEST")
     try:
-        request = json.loads(raw if raw is not None else sys.stdin.read())
+        request = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
         if not isinstance(request, dict):
             raise ValueError("the request must be a JSON object")
     except ValueError as exc:

@@ -82,11 +82,21 @@ class Aborted(Exception):
 def classify_hub_error(exc: BaseException) -> Fail | None:
     """Map huggingface_hub / HTTP exceptions to our kinds; None = transient (retry)."""
     try:
-        from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
-                                            RepositoryNotFoundError, RevisionNotFoundError)
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
     except ImportError:   # huggingface_hub < 0.24
-        from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,  # type: ignore
-                                           RepositoryNotFoundError, RevisionNotFoundError)
+        from huggingface_hub.utils import (  # type: ignore
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     first = " ".join(lines[:2]) if lines else type(exc).__name__
     if isinstance(exc, GatedRepoError):

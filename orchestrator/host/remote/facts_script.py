@@ -1,8 +1,13 @@
 """Host-side fact gathering: ONE round trip that reports everything a plan needs, as one JSON object.
 
-Run by the host's Python (stdlib only, Python >= 3.8) as `python -c <this file> '<json args>'`.
+Run by the host's Python (Python >= 3.8) as `python -c <this file> '<json args>'`.
 Raw command output (nvidia-smi) is returned as text and parsed on the controller by pure parsers
-(orchestrator/gpu.py), so the parsers are tested on recorded real output.
+(orchestrator/host/nvidia_smi.py), so the parsers are tested on recorded real output.
+
+Process facts (alive, parent, name, command line) and the sockets bound to the service ports come
+from psutil when the host's Python can import it - every vLLM venv has it, and the inventory's
+`python` defaults to the vLLM venv's - else from /proc by hand (a bare python3). Both give the same
+facts; a zombie counts as dead either way. The cgroup is read from /proc (psutil has no API).
 """
 
 import json
@@ -11,6 +16,13 @@ import socket
 import subprocess
 import sys
 import time
+
+try:
+    import psutil
+    _GONE = psutil.Error            # NoSuchProcess, AccessDenied, ZombieProcess
+except ImportError:
+    psutil = None
+    _GONE = OSError
 
 
 def sh(argv, timeout=20):
@@ -42,7 +54,7 @@ def disk(path):
 
 def dir_bytes(path):
     total = 0
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         for name in files:
             try:
                 total += os.lstat(os.path.join(root, name)).st_size
@@ -52,7 +64,7 @@ def dir_bytes(path):
 
 
 def models(root):
-    out = []
+    out = []  # type: list
     try:
         names = sorted(os.listdir(root))
     except OSError:
@@ -68,38 +80,66 @@ def models(root):
 
 def alive(pid):
     """Running and not a zombie (an unreaped zombie still has a /proc entry)."""
+    if psutil is not None:
+        try:
+            return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        except _GONE:
+            return False
     try:
         with open("/proc/%d/stat" % pid) as f:
             stat = f.read()
-        return stat[stat.rindex(")") + 2] != "Z"
+        return stat[stat.rindex(")") + 2] not in "ZX"
     except (OSError, ValueError, IndexError):
         return False
 
 
 def proc_info(pid):
+    """alive, ppid, pgid, comm (the process name; with psutil the full title when the kernel's
+    15-character comm cut it), cmdline and cgroup of one process."""
     info = {"pid": pid, "alive": alive(pid)}
     if not info["alive"]:
         return info
     try:
-        with open("/proc/%d/stat" % pid) as f:
-            stat = f.read()
-        rest = stat[stat.rindex(")") + 2:].split()
-        info["ppid"], info["pgid"] = int(rest[1]), int(rest[2])
-        with open("/proc/%d/comm" % pid) as f:
-            info["comm"] = f.read().strip()
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            info["cmdline"] = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        if psutil is not None:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                info["ppid"], info["comm"], info["cmdline"] = p.ppid(), p.name(), p.cmdline()
+            info["pgid"] = os.getpgid(pid)
+        else:
+            with open("/proc/%d/stat" % pid) as f:
+                stat = f.read()
+            rest = stat[stat.rindex(")") + 2:].split()
+            info["ppid"], info["pgid"] = int(rest[1]), int(rest[2])
+            with open("/proc/%d/comm" % pid) as f:
+                info["comm"] = f.read().strip()
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                info["cmdline"] = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
         with open("/proc/%d/cgroup" % pid) as f:
             info["cgroup"] = f.read().strip()
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, _GONE):    # it left meanwhile, or is not ours to read
         pass
     return info
 
 
 def port_holders(ports):
-    """Processes with a TCP socket bound (LISTEN, or bound-but-not-listening as vLLM is while it
-    loads) on each port: {port: [pid or None]} from /proc/net/tcp{,6} and /proc/*/fd."""
+    """Processes with a TCP socket listening (or bound with no peer) on each port: {port: [pid]};
+    [None] when the socket is there but its owner is not visible to us (another user's, not root)."""
     wanted = {int(p) for p in ports}
+    found = {str(p): [] for p in wanted}  # type: dict
+    seen = set()  # type: set
+    if psutil is not None:
+        try:
+            conns = psutil.net_connections(kind="tcp")
+        except (_GONE, OSError):
+            conns = None
+        if conns is not None:
+            for c in conns:
+                if (c.laddr and c.laddr.port in wanted and not c.raddr
+                        and c.status in (psutil.CONN_LISTEN, psutil.CONN_CLOSE)):
+                    seen.add(str(c.laddr.port))
+                    if c.pid is not None and c.pid not in found[str(c.laddr.port)]:
+                        found[str(c.laddr.port)].append(c.pid)
+            return _unseen_owner(found, seen)
     inodes = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -111,9 +151,9 @@ def port_holders(ports):
                     remote_port = int(parts[2].rsplit(":", 1)[1], 16)
                     if port in wanted and parts[3] in ("0A", "07") and remote_port == 0:
                         inodes[parts[9]] = port
+                        seen.add(str(port))
         except (OSError, StopIteration, IndexError, ValueError):
             continue
-    found = {str(p): [] for p in wanted}
     if not inodes:
         return found
     for pid in os.listdir("/proc"):
@@ -123,13 +163,17 @@ def port_holders(ports):
             for fd in os.listdir("/proc/%s/fd" % pid):
                 target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
                 if target.startswith("socket:[") and target[8:-1] in inodes:
-                    port = str(inodes[target[8:-1]])
-                    if int(pid) not in found[port]:
-                        found[port].append(int(pid))
+                    holders = found[str(inodes[target[8:-1]])]
+                    if int(pid) not in holders:
+                        holders.append(int(pid))
         except OSError:
             continue
+    return _unseen_owner(found, seen)
+
+
+def _unseen_owner(found, seen):
     for port in found:
-        if not found[port] and int(port) in inodes.values():
+        if not found[port] and port in seen:
             found[port].append(None)        # bound, but the owner is not visible to us
     return found
 
@@ -161,7 +205,8 @@ def main():
     args = json.loads(sys.argv[1])
     state_dir = args["state_dir"]
     facts = {"hostname": socket.gethostname(), "time": time.time(),
-             "python": sys.version.split()[0]}
+             "python": sys.version.split()[0],
+             "psutil": psutil.__version__ if psutil else None}  # type: dict
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             facts["boot_id"] = f.read().strip()

@@ -11,8 +11,7 @@ from its version suffix ("2.13.0+cu130") or, failing that, from torch/version.py
         "torch_cuda": "13.0" | null, "torch_cuda_source": "version suffix" | "torch/version.py" | null,
         "seconds": 0.01}
 
-Extra package names may be given as arguments, or (when sent as program text) as a first line
-`_REQUEST = '{"packages": [...]}'`. Simulated hosts fake packages with *.dist-info folders on
+Extra package names may be given as arguments. Simulated hosts fake packages with *.dist-info folders on
 PYTHONPATH; importlib.metadata reads those exactly like real ones.
 """
 
@@ -83,8 +82,7 @@ def inspect(extra=()):
 
 
 def main():
-    raw = globals().get("_REQUEST")
-    extra = json.loads(raw).get("packages", []) if raw else sys.argv[1:]
+    extra = sys.argv[1:]
     sys.stdout.write(json.dumps(inspect(extra)) + "\n")
     return 0
 

@@ -1,0 +1,59 @@
+"""The one way to run a host-side script (orchestrator/host/remote/*.py) with the HOST's Python.
+
+    python - ARG...        with the script's text on stdin
+
+Nothing is uploaded (a dry run leaves no file behind, and there is no remote path to keep in step
+with the controller's version), the process list shows `python - --repo ...` rather than the whole
+program, and the same command runs (`run`, one JSON answer) or streams (`stream`, JSON lines as they
+come, for the download's progress). Arguments are plain argv words (JSON for structured requests);
+secrets never go on a command line: the download reads its token from a 0600 file.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+
+from orchestrator.host.base import Host, Result, Script
+from orchestrator.paths import package_file
+
+
+@cache
+def source(name: str) -> bytes:
+    """The text of orchestrator/host/remote/<name>."""
+    return package_file("host", "remote", name).read_bytes()
+
+
+def command(python: str, name: str, args: Sequence[str] = ()) -> Script:
+    """The shell command (the script itself goes on stdin); plans show it as `python <vllm-orch NAME> ARGS`."""
+    words = [shlex.quote(python), "-", *map(shlex.quote, args)]
+    return Script(" ".join(words), display=" ".join([shlex.quote(python), f"<vllm-orch {name}>",
+                                                     *map(shlex.quote, args)]))
+
+
+def run(host: Host, python: str, name: str, args: Sequence[str] = (), *, timeout: float = 180.0,
+        env: Mapping[str, str] | None = None) -> Result:
+    return host.run(command(python, name, args), input=source(name), timeout=timeout, env=env)
+
+
+def run_json(host: Host, python: str, name: str, args: Sequence[str] = (), *,
+             timeout: float = 180.0) -> tuple[dict | None, Result]:
+    """Run a script that answers with one JSON object on its last JSON line: (that object, Result)."""
+    result = run(host, python, name, args, timeout=timeout)
+    for line in reversed(result.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                break
+            return (value if isinstance(value, dict) else None), result
+    return None, result
+
+
+def stream(host: Host, python: str, name: str, args: Sequence[str], *, on_line: Callable[[str], None],
+           timeout: float = 3600.0, env: Mapping[str, str] | None = None) -> Result:
+    """Run a script, calling on_line for each stdout line as it arrives."""
+    return host.stream(command(python, name, args), input=source(name), on_line=on_line, timeout=timeout,
+                       env=env)

@@ -1,0 +1,178 @@
+"""Gathering, before any planning: everything a planner looks at, read off the host (and the Hub,
+through the host) into typed inputs (orchestrator.plan.inputs). The planners then do no I/O.
+
+What is read, in round trips on one connection:
+  host facts       one script run (disk, GPUs and who holds them, services, records, folders)
+  preflight        the host's own vLLM parser (argcheck.py) and package versions (inspect_env.py)
+  installed files  the unit and env file as they are now (for the install step's diff)
+  serving          /health and /v1/models when the model's service already runs
+  download plan    our verified record, else the Hub's file list (the download script, plan-only)
+Reads that a plan cannot reach are skipped: no Hub call when preflight already refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+from orchestrator.errors import ConfigError
+from orchestrator.host import scripts
+from orchestrator.host.base import Host, Result
+from orchestrator.host.download import plan_download
+from orchestrator.host.facts import HostFacts, gather
+from orchestrator.host.state import lock_holder
+from orchestrator.plan import prepare
+from orchestrator.plan.deploy import blocking_active
+from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput
+from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
+from orchestrator.plan.run import Options
+from orchestrator.plan.service import placement_holders
+from orchestrator.plan.swap import old_model_name
+from orchestrator.probe import api
+from orchestrator.render.artifacts import render, secrets_from_environ
+from orchestrator.secret import Secret
+
+VERSION_CHECKS = {"vllm-version", "package-pairs", "torch-cuda", "required-packages"}
+
+
+def lock_facts(host: Host, entry: HostEntry, held: bool) -> LockFacts:
+    path = f"{entry.state_dir}/deploy.lock"
+    return LockFacts(held=held, holder=None if held else lock_holder(host, entry), path=path)
+
+
+def hf_token() -> Secret | None:
+    """The Hub token for downloads: $HF_TOKEN, else the file named by $HF_TOKEN_FILE."""
+    if os.environ.get("HF_TOKEN"):
+        return Secret(os.environ["HF_TOKEN"])
+    path = os.environ.get("HF_TOKEN_FILE")
+    if path and Path(path).expanduser().is_file():
+        return Secret(Path(path).expanduser().read_text().strip())
+    return None
+
+
+def serving_now(host: Host, m: Manifest, api_key: Secret | None = None) -> bool:
+    """/health answers 200 and /v1/models lists the served name (asked with the key), right now."""
+    ep = api.Endpoint(host, m.serving.port, api_key)
+    if api.health(ep, m.probes.health_path, timeout=3) != 200:
+        return False
+    try:
+        return m.served_name in api.served_models(ep, timeout=3)
+    except api.HttpError:
+        return False
+
+
+def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts) -> ServiceInput:
+    """The manifest rendered for this host, what is installed now, and whether it already serves."""
+    secrets = secrets_from_environ(m)
+    rendered = render(m, entry, secrets)
+    installed = {f.path: host.get(f.path) for f in rendered.files}
+    st = facts.services.get(m.name)
+    serving = bool(st and st.active) and serving_now(host, m, secrets.get("VLLM_API_KEY"))
+    return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving)
+
+
+def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
+                  token: Secret | None) -> DownloadPlan:
+    src = m.source
+    folder = facts.models.get(m.name)
+    known = prepare.download_from_record(folder.verified if folder else None, src.repo, src.revision, src.pinned)
+    if known is not None:
+        return known
+    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.name),
+                          src.allow_patterns, src.ignore_patterns, state_dir=entry.state_dir, token=token)
+    return DownloadPlan.from_event(event)
+
+
+def _answer(value: dict | None, result: Result) -> HostAnswer:
+    tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+    return HostAnswer(value=value, exit_code=result.exit_code, tail=tail, seconds=round(result.duration, 3))
+
+
+def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str], facts: HostFacts | None,
+                    skip: set[str], timeout: float = 180.0) -> PreflightFacts:
+    """Ask the host's Python for its package versions and its vLLM parser's verdict on the argv
+    (each only when a check needs it); GPUs come from the host facts already read."""
+    packages = None
+    if VERSION_CHECKS - skip:
+        packages = _answer(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
+    argcheck = None
+    if {"flags", "env"} - skip:
+        argcheck = _answer(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
+                                             timeout=timeout))
+    if facts is None:
+        return PreflightFacts(python=python, packages=packages, argcheck=argcheck, gpus=None,
+                              gpu_error="no host facts")
+    return PreflightFacts(python=python, packages=packages, argcheck=argcheck,
+                          gpus=facts.gpus if not facts.gpu_error else None, gpu_error=facts.gpu_error,
+                          driver_version=facts.driver_version, driver_cuda=facts.cuda_version)
+
+
+def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
+              stopping: Collection[str] = ()) -> list[Check]:
+    m, r = svc.manifest, svc.rendered
+    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml")
+    skip = set(opts.skip_checks) | set(entry.skip_checks)
+    pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip)
+    checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
+    for c in checks:    # skipped by the inventory, not by the command line: say so
+        if c.status == SKIPPED and c.name in entry.skip_checks and c.name not in opts.skip_checks:
+            c.summary = "skipped (host setting)"
+    return checks
+
+
+def _refused(checks: list[Check]) -> bool:
+    return any(c.status == FAIL for c in checks)
+
+
+def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
+    """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy)."""
+    facts = gather(host, entry, [m.name], ports=[m.serving.port])
+    target = service_input(host, entry, m, facts)
+    checks = preflight(host, entry, target, facts, opts)
+    return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
+                     hf_token=hf_token())
+
+
+def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
+    inp = for_check(host, entry, m, opts, lock)
+    if _refused(inp.preflight) or blocking_active(inp):
+        return inp
+    return _with_download(host, inp)
+
+
+def _with_download(host: Host, inp: PlanInput) -> PlanInput:
+    return replace(inp, download=download_plan(host, inp.entry, inp.target.manifest, inp.facts, inp.hf_token))
+
+
+def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
+             lock: LockFacts) -> PlanInput:
+    facts = gather(host, entry, sorted({m.name, *manifests}), ports=[m.serving.port])
+    old_name = old_model_name(facts, m.name)
+    old = None
+    if old_name and old_name != m.name:
+        if old_name not in manifests:
+            raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
+                              f"could not be rolled back to", host=entry.name,
+                              hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
+        old = service_input(host, entry, manifests[old_name], facts)
+    target = service_input(host, entry, m, facts)
+    inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
+    if old is None and old_name == m.name and target.serving:
+        return inp                               # the planner decides whether there is nothing to do
+    checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set())
+    inp = replace(inp, preflight=checks)
+    return inp if _refused(checks) else _with_download(host, inp)
+
+
+def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts: Options, lock: LockFacts,
+              restart: bool) -> RegenInput:
+    facts = gather(host, entry)
+    installed = sorted(facts.installed)
+    services = [service_input(host, entry, manifests[n], facts) for n in installed if n in manifests]
+    return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
+                      orphaned=[n for n in installed if n not in manifests], restart=restart)

@@ -1,0 +1,76 @@
+"""deploy's planner, pure: from nothing (or anything) to a verified, serving model.
+
+    lock -> preflight -> disk -> download -> GPUs free -> install -> start -> ready -> record
+    if start, ready or record fails: stop the service this run started (files kept), so a failed
+    start cannot crash-loop while it holds the GPUs.
+
+A refused safety check ends the plan before anything changes (exit 3).
+"""
+
+from __future__ import annotations
+
+from orchestrator.errors import RefusedError
+from orchestrator.host.ownership import gpu_list
+from orchestrator.plan import prepare, service
+from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.model import Action, Plan
+
+
+def unpinned_warning(inp: PlanInput) -> list[str]:
+    src = inp.target.manifest.source
+    if src.pinned:
+        return []
+    return [f"source.revision is {src.revision!r}, not a commit: the weights may change between "
+            f"downloads (the resolved commit is recorded)"]
+
+
+def blocking_active(inp: PlanInput) -> str | None:
+    """Another managed model, recorded as active and running, on the GPUs this one needs."""
+    f, m = inp.facts, inp.target.manifest
+    active = f.active or {}
+    other = active.get("model")
+    if other and other != m.name and f.services.get(other) and f.services[other].active \
+            and set(active.get("gpus") or []) & set(m.serving.visible_devices):
+        return other
+    return None
+
+
+def plan_deploy(inp: PlanInput) -> Plan:
+    m, f, entry = inp.target.manifest, inp.facts, inp.entry
+    plan = Plan("deploy", entry.describe(), m.name, warnings=unpinned_warning(inp))
+    plan.add(prepare.lock_action(inp.lock))
+    if plan.add_checked(*prepare.preflight_action(inp)):
+        return plan
+    other = blocking_active(inp)
+    if other:
+        return plan.refuse(Action("start", f"{other} serves on {gpu_list(m.serving.visible_devices)}"), RefusedError(
+            f"{other} is the active model and serves on the GPUs {m.name} needs", host=entry.name, step="start",
+            hint=f"use `vllm-orch swap {m.name} --host {entry.name}` to replace it with rollback"))
+    if plan.add_checked(*prepare.disk_action(inp, keep=set())):
+        return plan
+    plan.add(prepare.download_action(inp))
+    st = f.services.get(m.name)
+    running = bool(st and st.active)
+    install = service.install_action(entry, inp.target)
+    unit_changed = not install.noop
+    if running and not unit_changed:
+        plan.add(Action("gpus", f"nothing to do, because {m.name} itself holds "
+                                f"{gpu_list(m.serving.visible_devices)}", noop=True))
+    elif plan.add_checked(*service.gpus_action(inp, stopping={m.name} if running else set())):
+        return plan
+    plan.add(install)
+    start = plan.add(service.start_action(inp, unit_changed))
+    recorded = (f.active or {}).get("model") == m.name and (f.active or {}).get("unit_hash") == inp.target.rendered.unit_hash
+    # A running service that was never recorded (a deploy killed while waiting) goes through the
+    # gates again, smoke test included, before it is recorded.
+    serving = running and not unit_changed and recorded and inp.target.serving
+    plan.add(service.ready_action(inp.target, inp.opts.budget_s, serving))
+    if serving:
+        plan.add(Action("record", f"nothing to do, because {m.name} is recorded as active with these hashes",
+                        noop=True))
+    else:
+        plan.add(service.record_action(inp))
+    if not start.noop:
+        plan.recover(start, f"stop {m.name} so a failed start cannot hold the GPUs (model files kept)",
+                     [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True)])
+    return plan

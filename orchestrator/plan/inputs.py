@@ -1,0 +1,93 @@
+"""What a planner is given: typed facts gathered before planning (orchestrator.ops.gather), so that
+planners are pure functions of (manifest, host entry, facts, options) -> Plan and can be tested with
+fake facts and no host at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+from orchestrator.host.facts import HostFacts
+from orchestrator.plan.preflight import Check
+from orchestrator.plan.run import Options
+from orchestrator.render.artifacts import Rendered
+from orchestrator.secret import Secret
+
+
+@dataclass(frozen=True)
+class LockFacts:
+    held: bool                                  # this run holds the host's deploy lock
+    holder: dict | None = None                  # who holds it (dry runs, which never take it)
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    """What the download step must fetch: from our verified record when the revision is pinned,
+    else from the Hub's metadata (read on the host by the download script in plan-only mode)."""
+
+    total_bytes: int
+    have_bytes: int
+    to_fetch_bytes: int
+    files: int
+    to_fetch: tuple[str, ...] = ()
+    commit: str | None = None
+    from_record: bool = False
+
+    @classmethod
+    def from_event(cls, event: Mapping) -> DownloadPlan:
+        return cls(total_bytes=int(event.get("total_bytes") or 0), have_bytes=int(event.get("have_bytes") or 0),
+                   to_fetch_bytes=int(event.get("to_fetch_bytes") or 0), files=int(event.get("files") or 0),
+                   to_fetch=tuple(event.get("to_fetch") or ()), commit=event.get("commit"))
+
+
+@dataclass(frozen=True)
+class ServiceInput:
+    """One model's service on the host: its manifest, rendered files, what is installed now."""
+
+    manifest: Manifest
+    rendered: Rendered
+    secrets: Mapping[str, Secret] = field(default_factory=dict)
+    installed_files: Mapping[str, bytes | None] = field(default_factory=dict)   # path -> content now
+    serving: bool = False                       # /health 200 and the served name listed (probed live)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def api_key(self) -> Secret | None:
+        return self.secrets.get("VLLM_API_KEY")
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything deploy's and swap's planners look at."""
+
+    entry: HostEntry
+    facts: HostFacts
+    opts: Options
+    lock: LockFacts
+    target: ServiceInput
+    download: DownloadPlan | None = None        # None when planning stopped before it was needed
+    preflight: list[Check] = field(default_factory=list)
+    hf_token: Secret | None = None
+    old: ServiceInput | None = None             # swap: the model being replaced
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+
+@dataclass(frozen=True)
+class RegenInput:
+    entry: HostEntry
+    facts: HostFacts
+    opts: Options
+    lock: LockFacts
+    services: list[ServiceInput]                # every installed model that still has a manifest
+    orphaned: list[str] = field(default_factory=list)   # installed, but no manifest now
+    restart: bool = False

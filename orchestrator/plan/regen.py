@@ -1,0 +1,61 @@
+"""regen's planner, pure: re-render the unit and env file of every model vllm-orch installed on a
+host, each with its OWN manifest and rendered files; show a unified diff per file; install what
+changed; daemon-reload. Running services keep running unless --restart; then each changed, running
+model is restarted through its readiness gates, and if it fails them its previous files are put
+back and it is restarted again (the recovery branch of that one step).
+"""
+
+from __future__ import annotations
+
+from orchestrator.host import state
+from orchestrator.plan import prepare, service
+from orchestrator.plan.inputs import RegenInput, ServiceInput
+from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.run import RunEnv
+
+
+def record_hashes_action(svc: ServiceInput) -> Action:
+    """After a restart with new files, active.json names the new hashes; its revision and deploy time
+    stay (regen changes how the model runs, not which weights it serves)."""
+    r = svc.rendered
+
+    def run(env: RunEnv) -> str:
+        if state.update_active(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash):
+            return f"active.json: {svc.name}'s unit hash updated"
+        return f"{svc.name} is not the recorded active model: active.json unchanged"
+
+    return Action(f"record {svc.name}", f"update {svc.name}'s unit and manifest hashes in active.json "
+                                        f"(its revision and deploy time stay)", run=run)
+
+
+def plan_regen(inp: RegenInput) -> Plan:
+    entry, facts = inp.entry, inp.facts
+    names = [s.name for s in inp.services] + inp.orphaned
+    plan = Plan("regen", entry.describe(), ", ".join(sorted(names)) or "(no models installed)")
+    plan.warnings += [f"{name} is installed but has no manifest now: left as it is" for name in inp.orphaned]
+    plan.add(prepare.lock_action(inp.lock))
+    restarts: list[str] = []
+    for svc in inp.services:
+        install = plan.add(service.install_action(entry, svc, step=f"install {svc.name}"))
+        st = facts.services.get(svc.name)
+        if install.noop or not (st and st.active):
+            continue
+        if not inp.restart:
+            plan.add(Action(f"restart {svc.name}", f"nothing to do, because {svc.name} keeps running with "
+                                                   f"its old settings until restarted (--restart)", noop=True))
+            continue
+        restart = plan.add(service.start_service_action(
+            entry, svc.name, restart=True, step=f"restart {svc.name}",
+            summary=f"restart {svc.name} with the new unit (the previous unit comes back if it fails)"))
+        ready = plan.add(service.ready_action(svc, inp.opts.budget_s, already_serving=False, marks_ready=False))
+        ready.step = f"ready {svc.name}"
+        plan.recover(restart, f"put {svc.name}'s previous unit back and restart it", [
+            service.restore_action(svc),
+            service.start_service_action(entry, svc.name, restart=True, summary=f"restart {svc.name} "
+                                         f"with its previous unit"),
+            service.ready_action(svc, inp.opts.budget_s, already_serving=False, marks_ready=False)],
+            last=ready)
+        plan.add(record_hashes_action(svc))
+        restarts.append(svc.name)
+    plan.info["restarts"] = restarts
+    return plan

@@ -1,0 +1,73 @@
+"""What a plan's steps share when they run: the RunEnv they act through, and the typed RunRecord
+they fill in (instead of a dict passed between steps).
+
+Planners bind everything a step needs about its service when they build it (the manifest, the
+rendered files, the API key); the RunEnv carries only what belongs to the run (the host connection,
+the inventory entry, the options, the live reporter), and the RunRecord what a step produced that a
+later step, the recovery branch or the operation's history record needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.host.base import Host
+
+if TYPE_CHECKING:
+    from orchestrator.probe.readiness import Ready
+
+GPU_RELEASE_TIMEOUT_S = 90     # one public script waits up to 90 s for memory after killing workers
+
+
+@dataclass(frozen=True)
+class Options:
+    """The user's choices for one operation (CLI flags), plus test knobs for time budgets."""
+
+    kill_foreign: bool = False
+    enable: bool = False
+    yes: bool = False
+    skip_checks: frozenset[str] = frozenset()
+    budget_s: float | None = None           # override the manifest's start-up budget (tests)
+    no_progress_s: float | None = None
+    poll_s: float = 0.5
+    gpu_release_timeout_s: float = GPU_RELEASE_TIMEOUT_S
+
+
+@dataclass
+class DownloadResult:
+    bytes: int
+    seconds: float
+    files: int
+    commit: str | None
+
+
+@dataclass
+class RunRecord:
+    """What the steps of one run produced, in the order they ran."""
+
+    download: DownloadResult | None = None
+    stopped_at: float | None = None             # monotonic time the old service was stopped (swap)
+    ready_at: float | None = None               # monotonic time the new service passed its gates
+    ready: dict[str, Ready] = field(default_factory=dict)         # model -> its readiness result
+    started: set[str] = field(default_factory=set)                # services this run started
+    log_cursors: dict[str, str] = field(default_factory=dict)     # model -> log position at start
+
+    def downtime_s(self) -> float | None:
+        if self.stopped_at is None or self.ready_at is None:
+            return None
+        return round(self.ready_at - self.stopped_at, 3)
+
+
+@dataclass
+class RunEnv:
+    host: Host
+    entry: HostEntry
+    opts: Options
+    reporter: Any = None                        # orchestrator.ops.execute.Reporter (or None)
+    record: RunRecord = field(default_factory=RunRecord)
+
+    def event(self, kind: str, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.event(kind, text)

@@ -1,0 +1,260 @@
+"""Plan steps that change what serves: free the GPUs, install the unit, start, stop, wait until
+ready, record. Each step is bound to ONE service's manifest and rendered files when the plan is
+built, so a plan over several services (regen, a swap's rollback) runs each step with its own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+import time
+from collections.abc import Collection
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+from orchestrator.errors import RefusedError
+from orchestrator.host import state
+from orchestrator.host.base import Command, Script
+from orchestrator.host.facts import HostFacts
+from orchestrator.host.ownership import Holders, gpu_list, holders, kill_commands, wait_released
+from orchestrator.host.services import Service
+from orchestrator.plan.inputs import PlanInput, ServiceInput
+from orchestrator.plan.model import Action
+from orchestrator.plan.run import RunEnv
+from orchestrator.probe.readiness import GATES, wait_ready
+from orchestrator.render.artifacts import Rendered
+from orchestrator.secret import Secret
+
+
+def service_of(env: RunEnv, model: str) -> Service:
+    return Service.for_host(env.host, env.entry, model)
+
+
+def placement_holders(facts: HostFacts, m: Manifest, stopping: Collection[str] = ()) -> Holders:
+    """The processes on the manifest's GPUs and port, by the one ownership rule."""
+    return holders(facts.procs, facts.ports.get(m.serving.port, []), m.name, m.serving.visible_devices,
+                   stopping)
+
+
+# -- GPUs free -------------------------------------------------------------------------------------
+
+def release_action(model_gpus: list[int], why: str) -> Action:
+    """Wait until nvidia-smi shows the GPUs without processes and their memory released."""
+    return Action("gpus", f"check that {gpu_list(model_gpus)} are released {why}",
+                  run=lambda env: wait_released(env.host, env.entry, model_gpus, env.opts.gpu_release_timeout_s,
+                                                env.opts.poll_s))
+
+
+def gpus_action(inp: PlanInput, stopping: Collection[str] = ()) -> tuple[Action, RefusedError | None]:
+    m, entry = inp.target.manifest, inp.entry
+    want = m.serving.visible_devices
+    held = placement_holders(inp.facts, m, set(stopping))
+    if held.others:
+        models = sorted({p.model or "?" for p in held.others})
+        return Action("gpus", f"{', '.join(models)} serves on {gpu_list(want)}",
+                      details=[p.describe() for p in held.others]), RefusedError(
+            f"{', '.join(models)} is serving on {gpu_list(want)}: deploy does not stop another model",
+            host=entry.name, step="gpus",
+            hint=f"use `vllm-orch swap {m.name} --host {entry.name}` (stages, switches, rolls back)")
+    if held.foreign and not inp.opts.kill_foreign:
+        return Action("gpus", f"{len(held.foreign)} processes vllm-orch does not manage hold {gpu_list(want)} or "
+                              f"port {m.serving.port}", details=[p.describe() for p in held.foreign]), RefusedError(
+            f"{gpu_list(want)} or port {m.serving.port} are used by processes vllm-orch does not "
+            f"manage: " + "; ".join(f"PID {p.pid or '?'} {p.name}" for p in held.foreign), host=entry.name,
+            step="gpus", hint="stop them yourself, choose another serving.port, or pass --kill-foreign to let "
+                              "vllm-orch kill them")
+    victims = held.victims(inp.opts.kill_foreign)
+    if not victims:
+        if stopping:
+            action = release_action(want, "after the stop")
+            action.details = [f"the processes on {gpu_list(want)} belong to {', '.join(sorted(stopping))}, "
+                              f"stopped first"]
+            return action, None
+        reason = f"only {m.name} itself holds {gpu_list(want)}" if held.ours else f"no process holds {gpu_list(want)}"
+        return Action("gpus", f"nothing to do, because {reason}", noop=True), None
+    pids = [p.pid for p in victims]
+
+    def run(env: RunEnv) -> str:
+        for cmd in kill_commands(pids):
+            env.host.run(cmd, timeout=60).check(env.entry.name, "kill leftover GPU processes")
+        return f"killed {len(pids)} processes; " + wait_released(env.host, env.entry, want,
+                                                                  env.opts.gpu_release_timeout_s, env.opts.poll_s)
+
+    return Action("gpus", f"kill {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
+                          f"{gpu_list(want)} (SIGTERM, 10 s, SIGKILL), then wait until their memory is released",
+                  details=[p.describe() for p in victims], commands=kill_commands(pids), run=run), None
+
+
+# -- install ---------------------------------------------------------------------------------------
+
+def _diff(old: str | None, new: str, path: str) -> list[str]:
+    if old is None:
+        return [f"new file {path}"]
+    return [line.rstrip("\n") for line in difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                               f"{path} (installed)", f"{path} (rendered)", n=1)]
+
+
+def _mask_env(text: str, secret_keys: list[str]) -> str:
+    out = []
+    for line in text.splitlines(True):
+        key = line.split("=", 1)[0]
+        out.append(f"{key}=***\n" if key in secret_keys and "=" in line else line)
+    return "".join(out)
+
+
+def installed_record(r: Rendered) -> dict:
+    return {"model": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
+            "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash}
+
+
+def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -> Action:
+    """Write the rendered unit and env file where they differ from what is installed, daemon-reload."""
+    r, name = svc.rendered, svc.name
+    changed, details = [], []
+    for f in r.files:
+        current = svc.installed_files.get(f.path)
+        if current == f.data():
+            continue
+        old = None if current is None else current.decode(errors="replace")
+        if f is r.env_file and old is not None:
+            old = _mask_env(old, r.manifest.serving.secret_env)
+        changed.append(f)
+        details += _diff(old, f.text, f.path)
+
+    def record(env: RunEnv) -> None:
+        state.write_installed(env.host, env.entry, name, {**installed_record(r), "installed_at": state.now_iso()})
+
+    if not changed:
+        def bookkeeping(env: RunEnv) -> None:
+            record(env)
+        return Action(step, f"nothing to do, because {r.unit.path} and {r.env_file.path} are up to date",
+                      noop=True, run=bookkeeping)
+
+    def run(env: RunEnv) -> str:
+        for f in changed:
+            env.host.run(["mkdir", "-p", f.path.rsplit("/", 1)[0]]).check(env.entry.name, "create folder")
+            env.host.put(f.path, f.data(), f.mode)
+        svc_ = service_of(env, name)
+        svc_.run_all(svc_.reload_commands(), "daemon-reload")
+        record(env)
+        return f"wrote {len(changed)} file{'s' if len(changed) != 1 else ''}"
+
+    cmds: list[Command] = [Script(f"install -m {f.mode:04o} <rendered> {shlex.quote(f.path)}") for f in changed]
+    return Action(step, f"write {', '.join(f.path for f in changed)}", details=details,
+                  commands=cmds + Service.for_host(None, entry, name).reload_commands(), run=run)
+
+
+def restore_action(svc: ServiceInput) -> Action:
+    """Put back the files that were installed before this run (regen's recovery)."""
+    files = [(f.path, svc.installed_files.get(f.path), f.mode) for f in svc.rendered.files]
+
+    def run(env: RunEnv) -> str:
+        for path, data, mode in files:
+            if data is not None:
+                env.host.put(path, data, mode)
+        s = service_of(env, svc.name)
+        s.run_all(s.reload_commands(), "daemon-reload")
+        return "previous files restored"
+
+    return Action("restore", f"put back the previously installed {', '.join(p for p, d, _ in files if d is not None)}",
+                  run=run)
+
+
+# -- start / stop ----------------------------------------------------------------------------------
+
+def _mark_cursor(env: RunEnv, model: str) -> None:
+    env.record.log_cursors[model] = service_of(env, model).log_cursor()
+
+
+def start_action(inp: PlanInput, unit_changed: bool) -> Action:
+    name, entry = inp.name, inp.entry
+    st = inp.facts.services.get(name)
+    running = bool(st and st.active)
+    if st is not None and running and not unit_changed:
+        return Action("start", f"nothing to do, because {name} is already running (PID {st.main_pid})",
+                      noop=True, run=lambda env: _mark_cursor(env, name))
+    return start_service_action(entry, name, restart=running, enable=inp.opts.enable,
+                                summary=f"{'restart (the unit changed)' if running else 'start'} {name}"
+                                        + (" and enable it at boot" if inp.opts.enable else ""))
+
+
+def start_service_action(entry: HostEntry, model: str, *, restart: bool = False, enable: bool = False,
+                         summary: str | None = None, step: str = "start") -> Action:
+    """Start (or restart) a service with its installed unit; its log position is marked first."""
+    shown = Service.for_host(None, entry, model)
+    cmds = (shown.stop_commands() if restart else []) + shown.start_commands() + \
+        (shown.enable_commands() if enable else [])
+
+    def run(env: RunEnv) -> str:
+        _mark_cursor(env, model)
+        svc = service_of(env, model)
+        svc.run_all(cmds, f"start {model}", timeout=600)
+        env.record.started.add(model)
+        return f"{'restarted' if restart else 'started'} {svc.describe()}"
+
+    return Action(step, summary or f"start {model}", commands=cmds, run=run)
+
+
+def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool = False,
+                only_if_started: bool = False) -> Action:
+    shown = Service.for_host(None, entry, model)
+
+    def run(env: RunEnv) -> str:
+        if only_if_started and model not in env.record.started:
+            return f"{model} was not started by this run: nothing to stop"
+        if downtime_starts:
+            env.record.stopped_at = time.monotonic()
+        service_of(env, model).run_all(shown.stop_commands(), f"stop {model}", timeout=600)
+        env.record.started.discard(model)
+        return f"stopped {model}"
+
+    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(), run=run)
+
+
+# -- readiness -------------------------------------------------------------------------------------
+
+def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: bool, *,
+                 marks_ready: bool = True) -> Action:
+    m = svc.manifest
+    if already_serving:
+        return Action("ready", f"nothing to do, because {m.served_name} answers /health and is listed on "
+                               f"port {m.serving.port}", noop=True)
+    budget = opts_budget or m.startup.budget_seconds
+    key: Secret | None = svc.api_key
+
+    def run(env: RunEnv) -> str:
+        service = service_of(env, m.name)
+        cursor = env.record.log_cursors.get(m.name) or service.log_cursor()
+        ready = wait_ready(env.host, service, m, cursor, on_event=env.event, budget_s=budget,
+                           no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s,
+                           api_key=key)
+        env.record.ready[m.name] = ready
+        if marks_ready:
+            env.record.ready_at = time.monotonic()
+        state.touch_usage(env.host, env.entry, m.name)
+        gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
+        return f"{gates}; smoke: {ready.smoke.summary()}"
+
+    return Action("ready", f"wait up to {budget:.0f}s for {m.name}: {' -> '.join(GATES)}; fail on a fatal log "
+                           f"line, on exit, or after {m.startup.no_progress_seconds}s without a log line", run=run)
+
+
+# -- record ----------------------------------------------------------------------------------------
+
+def active_record(inp: PlanInput, env: RunEnv) -> dict:
+    m, r = inp.target.manifest, inp.target.rendered
+    dl = env.record.download
+    commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
+    return {"model": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
+            "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
+            "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
+            "deployed_at": state.now_iso(), "host_label": inp.entry.label}
+
+
+def record_action(inp: PlanInput) -> Action:
+    def run(env: RunEnv) -> str:
+        state.write_active(env.host, env.entry, active_record(inp, env))
+        return f"recorded {inp.name} as active in {env.entry.state_dir}/active.json"
+
+    return Action("record", f"record {inp.name} as the active model, the hashes, timings and smoke result "
+                            f"in {inp.entry.state_dir}", run=run)

@@ -1,0 +1,63 @@
+"""What `vllm-orch sim up` knows about a SIMULATED host, and the ordinary inventory entry it becomes.
+
+The product has no simulator field in its host schema: a simulated host reaches it as a plain
+HostEntry (orchestrator.config.inventory) written into the extra-inventory folder, described with the
+generic host settings any real host may use:
+
+- `label: SIMULATED`                 shown beside the name in plans, status, hosts and bench reports;
+- `disk_reserve_gib: 20 / scale`     the hub mirror serves files 1/scale of the real size, so the
+                                     free space to keep shrinks the same way;
+- `skip_checks: [flags, env]`        only when the host's Python has no real vLLM to parse the flags
+                                     (`vllm-orch sim up --vllm-python PATH` gives it one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Requirements
+
+LABEL = "SIMULATED"
+# The manifests' default free-space reserve (requires.disk_reserve_gib), in real GiB.
+REAL_DISK_RESERVE_GIB = float(Requirements.model_fields["disk_reserve_gib"].default)
+# Preflight checks a host's Python cannot make without a real vLLM installed (it parses the flags).
+PARSER_CHECKS = ["flags", "env"]
+
+
+@dataclass
+class SimHost:
+    """One simulated host as the simulator sees it."""
+
+    name: str
+    dir: Path                                   # <sim home>/hosts/<name>
+    flavour: Literal["process", "systemd"]
+    speed: float                                # weight loading, times the field's 253 MB/s
+    scale: int                                  # the mirror's files are 1/scale of the real ones
+    python: str                                 # the Python recorded for host-side scripts
+    real_vllm: bool = False                     # `python` imports a real vLLM (--vllm-python)
+    hub_port: int | None = None
+    # systemd flavour: how to reach the container (address, port, user, identity_file, paths...)
+    container: dict = field(default_factory=dict)
+
+    def host_entry(self) -> dict:
+        """The inventory entry (a dict as in hosts.yaml), validated against the product's schema."""
+        if self.container:
+            entry = {k: v for k, v in self.container.items() if not k.startswith("_")}
+        else:
+            hdir = self.dir
+            env = {"PYTHONPATH": str(hdir / "site-packages"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+            if self.hub_port:
+                env["HF_ENDPOINT"] = f"http://127.0.0.1:{self.hub_port}"
+            entry = {"address": "local", "service_manager": "process",
+                     "models_root": str(hdir / "models"), "vllm": str(hdir / "bin" / "vllm"),
+                     "python": self.python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
+                     "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
+        entry["label"] = LABEL
+        entry["disk_reserve_gib"] = REAL_DISK_RESERVE_GIB / self.scale
+        if not self.real_vllm:
+            entry["skip_checks"] = list(PARSER_CHECKS)
+        HostEntry(name=self.name, **entry)      # the product must accept what we write
+        return entry

@@ -1,0 +1,74 @@
+"""The host-side facts script reads process facts with psutil when the host's Python has it and
+from /proc when it has not (`python -S` hides the venv's site-packages, as on a bare python3):
+both ways give the same facts, and a zombie counts as dead in both."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.paths import package_file
+
+SCRIPT = package_file("host", "remote", "facts_script.py").read_text()
+
+
+def run_facts(tmp_path, python: list[str], models: list[str], ports: list[int]) -> dict:
+    args = {"ports": ports, "models_root": str(tmp_path / "models"), "state_dir": str(tmp_path / "state"),
+            "nvidia_smi": "nvidia-smi-absent", "vllm": "/nonexistent/vllm", "manager": "process",
+            "models": models, "gpu_query": ["nvidia-smi-absent"], "apps_query": ["nvidia-smi-absent"]}
+    out = subprocess.run([*python, "-c", SCRIPT, json.dumps(args)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """A running process, a zombie (exited, not reaped) and a dead PID, each as a process
+    service's PID file; and a listening socket of this process."""
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    live = subprocess.Popen(["sleep", "60"])
+    zombie = subprocess.Popen(["true"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    for name, proc in (("live", live), ("zomb", zombie), ("dead", gone)):
+        (run / f"vllm-{name}.pid").write_text(str(proc.pid))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    try:
+        yield {"live": live.pid, "port": server.getsockname()[1]}
+    finally:
+        server.close()
+        live.kill()
+        live.wait()
+        zombie.wait()
+
+
+def test_psutil_and_proc_give_the_same_facts(tmp_path, processes):
+    assert subprocess.run([sys.executable, "-S", "-c", "import psutil"], capture_output=True).returncode != 0
+    models, ports = ["live", "zomb", "dead"], [processes["port"]]
+    with_psutil = run_facts(tmp_path, [sys.executable], models, ports)
+    by_hand = run_facts(tmp_path, [sys.executable, "-S"], models, ports)
+    assert with_psutil["psutil"] and by_hand["psutil"] is None
+    for facts in (with_psutil, by_hand):
+        states = {name: s["ActiveState"] for name, s in facts["services"].items()}
+        assert states == {"live": "active", "zomb": "failed", "dead": "failed"}
+        assert facts["ports"] == {str(processes["port"]): [os.getpid()]}
+        info = facts["procs"][str(processes["live"])]
+        assert info["alive"] and info["comm"] == "sleep" and info["cmdline"] == ["sleep", "60"]
+        assert info["ppid"] == os.getpid() and info["pgid"] == os.getpgid(processes["live"])
+        assert info["cgroup"]
+    assert with_psutil["procs"] == by_hand["procs"]
+    assert with_psutil["services"] == by_hand["services"]

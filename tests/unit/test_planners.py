@@ -1,0 +1,169 @@
+"""The planners are pure: (manifest, host entry, facts, options) -> Plan, with no host at all.
+
+Facts here are made by hand (a fresh 8-GPU systemd host, one with a model serving, one short of
+disk, one with leftovers and a stranger); the plans are pinned by golden files, recovery branches
+included, so a dry run's text is reviewed whenever a planner changes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import load_all
+from orchestrator.host.facts import HostFacts, ModelDir
+from orchestrator.host.nvidia_smi import Gpu
+from orchestrator.host.ownership import FOREIGN, LEFT, Proc
+from orchestrator.host.services import ServiceState
+from orchestrator.paths import shipped_dir
+from orchestrator.plan.deploy import plan_deploy
+from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput
+from orchestrator.plan.preflight import OK, Check
+from orchestrator.plan.regen import plan_regen
+from orchestrator.plan.run import Options
+from orchestrator.plan.swap import old_model_name, plan_swap
+from orchestrator.render.artifacts import render
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
+MODELS, _ = load_all(shipped_dir("models"))
+ENTRY = HostEntry(name="gpu1", address="gpu1.example", sudo=True)
+GIB = 1024 ** 3
+RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+CHECKS = [Check("flags", OK, "vLLM 0.33.0 parser accepts the command line"),
+          Check("gpus", OK, f"8x {RTX}, 97887 MiB each (8 needed)")]
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(text + "\n")
+    assert text + "\n" == path.read_text(), f"plan text changed: review and re-run with UPDATE_GOLDEN=1 ({path})"
+
+
+def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None) -> HostFacts:
+    gpus = [Gpu(index=i, name=RTX, memory_total_mib=97887, memory_used_mib=0, uuid=f"GPU-{i}") for i in range(8)]
+    return HostFacts(hostname="gpu1", disk_path="/var/lib/vllm-orch/models", disk_total=4000 * GIB,
+                     disk_free=disk_free, gpus=gpus, gpu_error=None, driver_version="580.95.05",
+                     cuda_version="13.0", procs=list(procs), vllm_version="0.33.0", vllm_error=None,
+                     models=models or {}, active=active, installed=installed or {}, services=services or {},
+                     usage={})
+
+
+def svc(name: str, *, installed: bool = False, serving: bool = False) -> ServiceInput:
+    m = MODELS[name]
+    r = render(m, ENTRY, {})
+    files = {f.path: (f.data() if installed else None) for f in r.files}
+    return ServiceInput(manifest=m, rendered=r, installed_files=files, serving=serving)
+
+
+def running(*names: str) -> dict[str, ServiceState]:
+    return {n: ServiceState(active=True, main_pid=1000 + i) for i, n in enumerate(names)}
+
+
+def download(to_fetch: int, total: int | None = None) -> DownloadPlan:
+    total = total if total is not None else to_fetch
+    return DownloadPlan(total_bytes=total, have_bytes=total - to_fetch, to_fetch_bytes=to_fetch, files=86,
+                        to_fetch=tuple(f"model-{i:05d}.safetensors" for i in range(64 if to_fetch else 0)),
+                        commit="a" * 40)
+
+
+def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: ServiceInput | None = None,
+        **opts) -> PlanInput:
+    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+    return PlanInput(entry=ENTRY, facts=f, opts=Options(**opts), lock=lock, target=target, download=dl,
+                     preflight=CHECKS, old=old)
+
+
+def test_deploy_on_a_fresh_host_and_its_recovery():
+    plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(), download(547 * 10 ** 9)))
+    assert plan.refusal is None and [a.step for a in plan.actions] == \
+        ["lock", "preflight", "disk", "download", "gpus", "install", "start", "ready", "record"]
+    assert plan.recovery_for(8).actions[0].step == "stop" and plan.recovery_for(4) is None
+    golden("plan-deploy-fresh-systemd.txt", plan.text())
+
+
+def test_deploy_kills_leftovers_and_refuses_a_stranger_unless_kill_foreign():
+    procs = [Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=LEFT, model="old"),
+             Proc(pid=5151, name="python3 train.py", used_mib=4000, gpu_index=3, kind=FOREIGN)]
+    plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(procs=procs), download(1)))
+    assert plan.refusal is not None and plan.refusal.step == "gpus" and "5151" in str(plan.refusal)
+    plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(procs=procs), download(1), kill_foreign=True))
+    gpus = next(a for a in plan.actions if a.step == "gpus")
+    assert plan.refusal is None and "kill 2 leftover processes" in gpus.summary
+
+
+def test_deploy_of_a_serving_unchanged_model_is_all_noops():
+    name = "kimi-k25-int4"
+    t = svc(name, installed=True, serving=True)
+    f = facts(services=running(name), active={"model": name, "unit_hash": t.rendered.unit_hash, "gpus": list(range(8))})
+    plan = plan_deploy(inp(t, f, download(0, 547 * 10 ** 9)))
+    assert not plan.changes and not plan.recoveries
+    assert all(a.noop for a in plan.actions if a.step not in ("lock",))
+
+
+def test_staged_swap_carries_its_rollback_branch():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    f = facts(services=running(old), active={"model": old, "gpus": list(range(8))},
+              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+    assert old_model_name(f, new) == old
+    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
+    steps = [a.step for a in plan.actions]
+    assert steps == ["lock", "preflight", "disk", "download", "install", "stop", "gpus", "start", "ready", "record"]
+    rb = plan.recovery_for(steps.index("ready") + 1)
+    assert rb is not None and rb.first == steps.index("stop") + 1 and rb.title == f"roll back to {old}"
+    assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready"]
+    assert plan.recovery_for(steps.index("download") + 1) is None     # the old model still serves then
+    assert plan.info == {"from": old, "to": new, "staged": True}
+    golden("plan-swap-staged.txt", plan.text())
+
+
+def test_swap_that_cannot_stage_is_refused_then_unstaged_with_yes():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    f = facts(services=running(old), active={"model": old, "gpus": list(range(8))}, disk_free=500 * GIB,
+              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+    refused = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
+    assert refused.refusal is not None and "--yes" in refused.refusal.hint
+    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True), yes=True))
+    assert plan.refusal is None and plan.info["staged"] is False
+    assert [a.step for a in plan.actions][2:5] == ["stop", "disk", "download"]
+    assert "no rollback" in plan.recoveries[0].title
+    golden("plan-swap-unstaged.txt", plan.text())
+
+
+def test_swap_to_the_active_healthy_model_is_nothing_to_do():
+    name = "minimax-m25"
+    t = svc(name, installed=True, serving=True)
+    f = facts(services=running(name), active={"model": name, "unit_hash": t.rendered.unit_hash})
+    assert old_model_name(f, name) == name
+    plan = plan_swap(inp(t, f, None))
+    assert not plan.changes and plan.info.get("noop") and "already active and healthy" in plan.text()
+
+
+def test_regen_plans_each_service_with_its_own_files_and_recovery():
+    a, b = "kimi-k25-int4", "minimax-m25"
+    stale = svc(a, installed=True)
+    unit = stale.rendered.unit
+    older = unit.text.replace("--max-num-batched-tokens 4096", "--max-num-batched-tokens 8192").encode()
+    assert older != unit.data()
+    stale = ServiceInput(manifest=stale.manifest, rendered=stale.rendered,
+                         installed_files={**stale.installed_files, unit.path: older})
+    services = [stale, svc(b, installed=True)]
+    f = facts(services=running(a), installed={a: {}, b: {}})
+    plan = plan_regen(RegenInput(entry=ENTRY, facts=f, opts=Options(), lock=LockFacts(held=False, path="/l"),
+                                 services=services, orphaned=["gone"], restart=True))
+    steps = [a_.step for a_ in plan.actions]
+    assert steps == ["lock", f"install {a}", f"restart {a}", f"ready {a}", f"record {a}", f"install {b}"]
+    assert plan.actions[steps.index(f"install {b}")].noop          # b's files are as rendered
+    rec = plan.recovery_for(steps.index(f"ready {a}") + 1)
+    assert rec is not None and [x.step for x in rec.actions] == ["restore", "start", "ready"]
+    assert "gone is installed but has no manifest" in plan.text()
+    golden("plan-regen-restart.txt", plan.text())
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_shipped_manifest_plans_on_fake_facts(name):
+    plan = plan_deploy(inp(svc(name), facts(), download(10 ** 9)))
+    assert plan.refusal is None and plan.changes
