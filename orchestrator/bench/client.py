@@ -141,6 +141,7 @@ class Connection(asyncio.Protocol):
         self.parser = parser
         self.error = None
         self.waiter = asyncio.get_running_loop().create_future()
+        assert self.transport is not None            # connected: connect() returns after connection_made
         self.transport.write(raw)
         await self.waiter
         if not parser.keep_alive:

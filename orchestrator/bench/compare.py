@@ -66,7 +66,7 @@ def compare(results: list[dict]) -> list[dict]:
     by_level = [{level_key(L): L for L in r["levels"]} for r in results]
     order = {level_key(L): level_sort_key(L) for r in results for L in r["levels"]}
     rows = []
-    for key in sorted(order, key=order.get):
+    for key in sorted(order, key=lambda k: order[k]):
         for label, get, hib in METRICS:
             vals = [get(m[key]) if key in m else (None, None) for m in by_level]
             base = vals[0]

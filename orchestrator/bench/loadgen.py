@@ -310,6 +310,7 @@ async def run_open_level(ep: Endpoint, make_request: MakeRequest, rate: float, o
     tasks: list[asyncio.Task] = []
 
     async def open_slots() -> None:            # ramp-up with a cap: slot k opens at k*R/cap
+        assert cap and slots is not None
         for k in range(cap):
             await _wait_until(t_start + int(k * opts.ramp_up_s / cap * 1e9))
             slots.release()

@@ -45,7 +45,7 @@ class Level:
 
     @property
     def label(self) -> str:
-        if self.closed:
+        if self.rate is None:
             return f"C={self.concurrency}"
         r = "inf" if math.isinf(self.rate) else f"{self.rate:g}/s"
         return f"rate={r}" + (f" max C={self.concurrency}" if self.concurrency else "")
@@ -101,7 +101,7 @@ class BenchOptions:
 
     def levels(self) -> list[Level]:
         """The fixed sweep (search mode picks its levels as it goes)."""
-        if self.open_loop:
+        if self.rates is not None:
             return [Level(self.max_concurrency, r) for r in self.rates]
         return [Level(c) for c in self.concurrency]
 

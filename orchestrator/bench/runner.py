@@ -129,7 +129,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
                 "prompts": {**sized.to_json(), "source": str(opts.prompts_file) if opts.prompts_file
                             else "built-in", "seed": opts.seed},
                 **meta}
-    data = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
+    data: dict = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
             "levels": [], "headline": {}, "warnings": run_warnings}
     if opts.slo:
         data["slo"] = {"objectives_ms": opts.slo, "percentile": opts.slo_percentile,
@@ -144,8 +144,8 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
         try:
             if procs > 1:
                 run = await run_level_sharded(base_url, model, level, opts, procs, sized.bodies)
-            elif level.closed:
-                run = await run_level(ep, factory, level.concurrency, opts, progress=_progress_fn(live))
+            elif level.rate is None:
+                run = await run_level(ep, factory, level.concurrency or 1, opts, progress=_progress_fn(live))
             else:
                 run = await run_open_level(ep, factory, level.rate, opts, progress=_progress_fn(live))
         finally:
@@ -201,7 +201,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
 
 
 def _search_for(opts: BenchOptions) -> Search:
-    values = opts.rates if opts.open_loop else opts.concurrency
+    values: list[float] = list(opts.rates if opts.rates is not None else opts.concurrency)
     return Search(min(values), max(values), integer=not opts.open_loop,
                   precision=opts.search_precision, max_levels=opts.search_levels)
 

@@ -44,6 +44,7 @@ class Search:
             self.note = f"the highest level ({self._fmt(self.hi)}) meets the SLO: try a higher bound"
             return None
         lo, hi = self.best, self.fail
+        assert lo is not None        # the lower bound met the SLO, or the search ended above
         if lo > hi:
             self.note = (f"not monotonic: {self._fmt(lo)} met the SLO but {self._fmt(hi)} did not "
                          "(noisy levels? try a longer --duration)")

@@ -31,7 +31,8 @@ def _child(base_url: str, model: str, opts: BenchOptions, bodies: list[str], lev
 
     ep = Endpoint.parse(base_url)
     factory = RequestFactory(ep, model, opts, bodies)
-    if level.closed:
+    if level.rate is None:
+        assert share is not None
         coro = run_level(ep, factory, share, opts, first_index=k, index_stride=n, start_at_ns=start_at_ns)
     else:
         coro = run_open_level(ep, factory, level.rate, opts, first_index=k, index_stride=n,
@@ -67,13 +68,15 @@ def merge(runs: list[LevelRun], level: Level) -> LevelRun:
 async def run_level_sharded(base_url: str, model: str, level: Level, opts: BenchOptions,
                             processes: int, bodies: list[str]) -> LevelRun:
     ep = Endpoint.parse(base_url)
+    shares: list[int | None]
     if level.closed:
-        shares: list[int | None] = [s for s in split(level.concurrency, processes) if s]
+        assert level.concurrency is not None
+        shares = [s for s in split(level.concurrency, processes) if s]
         min_req = opts.window_min_requests(level.concurrency)
         child_opts = dataclasses.replace(opts, scrape_metrics=False, min_requests=-(-min_req // len(shares)))
     else:
-        shares = split(level.concurrency, processes) if level.concurrency else [None] * processes
-        shares = [s for s in shares if s != 0]
+        shares = ([s for s in split(level.concurrency, processes) if s] if level.concurrency
+                  else [None] * processes)
         child_opts = dataclasses.replace(opts, scrape_metrics=False)
     n = len(shares)
     before = await scrape(ep) if opts.scrape_metrics else None

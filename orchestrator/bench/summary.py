@@ -143,7 +143,7 @@ def summarize_level(run: LevelRun, opts: BenchOptions, prompt_target: int | None
         "level": level.label,
         "mode": "closed" if level.closed else "open",
         "concurrency": run.concurrency,
-        "rate": None if level.closed else (level.rate if math.isfinite(level.rate) else "inf"),
+        "rate": None if level.rate is None else (level.rate if math.isfinite(level.rate) else "inf"),
         "processes": run.processes,
         "valid": not reasons,
         "client_verdict": verdict,

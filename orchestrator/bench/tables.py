@@ -29,7 +29,7 @@ def print_wide(console, renderable) -> None:
 
 
 def level_intro(level: Level, opts: BenchOptions, procs: int) -> str:
-    if level.closed:
+    if level.rate is None:
         what = (f"warm-up {max(opts.warmup_s, opts.ramp_up_s):g} s"
                 + (f" (ramp-up {opts.ramp_up_s:g} s)" if opts.ramp_up_s else "")
                 + f", window >= {opts.duration_s:g} s and >= {opts.window_min_requests(level.concurrency)} requests")
@@ -84,7 +84,7 @@ def levels_table(levels: list[dict], with_slo: bool = False):
 
 def level_line(L: dict) -> str:
     lat = L["latency_ms"]
-    v = {"ok": "", "marginal": " [yellow](client marginal)[/]"}.get(L.get("client_verdict"),
+    v = {"ok": "", "marginal": " [yellow](client marginal)[/]"}.get(L.get("client_verdict") or "",
                                                                    " [red]INVALID (client-bound)[/]")
     tps = L["per_user"]["tok_s_user_median"]
     slo = L.get("slo")

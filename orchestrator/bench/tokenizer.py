@@ -59,7 +59,7 @@ class _Tokenizer:
             raise _Unusable(f"{path} answered something that is not JSON")
 
     async def chat_count(self, text: str) -> int:
-        obj = {"messages": [{"role": "user", "content": content(text, NONCE_SAMPLE)}]}
+        obj: dict = {"messages": [{"role": "user", "content": content(text, NONCE_SAMPLE)}]}
         if self.kwargs:
             obj["chat_template_kwargs"] = self.kwargs
         return int((await self._post("/tokenize", obj))["count"])

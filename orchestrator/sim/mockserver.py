@@ -164,11 +164,11 @@ def _error_body(status: int, message: str, etype: str, param: str | None = None)
 
 
 class MockProtocol(asyncio.Protocol):
+    transport: asyncio.Transport          # set by connection_made, before any data arrives
     def __init__(self, state: _State):
         self.state = state
         self.t_arrival = 0.0
         self.buf = b""
-        self.transport = None
         self.busy = False
         self._writable = asyncio.Event()
         self._writable.set()
@@ -285,6 +285,7 @@ class MockProtocol(asyncio.Protocol):
                 due = t0 + ttft + (sent + k - 1) * itl
                 if ttft or itl:
                     if due > time.perf_counter():
+                        assert st.ticker is not None       # serve() starts it whenever a latency is set
                         await st.ticker.wait_until(due)
                 elif chunks % 16 == 15:
                     await asyncio.sleep(0)        # zero latency: let other streams interleave
@@ -398,7 +399,7 @@ def start_process(cpu: int | None = None, timeout: float = 10.0, **cfg) -> tuple
     for k, v in cfg.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
+    line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("MOCK_PORT="):
         proc.kill()
         raise RuntimeError(f"mock server did not start: {line!r}")
