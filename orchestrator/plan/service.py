@@ -282,7 +282,8 @@ def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
                              details=["likely causes:"] + [f"  {c}" for c in causes] + got.problems,
                              hint="fix the cause and deploy again, or lower performance.single_stream_tok_s / "
                                   "set performance.on_below: warn in the manifest if this host is slower")
-        warning = f"{m.name} serves far below its expected throughput: {text}; likely: {causes[0]}"
+        warning = (f"{m.name} serves far below its expected throughput: {text}; likely causes: "
+                   + "; ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
         env.record.warnings.append(warning)
         env.event("warn", warning)
         return f"WARNING {text}"
