@@ -339,13 +339,15 @@ class Performance(Strict):
     floor: float = Field(
         0.75, gt=0, le=1,
         description="Fraction of an expected figure below which a measurement counts as far below "
-                    "(0.75: with 79 tok/s expected, under 59.3 tok/s).")
+                    "(0.75: with 79 tok/s expected, under 59.25 tok/s).")
     on_below: Literal["warn", "fail"] = Field(
         "warn", description="`warn`: record it and say so; `fail`: the deploy fails (a swap rolls back).")
     max_tokens: int = Field(
         256, ge=16, le=8192, description="Tokens each measuring request generates (ignore_eos, so exactly "
                                          "this many): 256 at 80 tok/s is about 3 s.")
-    timeout_seconds: int = Field(120, ge=5, description="Time allowed for the whole measurement.")
+    timeout_seconds: int = Field(
+        120, ge=5, description="Longest wait for a measuring stream to connect or send its next bytes; "
+                               "a stream that stalls longer gives no figure (which counts as far below).")
 
     @model_validator(mode="after")
     def _pair(self) -> Performance:

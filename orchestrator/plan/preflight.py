@@ -20,7 +20,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import Holders
 from orchestrator.plan.envnames import consumer_of
-from orchestrator.plan.traps import flag_value, springs
+from orchestrator.plan.traps import TRAPS, flag_value, springs
 from orchestrator.plan.versions import public_version, version_key
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
@@ -84,8 +84,6 @@ def check_vllm_version(installed: str | None, minimum: str | None, *, python: st
 def check_traps(installed: str | None, argv: Sequence[str],
                 provenance: Sequence[tuple[str, str]] = ()) -> Check:
     """Flag combinations this vLLM accepts and then dies of, late (orchestrator/plan/traps.py)."""
-    from orchestrator.plan.traps import TRAPS
-
     if not installed:
         return Check("version-traps", SKIPPED, "skipped: the vLLM version is not known")
     hits = springs(installed, argv)
