@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.config.hardware import CLASS_KEYS, classify
+from orchestrator.config.hardware import CLASS_KEYS, by_key, classify
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import RENDERED_ENV, Manifest
 from orchestrator.errors import ConfigError
@@ -47,9 +47,11 @@ class Effective:
         """One line for plans and preflight: which class applied."""
         if self.hardware is None:
             return None
-        if self.applied:
-            return f"hardware class {self.hardware} (requires.hardware.{self.hardware} applied)"
-        return f"hardware class {self.hardware}"
+        cls = by_key(self.hardware)
+        what = f"{cls.arch}, {cls.interconnect}" if cls else ""
+        applied = f"requires.hardware.{self.hardware} applied" if self.applied else ""
+        inner = "; ".join(t for t in (what, applied) if t)
+        return f"hardware class {self.hardware}" + (f" ({inner})" if inner else "")
 
 
 def _set(data: dict, path: str, value: Any) -> None:

@@ -51,7 +51,7 @@ def test_a_b200_host_runs_the_b200_class(sim_host):
     result = deploy(e, m)
     assert result.ok, result.error
     pre = next(a for a in result.plan.actions if a.step == "preflight")
-    assert any("hardware class b200 (requires.hardware.b200 applied)" in d for d in pre.details)
+    assert any("hardware class b200 (SM100, NVLink; requires.hardware.b200 applied)" in d for d in pre.details)
     argv = read_active(sim_host.host, e)["argv"]
     assert "--moe-backend" not in argv and "--attention-backend" not in argv      # the SM120 choices stay there
     assert read_active(sim_host.host, e)["hardware"] == "b200"

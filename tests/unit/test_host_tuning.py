@@ -81,7 +81,7 @@ def test_a_b200_host_gets_the_b200_needs_and_is_not_refused():
     needs = needs_for(on_b200.manifest, [], [], effective=on_b200).gpu_needs
     gpus = [Gpu(index=i, name=B200, memory_total_mib=183359) for i in range(8)]
     c = check_gpus(gpus, needs)
-    assert c.status == OK and "hardware class b200 (requires.hardware.b200 applied)" in c.summary
+    assert c.status == OK and "hardware class b200 (SM100, NVLink; requires.hardware.b200 applied)" in c.summary
 
 
 def test_a_host_of_a_class_the_manifest_does_not_name_is_refused_with_the_fix():
@@ -212,7 +212,7 @@ def test_render_host_shows_where_each_value_comes_from(tmp_path, monkeypatch):
     res = CliRunner().invoke(cli, ["render", "kimi-k25-int4", "--host", "gpu1", "--hardware", "rtx-pro-6000"])
     assert res.exit_code == 0, res.output
     out = res.output
-    assert "hardware class: hardware class rtx-pro-6000 (requires.hardware.rtx-pro-6000 applied)" in out
+    assert "hardware class rtx-pro-6000 (SM120, PCIe; requires.hardware.rtx-pro-6000 applied)" in out
     assert "* --port 8001" in out
     assert f"<- hosts.yaml:{line('port')}: hosts.gpu1.overrides.kimi-k25-int4.serving.port" in out
     assert "* --attention-backend TRITON_MLA" in out and "<- requires.hardware.rtx-pro-6000" in out
