@@ -9,6 +9,7 @@ import click
 
 from orchestrator.cli.common import console, load_host_entry, pass_app, resolved_models_dir
 from orchestrator.cli.options import exit_codes, host_option, json_option, model_argument
+from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.errors import ConfigError
 
 
@@ -140,25 +141,33 @@ def _looks_like_inventory(path: Path) -> bool:
 @model_argument()
 @host_option(required=False, help="Render for this inventory host (paths, service manager). Default: a "
                                   "typical systemd host with vLLM in /opt/vllm.")
+@click.option("--hardware", "hardware", type=click.Choice(CLASS_KEYS),
+              help="Render for this hardware class (on a deploy the host's GPUs pick it).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
               help="Write the unit, env file and argv.json into this folder instead of printing.")
 @pass_app
-def render(app, model, host_name, out_dir):
+def render(app, model, host_name, hardware, out_dir):
     """Show what a model becomes on a host: the systemd unit (or start script), the env file
-    (secrets masked) and the vLLM argv. Nothing is changed anywhere.
+    (secrets masked), the vLLM argv, and where each value comes from (the manifest, its
+    requires.hardware entry for the class, or the host's service_env and overrides). Nothing is
+    changed anywhere and the host is not contacted: give --hardware for a class's settings.
 
     \b
     Example:
       vllm-orch render kimi-k25-int4
+      vllm-orch render minimax-m25 --host gpu1 --hardware rtx-pro-6000
       vllm-orch render minimax-m25 --host gpu1 --out ./rendered
     """
+    from orchestrator.config.effective import effective
     from orchestrator.config.inventory import HostEntry
     from orchestrator.config.manifest import get_manifest
     from orchestrator.render.artifacts import render as do_render
+    from orchestrator.render.sources import source_lines
 
     manifest, _ = get_manifest(model, resolved_models_dir(app))
     host = load_host_entry(app, host_name) if host_name else HostEntry(name="example-host", address="gpu-host")
-    r = do_render(manifest, host)
+    eff = effective(manifest, host, hardware=hardware)
+    r = do_render(eff.manifest, host)
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         for f in r.files:
@@ -172,7 +181,9 @@ def render(app, model, host_name, out_dir):
     out = console()
     for title, text in ((r.unit.path, r.unit.text),
                         (f"{r.env_file.path} (mode 0600, secrets masked)", r.env_file.text),
-                        ("vLLM argv", json.dumps(r.argv, indent=1) + "\n")):
+                        ("vLLM argv", json.dumps(r.argv, indent=1) + "\n"),
+                        (f"where the values come from on {host.name} (* = not the manifest's own)",
+                         "\n".join(source_lines(r, eff)) + "\n")):
         out.print(Rule(title, align="left"))
         out.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 

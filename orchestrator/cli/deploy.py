@@ -33,6 +33,10 @@ def finish(result, as_json: bool) -> None:
         click.echo(json.dumps(result.as_dict(), indent=2, default=str))
         sys.exit(code)
     if result.ok:
+        from rich.markup import escape
+
+        for warning in result.extra.get("warnings") or []:      # e.g. far below the performance floor
+            console().print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
         if not result.dry_run:
             console().print(f"[bold green]{result.operation} {result.model} on {result.host}: ok[/] "
                             f"({result.seconds:.1f}s)")

@@ -221,9 +221,12 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
     manifest_gpus = None
     try:
         from orchestrator.cli.common import resolved_models_dir
+        from orchestrator.config.effective import effective
         from orchestrator.config.manifest import get_manifest
 
-        manifest_gpus = get_manifest(model, resolved_models_dir(app))[0].serving.visible_devices
+        # the GPUs it takes on this host (a host's overrides may move them)
+        m = effective(get_manifest(model, resolved_models_dir(app))[0], entry).manifest
+        manifest_gpus = m.serving.visible_devices
     except Exception:
         pass    # a manifest removed since the deploy: the active record or the processes say
     say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))

@@ -213,6 +213,13 @@ def history_details(rec: dict) -> str:
         parts.append("slowest: " + ", ".join(f"{k} {v:.1f}s" for k, v in slow))
     if rec.get("tokens_per_s"):
         parts.append(f"smoke {rec['tokens_per_s']:.1f} tok/s")
+    perf = rec.get("perf") or {}
+    if perf:
+        figures = [f"{perf[k]:.1f}" for k in ("single_stream_tok_s",) if perf.get(k) is not None]
+        if perf.get("concurrency_tok_s"):
+            figures.append(f"{perf['concurrency_tok_s']:.0f} at C={perf['concurrency']}")
+        parts.append(f"perf {' / '.join(figures) or '-'} tok/s (expected {perf.get('expected')})"
+                     + ("" if perf.get("ok") else " FAR BELOW"))
     if rec.get("rolled_back_to"):
         parts.append(f"rolled back to {rec['rolled_back_to']}")
     return "; ".join(parts)

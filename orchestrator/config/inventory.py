@@ -12,16 +12,77 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from orchestrator.config.checks import CheckName
-from orchestrator.config.manifest import ENV_NAME, SLUG, Strict, _check_text, validation_error
-from orchestrator.config.yamlsrc import YamlDoc, display_path
+from orchestrator.config.manifest import SLUG, Strict, _check_text, at, check_env_map, validation_error
+from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
 
 LOCAL = "local"
+ALL_MODELS = "*"
+COMMAND_SECRET_HINT = ("give vllm-orch itself the secret instead (HF_TOKEN or HF_TOKEN_FILE in its "
+                       "environment for downloads); a service's secrets go in its manifest's serving.secret_env")
+SERVICE_SECRET_HINT = ("list it in the manifest's serving.secret_env and set it in the environment of "
+                       "`vllm-orch deploy` instead")
+
+
+class ServingOverride(Strict):
+    """`serving` fields a host may set for a model."""
+
+    port: int | None = Field(None, ge=1, le=65535, description="HTTP port on this host (another service "
+                                                                 "already uses the manifest's).")
+    host: str | None = Field(None, description="Address vLLM listens on, on this host.")
+    gpu_ids: list[int] | None = Field(None, description="The GPUs this model takes on this host "
+                                                         "(as many as serving.gpus).")
+
+
+class VllmOverride(Strict):
+    """`vllm` fields a host may set for a model: the ones that follow the host's memory and packages."""
+
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=0.99, description="Fraction of each GPU's memory, e.g. lower on a host whose "
+                                            "GPUs also drive a display.")
+    max_num_seqs: int | None = Field(None, ge=1, description="`--max-num-seqs` on this host.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="`--max-num-batched-tokens` on this host.")
+    load_format: str | None = Field(None, description="`--load-format`, e.g. `fastsafetensors` where this "
+                                                       "host has the package.")
+
+
+class StartupOverride(Strict):
+    """`startup` budgets that follow the host's disks."""
+
+    budget_seconds: int | None = Field(None, ge=10,
+                                       description="Start-up budget on this host (slow disks load slower).")
+    no_progress_seconds: int | None = Field(None, ge=5, description="Silence that counts as a hang on this host.")
+
+
+class HostOverride(Strict):
+    """What one model (or every model, `*`) gets on this host instead of its manifest's values."""
+
+    serving: ServingOverride = Field(default_factory=ServingOverride, description="port, host, gpu_ids.")
+    vllm: VllmOverride = Field(default_factory=VllmOverride,
+                               description="gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, load_format.")
+    startup: StartupOverride = Field(default_factory=StartupOverride,
+                                     description="budget_seconds, no_progress_seconds.")
+    service_env: dict[str, str] = Field(
+        default_factory=dict, description="Service environment for this model on this host, added to the "
+                                          "host's service_env (a name in both takes this value).")
+
+    @field_validator("service_env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env_map(v, SERVICE_SECRET_HINT)
+
+    def set_fields(self) -> dict[str, Any]:
+        """{manifest field path: value} for every field this override sets, e.g. `serving.port`."""
+        out: dict[str, Any] = {}
+        for section in ("serving", "vllm", "startup"):
+            for name, value in getattr(self, section).model_dump(exclude_none=True).items():
+                out[f"{section}.{name}"] = value
+        return out
 
 
 class HostEntry(Strict):
@@ -58,7 +119,19 @@ class HostEntry(Strict):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment for every command vllm-orch runs on the host (e.g. HF_ENDPOINT for a "
-                    "mirror, proxies). Not passed to the service: use the manifest's env for that.")
+                    "mirror, proxies). Not passed to the services: that is `service_env`. Not for secrets.")
+    service_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment for the service of every model on this host, written to its env file: "
+                    "what this machine's hardware needs (NCCL_P2P_LEVEL, NCCL_GRAPH_FILE for its topology, "
+                    "VLLM_TUNED_CONFIG_FOLDER for MoE kernels tuned on it). A name the model's manifest also "
+                    "sets to another value is refused. Not for secrets.")
+    overrides: dict[str, HostOverride] = Field(
+        default_factory=dict,
+        description="Per-model settings where this host differs, by model name (`\"*\"`: every model; a "
+                    "model's own entry wins over `*`): serving port/host/gpu_ids, vllm "
+                    "gpu_memory_utilization/max_num_seqs/max_num_batched_tokens/load_format, startup "
+                    "budgets, service_env. They win over the manifest; `render MODEL --host` shows each.")
     label: str | None = Field(
         None, max_length=40,
         description="A short note shown beside the host's name in plans, `status`, `hosts` and bench "
@@ -100,14 +173,38 @@ class HostEntry(Strict):
             raise ValueError(f"{v!r} is too broad a folder for vllm-orch to manage")
         return v.rstrip("/")
 
+    _doc: YamlDoc | None = PrivateAttr(None)       # the file this entry was read from (for file:line)
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-            _check_text(str(value), f"env.{key}")
-        return {k: str(val) for k, val in v.items()}
+        return check_env_map(v, COMMAND_SECRET_HINT)
+
+    @field_validator("service_env")
+    @classmethod
+    def _service_env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env_map(v, SERVICE_SECRET_HINT)
+
+    @field_validator("overrides")
+    @classmethod
+    def _override_keys(cls, v: dict[str, HostOverride]) -> dict[str, HostOverride]:
+        for key in v:
+            if key != ALL_MODELS and not SLUG.match(key):
+                raise at(key, f"{key!r} is not a model name (or `*` for every model)")
+        return v
+
+    def where(self, *path: Any) -> str:
+        """`hosts.yaml:14: hosts.gpu1.overrides.x.serving.port`: where one of this host's settings is
+        written, for messages that blame it (no line for entries not read from a file)."""
+        loc = ["hosts", self.name, *path]
+        if self._doc is None:
+            return f"host {self.name}: {format_loc(path)}"
+        line = self._doc.line_of(loc)
+        return f"{self._doc.display}{':' + str(line) if line else ''}: {format_loc(loc)}"
+
+    def override_for(self, model: str) -> list[tuple[str, HostOverride]]:
+        """The overrides that apply to `model`, weakest first: (`*` entry), then its own."""
+        return [(k, self.overrides[k]) for k in (ALL_MODELS, model) if k in self.overrides]
 
     @model_validator(mode="after")
     def _defaults(self) -> HostEntry:
@@ -199,9 +296,12 @@ def load_inventory_file(path: Path) -> Inventory:
     if not isinstance(data, dict):
         raise ConfigError(f"{doc.display}: expected a mapping with a `hosts:` key")
     try:
-        return Inventory.model_validate(data)
+        inv = Inventory.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, doc, "inventory", Inventory) from None
+    for entry in inv.hosts.values():
+        entry._doc = doc
+    return inv
 
 
 def load_inventory(explicit: Path | None = None) -> Inventory:

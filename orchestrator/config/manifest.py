@@ -12,10 +12,11 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
 from orchestrator.paths import shipped_dir
@@ -28,6 +29,10 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Environment variable names that hold credentials: they belong in `secret_env`, never in a manifest.
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|_KEY$|CREDENTIAL)", re.I)
+SECRET_HINT = "list it in serving.secret_env and set it in the environment of `vllm-orch deploy` instead"
+# Written by the env file template itself (templates/vllm.env.j2): rendered from manifest fields.
+RENDERED_ENV = {"CUDA_VISIBLE_DEVICES": "serving.gpu_ids", "VLLM_ENGINE_READY_TIMEOUT_S": "startup.budget_seconds",
+                "HF_HUB_OFFLINE": "(always 1: the weights are downloaded before the start)"}
 
 DEFAULT_PORT = 8000
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
@@ -62,6 +67,25 @@ def _check_text(value: str, what: str) -> str:
     if _CONTROL.search(value):
         raise ValueError(f"{what} must be one line of printable text (no newlines or control characters)")
     return value
+
+
+def check_env_map(v: dict[str, Any], secret_hint: str = SECRET_HINT) -> dict[str, str]:
+    """An environment mapping that ends up in an env file or a command: names are variable names,
+    values one line without single quotes, and nothing that looks like a credential (those have
+    their own path: `secret_hint`). Shared by the manifest's env, its hardware classes' env and the
+    inventory's env and service_env."""
+    for key, value in v.items():
+        if not ENV_NAME.match(key):
+            raise at(key, f"{key!r} is not an environment variable name")
+        if _SECRETISH.search(key):
+            raise at(key, f"{key} looks like a secret: {secret_hint}")
+        try:
+            _check_text(str(value), "the value")
+        except ValueError as exc:
+            raise at(key, str(exc)) from None
+        if "'" in str(value):
+            raise at(key, "single quotes are not allowed in values")
+    return {k: str(val) for k, val in v.items()}
 
 
 class Strict(BaseModel):
@@ -168,6 +192,12 @@ class Serving(Strict):
     @property
     def visible_devices(self) -> list[int]:
         return list(self.gpu_ids) if self.gpu_ids is not None else list(range(self.gpus))
+
+
+# The layout: fields that decide how many GPUs do what. A hardware class may not change them (a
+# different layout is a different deployment, with its own manifest and expected figures).
+LAYOUT_FIELDS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                 "enable_expert_parallel", "decode_context_parallel_size")
 
 
 class VllmArgs(Strict):
@@ -293,11 +323,101 @@ class Probes(Strict):
         return v
 
 
+class Performance(Strict):
+    """The throughput the deployment is expected to reach. After the smoke test, deploy and swap
+    measure it with a short run (seconds) and warn or fail when it comes up far below."""
+
+    single_stream_tok_s: float | None = Field(
+        None, gt=0, description="Decode tokens/s of one stream (as `bench` reports tok_s_user: tokens after "
+                                "the first / time from first to last token). Unset: not measured.")
+    concurrency: int | None = Field(
+        None, ge=2, le=256, description="A number of concurrent streams whose aggregate throughput is also "
+                                        "measured (with concurrency_tok_s).")
+    concurrency_tok_s: float | None = Field(
+        None, gt=0, description="Aggregate output tokens/s expected at `concurrency` streams (all tokens / "
+                                "time from the first request sent to the last token).")
+    floor: float = Field(
+        0.75, gt=0, le=1,
+        description="Fraction of an expected figure below which a measurement counts as far below "
+                    "(0.75: with 79 tok/s expected, under 59.25 tok/s).")
+    on_below: Literal["warn", "fail"] = Field(
+        "warn", description="`warn`: record it and say so; `fail`: the deploy fails (a swap rolls back).")
+    max_tokens: int = Field(
+        256, ge=16, le=8192, description="Tokens each measuring request generates (ignore_eos, so exactly "
+                                         "this many): 256 at 80 tok/s is about 3 s.")
+    timeout_seconds: int = Field(
+        120, ge=5, description="Longest wait for a measuring stream to connect or send its next bytes; "
+                               "a stream that stalls longer gives no figure (which counts as far below).")
+
+    @model_validator(mode="after")
+    def _pair(self) -> Performance:
+        if (self.concurrency is None) != (self.concurrency_tok_s is None):
+            raise at("concurrency", "concurrency and concurrency_tok_s go together")
+        return self
+
+    @property
+    def expects(self) -> bool:
+        return self.single_stream_tok_s is not None or self.concurrency is not None
+
+
+class HardwareNeeds(Strict):
+    """What the model needs on one hardware class (the host's GPUs pick the class)."""
+
+    vllm: dict[str, Any] = Field(
+        default_factory=dict,
+        description="`vllm` fields for this class, replacing the manifest's, e.g. `{attention_backend: "
+                    "TRITON_MLA}`. Any field but the layout (tensor/pipeline/data/decode-context parallel "
+                    "sizes, expert parallel): a different layout is a different manifest.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Service environment for this class, added to the manifest's env (a name set in both "
+                    "takes this value). Not for secrets.")
+    min_vllm_version: str | None = Field(
+        None, description="Oldest vLLM that runs this manifest on this class; replaces "
+                          "requires.min_vllm_version there.")
+    performance: Performance | None = Field(
+        None, description="Expected throughput on this class; replaces the manifest's `performance` there.")
+
+    @field_validator("vllm")
+    @classmethod
+    def _vllm(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in LAYOUT_FIELDS:
+                raise at(key, f"{key} is part of the layout, which a hardware class cannot change: "
+                              "write a manifest for the other layout")
+            if key not in VllmArgs.model_fields:
+                close = difflib.get_close_matches(key, list(VllmArgs.model_fields), n=1, cutoff=0.6)
+                raise at(key, "unknown field" + (f" - did you mean {close[0]!r}?" if close else ""))
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env_map(v)
+
+    @field_validator("min_vllm_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        return v if v is None else _version_text(v)
+
+
+def _version_text(v: str) -> str:
+    if not re.match(r"^\d+(\.\d+){0,3}$", v):
+        raise ValueError(f"{v!r} is not a version like 0.19.1")
+    return v
+
+
 class Requirements(Strict):
     """What the host must have. Checked before anything is changed on it."""
 
     gpu_name: str | None = Field(
-        None, description="Substring the GPU name must contain, e.g. `RTX PRO 6000` (nvidia-smi's name).")
+        None, description="Substring the GPU name must contain, e.g. `RTX PRO 6000` (nvidia-smi's name). "
+                          "Prefer `hardware`, which also says what differs per class.")
+    hardware: dict[str, HardwareNeeds] = Field(
+        default_factory=dict,
+        description="The hardware classes this manifest runs on, each with what it needs there "
+                    f"(keys: {', '.join(CLASS_KEYS)}). The GPUs the service uses pick the class; a host "
+                    "of another class is refused. Empty: any GPU.")
     vram_per_gpu_gib: float = Field(0, ge=0, description="Least memory per GPU, in GiB (nvidia-smi memory.total).")
     min_vllm_version: str = Field("0.0.0", description="Oldest vLLM that runs this manifest, e.g. `0.19.1`.")
     disk_reserve_gib: float = Field(
@@ -306,9 +426,24 @@ class Requirements(Strict):
     @field_validator("min_vllm_version")
     @classmethod
     def _version(cls, v: str) -> str:
-        if not re.match(r"^\d+(\.\d+){0,3}$", v):
-            raise ValueError(f"{v!r} is not a version like 0.19.1")
+        return _version_text(v)
+
+    @field_validator("hardware")
+    @classmethod
+    def _classes(cls, v: dict[str, HardwareNeeds]) -> dict[str, HardwareNeeds]:
+        for key in v:
+            if key not in CLASS_KEYS:
+                close = difflib.get_close_matches(key, CLASS_KEYS, n=1, cutoff=0.5)
+                raise at(key, f"{key!r} is not a hardware class" +
+                         (f" - did you mean {close[0]!r}?" if close else f" (known: {', '.join(CLASS_KEYS)})"))
         return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Requirements:
+        if self.gpu_name and self.hardware:
+            raise at("gpu_name", "use requires.hardware or requires.gpu_name, not both (the hardware "
+                                 "classes already say which GPUs)")
+        return self
 
 
 class Manifest(Strict):
@@ -326,6 +461,9 @@ class Manifest(Strict):
     startup: Startup = Field(default_factory=Startup, description="Start-up budget and hang detection.")
     probes: Probes = Field(default_factory=Probes, description="Readiness gates and smoke test.")
     requires: Requirements = Field(default_factory=Requirements, description="Host requirements.")
+    performance: Performance = Field(
+        default_factory=Performance,
+        description="Expected throughput, measured after the smoke test (a floor: warn or fail when far below).")
 
     @field_validator("name")
     @classmethod
@@ -337,19 +475,7 @@ class Manifest(Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not ENV_NAME.match(key):
-                raise at(key, f"{key!r} is not an environment variable name")
-            if _SECRETISH.search(key):
-                raise at(key, f"{key} looks like a secret: list it in serving.secret_env and set it in "
-                              f"the environment of `vllm-orch deploy` instead")
-            try:
-                _check_text(str(value), "the value")
-            except ValueError as exc:
-                raise at(key, str(exc)) from None
-            if "'" in str(value):
-                raise at(key, "single quotes are not allowed in values")
-        return {k: str(val) for k, val in v.items()}
+        return check_env_map(v)
 
     @model_validator(mode="after")
     def _cross(self) -> Manifest:
@@ -366,13 +492,31 @@ class Manifest(Strict):
                 "MiniMax-M2.5 does not support pure TP8: intermediate_size / 8 = 192 is not divisible by "
                 "the FP8 block size 128 (vllm recipes). Use tensor_parallel_size 4, or 8 with "
                 "enable_expert_parallel, or data_parallel_size 8 with enable_expert_parallel")
-        for name in ("VLLM_ATTENTION_BACKEND", "VLLM_FLASHINFER_MOE_BACKEND"):
-            if name in self.env:
-                repl = "vllm.attention_backend" if "ATTENTION" in name else "vllm.moe_backend"
-                raise at(f"env.{name}", f"{name} is ignored or removed in current vLLM; use {repl}")
-        for name in self.serving.secret_env:
-            if name in self.env:
-                raise at(f"env.{name}", f"{name} is in both env and serving.secret_env")
+        envs = [("env", self.env)] + [(f"requires.hardware.{k}.env", h.env)
+                                      for k, h in self.requires.hardware.items()]
+        for where, env in envs:
+            for name in ("VLLM_ATTENTION_BACKEND", "VLLM_FLASHINFER_MOE_BACKEND"):
+                if name in env:
+                    repl = "vllm.attention_backend" if "ATTENTION" in name else "vllm.moe_backend"
+                    raise at(f"{where}.{name}", f"{name} is ignored or removed in current vLLM; use {repl}")
+            for name in self.serving.secret_env:
+                if name in env:
+                    raise at(f"{where}.{name}", f"{name} is in both {where} and serving.secret_env")
+            for name, source in RENDERED_ENV.items():
+                if name in env:
+                    raise at(f"{where}.{name}", f"{name} is written by vllm-orch from {source}")
+        for key, needs in self.requires.hardware.items():
+            if needs.vllm:
+                try:
+                    VllmArgs.model_validate({**self.vllm.model_dump(), **needs.vllm})
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    msg = err["msg"].removeprefix("Value error, ")
+                    marked = _AT.match(msg)
+                    sub = ".".join(str(p) for p in err["loc"]) or (marked.group(1) if marked else "")
+                    text = marked.group(2) if marked else msg
+                    raise at(f"requires.hardware.{key}.vllm" + (f".{sub}" if sub else ""),
+                             f"on {key}: {text}") from None
         return self
 
     @property

@@ -4,6 +4,8 @@ sync): `python -m orchestrator.devtools.docgen > docs/manifest-reference.md`."""
 from __future__ import annotations
 
 import json
+import re
+import typing
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -14,6 +16,7 @@ from orchestrator.config.manifest import Manifest
 
 def _type(ann) -> str:
     text = str(ann) if not isinstance(ann, type) else ann.__name__
+    text = re.sub(r"orchestrator(\.\w+)*\.(?=\w)", "", text)      # Performance, not orchestrator.config...
     return text.replace("typing.", "").replace("NoneType", "None")
 
 
@@ -28,12 +31,26 @@ def _default(field) -> str:
     return f"`{json.dumps(field.default)}`"
 
 
+def _mapped_model(ann) -> type[BaseModel] | None:
+    """The value model of a `dict[str, Model]` field (requires.hardware, a host's overrides)."""
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) is dict and args and isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
+        return args[-1]
+    return None
+
+
 def _rows(model: type[BaseModel], prefix: str, out: list[str], sections: list) -> None:
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             sections.append((f"{prefix}{name}", ann, field.description))
             out.append(f"| `{prefix}{name}` | section | {_default(field)} | {field.description} |")
+            continue
+        mapped = _mapped_model(ann)
+        if mapped is not None:
+            sections.append((f"{prefix}{name}.<key>", mapped, field.description))
+            out.append(f"| `{prefix}{name}` | `{{key: {mapped.__name__}}}` | {_default(field)} | "
+                       f"{(field.description or '').replace('|', chr(92) + '|')} |")
             continue
         desc = (field.description or "").replace("|", "\\|")
         out.append(f"| `{prefix}{name}` | `{_type(ann)}` | {_default(field)} | {desc} |")
@@ -55,17 +72,24 @@ def reference() -> str:
              "## Model manifest (`models/NAME.yaml`)", ""]
     top, sections = _table(Manifest, "")
     lines += top
-    for path, model, desc in sections:
-        lines += ["", f"### `{path}`", "", desc or "", ""]
-        rows, _ = _table(model, f"{path}.")
-        lines += rows
+    _sections(sections, lines)
     lines += ["", "## Host inventory (`hosts.yaml`: `hosts: {NAME: entry}`)", "",
               "See `hosts.example.yaml`. A host named `local` with `address: local` is this machine. Every",
               "`*.yaml` of the extra-inventory folder (`hosts.d/` in vllm-orch's state home, see",
               "docs/user-guide.md) is read with the same schema.", ""]
-    rows, _ = _table(HostEntry, "")
+    rows, sections = _table(HostEntry, "")
     lines += rows
+    _sections(sections, lines)
     return "\n".join(lines) + "\n"
+
+
+def _sections(sections: list, lines: list[str]) -> None:
+    """Each nested section's table, its own nested sections after it."""
+    for path, model, desc in sections:
+        lines += ["", f"### `{path}`", "", desc or "", ""]
+        rows, nested = _table(model, f"{path}.")
+        lines += rows
+        _sections(nested, lines)
 
 
 if __name__ == "__main__":

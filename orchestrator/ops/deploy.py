@@ -53,6 +53,10 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
             record["smoke"] = ready.smoke.summary()
             record["tokens_per_s"] = ready.smoke.tokens_per_s
             record["gates"] = {g: round(t, 2) for g, t in ready.gates}
+        if m.name in env.record.perf:
+            record["perf"] = result.extra["perf"] = env.record.perf[m.name]
+        if env.record.warnings:
+            result.extra["warnings"] = list(env.record.warnings)
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
         record.update(failure_fields(result.error))

@@ -88,6 +88,8 @@ class Reporter:
         elif kind == "log":
             if self._status is not None:
                 self._status.update(f"[dim]{escape(text[:110])}[/]")
+        elif kind == "warn":
+            self.console.print(f"      [yellow]warning[/]: {escape(text)}", soft_wrap=True)
         else:
             self.console.print(f"      {text}", markup=False)
 

@@ -18,6 +18,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
+from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConfigError
@@ -37,7 +38,7 @@ from orchestrator.probe import api
 from orchestrator.render.artifacts import render, secrets_from_environ
 from orchestrator.secret import Secret
 
-VERSION_CHECKS = {"vllm-version", "package-pairs", "torch-cuda", "required-packages"}
+VERSION_CHECKS = {"vllm-version", "version-traps", "package-pairs", "torch-cuda", "required-packages"}
 
 
 def lock_facts(host: Host, entry: HostEntry, held: bool) -> LockFacts:
@@ -66,14 +67,30 @@ def serving_now(host: Host, m: Manifest, api_key: Secret | None = None) -> bool:
         return False
 
 
+def gpu_names(facts: HostFacts | None) -> dict[int, str] | None:
+    """nvidia-smi's GPU names by index (what picks a manifest's hardware class); None when unread."""
+    if facts is None or facts.gpu_error or not facts.gpus:
+        return None
+    return {g.index: g.name for g in facts.gpus if g.index is not None}
+
+
+def service_port(m: Manifest, entry: HostEntry) -> int:
+    """The model's port on this host (a host override may move it; a hardware class cannot)."""
+    return effective(m, entry).manifest.serving.port
+
+
 def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts) -> ServiceInput:
-    """The manifest rendered for this host, what is installed now, and whether it already serves."""
+    """The manifest as it runs on this host (its GPUs' hardware class and the host's settings
+    applied), rendered, what is installed now, and whether it already serves."""
+    eff = effective(m, entry, gpu_names(facts))
+    m = eff.manifest
     secrets = secrets_from_environ(m)
     rendered = render(m, entry, secrets)
     installed = {f.path: host.get(f.path) for f in rendered.files}
     st = facts.services.get(m.name)
     serving = bool(st and st.active) and serving_now(host, m, secrets.get("VLLM_API_KEY"))
-    return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving)
+    return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving,
+                        effective=eff)
 
 
 def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
@@ -115,7 +132,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
               stopping: Collection[str] = ()) -> list[Check]:
     m, r = svc.manifest, svc.rendered
-    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml")
+    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
@@ -131,7 +148,7 @@ def _refused(checks: list[Check]) -> bool:
 
 def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
     """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy)."""
-    facts = gather(host, entry, [m.name], ports=[m.serving.port])
+    facts = gather(host, entry, [m.name], ports=[service_port(m, entry)])
     target = service_input(host, entry, m, facts)
     checks = preflight(host, entry, target, facts, opts)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
@@ -151,7 +168,7 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
 
 def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
              lock: LockFacts) -> PlanInput:
-    facts = gather(host, entry, sorted({m.name, *manifests}), ports=[m.serving.port])
+    facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
     old_name = old_model_name(facts, m.name)
     old = None
     if old_name and old_name != m.name:

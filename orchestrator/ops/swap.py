@@ -59,6 +59,10 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             record["rollback"] = result.extra["rollback"]
         if ready is not None:
             record["tokens_per_s"] = ready.smoke.tokens_per_s
+        if m.name in env.record.perf:
+            record["perf"] = result.extra["perf"] = env.record.perf[m.name]
+        if env.record.warnings:
+            result.extra["warnings"] = list(env.record.warnings)
         state.append_history(s.host, entry, record)
         if "rollback" in result.extra:
             state.append_history(s.host, entry, {"operation": "rollback", "model": info.get("from"),

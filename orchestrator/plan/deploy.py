@@ -1,8 +1,8 @@
 """deploy's planner, pure: from nothing (or anything) to a verified, serving model.
 
-    lock -> preflight -> disk -> download -> GPUs free -> install -> start -> ready -> record
-    if start, ready or record fails: stop the service this run started (files kept), so a failed
-    start cannot crash-loop while it holds the GPUs.
+    lock -> preflight -> disk -> download -> GPUs free -> install -> start -> ready -> perf -> record
+    if start, ready, perf (a floor the manifest says to fail on) or record fails: stop the service
+    this run started (files kept), so a failed start cannot crash-loop while it holds the GPUs.
 
 A refused safety check ends the plan before anything changes (exit 3).
 """
@@ -65,6 +65,7 @@ def plan_deploy(inp: PlanInput) -> Plan:
     # gates again, smoke test included, before it is recorded.
     serving = running and not unit_changed and recorded and inp.target.serving
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, serving))
+    plan.add(service.perf_action(inp, already_serving=serving))
     if serving:
         plan.add(Action("record", f"nothing to do, because {m.name} is recorded as active with these hashes",
                         noop=True))

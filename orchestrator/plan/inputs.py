@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.config.effective import Effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.host.facts import HostFacts
@@ -46,13 +47,15 @@ class DownloadPlan:
 
 @dataclass(frozen=True)
 class ServiceInput:
-    """One model's service on the host: its manifest, rendered files, what is installed now."""
+    """One model's service on the host: its manifest (as it runs there: hardware class and host
+    settings applied, config/effective.py), rendered files, what is installed now."""
 
     manifest: Manifest
     rendered: Rendered
     secrets: Mapping[str, Secret] = field(default_factory=dict)
     installed_files: Mapping[str, bytes | None] = field(default_factory=dict)   # path -> content now
     serving: bool = False                       # /health 200 and the served name listed (probed live)
+    effective: Effective | None = None          # which class applied, where each value comes from
 
     @property
     def name(self) -> str:

@@ -21,11 +21,14 @@ from typing import Any
 
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import Holders
+from orchestrator.plan.envnames import consumer_of
+from orchestrator.plan.traps import TRAPS, flag_value, springs
+from orchestrator.plan.versions import public_version, version_key
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 
-CHECK_NAMES = ("flags", "env", "vllm-version", "package-pairs", "torch-cuda", "required-packages",
-               "gpus", "foreign-gpu-processes")
+CHECK_NAMES = ("flags", "env", "vllm-version", "version-traps", "package-pairs", "torch-cuda",
+               "required-packages", "gpus", "foreign-gpu-processes")
 
 
 @dataclass
@@ -62,33 +65,9 @@ def skippable(name: str) -> Callable:
 
 
 # -- versions ---------------------------------------------------------------------------------------
-def version_key(v: str) -> tuple:
-    """Orderable key for PEP 440-ish versions without `packaging`: 0.33.0rc1 < 0.33.0 < 0.33.0.post1;
-    a local part (+cu130) is ignored."""
-    v = v.split("+", 1)[0].strip().lower()
-    m = re.match(r"v?(\d+(?:\.\d+)*)(.*)", v)
-    if not m:
-        return ((0,), 0, v)
-    release = tuple(int(x) for x in m.group(1).split("."))
-    release = release + (0,) * (4 - len(release))
-    rest = m.group(2)
-    if not rest:
-        rank = 2
-    elif re.match(r"[.-]?post", rest):
-        rank = 3
-    elif re.match(r"[.-]?dev", rest):
-        rank = 0
-    else:                                   # a, b, rc
-        rank = 1
-    return (release, rank, rest)
-
-
-def public_version(v: str) -> str:
-    return v.split("+", 1)[0]
-
-
 @skippable("vllm-version")
-def check_vllm_version(installed: str | None, minimum: str | None, *, python: str = "") -> Check:
+def check_vllm_version(installed: str | None, minimum: str | None, *, python: str = "",
+                       field: str = "requires.min_vllm_version") -> Check:
     where = f" for {python}" if python else ""
     if not installed:
         return Check("vllm-version", FAIL, f"vLLM is not installed{where}",
@@ -99,8 +78,31 @@ def check_vllm_version(installed: str | None, minimum: str | None, *, python: st
                      f"vLLM {installed} is older than the manifest's minimum {minimum}",
                      details=[f"installed: vllm {installed}{where}", f"required: >= {minimum}"],
                      fix=f"pip install -U 'vllm>={minimum}' on the host (or deploy a model whose "
-                         f"minimum is <= {installed})", field="vllm.min_version")
+                         f"minimum is <= {installed})", field=field)
     return Check("vllm-version", OK, f"vLLM {installed}" + (f" >= {minimum}" if minimum else ""))
+
+
+@skippable("version-traps")
+def check_traps(installed: str | None, argv: Sequence[str],
+                provenance: Sequence[tuple[str, str]] = ()) -> Check:
+    """Flag combinations this vLLM accepts and then dies of, late (orchestrator/plan/traps.py)."""
+    if not installed:
+        return Check("version-traps", SKIPPED, "skipped: the vLLM version is not known")
+    hits = springs(installed, argv)
+    if not hits:
+        return Check("version-traps", OK, f"none of the {len(TRAPS)} known version traps applies to vLLM "
+                                          f"{installed} with these flags")
+    trap, tokens = hits[0]
+    fld, _ = field_for([t.split(" ")[0] for t in tokens], provenance)
+    details = []
+    for t, toks in hits:
+        details += [f"{t.what}: {' + '.join(toks)} on vLLM {installed} (fixed in {t.fixed_in})",
+                    f"  it dies {t.when} with: {t.symptom}",
+                    f"  checked: {t.evidence}",
+                    f"  sources: {', '.join(t.sources)}"]
+    return Check("version-traps", FAIL,
+                 f"vLLM {installed} accepts {' + '.join(tokens)} and then dies {trap.when}",
+                 details=details, fix=trap.fix, field=fld or trap.fields[0])
 
 
 # Pairs that must be installed at the very same version. The left one is the reference.
@@ -184,24 +186,16 @@ def check_torch_cuda(torch_cuda: str | None, driver_cuda: str | None, *,
 
 
 # -- what the argv needs ------------------------------------------------------------------------------
-def _flag_value(argv: Sequence[str], flag: str) -> str | None:
-    for i, tok in enumerate(argv):
-        key, _, val = tok.partition("=")
-        if key.replace("_", "-") == flag:
-            return val if val else (argv[i + 1] if i + 1 < len(argv) else None)
-    return None
-
-
 def packages_needed(argv: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Python packages the service will import because of its flags/env: {package: why}."""
     env = env or {}
     needs: dict[str, str] = {}
-    if (_flag_value(argv, "--load-format") or "") == "fastsafetensors":
+    if (flag_value(argv, "--load-format") or "") == "fastsafetensors":
         needs["fastsafetensors"] = "--load-format fastsafetensors (vLLM crashes without the package)"
-    backend = (_flag_value(argv, "--attention-backend") or "").upper()
+    backend = (flag_value(argv, "--attention-backend") or "").upper()
     if backend.startswith("FLASHINFER"):
         needs["flashinfer-python"] = f"--attention-backend {backend}"
-    moe = (_flag_value(argv, "--moe-backend") or "").lower()
+    moe = (flag_value(argv, "--moe-backend") or "").lower()
     if moe.startswith("flashinfer"):
         needs["flashinfer-python"] = f"--moe-backend {moe}"
     if env.get("VLLM_USE_FLASHINFER_MOE_FP4") == "1":
@@ -324,10 +318,12 @@ def check_flags(argcheck_result: Mapping[str, Any], provenance: Sequence[tuple[s
 
 @skippable("env")
 def check_env(env: Mapping[str, str], unknown_env: Iterable[str] = (), *,
-              env_fields: Mapping[str, str] | None = None) -> Check:
-    """VLLM_* variables that were renamed into flags, or that the host's vLLM does not read at all
-    (unknown_env, from argcheck: silently ignored, like VLLM_ATTENTION_BACKEND since 0.26)."""
-    unknown = set(unknown_env)
+              env_fields: Mapping[str, str] | None = None, not_read: Iterable[str] = ()) -> Check:
+    """Environment the service gets, against what reads it. `unknown_env` (argcheck): VLLM_* names
+    the host's vLLM does not read - renamed into flags (VLLM_ATTENTION_BACKEND since 0.26, a
+    failure: the setting is lost) or misspelt (a warning). `not_read` (argcheck): other names vLLM
+    does not read; a warning unless a library vLLM runs on reads them (plan/envnames.py)."""
+    unknown, ignored = set(unknown_env), set(not_read)
     env_fields = env_fields or {}
     fails, warns = [], []
     for name in env:
@@ -338,6 +334,9 @@ def check_env(env: Mapping[str, str], unknown_env: Iterable[str] = (), *,
             warns.append((name, fld, f"{fld}: {name} is deprecated; {ENV_FIXES[name]}"))
         elif name in unknown:
             warns.append((name, fld, f"{fld}: this vLLM does not read {name} (misspelt or removed?)"))
+        elif name in ignored and consumer_of(name) is None:
+            warns.append((name, fld, f"{fld}: nothing reads {name}: not this vLLM, nor NCCL, CUDA, torch, "
+                                     "Hugging Face, FlashInfer or Triton (a setting for another engine?)"))
     if fails:
         return Check("env", FAIL, f"{fails[0][2]}", details=[x[2] for x in fails + warns],
                      fix=ENV_FIXES[fails[0][0]], field=fails[0][1])
@@ -345,8 +344,8 @@ def check_env(env: Mapping[str, str], unknown_env: Iterable[str] = (), *,
         return Check("env", WARN, warns[0][2], details=[x[2] for x in warns],
                      fix=ENV_FIXES.get(warns[0][0], f"remove {warns[0][0]} or fix its name"),
                      field=warns[0][1])
-    return Check("env", OK, f"{sum(1 for n in env if n.startswith('VLLM_'))} VLLM_* variables known "
-                            "to this vLLM")
+    return Check("env", OK, f"{len(env)} variables, each read by this vLLM or a library it runs on"
+                 if env else "no service environment to check")
 
 
 # -- hardware -----------------------------------------------------------------------------------------
@@ -358,6 +357,8 @@ class GpuNeeds:
     name_contains: str | None = None          # e.g. "RTX PRO 6000"
     min_vram_mib: int | None = None           # per GPU
     indices: list[int] | None = None          # the GPUs the service will use (CUDA_VISIBLE_DEVICES)
+    hardware: str | None = None               # which hardware class applied (config/effective.py)
+    hardware_problem: str | None = None       # the GPUs are of a class the manifest does not run on
 
 
 @skippable("gpus")
@@ -383,6 +384,8 @@ def check_gpus(gpus: Sequence[Gpu], needs: GpuNeeds) -> Check:
         if wrong:
             problems.append(f"GPU {wrong[0].index} is a {wrong[0].name}, the manifest needs "
                             f"'{needs.name_contains}'" + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+    if needs.hardware_problem:
+        problems.append(needs.hardware_problem)
     if needs.min_vram_mib:
         small = [g for g in chosen if (g.memory_total_mib or 0) < needs.min_vram_mib]
         if small:
@@ -390,12 +393,16 @@ def check_gpus(gpus: Sequence[Gpu], needs: GpuNeeds) -> Check:
                             f"{needs.min_vram_mib} MiB per GPU needed")
     desc = f"{len(chosen)}x {chosen[0].name if chosen else '?'}"
     if problems:
+        hw = problems[0] == needs.hardware_problem
         return Check("gpus", FAIL, problems[0], details=problems + [f"host: {len(gpus)}x {gpus[0].name}"
                                                                      f", {gpus[0].memory_total_mib} MiB each"],
-                     fix="deploy onto a host with enough matching GPUs, or change the manifest's "
-                         "GPU requirements (tensor/data parallel size)", field="gpus")
+                     fix=("deploy onto a host of a class the manifest names, or add the class to its "
+                          "requires.hardware with what the model needs there") if hw else
+                         ("deploy onto a host with enough matching GPUs, or change the manifest's "
+                          "GPU requirements (tensor/data parallel size)"),
+                     field="requires.hardware" if hw else "gpus")
     return Check("gpus", OK, f"{desc}, {min(g.memory_total_mib or 0 for g in chosen)} MiB each "
-                 f"({needs.count} needed)")
+                 f"({needs.count} needed)" + (f"; {needs.hardware}" if needs.hardware else ""))
 
 
 @skippable("foreign-gpu-processes")
@@ -468,6 +475,7 @@ class PreflightNeeds:
     manifest_label: str | None = None
     env_fields: Mapping[str, str] | None = None
     min_vllm: str | None = None
+    min_vllm_field: str = "requires.min_vllm_version"
     gpu_needs: GpuNeeds | None = None
     required_packages: Mapping[str, str] | None = None
 
@@ -487,8 +495,8 @@ def _timed(check: Check, seconds: float | None) -> Check:
 
 def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
              kill_foreign: bool = False, skip: Collection[str] = ()) -> list[Check]:
-    """Every preflight check, in plan order: flags, env, vllm-version, package-pairs, torch-cuda,
-    required-packages, gpus, foreign-gpu-processes. Pure: pf holds what the host answered.
+    """Every preflight check, in plan order: flags, env, vllm-version, version-traps, package-pairs,
+    torch-cuda, required-packages, gpus, foreign-gpu-processes. Pure: pf holds what the host answered.
     `held`: the target GPUs' processes (None: the GPU checks are not made)."""
     skip = set(skip)
     checks: list[Check] = []
@@ -500,18 +508,22 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
         checks.append(_timed(check_flags(pf.argcheck.value, needs.provenance, manifest=needs.manifest_label,
                                          skip=skip), pf.argcheck.seconds))
         checks.append(_timed(check_env(needs.env, pf.argcheck.value.get("unknown_env") or (),
-                                       env_fields=needs.env_fields, skip=skip), pf.argcheck.seconds))
+                                       env_fields=needs.env_fields, skip=skip,
+                                       not_read=pf.argcheck.value.get("not_read_env") or ()),
+                             pf.argcheck.seconds))
     if pf.packages is None or pf.packages.value is None:
         if pf.packages is not None:
             checks.append(_broken("vllm-version", "inspect_env.py", pf.python, pf.packages))
         else:
             checks += [Check(n, SKIPPED, f"skipped (--skip-check {n})") for n in
-                       ("vllm-version", "package-pairs", "torch-cuda", "required-packages")]
+                       ("vllm-version", "version-traps", "package-pairs", "torch-cuda", "required-packages")]
     else:
         info, t = pf.packages.value, pf.packages.seconds
         pk = info.get("packages", {})
         required = {**packages_needed(needs.argv, needs.env), **(needs.required_packages or {})}
-        for c in (check_vllm_version(pk.get("vllm"), needs.min_vllm, python=pf.python, skip=skip),
+        for c in (check_vllm_version(pk.get("vllm"), needs.min_vllm, python=pf.python,
+                                     field=needs.min_vllm_field, skip=skip),
+                  check_traps(pk.get("vllm"), needs.argv, needs.provenance, skip=skip),
                   check_package_pairs(pk, needs.env, skip=skip),
                   check_torch_cuda(info.get("torch_cuda"), pf.driver_cuda, torch_version=pk.get("torch"),
                                    driver_version=pf.driver_version, skip=skip),
@@ -533,15 +545,27 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
 
 
 def needs_for(manifest: Any, argv: Sequence[str], provenance: Sequence[tuple[str, str]],
-              manifest_label: str | None = None) -> PreflightNeeds:
-    """PreflightNeeds from a Manifest (orchestrator.config.manifest) and its rendered argv."""
+              manifest_label: str | None = None, effective: Any = None) -> PreflightNeeds:
+    """PreflightNeeds from a Manifest (orchestrator.config.manifest) and its rendered argv;
+    `effective` (orchestrator.config.effective.Effective) says which hardware class applied and
+    where each environment variable comes from (the manifest, its class, the host)."""
     from orchestrator.secret import Secret
 
     vram = getattr(manifest.requires, "vram_per_gpu_gib", 0) or 0
+    env = {k: str(v) for k, v in dict(manifest.env).items() if not isinstance(v, Secret)}
+    origins = effective.origins if effective is not None else {}
+    env_fields = {}
+    for name in env:
+        origin = origins.get(f"env.{name}")
+        env_fields[name] = (f"{origin}.env.{name}" if origin and origin.startswith("requires.")
+                            else origin or f"env.{name}")
     return PreflightNeeds(
-        argv=list(argv), provenance=list(provenance), manifest_label=manifest_label,
-        env={k: str(v) for k, v in dict(manifest.env).items() if not isinstance(v, Secret)},
-        min_vllm=manifest.requires.min_vllm_version,
+        argv=list(argv), provenance=list(provenance), manifest_label=manifest_label, env=env,
+        env_fields=env_fields, min_vllm=manifest.requires.min_vllm_version,
+        min_vllm_field=(f"{origins['requires.min_vllm_version']}.min_vllm_version"
+                        if "requires.min_vllm_version" in origins else "requires.min_vllm_version"),
         gpu_needs=GpuNeeds(count=manifest.serving.gpus, name_contains=manifest.requires.gpu_name,
                            min_vram_mib=int(vram * 1024) or None,
-                           indices=list(manifest.serving.visible_devices)))
+                           indices=list(manifest.serving.visible_devices),
+                           hardware=effective.hardware_note() if effective is not None else None,
+                           hardware_problem=effective.hardware_problem if effective is not None else None))

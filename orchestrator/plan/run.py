@@ -53,6 +53,8 @@ class RunRecord:
     ready: dict[str, Ready] = field(default_factory=dict)         # model -> its readiness result
     started: set[str] = field(default_factory=set)                # services this run started
     log_cursors: dict[str, str] = field(default_factory=dict)     # model -> log position at start
+    perf: dict[str, dict] = field(default_factory=dict)           # model -> its throughput measurement
+    warnings: list[str] = field(default_factory=list)             # said during the run, kept for the end
 
     def downtime_s(self) -> float | None:
         if self.stopped_at is None or self.ready_at is None:

@@ -20,7 +20,10 @@ from orchestrator.host.ownership import Holders, gpu_list, holders, kill_command
 from orchestrator.host.services import Service
 from orchestrator.plan.inputs import PlanInput, ServiceInput
 from orchestrator.plan.model import Action
+from orchestrator.plan.perf import BelowFloor, expected_text, likely_causes, shortfalls
 from orchestrator.plan.run import RunEnv
+from orchestrator.probe.api import Endpoint
+from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, wait_ready
 from orchestrator.render.artifacts import Rendered
 from orchestrator.secret import Secret
@@ -262,6 +265,58 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
                            f"line, on exit, or after {m.startup.no_progress_seconds}s without a log line", run=run)
 
 
+# -- performance floor -----------------------------------------------------------------------------
+
+def previous_measurement(inp: PlanInput) -> dict | None:
+    """The active record of this same model (its last measurement, argv and vLLM version), if any."""
+    active = inp.facts.active or {}
+    return active if active.get("model") == inp.name else None
+
+
+def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
+    """Measure the throughput the manifest expects (seconds), record it, and warn or fail (the
+    manifest's choice) when it comes up far below, naming the likely causes."""
+    svc = inp.target
+    m, perf = svc.manifest, svc.manifest.performance
+    if not perf.expects:
+        return Action("perf", f"nothing to do, because {m.name} states no expected throughput "
+                              "(performance.single_stream_tok_s)", noop=True)
+    if already_serving:
+        return Action("perf", f"nothing to do, because {m.name} serves unchanged (measured when it was deployed)",
+                      noop=True)
+    key: Secret | None = svc.api_key
+    origins = svc.effective.origins if svc.effective is not None else {}
+    previous = previous_measurement(inp)
+    argv, vllm_version = list(svc.rendered.argv), inp.facts.vllm_version
+
+    def run(env: RunEnv) -> str:
+        got = measure(Endpoint(env.host, m.serving.port, key), m.served_name, max_tokens=perf.max_tokens,
+                      single=perf.single_stream_tok_s is not None, concurrency=perf.concurrency,
+                      timeout=perf.timeout_seconds)
+        short = shortfalls(perf, got)
+        env.record.perf[m.name] = {**got.as_dict(), "expected": expected_text(perf), "floor": perf.floor,
+                                   "ok": not short, "on_below": perf.on_below}
+        if not short:
+            return f"{got.summary()} in {got.seconds:.1f}s (expected {expected_text(perf)})"
+        text = "; ".join(s.describe() for s in short)
+        causes = likely_causes(m, argv, origins, vllm_version, previous)
+        env.record.perf[m.name]["likely_causes"] = causes
+        if perf.on_below == "fail":
+            raise BelowFloor(f"{m.name} serves far below its expected throughput: {text}",
+                             details=["likely causes:"] + [f"  {c}" for c in causes] + got.problems,
+                             hint="fix the cause and deploy again, or lower performance.single_stream_tok_s / "
+                                  "set performance.on_below: warn in the manifest if this host is slower")
+        warning = (f"{m.name} serves far below its expected throughput: {text}; likely causes: "
+                   + "; ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
+        env.record.warnings.append(warning)
+        env.event("warn", warning)
+        return f"WARNING {text}"
+
+    figures = expected_text(perf)
+    return Action("perf", f"measure {figures} for a few seconds ({perf.max_tokens} tokens per stream); "
+                          f"{perf.on_below} below {perf.floor:.0%} of that", run=run)
+
+
 # -- record ----------------------------------------------------------------------------------------
 
 def active_record(inp: PlanInput, env: RunEnv) -> dict:
@@ -271,7 +326,9 @@ def active_record(inp: PlanInput, env: RunEnv) -> dict:
     return {"model": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
             "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
-            "deployed_at": state.now_iso(), "host_label": inp.entry.label}
+            "deployed_at": state.now_iso(), "host_label": inp.entry.label,
+            "hardware": inp.target.effective.hardware if inp.target.effective else None,
+            "perf": env.record.perf.get(m.name)}
 
 
 def record_action(inp: PlanInput) -> Action:

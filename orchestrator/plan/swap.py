@@ -1,9 +1,10 @@
 """swap's planner, pure: replace the active model with another, staged, measured, with its rollback.
 
     lock -> preflight -> disk (room for BOTH models) -> download while the old model serves ->
-    install the new unit -> stop old -> GPUs free -> start new -> ready -> record
-    if a step from `stop old` on fails: stop the new one, wait for the GPUs, start the old one with
-    its unchanged unit, wait for its gates (the rollback, printed by --dry-run like every step).
+    install the new unit -> stop old -> GPUs free -> start new -> ready -> perf -> record
+    if a step from `stop old` on fails (a performance floor the manifest says to fail on included):
+    stop the new one, wait for the GPUs, start the old one with its unchanged unit, wait for its
+    gates (the rollback, printed by --dry-run like every step).
 
 The old model's files are never touched by a staged swap. When the disk cannot hold both, the plan
 explains the cost and refuses without --yes; with --yes the old model is stopped and its folder
@@ -70,6 +71,7 @@ def plan_swap(inp: PlanInput) -> Plan:
         return plan
     plan.add(service.start_action(inp, unit_changed=not install.noop))
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
+    plan.add(service.perf_action(inp))
     plan.add(service.record_action(inp))
     if stop is not None and old is not None:
         plan.recover(stop, f"roll back to {old.name}", rollback_actions(inp))
@@ -123,6 +125,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     plan.add(service.gpus_action(inp, stopping={old.name})[0])
     start = plan.add(service.start_action(inp, unit_changed=True))
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
+    plan.add(service.perf_action(inp))
     plan.add(service.record_action(inp))
     plan.recover(start, f"stop {m.name} (no rollback: {old.name} was deleted to make room)",
                  [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True)])

@@ -148,27 +148,50 @@ def looks_like_garbage(text: str) -> str | None:
     return None
 
 
-def smoke_test(ep: Endpoint, served_name: str, prompt: str, expect: str, max_tokens: int,
-               timeout: float) -> SmokeResult:
-    """A real streamed chat completion; rate = (completion_tokens - 1) / (last - first token).
-    `timeout` bounds the connect and each wait for the next bytes of the stream."""
-    body = {"model": served_name, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    first = last = None
+@dataclass
+class Streamed:
+    """One streamed chat completion as it arrived: what was said, the usage, and when the first and
+    last token-bearing chunks came (perf_counter seconds; arrival times from the HTTP client)."""
+
+    t0: float                                   # when the request was sent
+    end: float
+    content: str = ""
+    reasoning: str = ""
+    usage: dict | None = None
+    first: float | None = None
+    last: float | None = None
+    problem: str | None = None                  # no usable stream: HTTP status, error event, timeout
+
+    @property
+    def tokens(self) -> int | None:
+        return (self.usage or {}).get("completion_tokens")
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens after the first / time from the first to the last token: bench's tok_s_user."""
+        n = self.tokens
+        if n and n > 1 and self.first is not None and self.last is not None and self.last > self.first:
+            return (n - 1) / (self.last - self.first)
+        return None
+
+
+def stream_chat(ep: Endpoint, body: dict, timeout: float) -> Streamed:
+    """POST a streamed chat completion (`stream_options.include_usage` added) and read it to the
+    end. `timeout` bounds the connect and each wait for the next bytes of the stream."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    out = Streamed(t0=time.perf_counter(), end=0.0)
     content: list[str] = []
     reasoning: list[str] = []
-    usage: dict | None = None
 
-    def failed(problem: str, at: float | None = None) -> SmokeResult:
-        return SmokeResult(False, "".join(content), 0, None, None,
-                           (at or time.perf_counter()) - t0, None, problem)
+    def done(problem: str | None = None, at: float | None = None) -> Streamed:
+        out.content, out.reasoning = "".join(content), "".join(reasoning)
+        out.problem, out.end = problem, at or time.perf_counter()
+        return out
 
     try:
         with ep.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as s:
             if s.status != 200:
-                return failed(f"HTTP {s.status}: {s.read()[:300].decode('utf-8', 'replace')}")
+                return done(f"HTTP {s.status}: {s.read()[:300].decode('utf-8', 'replace')}")
             for when, line in s.lines():
                 line = line.strip()
                 if not line.startswith("data:"):
@@ -178,32 +201,40 @@ def smoke_test(ep: Endpoint, served_name: str, prompt: str, expect: str, max_tok
                     break
                 event = json.loads(data)
                 if "error" in event:
-                    return failed(f"stream error: {event['error']}", when)
+                    return done(f"stream error: {event['error']}", when)
                 if event.get("usage"):
-                    usage = event["usage"]
+                    out.usage = event["usage"]
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     piece_c = delta.get("content") or ""
                     piece_r = delta.get("reasoning_content") or delta.get("reasoning") or ""
                     if piece_c or piece_r:
-                        first = first if first is not None else when
-                        last = when
+                        out.first = out.first if out.first is not None else when
+                        out.last = when
                     content.append(piece_c)
                     reasoning.append(piece_r)
     except (http.HttpError, ValueError, AttributeError, TypeError) as exc:  # refused, reset, timeout, bad JSON
-        return failed(f"{type(exc).__name__}: {exc}")
-    answer = "".join(content)
-    tokens = (usage or {}).get("completion_tokens")
-    rate = None
-    if tokens and tokens > 1 and first is not None and last is not None and last > first:
-        rate = (tokens - 1) / (last - first)
-    result = SmokeResult(True, answer, len("".join(reasoning)), tokens,
-                         first - t0 if first is not None else None, time.perf_counter() - t0, rate)
+        return done(f"{type(exc).__name__}: {exc}")
+    return done()
+
+
+def smoke_test(ep: Endpoint, served_name: str, prompt: str, expect: str, max_tokens: int,
+               timeout: float) -> SmokeResult:
+    """A real streamed chat completion; rate = (completion_tokens - 1) / (last - first token).
+    `timeout` bounds the connect and each wait for the next bytes of the stream."""
+    body = {"model": served_name, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0}
+    st = stream_chat(ep, body, timeout)
+    if st.problem is not None:
+        return SmokeResult(False, st.content, 0, None, None, st.end - st.t0, None, st.problem)
+    answer = st.content
+    result = SmokeResult(True, answer, len(st.reasoning), st.tokens,
+                         st.first - st.t0 if st.first is not None else None, st.end - st.t0, st.decode_rate)
     garbage = looks_like_garbage(answer)
     if garbage:
         result.ok, result.problem = False, f"the answer is garbage ({garbage}): {answer[:80]!r}"
     elif not re.search(expect, answer, re.I):
         result.ok, result.problem = False, f"the answer {answer.strip()[:80]!r} does not match {expect!r}"
-    elif usage is None:
+    elif st.usage is None:
         result.ok, result.problem = False, "the stream carried no usage (stream_options.include_usage ignored)"
     return result

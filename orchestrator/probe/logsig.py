@@ -52,6 +52,14 @@ FATAL: list[Signature] = [
     _sig("flashinfer-jit", r"CalledProcessError: Command '\['ninja'.*flashinfer",
          "FlashInfer's JIT build failed (on SM120 needs CUDA toolkit >= 12.9)",
          "install a matching CUDA toolkit or prebuilt flashinfer kernels"),
+    _sig("dcp-fp8-kv", r"DCP not support fp8 kvcache",
+         "this vLLM (< 0.25.0) cannot decode with FP8 KV cache and decode context parallel together "
+         "(vllm-project/vllm#32010)",
+         "run vLLM >= 0.25.0, or set kv_cache_dtype auto or decode_context_parallel_size 1; preflight's "
+         "version-traps check refuses this combination before the download"),
+    _sig("triton-mla-fp8-kv", r"TritonMLA V1 with FP8 KV cache not yet supported",
+         "this vLLM (< 0.18.0) has no FP8 KV cache in the TRITON_MLA backend (vllm-project/vllm#34597)",
+         "run vLLM >= 0.18.0 or set kv_cache_dtype auto"),
     _sig("nan-probability", r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
          "NaN in sampling (flashinfer FP4 MoE race on SM120)", "use vllm.moe_backend: marlin"),
     _sig("engine-core-failed", r"Engine core initialization failed|EngineCore failed to start",

@@ -117,7 +117,9 @@ class Rendered:
 
 
 def manifest_hash(m: Manifest) -> str:
-    return hashlib.sha256(m.model_dump_json().encode()).hexdigest()
+    """sha256 of the manifest's values that differ from the defaults: a new schema field with a
+    default (added by a later vllm-orch) leaves the hash, and so the installed units, unchanged."""
+    return hashlib.sha256(m.model_dump_json(exclude_defaults=True).encode()).hexdigest()
 
 
 def model_dir(m: Manifest, host: HostEntry) -> str:

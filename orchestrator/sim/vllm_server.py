@@ -61,50 +61,80 @@ def _read_json(path: Path, default):
 SIM = _read_json(HOST_DIR / "sim.json", {})
 VERSION = str(SIM.get("vllm_version", "0.33.0"))
 
+
+def version_before(version: str, release: str) -> bool:
+    """version < release, release parts only (0.24.0+cu130 < 0.25.0; an rc counts as its release)."""
+    def parts(v):
+        return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+    return parts(version) < parts(release)
+
 # --------------------------------------------------------------------------------------------
-# Per-model profiles. `agg` is the aggregate decode rate (tokens/s summed over streams) at a given
+# Per-layout profiles. `agg` is the aggregate decode rate (tokens/s summed over streams) at a given
 # number of concurrent streams; between points it is interpolated linearly in log2(C), beyond the
-# last point it stays flat (saturation). A stream's rate is agg(C) / C.
-# Sources (field report): Kimi INT4 81.4 tok/s single stream; Kimi NVFP4 61.3 at C=1, ~800 at C=32,
-# 1238 at C=128; MiniMax-M2.5 ~84 single stream and ~4000 aggregate with expert parallelism.
-# Chosen here (documented, not measured): MiniMax without --enable-expert-parallel saturates at
-# ~2500 tok/s at C=128; the intermediate points are smooth guesses; generic = a small dense model.
+# last point it stays flat (saturation). A stream's rate is agg(C) / C. `source` says where each
+# figure comes from: public pages only (the rtx6kpro wiki, vLLM recipes, issue threads); points no
+# public page gives are marked as chosen (smooth curves between the cited ones).
 # size: real checkpoint bytes (used when the model folder has no model.safetensors.index.json);
 # kv_per_gib: KV tokens per GiB of KV memory per GPU at bf16 (fp8 doubles it; DCP multiplies it),
 # calibrated on the rtx6kpro logs (MiniMax TP4: 23.62 GiB -> 399,424 tokens; Kimi fp8: ~449,600).
+RTX6KPRO_KIMI = "https://github.com/voipmonitor/rtx6kpro/blob/main/models/kimi-k25.md"
+RTX6KPRO_MINIMAX = "https://github.com/voipmonitor/rtx6kpro/blob/main/models/minimax-m25.md"
 PROFILES = {
     "kimi-k25-int4": {
         "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
         "kv_per_gib": 10200, "prefill": 9000.0, "custom_code": True,
-        "agg": [(1, 81.4), (2, 150), (4, 272), (8, 450), (16, 690), (32, 960), (64, 1250),
-                (128, 1500)]},
+        "source": "C=1: 79 tok/s, TP8 DCP1 FP8 KV Triton MLA on 8x RTX PRO 6000 (" + RTX6KPRO_KIMI
+                  + ", 'Peak decode tok/s by backend'); C>=2: chosen, saturating near 1500",
+        "agg": [(1, 79.0), (2, 146), (4, 265), (8, 440), (16, 675), (32, 940), (64, 1230),
+                (128, 1480)]},
+    "kimi-k25-int4-dcp8": {
+        "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
+        "kv_per_gib": 10200, "prefill": 8000.0, "custom_code": True,
+        "source": "C=1: 62 tok/s, single batch at 0K context, FP8 KV, DCP 8, normal NCCL (Grimulkan, "
+                  + RTX6KPRO_KIMI + ", 'Single-batch decode speed'); C=100: 900 tok/s total (Festr, "
+                  "same page, 'High concurrency', 40K-token contexts); between: chosen",
+        "agg": [(1, 62.0), (2, 115), (4, 205), (8, 335), (16, 495), (32, 660), (64, 800),
+                (100, 900)]},
     "kimi-k25-nvfp4": {
         "size": 540e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
         "kv_per_gib": 10200, "prefill": 8000.0, "custom_code": True,
+        "source": "chosen: 61.3 / 800 / 1238 tok/s at C=1/32/128 (the benchmark calibration in "
+                  "docs/benchmarking.md is pinned to them); the public figure is 53-55 tok/s "
+                  "single stream for this checkpoint on SGLang (" + RTX6KPRO_KIMI + ")",
         "agg": [(1, 61.3), (2, 116), (4, 215), (8, 370), (16, 570), (32, 800), (64, 1040),
                 (128, 1238)]},
     "minimax-m25-ep": {
         "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
         "kv_per_gib": 16910, "prefill": 20000.0, "custom_code": True,
+        "source": "C=1: 84 tok/s, near the public ~86 tok/s of FP8 on 8 GPUs with EP and tuned MoE "
+                  "kernels (SGLang, " + RTX6KPRO_MINIMAX + "); C=128: 4000 tok/s, chosen below the "
+                  "page's 5,000-10,000 tok/s high-concurrency figures; between: chosen",
         "agg": [(1, 84.0), (2, 162), (4, 310), (8, 580), (16, 1050), (32, 1800), (64, 2900),
                 (128, 4000)]},
     "minimax-m25": {
         "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
         "kv_per_gib": 16910, "prefill": 20000.0, "custom_code": True,
+        "source": "chosen: 84 tok/s single stream (the public TP4 figure is ~71 tok/s on SGLang, "
+                  + RTX6KPRO_MINIMAX + "), saturating at 2500 tok/s without expert parallel",
         "agg": [(1, 84.0), (2, 158), (4, 290), (8, 500), (16, 820), (32, 1250), (64, 1850),
                 (128, 2500)]},
     "generic": {
         "size": 16e9, "arch": "LlamaForCausalLM", "max_len": 32768,
         "kv_per_gib": 8000, "prefill": 20000.0, "custom_code": False,
+        "source": "chosen: a small dense model on one GPU",
         "agg": [(1, 100.0), (8, 650), (32, 1800), (128, 3200)]},
 }
+SLOW_DECODE = 35 / 81     # the `slow-decode` fault: "81 tok/s expected, 35 seen"
 
 
-def pick_profile(name_or_path: str, expert_parallel: bool) -> str:
-    """Profile key from a repo id / config `_name_or_path` (e.g. 'nvidia/Kimi-K2.5-NVFP4')."""
+def pick_profile(name_or_path: str, expert_parallel: bool, dcp: int = 1) -> str:
+    """Profile key from a repo id / config `_name_or_path` (e.g. 'nvidia/Kimi-K2.5-NVFP4') and the
+    layout (decode context parallel costs Kimi INT4 single-stream speed)."""
     n = name_or_path.lower()
     if "kimi" in n:
-        return "kimi-k25-nvfp4" if "nvfp4" in n else "kimi-k25-int4"
+        if "nvfp4" in n:
+            return "kimi-k25-nvfp4"
+        return "kimi-k25-int4-dcp8" if dcp > 1 else "kimi-k25-int4"
     if "minimax" in n:
         return "minimax-m25-ep" if expert_parallel else "minimax-m25"
     return "generic"
@@ -137,6 +167,8 @@ FAULTS = {
     "die-after-ready": "engine core dies a few seconds after the server became ready",
     "garbage": "serves random junk tokens instead of sensible answers",
     "slow-start": "loading takes 5x longer",
+    "slow-decode": "decodes at 35/81 of the layout's rate (a layout or backend change, a bad NCCL "
+                   "setting: '81 tok/s expected, 35 seen')",
 }
 
 
@@ -806,7 +838,7 @@ class Engine:
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
                 if i:
-                    itl = 1.0 / stream_rate(self.profile, self.running)
+                    itl = 1.0 / (stream_rate(self.profile, self.running) * self.cfg["decode_factor"])
                     t += itl
                     delay = t - loop.time()
                     if delay > 0:
@@ -911,6 +943,7 @@ class Server:
         self.cfg, self.engine = cfg, engine
         self.healthy = True
         self.created = int(time.time())
+        self.on_decode = None    # set when the first decode step kills the engine (a version trap)
 
     async def handle(self, reader, writer):
         try:
@@ -1049,6 +1082,13 @@ class Server:
                 f"This model's maximum context length is {self.cfg['max_model_len']} tokens. "
                 f"However, your request has {prompt_tokens} input tokens. Please reduce the length "
                 "of the input messages.", "BadRequestError", 400))
+        if self.on_decode is not None:
+            dying, self.on_decode = self.on_decode, None
+            dying()
+        if not self.healthy:   # vLLM's EngineDeadError answer
+            return await self.json(writer, 500, self.error(
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError", 500))
         seq, finish = self.engine.plan(prompt, prompt_tokens, body)
         if not chat:   # no reasoning split for the completions API
             seq = [("content", t) for _, t in seq]
@@ -1153,6 +1193,14 @@ class StartupFailed(Exception):
     pass
 
 
+# The first decode of an MLA model with FP8 KV and DCP > 1 on vLLM < 0.25.0 (mla_attention.py).
+DCP_FP8_DEATH = ([("vllm/v1/worker/gpu_model_runner.py", 3120, "execute_model",
+                   "model_output = self.model("),
+                  ("vllm/model_executor/layers/attention/mla_attention.py", 803, "forward_impl",
+                   "assert not fp8_attention, \"DCP not support fp8 kvcache now.\"")],
+                 "AssertionError: DCP not support fp8 kvcache now.")
+
+
 class Launch:
     """One `vllm serve` run: start-up sequence, serving, shutdown."""
 
@@ -1185,7 +1233,7 @@ class Launch:
         cfg_json = _read_json(mpath / "config.json", {}) if mpath.is_dir() else {}
         ident = cfg_json.get("_name_or_path") or model
         ep = bool(a.enable_expert_parallel)
-        key = pick_profile(ident, ep)
+        key = pick_profile(ident, ep, int(a.decode_context_parallel_size or 1))
         prof = PROFILES[key]
         index = _read_json(mpath / "model.safetensors.index.json", {}) if mpath.is_dir() else {}
         size = float((index.get("metadata") or {}).get("total_size") or prof["size"])
@@ -1226,6 +1274,8 @@ class Launch:
             "util": float(a.gpu_memory_utilization or 0.9), "speed": speed,
             "reasoning": bool(a.reasoning_parser), "api_keys": keys, "api_servers": api_servers,
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
+            "attention_backend": (a.attention_backend or "").upper(),
+            "decode_factor": SLOW_DECODE if self.fault == "slow-decode" else 1.0,
             "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
             "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
@@ -1378,6 +1428,16 @@ class Launch:
                     f"than desired GPU memory utilization ({cfg['util']}, "
                     f"{round(requested / GiB, 2)} GiB). Decrease GPU memory utilization or "
                     "reduce GPU memory used by other processes.")
+        # vLLM < 0.18.0 builds TRITON_MLA without FP8 KV support (vllm PR #34597): the model's
+        # attention layers refuse it while the engine builds the model
+        if (cfg["attention_backend"] == "TRITON_MLA" and cfg["kv_dtype"].startswith("fp8")
+                and version_before(VERSION, "0.18.0")):
+            self.worker_crash(w0, ec, multi, [
+                ("vllm/v1/worker/gpu_model_runner.py", 3871, "load_model",
+                 "self.model = model_loader.load_model("),
+                ("vllm/v1/attention/backends/mla/triton_mla.py", 97, "__init__",
+                 "raise NotImplementedError(")],
+                "NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported")
         # loading weights
         load_s = cfg["size"] / LOAD_BYTES_PER_S / max(cfg["speed"], 1e-9)
         if self.fault == "slow-start":
@@ -1550,21 +1610,34 @@ class Launch:
         self.ready = asyncio.get_running_loop().create_future()
         if self.fault == "die-after-ready":
             asyncio.get_running_loop().call_later(3.0, self.die, server)
+        if (cfg["dcp"] > 1 and cfg["kv_dtype"].startswith("fp8") and cfg["profile"].startswith("kimi")
+                and version_before(VERSION, "0.25.0")):
+            # MLA decode asserts before 0.25.0 (vllm issue #32010, PR #44044): the whole load went
+            # fine, the first decode step kills the engine
+            server.on_decode = lambda: self.die(server, DCP_FP8_DEATH)
         code = await self.ready
         srv.close()
         return code
 
-    def die(self, server) -> None:
+    def die(self, server, cause: tuple = ()) -> None:
+        """The engine dies while serving: `cause` is (worker, frames, exception) of the root cause
+        logged by a worker; by default an illegal memory access."""
         ec = self.engine_logs[0] if self.engine_logs else ("EngineCore_DP0", os.getpid())
         server.healthy = False
+        error = "CUDA error: an illegal memory access was encountered"
+        if cause:
+            frames, exc = cause
+            worker = (self.holders[0][1][len("VLLM::"):], self.holders[0][0].pid) if self.holders else ec
+            log(worker, "ERROR", "multiproc_executor.py:871", "WorkerProc hit an exception.")
+            log_raw(worker, traceback_text(frames, exc))
+            error = exc.split(": ", 1)[-1]
         log(ec, "ERROR", "core.py:1590", "EngineCore encountered a fatal error.")
         log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1571, "run_engine_core",
                                      "engine_core.run_busy_loop()"),
                                     ("vllm/v1/executor/multiproc_executor.py", 412, "collective_rpc",
                                      "raise RuntimeError(\"Worker failed with error\")")],
-                                   "RuntimeError: Worker failed with error 'CUDA error: an illegal "
-                                   "memory access was encountered', please check the stack trace "
-                                   "above for the root cause"))
+                                   f"RuntimeError: Worker failed with error '{error}', please check "
+                                   "the stack trace above for the root cause"))
         self.stop_holders()
         log(self.api, "ERROR", "async_llm.py:693", "AsyncLLM output_handler failed.")
         log_raw(self.api, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "

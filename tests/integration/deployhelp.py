@@ -14,7 +14,7 @@ from orchestrator.paths import shipped_dir
 from orchestrator.plan.run import Options
 
 SHIPPED, _ = load_all(shipped_dir("models"))
-DEPLOYABLE = ["kimi-k25-int4", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]
+DEPLOYABLE = ["kimi-k25-int4", "kimi-k25-int4-dcp8", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_manifest, manifest_files
 from orchestrator.host import nvidia_smi, scripts
@@ -118,7 +119,24 @@ def kimi():
 
 
 def shipped_rendered():
-    return {p.name: build_argv(load_manifest(p), HOST) for p in shipped_manifests()}
+    """Every shipped manifest as each of its hardware classes gets it (and without a class)."""
+    out = {}
+    for p in shipped_manifests():
+        m = load_manifest(p)
+        for cls in [None, *m.requires.hardware]:
+            out[f"{p.name}@{cls or 'any'}"] = build_argv(effective(m, HOST, hardware=cls).manifest, HOST)
+    return out
+
+
+def shipped_env_requests():
+    """The service environment of every shipped manifest on each class, plus names only the host's
+    vLLM can place: one read outside envs.py's table, one nothing reads."""
+    env: dict[str, str] = {"VLLM_CUSTOM_ALLREDUCE_ALGO": "x", "SAFETENSORS_FAST_GPU": "1", "NCCL_PROTO": "LL"}
+    for p in shipped_manifests():
+        m = load_manifest(p)
+        for cls in [None, *m.requires.hardware]:
+            env.update(effective(m, HOST, hardware=cls).manifest.env)
+    return [{"argv": kimi_render()[1][0], "env": env}]
 
 
 def shipped_requests():
@@ -162,7 +180,7 @@ def env_requests():
 
 
 ALL_REQUESTS = (shipped_requests, facts_requests, bad_requests, typed_requests, deprecated_requests,
-                env_requests)
+                env_requests, shipped_env_requests)
 
 
 def test_every_shipped_manifest_and_facts_argv_parses(vllm_parser_python):
@@ -222,6 +240,17 @@ def test_env_var_vllm_no_longer_reads(vllm_parser_python):
     assert r["unknown_env"] == ["VLLM_ATTENTION_BACKEND"]
     c = check_env(OLD_ENV, r["unknown_env"])
     assert c.status == FAIL and "--attention-backend" in c.fix
+
+
+def test_every_env_var_the_shipped_manifests_set_is_read_and_others_are_named(vllm_parser_python):
+    """vLLM 0.33 reads every variable the shipped manifests set; a name it reads outside envs.py's
+    table is not reported; one no vLLM file names is (SAFETENSORS_FAST_GPU, once in minimax-m25)."""
+    (req,) = shipped_env_requests()
+    (r,) = argcheck_batch(vllm_parser_python, [req])
+    assert r["unknown_env"] == []
+    assert r["not_read_env"] == ["SAFETENSORS_FAST_GPU"]
+    c = check_env(req["env"], r["unknown_env"], not_read=r["not_read_env"])
+    assert c.status == WARN and "nothing reads SAFETENSORS_FAST_GPU" in c.summary
 
 
 def fake_nvidia_smi(folder: Path, n: int = 8, cuda: str = "13.0", apps: str = "") -> str:

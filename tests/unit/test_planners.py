@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
 from orchestrator.host.facts import HostFacts, ModelDir
@@ -53,10 +54,11 @@ def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GI
 
 
 def svc(name: str, *, installed: bool = False, serving: bool = False) -> ServiceInput:
-    m = MODELS[name]
-    r = render(m, ENTRY, {})
+    """A model's service as gather makes it on these RTX PRO 6000 facts (its hardware class applied)."""
+    eff = effective(MODELS[name], ENTRY, {i: RTX for i in range(8)})
+    r = render(eff.manifest, ENTRY, {})
     files = {f.path: (f.data() if installed else None) for f in r.files}
-    return ServiceInput(manifest=m, rendered=r, installed_files=files, serving=serving)
+    return ServiceInput(manifest=eff.manifest, rendered=r, installed_files=files, serving=serving, effective=eff)
 
 
 def running(*names: str) -> dict[str, ServiceState]:
@@ -80,7 +82,7 @@ def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: Servic
 def test_deploy_on_a_fresh_host_and_its_recovery():
     plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(), download(547 * 10 ** 9)))
     assert plan.refusal is None and [a.step for a in plan.actions] == \
-        ["lock", "preflight", "disk", "download", "gpus", "install", "start", "ready", "record"]
+        ["lock", "preflight", "disk", "download", "gpus", "install", "start", "ready", "perf", "record"]
     assert plan.recovery_for(8).actions[0].step == "stop" and plan.recovery_for(4) is None
     golden("plan-deploy-fresh-systemd.txt", plan.text())
 
@@ -111,7 +113,8 @@ def test_staged_swap_carries_its_rollback_branch():
     assert old_model_name(f, new) == old
     plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
     steps = [a.step for a in plan.actions]
-    assert steps == ["lock", "preflight", "disk", "download", "install", "stop", "gpus", "start", "ready", "record"]
+    assert steps == ["lock", "preflight", "disk", "download", "install", "stop", "gpus", "start", "ready", "perf",
+                     "record"]
     rb = plan.recovery_for(steps.index("ready") + 1)
     assert rb is not None and rb.first == steps.index("stop") + 1 and rb.title == f"roll back to {old}"
     assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready"]

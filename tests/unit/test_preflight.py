@@ -235,8 +235,9 @@ def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp
                            skip={"flags", "env"}, gpu_list=gpus(2), procs=[leftover], min_vllm="0.19.1",
                            gpu_needs=GpuNeeds(8, "RTX PRO 6000"))
     by = {c.name: c for c in checks}
-    assert [c.name for c in checks] == ["flags", "env", "vllm-version", "package-pairs", "torch-cuda",
-                                        "required-packages", "gpus", "foreign-gpu-processes"]
+    assert [c.name for c in checks] == ["flags", "env", "vllm-version", "version-traps", "package-pairs",
+                                        "torch-cuda", "required-packages", "gpus", "foreign-gpu-processes"]
+    assert by["version-traps"].status == OK
     assert by["flags"].status == SKIPPED and by["env"].status == SKIPPED
     assert by["vllm-version"].status == FAIL and "0.18.0" in by["vllm-version"].summary
     assert by["package-pairs"].status == FAIL

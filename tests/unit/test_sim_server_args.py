@@ -67,20 +67,32 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == "0.33.0"
 
 
-def test_profiles_match_the_field_report():
+def test_profiles_match_their_sources():
     p = vs.PROFILES
     assert vs.pick_profile("moonshotai/Kimi-K2.5", False) == "kimi-k25-int4"
     assert vs.pick_profile("nvidia/Kimi-K2.5-NVFP4", False) == "kimi-k25-nvfp4"
     assert vs.pick_profile("MiniMaxAI/MiniMax-M2.5", True) == "minimax-m25-ep"
     assert vs.pick_profile("Qwen/Qwen3-8B", False) == "generic"
-    assert vs.stream_rate(p["kimi-k25-int4"], 1) == 81.4
+    assert vs.stream_rate(p["kimi-k25-int4"], 1) == 79.0
+    assert vs.pick_profile("moonshotai/Kimi-K2.5", False, dcp=8) == "kimi-k25-int4-dcp8"
+    assert vs.stream_rate(p["kimi-k25-int4-dcp8"], 1) == 62.0
+    assert vs.aggregate_rate(p["kimi-k25-int4-dcp8"], 100) == 900
     assert vs.stream_rate(p["kimi-k25-nvfp4"], 1) == 61.3
     assert vs.aggregate_rate(p["kimi-k25-nvfp4"], 32) == 800
     assert vs.aggregate_rate(p["kimi-k25-nvfp4"], 128) == 1238
     assert vs.aggregate_rate(p["minimax-m25-ep"], 128) == 4000
     assert vs.aggregate_rate(p["minimax-m25"], 128) < 4000
-    rates = [vs.aggregate_rate(p["kimi-k25-nvfp4"], c) for c in range(1, 200)]
-    assert rates == sorted(rates)          # more streams never lower the total
+    for key, prof in p.items():
+        rates = [vs.aggregate_rate(prof, c) for c in range(1, 200)]
+        assert rates == sorted(rates), key          # more streams never lower the total
+        # each profile says where its figures come from: a public page, or "chosen"
+        assert "https://github.com/" in prof["source"] or prof["source"].startswith("chosen"), key
+
+
+def test_sim_versions_compare_like_releases():
+    assert vs.version_before("0.24.0", "0.25.0") and vs.version_before("0.24.0+cu130", "0.25.0")
+    assert not vs.version_before("0.25.0", "0.25.0") and not vs.version_before("0.33.0", "0.25.0")
+    assert vs.version_before("0.9.2", "0.18.0")
 
 
 def test_canned_answers():

@@ -19,6 +19,7 @@ Prints exactly ONE JSON line on stdout (everything vLLM logs goes to stderr):
      "bad_args": [tokens of the argv the error is about],
      "deprecated": [{"arg": "--mamba-cache-mode", "message": "..."}],
      "unknown_env": ["VLLM_ATTENTION_BACKEND"],   # VLLM_* names this vLLM does not read
+     "not_read_env": ["SAFETENSORS_FAST_GPU"],   # other names vLLM itself does not read either
      "vllm_version": "0.33.0", "python": "3.12.3", "target_device": "cpu"|null,
      "parser": "vllm serve"|"make_arg_parser", "seconds": total, "import_seconds": float}
 Exit code 0 whenever that line was printed (even when the argv is bad); non-zero = the check broke.
@@ -27,6 +28,13 @@ Why the exact parser: `vllm serve` builds a top-level "vllm" parser with a "serv
 make_arg_parser(); an unknown flag is reported by the top-level parser ("vllm: error: unrecognized
 arguments: ..."), a bad value by the sub-parser. We build the same tree the same way, so the message
 is the one the service would have died with 36 minutes into a load.
+
+Which environment variables vLLM reads: every key of vllm/envs.py's `environment_variables`, plus
+every name its source quotes (envs.py reads some inside other entries, e.g. XDG_CACHE_HOME; other
+modules read some directly, e.g. VLLM_CUSTOM_ALLREDUCE_ALGO, TORCHINDUCTOR_CACHE_DIR). A requested
+name found in neither is reported: a VLLM_* one in `unknown_env` (misspelt or removed, like
+VLLM_ATTENTION_BACKEND since 0.26), any other in `not_read_env` (the orchestrator then asks whether
+another consumer - NCCL, CUDA, torch, Hugging Face, FlashInfer, Triton - reads it).
 
 Deprecations in vLLM 0.33 come three ways, all reported: argparse `deprecated=True` (Python 3.13+
 natively, vLLM's FlexibleArgumentParser._deprecated below 3.13), warnings/log lines emitted while
@@ -159,6 +167,45 @@ def _deprecated_used(parser, tokens, notes):
 
 
 _PARSER = {}   # built once per process: importing vLLM is the slow part (~5 s)
+_QUOTED = {}   # env name -> does vLLM's source quote it (a scan per name, once per process)
+
+
+def _quoted_in_vllm(names):
+    """The names some .py file of the installed vLLM package quotes ("NAME" or 'NAME')."""
+    todo = [n for n in names if n not in _QUOTED]
+    if todo:
+        import vllm
+        found = set()
+        root = os.path.dirname(vllm.__file__)
+        for folder, _dirs, files in os.walk(root):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                try:
+                    with open(os.path.join(folder, f), encoding="utf-8", errors="ignore") as fh:
+                        text = fh.read()
+                except OSError:
+                    continue
+                for n in todo:
+                    if n not in found and ('"%s"' % n in text or "'%s'" % n in text):
+                        found.add(n)
+            if len(found) == len(todo):
+                break
+        for n in todo:
+            _QUOTED[n] = n in found
+    return {n for n in names if _QUOTED.get(n)}
+
+
+def _env_not_read(env):
+    """(VLLM_* names this vLLM does not read, other names vLLM does not read)."""
+    import vllm.envs as envs
+    known = set(getattr(envs, "environment_variables", {}))
+    if not known:           # a vLLM without the table: nothing to say
+        return [], []
+    rest = [k for k in env if k not in known]
+    quoted = _quoted_in_vllm(rest)
+    missing = sorted(k for k in rest if k not in quoted)
+    return [k for k in missing if k.startswith("VLLM_")], [k for k in missing if not k.startswith("VLLM_")]
 
 
 def _parser(env, out):
@@ -196,7 +243,7 @@ def check(request):
     started = time.monotonic()
     env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
     out = {"ok": False, "stage": None, "error": None, "bad_args": [], "deprecated": [],
-           "unknown_env": [], "vllm_version": None,
+           "unknown_env": [], "not_read_env": [], "vllm_version": None,
            "python": "%d.%d.%d" % sys.version_info[:3], "target_device": None, "parser": None,
            "seconds": None, "import_seconds": None}
     argv = request.get("argv")
@@ -212,11 +259,8 @@ def check(request):
     saved_environ = dict(os.environ)   # a batch's requests must not see each other's env
     os.environ.update(env)
     try:
-        import vllm.envs as envs
-        known = set(getattr(envs, "environment_variables", {}))
-        out["unknown_env"] = sorted(k for k in env if k.startswith("VLLM_") and known
-                                    and k not in known)
-    except Exception:
+        out["unknown_env"], out["not_read_env"] = _env_not_read(env)
+    except Exception:  # noqa: BLE001 - the env report is an extra; the parse verdict still counts
         pass
 
     recorder = _Recorder()

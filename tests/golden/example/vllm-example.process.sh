@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of example for a host without systemd.
-# manifest sha256: 44c6022995660a67914e26dbb724f5476507640b13af30b309db21f7ddc9a17e
+# manifest sha256: cbb9166cbb3c1cb36352b5e33715165164d992829c094ea4c9ad31e7f0ed9210
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-example.env

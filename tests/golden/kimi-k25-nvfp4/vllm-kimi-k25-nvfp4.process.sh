@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-nvfp4 for a host without systemd.
-# manifest sha256: 343d5aa893f9c999db0d662d7ae7b06cce7cccd97f4eb9e5825e49b8ab9da2ca
+# manifest sha256: 351de28d8acd2ba76c95385667d18ac0901a961f65b23b4cc64c4eff19193be2
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-nvfp4.env

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of minimax-m25-ep for a host without systemd.
-# manifest sha256: fc4a78ee27bd711de81b06266c7b577daf2a373f632b48477c3037920adf521f
+# manifest sha256: 16a4e9e20df6a3f04c585dea09a9665a368e21b7e9581a47698ce4bce364bc5a
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-minimax-m25-ep.env
