@@ -1069,6 +1069,8 @@ class Launch:
         prof = PROFILES[key]
         index = _read_json(mpath / "model.safetensors.index.json", {}) if mpath.is_dir() else {}
         size = float((index.get("metadata") or {}).get("total_size") or prof["size"])
+        if not index and mpath.is_dir():   # a one-file checkpoint (no index): its real size
+            size = float(sum(f.stat().st_size for f in mpath.glob("*.safetensors")) or size)
         tp = int(a.tensor_parallel_size or 1)
         pp = int(a.pipeline_parallel_size or 1)
         dp = int(a.data_parallel_size or 1)
