@@ -1,0 +1,93 @@
+"""The CONTRACT between vllm-orch and vLLM, checked against the real server (vLLM's CPU build) and the
+simulated one with the same probes (tests/integration/vllm_contract.py): wherever the simulator
+differs from the real thing, this fails - that is what keeps the simulator honest. Also: readiness
+phases and fatal-line detection (probe/logsig.py) read from the real start-up and failure logs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.probe import logsig
+from tests.plugins.real_vllm import RealServer
+from tests.plugins.sim_hosts import SimServer
+
+from .vllm_contract import diff, extra_metric_problems, observe_http, observe_log, observe_titles
+
+pytestmark = pytest.mark.real_vllm
+
+KEY = "contract-key-0123"
+SERVED = "tiny"
+ARGS = ["--served-model-name", SERVED, "--api-key", KEY]
+SAME_AS_REAL = ["--max-model-len", "1024", "--enforce-eager", "--gpu-memory-utilization", "0.1"]
+
+
+def group_titles(pgid: int) -> list[str]:
+    """Titles of the processes in a process group, the API server (group leader) excluded."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == pgid:
+            continue
+        try:
+            if os.getpgid(int(d.name)) != pgid:
+                continue
+            out.append((d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"))
+        except (OSError, ProcessLookupError):
+            continue
+    return [t for t in out if t.startswith("VLLM::")]
+
+
+@pytest.fixture(scope="module")
+def real_server(real_vllm, tiny_model, tmp_path_factory):
+    """One keyed real server for the module (a real start is ~30 s: shared, not per test)."""
+    model = tiny_model("vllm-orch-sim/tiny-llama-a")
+    with RealServer(real_vllm, model, ARGS, log_dir=tmp_path_factory.mktemp("contract")) as srv:
+        srv.ready_s = srv.wait_ready()
+        print(f"\nFIGURE real vLLM (CPU build) tiny model start-to-ready: {srv.ready_s:.1f} s")
+        srv.model = model
+        yield srv
+
+
+def test_the_simulator_keeps_the_real_vllm_contract(real_server, sim_host):
+    real = observe_http(real_server.port, KEY, SERVED)
+    real["log"] = observe_log(real_server.log)
+    real["titles"] = observe_titles(group_titles(real_server.proc.pid))
+    with SimServer(sim_host, [str(real_server.model), *ARGS, *SAME_AS_REAL]) as sim_srv:
+        sim_srv.wait_ready()
+        sim = observe_http(sim_srv.port, KEY, SERVED)
+        sim["log"] = observe_log(sim_srv.log + sim_srv.stderr)
+        sim["titles"] = observe_titles([h["process_name"] for h in sim_srv.holders()])
+    # The probes themselves saw what they must (so a shared mistake cannot pass unnoticed).
+    assert real["models without key"][0] == 401 and real["chat without key"][0] == 401
+    assert real["wrong model"][0] == 404 and real["stream"]["usage completion_tokens"] == 4
+    assert all(real["log"].values()), real["log"]
+    assert all(real["titles"].values()), real["titles"]
+    problems = extra_metric_problems(real.pop("_metrics_text"), sim.pop("_metrics_text"))
+    problems += diff(real, sim)
+    assert not problems, "the simulator differs from the real vLLM:\n" + "\n".join(problems)
+
+
+def test_readiness_phases_are_read_from_the_real_start_up_log(real_server):
+    phases = []
+    for line in real_server.log.splitlines():
+        phase = logsig.phase_of(line)
+        if phase and (not phases or phases[-1] != phase):
+            phases.append(phase)
+    # In order, as the live view shows them (no CUDA graphs: --enforce-eager, and none on CPU).
+    assert phases == ["loading weights", "weights loaded", "KV cache", "starting API server",
+                      "API server up"], phases
+    assert not [line for line in real_server.log.splitlines() if logsig.fatal_in(line)]
+
+
+@pytest.mark.parametrize("args,key,exit_code", [
+    (["--bogus-flag", "3"], "unrecognized-arguments", 2),                 # vLLM's parser refuses
+    (["--num-gpu-blocks-override", "4"], "kv-cache-below-max-len", 1),    # the engine refuses at start
+])
+def test_fatal_lines_of_real_failed_starts_are_recognised(real_vllm, tiny_model, tmp_path, args, key,
+                                                          exit_code):
+    with RealServer(real_vllm, tiny_model(), args, log_dir=tmp_path) as srv:
+        assert srv.wait_exit() == exit_code, srv.log[-3000:]
+        sig, line = logsig.root_cause(srv.log.splitlines())
+    assert sig is not None and sig.key == key, (sig, line, srv.log[-3000:])
