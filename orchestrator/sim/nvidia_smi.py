@@ -125,6 +125,21 @@ def _rank(title: str, key: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _visible_devices(env: dict, ppid: str) -> str:
+    """CUDA_VISIBLE_DEVICES of a process, else of its nearest ancestor that has it: vLLM's CPU build
+    starts data-parallel engines without it (it narrows CPU_VISIBLE_MEMORY_NODES instead)."""
+    for _ in range(8):
+        if "CUDA_VISIBLE_DEVICES" in env:
+            return env["CUDA_VISIBLE_DEVICES"]
+        try:
+            env = dict(item.split("=", 1) for item in Path(f"/proc/{ppid}/environ").read_bytes()
+                       .decode(errors="replace").split("\0") if "=" in item)
+            ppid = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            break
+    return "0"
+
+
 def real_vllm_holders(roots, host_dir: Path = HOST_DIR) -> list:
     """Processes of a real vLLM that a GPU would list, as gpu-procs entries (see the module doc)."""
     out = []
@@ -148,7 +163,7 @@ def real_vllm_holders(roots, host_dir: Path = HOST_DIR) -> list:
             continue
         if not (any(cwd.startswith(r) for r in roots) or env.get("VLLM_SIM_HOST_DIR") == str(host_dir)):
             continue
-        visible = [int(x) for x in env.get("CUDA_VISIBLE_DEVICES", "0").split(",") if x.strip().isdigit()]
+        visible = [int(x) for x in _visible_devices(env, stat[1]).split(",") if x.strip().isdigit()]
         parent = _proc_title(stat[1])
         dp = _rank(title, "DP") or _rank(parent, "DP")
         pos = dp + _rank(title, "TP")
