@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 
 KEY_HEADER = "Authorization"
@@ -184,6 +185,49 @@ def extra_metric_problems(real_text: str, sim_text: str) -> list[str]:
 def observe_log(log_text: str) -> dict:
     lines = log_text.splitlines()
     return {name: any(re.search(rx, line) for line in lines) for name, rx in STARTUP_LINES.items()}
+
+
+def descendant_titles(pid: int) -> list[str]:
+    """Process titles (argv[0]) of every descendant of `pid`: the engine, workers and helpers a
+    server started (real or simulated; both may be in the caller's process group)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            out.append(open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace"))
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def observe_dp(port: int, key: str, served: str, log_text: str, titles: list[str]) -> dict:
+    """What a data-parallel (DP=2) server shows: its process titles (CPU-only workers aside),
+    the engine label of per-engine series after one request, and who logs the key lines."""
+    request(port, "POST", "/v1/chat/completions", chat(served, 4, False), key=key)
+    text = request(port, "GET", "/metrics")[2].decode()
+    engines = {}
+    for family in ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        engines[family] = sorted({m for m in re.findall(rf'^{family}{{[^}}]*engine="(\d+)"', text, re.M)})
+
+    def who(message: str) -> list[str]:
+        return sorted({m.group(1) for line in log_text.splitlines()
+                       if message in line and (m := re.match(r"^\((\w+) pid=\d+\)", line))})
+    return {"titles": sorted(t for t in titles if re.match(r"^VLLM::(DPCoordinator|EngineCore_DP\d+|"
+                                                           r"APIServer_\d+)$", t)),
+            "engines": engines,
+            "engine config logged by": who("Initializing a V1 LLM engine"),
+            "kv cache logged by": who("KV cache size:"),
+            "server start logged by": who("Starting vLLM server on"),
+            "args logged by": who("non-default args:")}
 
 
 def observe_titles(titles: list[str]) -> dict:
