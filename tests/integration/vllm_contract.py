@@ -215,7 +215,9 @@ def observe_dp(port: int, key: str, served: str, log_text: str, titles: list[str
     request(port, "POST", "/v1/chat/completions", chat(served, 4, False), key=key)
     text = request(port, "GET", "/metrics")[2].decode()
     engines = {}
-    for family in ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+    # Counters exist for every engine from the start; the real server's gauges appear per engine
+    # only once that engine has reported stats, so they are not compared.
+    for family in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:request_success_total"):
         engines[family] = sorted({m for m in re.findall(rf'^{family}{{[^}}]*engine="(\d+)"', text, re.M)})
 
     def who(message: str) -> list[str]:
