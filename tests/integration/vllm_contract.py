@@ -233,8 +233,11 @@ def observe_dp(port: int, key: str, served: str, log_text: str, titles: list[str
 
 
 def observe_titles(titles: list[str]) -> dict:
-    return {"all vLLM titles": sorted(t for t in titles if not TITLE.match(t)) == [],
-            "engine core": "VLLM::EngineCore" in titles}
+    """Every vLLM-titled process (others: multiprocessing's resource tracker...) has a title of
+    vLLM's grammar, and there is an engine core."""
+    named = [t for t in titles if t.startswith("VLLM::")]
+    return {"all vLLM titles": [t for t in named if not TITLE.match(t)] == [],
+            "engine core": "VLLM::EngineCore" in named}
 
 
 def diff(real: dict, sim: dict, path: str = "") -> list[str]:
