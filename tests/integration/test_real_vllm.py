@@ -3,8 +3,8 @@ vLLM: vLLM's CPU build on a simulated process host (`vllm-orch sim up --real-vll
 random-weight models the simulated Hub mirror publishes (downloaded by the real huggingface_hub).
 
 The tests share one host and run in file order: each starts from what the previous one left (a
-real start is ~30 s on two idle cores) but establishes what it needs itself. Preflight's torch-cuda
-check is skipped: the CPU build's torch really is a CPU build, and preflight is right to say so.
+real start is ~30 s on two idle cores) but establishes what it needs itself. The host's inventory
+entry skips preflight's torch-cuda check: the CPU build's torch really is a CPU build.
 Tests that can only pass once another issue lands are strict xfails naming it.
 """
 
@@ -35,8 +35,7 @@ from .vllm_contract import request
 
 pytestmark = pytest.mark.real_vllm
 
-SKIP = frozenset({"torch-cuda"})
-RUN = dict(skip_checks=SKIP, budget_s=READY_TIMEOUT, poll_s=0.5)
+RUN = dict(budget_s=READY_TIMEOUT, poll_s=0.5)
 PORT_A, PORT_B, PORT_DP = free_port(), free_port(), free_port()
 
 

@@ -60,20 +60,20 @@ def real_vllm() -> dict:
 
 @pytest.fixture(scope="module")
 def real_vllm_host(real_vllm, tmp_path_factory):
-    home = tmp_path_factory.mktemp("real-sim-home")
-    old = os.environ.get("VLLM_ORCH_SIM_HOME")
-    os.environ["VLLM_ORCH_SIM_HOME"] = str(home)
+    old = os.environ.get("VLLM_ORCH_STATE_HOME")
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(tmp_path_factory.mktemp("real-vllm-state"))
+    home = manager.sim_home()
     manager.up(1, speed=2000, real_vllm=True, home=home)
     try:
-        entry = yaml.safe_load((home / "inventory.yaml").read_text())["hosts"]["sim"]
+        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
         yield SimHost("sim", manager.host_dir("sim", home), entry,
                       LocalHost("sim", env=entry["env"]), home)
     finally:
         manager.down(home)
         if old is None:
-            os.environ.pop("VLLM_ORCH_SIM_HOME", None)
+            os.environ.pop("VLLM_ORCH_STATE_HOME", None)
         else:
-            os.environ["VLLM_ORCH_SIM_HOME"] = old
+            os.environ["VLLM_ORCH_STATE_HOME"] = old
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import pytest
 from orchestrator.devtools import cached_venv
 from orchestrator.devtools.real_vllm_venv import VLLM_VERSION, write_vllm_metadata
 from orchestrator.sim import manager
+from orchestrator.sim.inventory import SimHost
 from orchestrator.sim.nvidia_smi import real_vllm_holders
 from orchestrator.sim.repos import Catalog
 from orchestrator.sim.tinymodel import MODELS, SPECIAL, model_files, train_vocab
@@ -106,10 +107,12 @@ def test_a_real_vllm_host_entry_runs_the_venv_and_fakes_no_packages(tmp_path):
     real = {"venv": "/v", "vllm": "/v/bin/vllm", "python": "/v/bin/python", "version": VLLM_VERSION}
     hdir = tmp_path / "hosts" / "sim"
     info = manager.prepare_host("sim", hdir, speed=1, scale=10000, flavour="process",
-                                python=sys.executable, real_vllm=real)
-    entry = manager.inventory_entry(hdir, 1234, sys.executable, real)
+                                python=sys.executable, cpu_vllm=real)
+    entry = SimHost("sim", hdir, "process", 1, 10000, sys.executable, hub_port=1234,
+                    cpu_vllm=real).host_entry()
     assert (entry["vllm"], entry["python"]) == ("/v/bin/vllm", "/v/bin/python")
     assert "PYTHONPATH" not in entry["env"] and entry["env"]["HF_ENDPOINT"] == "http://127.0.0.1:1234"
+    assert entry["skip_checks"] == ["torch-cuda"]      # the parser is real; the torch is a CPU build
     assert not list((hdir / "site-packages").iterdir())
     assert info["real_vllm"]["models_roots"] == [str(hdir / "models")]
     assert info["vllm_version"] == VLLM_VERSION
