@@ -19,9 +19,9 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 INFO_FILE = "vllm-orch-build.json"
 

@@ -11,8 +11,7 @@ from orchestrator.probe import logsig
 from tests.plugins.real_vllm import RealServer
 from tests.plugins.sim_hosts import SimServer
 
-from .vllm_contract import (descendant_titles, diff, extra_metric_problems, observe_dp, observe_http,
-                            observe_log, observe_titles)
+from .vllm_contract import descendant_titles, diff, extra_metric_problems, observe_dp, observe_http, observe_log, observe_titles
 
 pytestmark = pytest.mark.real_vllm
 
