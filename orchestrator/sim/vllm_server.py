@@ -1231,8 +1231,9 @@ class Launch:
                 self.aux.append(spawn_holder("VLLM::DPCoordinator", exit_with_parent=True))
             ec = self.engine_logs[0]
         if cfg["api_servers"] > 1:
-            self.aux += [spawn_holder(f"VLLM::APIServer_{i}", exit_with_parent=True)
-                         for i in range(cfg["api_servers"])]
+            self.api_procs = [spawn_holder(f"VLLM::APIServer_{i}", exit_with_parent=True)
+                              for i in range(cfg["api_servers"])]
+            self.aux += self.api_procs
         for name, gpu in titles:
             proc = spawn_holder(f"VLLM::{name}")
             self.holders.append((proc, f"VLLM::{name}", gpu, proc_start_time(proc.pid)))
@@ -1437,21 +1438,26 @@ class Launch:
 
     # -- serving ---------------------------------------------------------------------------------
     async def serve(self, cfg: dict) -> int:
-        api = self.api
         engine = Engine(cfg)
         server = Server(cfg, engine)
-        log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
+        # With several API servers (the default with DP) each one logs its own start, prefixed
+        # "ApiServer_<i>" (while its process title is VLLM::APIServer_<i>), as the real server does.
+        apis = ([(f"ApiServer_{i}", p.pid) for i, p in enumerate(getattr(self, "api_procs", []))]
+                or [self.api])
         addr = cfg["host"] or "0.0.0.0"
-        log(api, "INFO", "entry.py:139", f"Starting vLLM server on http://{addr}:{cfg['port']}")
-        log(api, "INFO", "launcher.py:188", "Available routes are:")
-        for path, methods in Server.ROUTES:
-            log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
+        for api in apis:
+            log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
+            log(api, "INFO", "entry.py:139", f"Starting vLLM server on http://{addr}:{cfg['port']}")
+            log(api, "INFO", "launcher.py:188", "Available routes are:")
+            for path, methods in Server.ROUTES:
+                log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
         self.sock.listen(1024)
         self.sock.setblocking(False)
         srv = await asyncio.start_server(server.handle, sock=self.sock, limit=1 << 22)
-        log_uvicorn(f"INFO:     Started server process [{os.getpid()}]")
-        log_uvicorn("INFO:     Waiting for application startup.")
-        log_uvicorn("INFO:     Application startup complete.")
+        for _name, pid in apis:
+            log_uvicorn(f"INFO:     Started server process [{pid}]")
+            log_uvicorn("INFO:     Waiting for application startup.")
+            log_uvicorn("INFO:     Application startup complete.")
         self.ready = asyncio.get_running_loop().create_future()
         if self.fault == "die-after-ready":
             asyncio.get_running_loop().call_later(3.0, self.die, server)
@@ -1504,6 +1510,8 @@ async def run_serve(args, fault) -> int:
     run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
     try:
         cfg = launch.configure()
+        if cfg["api_servers"] > 1:   # the API servers are processes of their own: this is vLLM's main
+            launch.api = ("MainProcess", os.getpid())
         if run_file.parent.is_dir():   # lets `vllm-orch sim status/down` find simulated servers
             run_file.write_text(json.dumps({
                 "pid": os.getpid(), "start_time": proc_start_time(os.getpid()),
