@@ -5,7 +5,6 @@ random-weight models the simulated Hub mirror publishes (downloaded by the real 
 The tests share one host and run in file order: each starts from what the previous one left (a
 real start is ~30 s on two idle cores) but establishes what it needs itself. The host's inventory
 entry skips preflight's torch-cuda check: the CPU build's torch really is a CPU build.
-Tests that can only pass once another issue lands are strict xfails naming it.
 """
 
 from __future__ import annotations
@@ -250,8 +249,6 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 (DP services): status adds kv_cache_usage_perc over "
-                                       "the engines (probe/api.metrics sums every label set)")
 def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host):
     """One request per engine: a 1100-word prompt (its KV at once) and 900 tokens more (~6 s, longer
     than status takes). KV usage only grows while both run, so status's figure lies between the
@@ -282,8 +279,6 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
 
 
 # -- a keyed model ----------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 12 (Auth): the 'model listed' gate sends no API key, "
-                                       "so a keyed service never passes it")
 def test_keyed_model_passes_every_gate_and_refuses_requests_without_the_key(real_vllm_host, monkeypatch):
     keyed = tiny("tiny-llama-a", PORT_A, serving={"secret_env": ["VLLM_API_KEY"], "port": PORT_A})
     monkeypatch.setenv("VLLM_API_KEY", "real-vllm-test-key")
@@ -291,7 +286,7 @@ def test_keyed_model_passes_every_gate_and_refuses_requests_without_the_key(real
     for other in ("tiny-llama-a", "tiny-llama-b", "tiny-dp2"):
         if running(real_vllm_host, e, other):
             cli(real_vllm_host, "stop", other)
-    r = deploy(e, keyed, **{**RUN, "budget_s": 120})   # until issue 12: the whole budget is waited
+    r = deploy(e, keyed, **RUN)
     assert r.ok, r.error
     assert list(r.extra["history"]["gates"]) == list(GATES)
     assert request(PORT_A, "GET", "/v1/models")[0] == 401

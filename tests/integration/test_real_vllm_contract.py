@@ -73,9 +73,6 @@ def test_fatal_line_of_a_flag_the_real_parser_refuses_is_recognised(real_vllm, t
     assert line == "vllm: error: unrecognized arguments: --bogus-flag 3"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 (Data-parallel): the simulator's DP per-engine metrics and "
-                                       "DP process titles (H1's change to sim/vllm_server.py) are not in "
-                                       "this branch yet")
 def test_the_simulator_keeps_the_real_data_parallel_contract(real_vllm, tiny_model, sim_host, tmp_path):
     """--data-parallel-size 2: DPCoordinator, EngineCore_DP<n> and one API server per engine
     (vLLM defaults api_server_count to the DP size), per-engine series, who logs what."""
