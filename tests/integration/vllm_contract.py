@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import re
+import time
 
 KEY_HEADER = "Authorization"
 # vLLM's process titles (setproctitle "VLLM::..."), any parallel layout.
@@ -112,7 +113,14 @@ def observe_http(port: int, key: str, served: str) -> dict:
                    "object": reply["object"], "finish_reason": reply["choices"][0]["finish_reason"],
                    "completion_tokens": reply["usage"]["completion_tokens"]}
     out["stream"] = observe_stream(port, key, served)
-    status, headers, body = request(port, "GET", "/metrics")
+    # The real server publishes its gauges with the engine's periodic stats: on a busy machine
+    # that can lag the requests above by seconds, so wait for them (up to 30 s) before comparing.
+    deadline = time.monotonic() + 30
+    while True:
+        status, headers, body = request(port, "GET", "/metrics")
+        if b"vllm:kv_cache_usage_perc{" in body or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     out["metrics"] = {"status": status, "content-type": headers.get("content-type", "").split(";")[0],
                       **metric_shapes(body.decode())}
     out["_metrics_text"] = body.decode()        # for extra_metric_problems; not compared by diff
