@@ -137,7 +137,11 @@ def observe_stream(port: int, key: str, served: str) -> dict:
     return {"status": status, "content-type": headers.get("content-type"),
             "raw framing": body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n"),
             "first chunk": shape(first), "first delta": first["choices"][0]["delta"],
-            "content chunk": shape(content[0]), "content chunks": len(content),
+            # Not the chunk count: a busy server coalesces tokens that are ready together into one
+            # chunk (seen on the real one under load); the text and the usage are the invariants.
+            "content chunk": shape(content[0]),
+            "content words": len("".join(c["choices"][0]["delta"].get("content") or "" for c in content).split()),
+            "chunks <= tokens": len(content) <= usage_chunk["usage"]["completion_tokens"],
             "last finish_reason": content[-1]["choices"][0]["finish_reason"],
             "other finish_reasons": {c["choices"][0]["finish_reason"] for c in content[:-1]},
             "last content chunk": shape(content[-1]),
