@@ -7,8 +7,7 @@ torch (a CPU build is enough) and the packages vLLM imports at import time (list
 
 The venv is built once per machine and recipe:
   ~/.cache/vllm-orch/vllm-0.33.0-parser-<recipe hash>/
-under a file lock (concurrent pytest sessions wait for one build), in a temporary folder that is
-renamed into place only after a real parse succeeded, so a half-built venv is never used.
+under a file lock, and counts as built only after a real parse succeeded (devtools/cached_venv.py).
 
     python -m orchestrator.devtools.vllm_parser_venv          # build if needed, print the python path
     python -m orchestrator.devtools.vllm_parser_venv --info   # also print build time and size (JSON)
@@ -17,16 +16,14 @@ renamed into place only after a real parse succeeded, so a half-built venv is ne
 from __future__ import annotations
 
 import argparse
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from orchestrator.devtools import cached_venv
+from orchestrator.devtools.cached_venv import BuildError, BuildInfo, cache_root, run  # noqa: F401
 
 VLLM_VERSION = "0.33.0"
 TORCH_VERSION = "2.13.0"   # vllm 0.33.0 pins 2.14.0; the parser does not care, and 2.13.0 CPU is on disk
@@ -82,15 +79,7 @@ def recipe() -> dict:
 
 
 def recipe_hash() -> str:
-    return hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    """$VLLM_ORCH_CACHE, else $XDG_CACHE_HOME/vllm-orch, else ~/.cache/vllm-orch."""
-    if os.environ.get("VLLM_ORCH_CACHE"):
-        return Path(os.environ["VLLM_ORCH_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "vllm-orch"
+    return cached_venv.recipe_hash(recipe())
 
 
 def venv_dir() -> Path:
@@ -98,59 +87,7 @@ def venv_dir() -> Path:
 
 
 def venv_python(path: Path | None = None) -> Path:
-    return (path or venv_dir()) / "bin" / "python"
-
-
-@dataclass
-class BuildInfo:
-    python: Path
-    built_now: bool          # False when the cached venv was reused
-    seconds: float           # build time (or the recorded one when reused)
-    size_bytes: int
-    parse_seconds: float     # the smoke parse: import vLLM + build the parser + parse
-    log: str = ""
-
-    def as_dict(self) -> dict:
-        return {"python": str(self.python), "built_now": self.built_now,
-                "build_seconds": round(self.seconds, 1), "size_bytes": self.size_bytes,
-                "size_gib": round(self.size_bytes / 2**30, 2),
-                "parse_seconds": self.parse_seconds}
-
-
-class BuildError(RuntimeError):
-    """The venv could not be built. `offline` is True when pip could not reach a package index."""
-
-    def __init__(self, message: str, log: str, offline: bool):
-        super().__init__(message)
-        self.log = log
-        self.offline = offline
-
-
-_OFFLINE_MARKERS = ("NewConnectionError", "Network is unreachable", "Temporary failure in name "
-                    "resolution", "No matching distribution found", "Could not find a version",
-                    "ConnectTimeoutError", "ProxyError", "Max retries exceeded")
-
-
-def _dir_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def _run(cmd: list[str], log: list[str], env: dict | None = None, timeout: float = 1800) -> None:
-    log.append("$ " + " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    log.append(proc.stdout[-4000:] + proc.stderr[-8000:])
-    if proc.returncode != 0:
-        text = proc.stdout + proc.stderr
-        raise BuildError(f"{cmd[2:5]} exited {proc.returncode}: "
-                         f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}", "\n".join(log),
-                         offline=any(m in text for m in _OFFLINE_MARKERS))
+    return cached_venv.python_of(path or venv_dir())
 
 
 def smoke_parse(python: Path | str, timeout: float = 300) -> float:
@@ -164,52 +101,26 @@ def smoke_parse(python: Path | str, timeout: float = 300) -> float:
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def _build(tmp: Path, log: list[str]) -> None:
+def _build(venv: Path, log: list[str]) -> dict:
     base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", str(tmp)], log)
-    py = str(venv_python(tmp))
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    run([base, "-m", "venv", str(venv)], log)
+    py = str(venv_python(venv))
+    env = cached_venv.pip_env()
     pip = [py, "-m", "pip", "install", "-q", "--prefer-binary"]
     # torch first and alone, so the resolver never considers a CUDA build or another version.
-    _run(pip + [f"torch=={TORCH_VERSION}"], log, env)
-    _run(pip + [f"torch=={TORCH_VERSION}", *IMPORT_DEPS], log, env)
-    _run(pip + ["--no-deps", f"vllm=={VLLM_VERSION}", *NO_DEPS], log, env)
+    run(pip + [f"torch=={TORCH_VERSION}"], log, env)
+    run(pip + [f"torch=={TORCH_VERSION}", *IMPORT_DEPS], log, env)
+    run(pip + ["--no-deps", f"vllm=={VLLM_VERSION}", *NO_DEPS], log, env)
+    return {"parse_seconds": smoke_parse(venv_python(venv))}
 
 
 def ensure_venv(*, rebuild: bool = False) -> BuildInfo:
     """The cached venv's python, building it first if it is missing (or `rebuild`)."""
-    final = venv_dir()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    info_file = final / "vllm-orch-build.json"
-    with open(final.parent / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it right now
-        if final.is_dir() and info_file.is_file() and not rebuild:
-            rec = json.loads(info_file.read_text())
-            return BuildInfo(venv_python(final), False, rec["build_seconds"], rec["size_bytes"],
-                             rec["parse_seconds"])
-        tmp = final.parent / f".{final.name}.building-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        log: list[str] = []
-        started = time.monotonic()
-        try:
-            _build(tmp, log)
-            parse_seconds = smoke_parse(venv_python(tmp))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        seconds = time.monotonic() - started
-        size = _dir_size(tmp)
-        (tmp / "vllm-orch-build.json").write_text(json.dumps(
-            {"recipe": recipe(), "build_seconds": round(seconds, 1), "size_bytes": size,
-             "parse_seconds": parse_seconds, "built_at": time.time()}, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)      # atomic: readers see no venv or a complete, tested one
-        return BuildInfo(venv_python(final), True, seconds, size, parse_seconds, "\n".join(log))
+    return cached_venv.ensure(venv_dir(), recipe(), _build, rebuild=rebuild)
 
 
 def is_built() -> bool:
-    return (venv_dir() / "vllm-orch-build.json").is_file()
+    return cached_venv.is_built(venv_dir())
 
 
 def main(argv: list[str] | None = None) -> int:

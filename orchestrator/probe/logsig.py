@@ -43,6 +43,14 @@ FATAL: list[Signature] = [
     _sig("no-kv-memory", r"No available memory for the cache blocks",
          "weights and activations left no room for the KV cache",
          "raise gpu_memory_utilization or use more GPUs / fp8 KV cache"),
+    # vLLM's own wording, checked on the real server (the CPU build): "the model's" in 0.32, "the
+    # models's" in older releases.
+    _sig("kv-cache-below-max-len", r"To serve at least one request with the models?'s max seq len",
+         "the KV cache cannot hold one request of max_model_len tokens",
+         "lower vllm.max_model_len, or give the KV cache more memory (gpu_memory_utilization, fp8 KV cache)"),
+    _sig("max-model-len-too-long", r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len",
+         "max_model_len is longer than the model supports (max_position_embeddings)",
+         "lower vllm.max_model_len to the model's limit (the message names it)"),
     _sig("nccl-calloc", r"NCCL error: Failed to CUDA calloc",
          "NCCL could not allocate (NCCL graph XML with gpu-util 0.95)", "lower gpu_memory_utilization to <= 0.93"),
     _sig("no-attention-backend", r"No valid attention backend found",
@@ -68,10 +76,13 @@ FATAL: list[Signature] = [
 
 # Lines that show loading progress (for the live view); (regex, phase label).
 PROGRESS: list[tuple[re.Pattern, str]] = [
-    (re.compile(r"Loading (safetensors checkpoint shards|weights)"), "loading weights"),
+    # "took" first: "Loading weights took" also matches the loading pattern (vLLM's CPU build logs
+    # no "Model loading took", so that line alone marks the end of loading there).
     (re.compile(r"Loading weights took|Model loading took"), "weights loaded"),
+    (re.compile(r"Loading (safetensors checkpoint shards|weights)"), "loading weights"),
     (re.compile(r"torch\.compile takes|Compiling a graph"), "compiling"),
-    (re.compile(r"GPU KV cache size|Available KV cache memory"), "KV cache"),
+    # "GPU KV cache size" on GPUs; vLLM's CPU build logs "CPU KV cache size" (kv_cache_utils.py).
+    (re.compile(r"[GC]PU KV cache size|Available KV cache memory"), "KV cache"),
     (re.compile(r"Capturing CUDA graph|Graph capturing finished"), "CUDA graphs"),
     (re.compile(r"Starting vLLM (API )?server"), "starting API server"),
     (re.compile(r"Application startup complete"), "API server up"),

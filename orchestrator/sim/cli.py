@@ -39,11 +39,19 @@ def sim():
               help="Each host is a Debian container with real systemd and sshd (Linux, root).")
 @click.option("--vllm-python", type=click.Path(exists=True, dir_okay=False),
               help="Record this Python (with a real vLLM installed) as the hosts' python.")
-def up_cmd(hosts, speed, scale, systemd, vllm_python):
+@click.option("--real-vllm", is_flag=True,
+              help="The hosts' vLLM is the REAL one: vLLM's CPU build (built once per machine, "
+                   "~2.5 min, ~3.3 GiB), serving the tiny-llama-* models. See docs/real-vllm.md.")
+def up_cmd(hosts, speed, scale, systemd, vllm_python, real_vllm):
     """Start SIMULATED hosts (idempotent) and add them to the inventory (hosts.d/sim.yaml in
     vllm-orch's state home, which every command reads)."""
+    if real_vllm:
+        from orchestrator.devtools import real_vllm_venv
+        if not real_vllm_venv.is_built():
+            click.echo("building vLLM's CPU build venv (once per machine, a few minutes): "
+                       f"{real_vllm_venv.venv_dir()}", err=True)
     state = manager.up(hosts, speed=speed, scale=scale, systemd=systemd,
-                       vllm_python=vllm_python)
+                       vllm_python=vllm_python, real_vllm=real_vllm)
     home = manager.sim_home()
     click.echo(f"SIMULATED GPU hosts (home {home}):")
     for name, rec in state["hosts"].items():
@@ -56,7 +64,10 @@ def up_cmd(hosts, speed, scale, systemd, vllm_python):
                                                      "not available in this build)"))
         click.echo("    " + ("started now: " + ", ".join(news) if news else
                              "already running, nothing started"))
-        if rec["flavour"] == "systemd":
+        if rec.get("real_vllm"):
+            click.echo("    vLLM: REAL (vLLM's CPU build) - deploy the tiny-llama-* models; preflight "
+                       "skips torch-cuda (its torch is a CPU build)")
+        elif rec["flavour"] == "systemd":
             click.echo("    preflight: the flags and env checks are skipped (the container has no real vLLM)")
         elif not rec.get("python"):
             click.echo("    preflight: the flags and env checks are skipped (no real vLLM to parse "
@@ -78,6 +89,7 @@ def status_cmd(as_json):
     click.echo(f"SIMULATED hosts (home {st['home']}):")
     for name, h in st["hosts"].items():
         click.echo(f"  {name}: SIMULATED, {h['flavour']}, speed {h['speed']:g}, {h['dir']}")
+        click.echo(f"    vLLM: {h['vllm']}")
         for kind, p in h["processes"].items():
             port = f" port {p['port']}" if "port" in p else ""
             click.echo(f"    {kind}: pid {p['pid']}{port} "

@@ -8,7 +8,9 @@ generic host settings any real host may use:
 - `disk_reserve_gib: 20 / scale`     the hub mirror serves files 1/scale of the real size, so the
                                      free space to keep shrinks the same way;
 - `skip_checks: [flags, env]`        only when the host's Python has no real vLLM to parse the flags
-                                     (`vllm-orch sim up --vllm-python PATH` gives it one).
+                                     (`vllm-orch sim up --vllm-python PATH` gives it one);
+- `skip_checks: [torch-cuda]`        on a host whose vLLM is vLLM's CPU build (`sim up --real-vllm`):
+                                     its torch is a CPU build, which that check rightly refuses.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ LABEL = "SIMULATED"
 REAL_DISK_RESERVE_GIB = float(Requirements.model_fields["disk_reserve_gib"].default)
 # Preflight checks a host's Python cannot make without a real vLLM installed (it parses the flags).
 PARSER_CHECKS = ["flags", "env"]
+# ...and the one vLLM's CPU build fails by design (its torch is not a CUDA build).
+CPU_BUILD_CHECKS = ["torch-cuda"]
 
 
 @dataclass
@@ -39,6 +43,8 @@ class SimHost:
     python: str                                 # the Python recorded for host-side scripts
     real_vllm: bool = False                     # `python` imports a real vLLM (--vllm-python)
     hub_port: int | None = None
+    # vLLM's CPU build ({"venv", "vllm", "python", "version"}) when the host's vLLM is the real one
+    cpu_vllm: dict | None = None
     # systemd flavour: how to reach the container (address, port, user, identity_file, paths...)
     container: dict = field(default_factory=dict)
 
@@ -57,7 +63,11 @@ class SimHost:
                      "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
         entry["label"] = LABEL
         entry["disk_reserve_gib"] = REAL_DISK_RESERVE_GIB / self.scale
-        if not self.real_vllm:
+        if self.cpu_vllm:      # its venv's vllm and python, no faked packages, a CPU torch
+            entry["vllm"], entry["python"] = self.cpu_vllm["vllm"], self.cpu_vllm["python"]
+            entry["env"] = {k: v for k, v in entry["env"].items() if k != "PYTHONPATH"}
+            entry["skip_checks"] = list(CPU_BUILD_CHECKS)
+        elif not self.real_vllm:
             entry["skip_checks"] = list(PARSER_CHECKS)
         HostEntry(name=self.name, **entry)      # the product must accept what we write
         return entry

@@ -6,6 +6,12 @@ below) and `sim.json` (every process `up` started, by PID and /proc start time, 
 exactly those and never a reused PID). The hosts reach the orchestrator as ordinary inventory
 entries (orchestrator.sim.inventory) in `hosts.d/sim.yaml` beside the sim home: the state home's
 extra-inventory folder, which the orchestrator always reads.
+
+A host is created with one of two vLLMs and keeps it: the SIMULATED server (default), or the REAL
+one (`up(real_vllm=True)`, CLI `--real-vllm`): vLLM's CPU build from a cached venv
+(devtools/real_vllm_venv.py), serving the tiny models the hub mirror publishes (sim/tinymodel.py).
+Such a host fakes no Python packages; only the GPUs are simulated, and the fake nvidia-smi lists
+the real vLLM's engine and worker processes as GPU holders.
 """
 
 from __future__ import annotations
@@ -133,16 +139,18 @@ def install_program(src: str, dest: Path, python: str) -> None:
 
 
 def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: str,
-                 python: str) -> dict:
+                 python: str, cpu_vllm: dict | None = None) -> dict:
     """Create or refresh a host folder; keeps models, state, logs, pending faults and any
-    fault-modified site-packages (so `up` twice changes nothing that matters)."""
+    fault-modified site-packages (so `up` twice changes nothing that matters).
+    cpu_vllm: {"venv", "version", ...} of vLLM's CPU build when the host's vLLM is the real one."""
     for sub in ("bin", "gpu-procs", "models", "units", "state", "logs", "run"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     install_program("vllm_server.py", hdir / "bin" / "vllm", python)
     install_program("nvidia_smi.py", hdir / "bin" / "nvidia-smi", python)
     site = hdir / "site-packages"
+    site.mkdir(exist_ok=True)
     for dist, version in DISTS.items():
-        if not list(site.glob(f"{dist.replace('-', '_')}-*.dist-info")):
+        if not cpu_vllm and not list(site.glob(f"{dist.replace('-', '_')}-*.dist-info")):
             write_dist(site, dist, version)
     if not (hdir / "faults.json").exists():
         (hdir / "faults.json").write_text("[]\n")
@@ -153,6 +161,13 @@ def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: st
                       "uuid": gpu_uuid(name, i)} for i in range(8)],
             "driver_version": DRIVER_VERSION, "cuda_version": CUDA_VERSION,
             "vllm_version": VLLM_VERSION, "hub_port": old.get("hub_port")}
+    if cpu_vllm:
+        # Where the fake nvidia-smi looks for the real vLLM's processes: the working directory of
+        # a service is its model folder (this folder's models/, or the container's models root:
+        # inside its own PID namespace, the container's nvidia-smi sees only its own processes).
+        info["vllm_version"] = cpu_vllm["version"]
+        root = str(hdir / "models") if flavour == "process" else CONTAINER_MODELS_ROOT
+        info["real_vllm"] = {"venv": cpu_vllm["venv"], "models_roots": [root]}
     _write_json(hdir / "sim.json", info)
     return info
 
@@ -205,23 +220,98 @@ def start_hub(hdir: Path, scale: int = DEFAULT_SCALE, python: str = sys.executab
                        details=tail, hint=f"see {hdir / 'logs' / 'hub.log'}")
 
 
+# -- the real vLLM (CPU build) -----------------------------------------------------------------
+CONTAINER_MODELS_ROOT = "/var/lib/vllm-orch/models"
+
+
+def real_vllm_env(build: bool = True) -> dict:
+    """{"venv", "vllm", "python", "version"} of vLLM's CPU build, building the venv if needed
+    (minutes, once per machine). ConfigError when it cannot be built."""
+    from orchestrator.devtools import real_vllm_venv as rv
+
+    if not build and not rv.is_built():
+        raise ConfigError("vLLM's CPU build is not built on this machine",
+                          hint="python -m orchestrator.devtools.real_vllm_venv")
+    try:
+        info = rv.ensure_venv()
+    except rv.BuildError as exc:
+        raise ConfigError(f"could not build vLLM's CPU build venv: {exc}",
+                          details=exc.log.strip().splitlines()[-5:]) from None
+    venv = info.python.parent.parent
+    return {"venv": str(venv), "vllm": str(rv.vllm_path(venv)), "python": str(info.python),
+            "version": rv.VLLM_VERSION}
+
+
+def real_vllm_processes(hdir: Path) -> list[tuple[int, int | None]]:
+    """(pid, start time) of every real vLLM process of this host folder: started in one of its
+    model folders (services) or marked with VLLM_SIM_HOST_DIR (by hand), API servers included."""
+    out = []
+    models = str(hdir.resolve() / "models") + "/"
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(d / "cwd").rstrip("/") + "/"
+            marked = f"VLLM_SIM_HOST_DIR={hdir}".encode() in (d / "environ").read_bytes().split(b"\0")
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        vllm_like = argv[0].startswith(b"VLLM::") or any(b"vllm" in a for a in argv[:3])
+        if vllm_like and (cwd.startswith(models) or marked):
+            out.append((int(d.name), start_time(int(d.name))))
+    return out
+
+
+def stop_all(procs: list[tuple[int, int | None]], timeout: float = 20.0) -> list[int]:
+    """SIGTERM every (pid, start time) at once (an API server then stops its engines), wait, SIGKILL
+    what is left; only processes that are still the recorded ones."""
+    live = [(p, st) for p, st in procs if alive(p, st)]
+    for pid, _ in live:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p, st) for p, st in live):
+        for pid, _ in live:
+            _reap(pid)
+        time.sleep(0.1)
+    for pid, st in live:
+        if alive(pid, st):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return [p for p, _ in live]
+
+
 # -- state -------------------------------------------------------------------------------------
 def load_state(home: Path | None = None) -> dict:
     return _read_json((home or sim_home()) / "sim.json", {})
 
 
 def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE,
-       systemd: bool = False, vllm_python: str | None = None,
+       systemd: bool = False, vllm_python: str | None = None, real_vllm: bool = False,
        home: Path | None = None) -> dict:
     """Create/refresh `hosts` simulated hosts and start what is not running. Idempotent: hosts
     already up keep their processes (hosts beyond `hosts` from an earlier `up` are kept too);
-    speed None keeps a host's speed (DEFAULT_SPEED for a new host)."""
+    speed None keeps a host's speed (DEFAULT_SPEED for a new host). real_vllm: new hosts run
+    vLLM's CPU build instead of the simulated server (a host keeps the vLLM it was created with)."""
     if hosts < 1:
         raise ConfigError("--hosts must be at least 1")
+    if real_vllm and vllm_python:
+        raise ConfigError("--real-vllm and --vllm-python cannot be combined",
+                          hint="--real-vllm brings its own Python (vLLM's CPU build)")
     home = home or sim_home()
     home.mkdir(parents=True, exist_ok=True)
     state = load_state(home) or {"simulated": True, "hosts": {}}
     state["simulated"] = True
+    for name, rec in state["hosts"].items():
+        if real_vllm and not rec.get("real_vllm"):
+            raise RefusedError(f"SIMULATED host {name} is up with the simulated vLLM; a host keeps "
+                               "the vLLM it was created with", hint="vllm-orch sim down, then sim up --real-vllm")
+    cpu = real_vllm_env() if real_vllm or any(r.get("real_vllm") for r in state["hosts"].values()) \
+        else None
     flavour = "systemd" if systemd else "process"
     nspawn = _nspawn() if systemd else None
     tree = nspawn.ensure_tree(_tree_cache(nspawn)) if nspawn else None
@@ -231,14 +321,15 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         rec = state["hosts"].get(name)
         if rec is None and i >= hosts:
             continue
-        rec = rec or {"flavour": flavour, "processes": {}}
+        rec = rec or {"flavour": flavour, "processes": {}, "real_vllm": real_vllm}
+        host_cpu = cpu if rec.get("real_vllm") else None
         hdir = host_dir(name, home)
         started = []
         keep = rec.get("speed") or DEFAULT_SPEED
         info = prepare_host(name, hdir, speed=speed if speed and i < hosts else keep,
                             scale=scale, flavour=rec["flavour"],
                             python=sys.executable if rec["flavour"] == "process"
-                            else "/usr/bin/env python3")
+                            else "/usr/bin/env python3", cpu_vllm=host_cpu)
         rec.update({"dir": str(hdir), "speed": info["speed"], "scale": scale})
         hub = rec["processes"].get("hub")
         bind = "127.0.0.1"
@@ -259,13 +350,15 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         real_python = rec.get("python") or vllm_python      # a Python with a real vLLM, if given
         sim_host = SimHost(name, hdir, rec["flavour"], info["speed"], scale,
                            python=real_python or sys.executable, real_vllm=bool(real_python),
-                           hub_port=hub_port)
+                           hub_port=hub_port, cpu_vllm=host_cpu)
         if rec["flavour"] == "systemd":
             nspawn = nspawn or _nspawn()
             box = rec["processes"].get("nspawn")
             if not (box and alive(box["pid"], box.get("start_time"))):
                 tree = tree or nspawn.ensure_tree(_tree_cache(nspawn))
-                box = dict(nspawn.boot(name, rec["index"], hdir, tree, hub_port=hub_port))
+                binds = [nspawn.venv_bind(Path(host_cpu["venv"]), tree)] if host_cpu else []
+                box = dict(nspawn.boot(name, rec["index"], hdir, tree, hub_port=hub_port,
+                                       binds_ro=binds))
                 box["start_time"] = start_time(box["_pid"])
                 box["pid"] = box["_pid"]
                 rec["processes"]["nspawn"] = box
@@ -311,7 +404,12 @@ def status(home: Path | None = None) -> dict:
                    if s and alive(s["pid"], s.get("start_time"))]
         holders = [h for h in (_read_json(f, None) for f in (hdir / "gpu-procs").glob("*.json"))
                    if h and alive(h["pid"], h.get("start_time"))]
+        real = _read_json(hdir / "sim.json", {}).get("real_vllm")
+        if real and rec["flavour"] == "process":
+            from orchestrator.sim.nvidia_smi import real_vllm_holders
+            holders += real_vllm_holders(real["models_roots"], hdir)
         out["hosts"][name] = {"dir": str(hdir), "flavour": rec["flavour"], "speed": rec["speed"],
+                              "vllm": f"REAL {real['venv']}" if real else "SIMULATED",
                               "processes": procs, "vllm_servers": servers,
                               "gpu_holders": holders,
                               "faults": _read_json(hdir / "faults.json", [])}
@@ -331,6 +429,8 @@ def down(home: Path | None = None) -> list:
             e = _read_json(f, None)
             if e and stop_pid(int(e["pid"]), e.get("start_time")):
                 stopped.append(f"{name}: {e.get('process_name', 'vllm serve')} pid {e['pid']}")
+        if rec.get("real_vllm") and rec["flavour"] == "process":
+            stopped += [f"{name}: real vLLM pid {p}" for p in stop_all(real_vllm_processes(hdir))]
         for kind, p in rec.get("processes", {}).items():
             if kind == "nspawn":
                 _nspawn().shutdown(p)

@@ -92,9 +92,34 @@ def _has_addr(where: list[str], dev: str, address: str) -> bool:
     return proc.returncode == 0 and f" {address}/24 " in proc.stdout
 
 
+def venv_bind(venv: Path, tree: Path) -> str:
+    """A venv of this machine (the real vLLM's) to bind read-only at the same path in containers
+    booted from `tree`: its scripts and pyvenv.cfg name that path, and its interpreter (pyvenv.cfg
+    `home`) must exist in the tree at the same version - true for a venv made with the system
+    python3 of the same Debian release (devtools/real_vllm_venv.py makes it so)."""
+    from orchestrator.errors import RefusedError
+
+    cfg = dict(line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines()
+               if " = " in line)
+    version = cfg.get("version") or cfg.get("version_info", "")
+    short = ".".join(version.split(".")[:2])
+    inside = tree / cfg.get("home", "/usr/bin").lstrip("/") / f"python{short}"
+    probe = subprocess.run(["chroot", str(tree), f"/{inside.relative_to(tree)}", "-c",
+                            "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+                           capture_output=True, text=True) if inside.exists() else None
+    if probe is None or probe.stdout.strip() != version:
+        raise RefusedError(f"the venv {venv} (Python {version} from {cfg.get('home')}) cannot run in "
+                           f"the container tree {tree}: " + (f"its python is {probe.stdout.strip() or '?'}"
+                                                              if probe else f"{inside} is missing"),
+                           hint="build the venv with the system python3 of the tree's Debian release "
+                                "(VLLM_ORCH_REAL_VLLM_BASE_PYTHON)")
+    return str(venv)
+
+
 def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,
-         timeout: float = 60.0) -> dict:
-    """Boot one container and return its inventory entry once sshd answers and systemd is up."""
+         binds_ro: list[str] = (), timeout: float = 60.0) -> dict:
+    """Boot one container and return its inventory entry once sshd answers and systemd is up.
+    binds_ro: folders of this machine bound read-only at the same path (the real vLLM's venv)."""
     from orchestrator.host.ssh import SshHost
 
     host_dir = Path(host_dir).resolve()
@@ -116,7 +141,7 @@ def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | N
     argv = ["systemd-nspawn", "-D", str(tree), "-M", name, "--register=no", "--keep-unit",
             "--volatile=overlay", "--resolv-conf=off", "--link-journal=no", "--timezone=off",
             "--console=read-only", f"--network-namespace-path=/run/netns/{net['netns']}",
-            f"--bind={host_dir}:{SIM_MOUNT}", "-b"]
+            f"--bind={host_dir}:{SIM_MOUNT}", *(f"--bind-ro={p}" for p in binds_ro), "-b"]
     # Move the launching shell into our cgroups first, then exec nspawn (same PID).
     enter = "; ".join(f"echo $$ > {cg}/cgroup.procs" for cg in cgroups)
     with open(console, "wb") as out:

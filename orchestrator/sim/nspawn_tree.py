@@ -28,8 +28,9 @@ from pathlib import Path
 
 DEFAULT_CACHE_DIR = Path("~/.cache/vllm-orch/nspawn").expanduser()
 SUITE = "bookworm"
+# libnuma1: vLLM's CPU build (the real vLLM of `sim up --systemd --real-vllm`) links it.
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-            "iproute2", "procps", "psmisc", "sudo")
+            "iproute2", "procps", "psmisc", "sudo", "libnuma1")
 PIP_PACKAGES = ("huggingface_hub",)
 VENV = "/opt/vllm"
 # Paths inside the container that the inventory names; they point into the bound host folder

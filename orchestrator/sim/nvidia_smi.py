@@ -15,12 +15,21 @@ Output formats follow real nvidia-smi 580 (see tests/fixtures/nvidia-smi/ for re
   (no arguments)                                           the banner table with
         "Driver Version: X      CUDA Version: Y" and the Processes section
   -i INDEX[,INDEX]                                         restricts GPUs (and their processes)
+
+On a host whose vLLM is the REAL one (vLLM's CPU build, `sim.json` "real_vllm"), the processes that
+hold GPU memory on a GPU host are found in /proc instead: vLLM's engine and worker processes
+(titles `VLLM::EngineCore*`, `VLLM::Worker*`; the API server and `VLLM::DPCoordinator` hold no GPU)
+started in one of the host's model folders (a service's working directory) or marked with this
+host's VLLM_SIM_HOST_DIR (a `vllm serve` started by hand). Each "holds" its resident memory on the
+GPU its CUDA_VISIBLE_DEVICES and its data/tensor-parallel rank name, so orphans of a killed server
+stay visible exactly as real orphaned workers do.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -101,6 +110,69 @@ def proc_alive(pid: int, start_time=None) -> bool:
     return now is not None and abs(now - float(start_time)) < 0.015
 
 
+_REAL_HOLDER = re.compile(r"^VLLM::(EngineCore|Worker)")
+
+
+def _proc_title(pid) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _rank(title: str, key: str) -> int:
+    m = re.search(rf"_{key}(\d+)", title)
+    return int(m.group(1)) if m else 0
+
+
+def _visible_devices(env: dict, ppid: str) -> str:
+    """CUDA_VISIBLE_DEVICES of a process, else of its nearest ancestor that has it: vLLM's CPU build
+    starts data-parallel engines without it (it narrows CPU_VISIBLE_MEMORY_NODES instead)."""
+    for _ in range(8):
+        if "CUDA_VISIBLE_DEVICES" in env:
+            return env["CUDA_VISIBLE_DEVICES"]
+        try:
+            env = dict(item.split("=", 1) for item in Path(f"/proc/{ppid}/environ").read_bytes()
+                       .decode(errors="replace").split("\0") if "=" in item)
+            ppid = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            break
+    return "0"
+
+
+def real_vllm_holders(roots, host_dir: Path = HOST_DIR) -> list:
+    """Processes of a real vLLM that a GPU would list, as gpu-procs entries (see the module doc)."""
+    out = []
+    roots = [str(r).rstrip("/") + "/" for r in roots]
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        title = _proc_title(d.name)
+        if not _REAL_HOLDER.match(title):
+            continue
+        try:
+            cwd = os.readlink(d / "cwd").rstrip("/") + "/"
+            env = dict(item.split("=", 1) for item in
+                       (d / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in item)
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            rss_kib = next((int(line.split()[1]) for line in (d / "status").read_text().splitlines()
+                            if line.startswith("VmRSS:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        if stat[0] == "Z":
+            continue
+        if not (any(cwd.startswith(r) for r in roots) or env.get("VLLM_SIM_HOST_DIR") == str(host_dir)):
+            continue
+        visible = [int(x) for x in _visible_devices(env, stat[1]).split(",") if x.strip().isdigit()]
+        parent = _proc_title(stat[1])
+        dp = _rank(title, "DP") or _rank(parent, "DP")
+        pos = dp + _rank(title, "TP")
+        out.append({"pid": int(d.name), "process_name": title, "used_mib": max(1, rss_kib // 1024),
+                    "gpu_index": (visible or [0])[pos % max(1, len(visible))],
+                    "start_time": int(stat[19])})
+    return out
+
+
 def load_state():
     sim = _read_json(HOST_DIR / "sim.json", {})
     gpus = []
@@ -115,6 +187,8 @@ def load_state():
         e = _read_json(f, None)
         if e and proc_alive(int(e["pid"]), e.get("start_time")):
             procs.append(e)
+    if sim.get("real_vllm"):
+        procs += real_vllm_holders(sim["real_vllm"].get("models_roots") or [])
     for g in gpus:
         mine = [p for p in procs if int(p["gpu_index"]) == int(g["index"])]
         g["used"] = sum(int(p["used_mib"]) for p in mine)

@@ -14,6 +14,9 @@ Shard layouts (real names):
   same architecture, ~590 GB) scaled to the ~540 GB of the field report, plus `hf_quant_config.json`.
 - MiniMaxAI/MiniMax-M2.5: 126 x `model-00000-of-00126.safetensors` ... `model-00125-of-00126` (0-based,
   as in the real repo's file list), ~230 GB, FP8 block quantisation.
+- vllm-orch-sim/tiny-llama-a and -b: REAL loadable models (sim/tinymodel.py: random weights, a
+  word-level tokenizer, a chat template; ~1.4 MB), served byte for byte at any scale, for the tests
+  and rehearsals that run vLLM's CPU build.
 Revisions: each repo has one deterministic commit (`commit_for`) that `main` points to; pinned
 revisions (a manifest's `source.revision`) can be registered and then resolve too, to the same
 content. Anything else is RevisionNotFound.
@@ -24,11 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.sim import repo_texts as T
+from orchestrator.sim import tinymodel
 from orchestrator.sim.repo_files import RepoFile, safetensors_header
 
 DEFAULT_SCALE = 10000
@@ -71,6 +75,15 @@ class RepoSpec:
     lfs_binary_files: dict[str, int] = field(default_factory=dict)  # path -> real size (png, tiktoken)
     gated: bool = False
     config: dict = field(default_factory=dict)
+    # A repo of real, loadable files (the tiny models a real vLLM serves): path -> bytes, made on
+    # first use and served as they are, never scaled. The fields above are then unused.
+    exact_files: Callable[[], dict[str, bytes]] | None = None
+
+
+def _tiny_spec(spec: tinymodel.TinySpec) -> RepoSpec:
+    return RepoSpec(repo_id=spec.repo_id, shard_names=(), total_real_bytes=0, small_files={},
+                    config=tinymodel.config_json(spec, len(tinymodel.train_vocab(spec.sentences))),
+                    exact_files=lambda: tinymodel.model_files(spec))
 
 
 class Repo:
@@ -83,6 +96,10 @@ class Repo:
         self.scale = scale
         self.commit = commit_for(spec.repo_id)
         seed = f"{spec.repo_id}@{scale}"
+        if spec.exact_files is not None:
+            self.files = {path: RepoFile.from_text(path, data, seed=seed, lfs=path.endswith(".safetensors"))
+                          for path, data in sorted(spec.exact_files().items())}
+            return
         files: list[RepoFile] = []
         sizes = shard_sizes(spec.repo_id, len(spec.shard_names), spec.total_real_bytes)
         weight_map = {}
@@ -173,6 +190,9 @@ def specs() -> list[RepoSpec]:
             gated=True,
             config=T.tiny_config(),
         ),
+        # Loadable tiny Llamas with random weights, served by a REAL vLLM (CPU build) in tests
+        # and rehearsals; two of them so a swap has somewhere to go.
+        *(_tiny_spec(t) for t in tinymodel.MODELS.values()),
     ]
 
 

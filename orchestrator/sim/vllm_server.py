@@ -60,6 +60,7 @@ def _read_json(path: Path, default):
 
 SIM = _read_json(HOST_DIR / "sim.json", {})
 VERSION = str(SIM.get("vllm_version", "0.33.0"))
+FINGERPRINT = f"vllm-{VERSION}-{random.getrandbits(32):08x}"   # "vllm-<version>-<8 hex>", per server
 
 
 def version_before(version: str, release: str) -> bool:
@@ -423,6 +424,12 @@ def log_raw(proc: tuple, text: str) -> None:
     name, pid = proc
     for line in text.rstrip("\n").split("\n"):
         sys.stdout.write(f"({name} pid={pid}) {line}\n")
+    sys.stdout.flush()
+
+
+def log_uvicorn(text: str) -> None:
+    """uvicorn's own lines carry no process prefix (as the real server's log shows)."""
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
@@ -1067,7 +1074,8 @@ class Server:
         model = body.get("model") or self.cfg["served"][0]
         if model not in self.cfg["served"]:
             return await self.json(writer, 404, self.error(
-                f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
+                f"The model `{model}` does not exist. Valid aliases: {', '.join(self.cfg['served'])}.",
+                "NotFoundError", 404, "model"))
         if chat:
             msgs = body.get("messages") or []
             texts = message_texts(msgs)
@@ -1098,7 +1106,8 @@ class Server:
         obj = "chat.completion" if chat else "text_completion"
         n_reason = sum(1 for k, _ in seq if k == "reasoning")
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(seq),
-                 "completion_tokens": len(seq), "prompt_tokens_details": None}
+                 "completion_tokens": len(seq), "prompt_tokens_details": None,
+                 "completion_tokens_details": None}
         if chat and self.cfg["reasoning"]:
             usage["completion_tokens_details"] = {"reasoning_tokens": n_reason}
         if body.get("stream"):
@@ -1114,19 +1123,24 @@ class Server:
         core.finished(finish)
         content = "".join(parts["content"]).lstrip()
         reasoning = "".join(parts["reasoning"]).lstrip() or None
+        # Shapes as the real server answers (checked by the contract test against vLLM's CPU build):
+        # `reasoning` (not reasoning_content), no empty tool_calls, the token-id fields as null.
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": content,
                                               "refusal": None, "annotations": None,
                                               "audio": None, "function_call": None,
-                                              "tool_calls": [], "reasoning_content": reasoning},
-                      "logprobs": None, "finish_reason": finish, "stop_reason": None}
+                                              "reasoning": reasoning},
+                      "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                      "token_ids": None, "routed_experts": None}
         else:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None, "prompt_logprobs": None}
         await self.json(writer, 200, {"id": rid, "object": obj, "created": created,
                                       "model": name, "choices": [choice], "usage": usage,
-                                      "service_tier": None, "system_fingerprint": None,
-                                      "prompt_logprobs": None, "kv_transfer_params": None})
+                                      "service_tier": None, "system_fingerprint": FINGERPRINT,
+                                      "prompt_logprobs": None, "prompt_token_ids": None,
+                                      "prompt_text": None, "kv_transfer_params": None,
+                                      "ec_transfer_params": None, "metrics": None})
 
     async def stream(self, writer, body, seq, finish, prompt_tokens, rid, created, name, obj,
                      chat, usage):
@@ -1143,16 +1157,20 @@ class Server:
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
             await writer.drain()
 
-        def chunk(choice, usage_value=None):
+        def chunk(choice, usage_value=None, **top):
+            # Chunks carry no "usage" key until the final usage-only chunk (vLLM sends usage on
+            # every chunk only with continuous_usage_stats); that one has the fingerprint.
             c = {"id": rid, "object": chunk_obj, "created": created, "model": name,
-                 "choices": [choice] if choice else []}
-            if include_usage:
-                c["usage"] = usage_value
+                 "choices": [choice] if choice else [], **top}
+            if usage_value is not None:
+                c["usage"] = {k: v for k, v in usage_value.items() if v is not None}
+                c["system_fingerprint"] = FINGERPRINT
             return json.dumps(c)
 
         if chat:
             await send(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}))
+                              "logprobs": None, "finish_reason": None},
+                             prompt_token_ids=None, prompt_text=None))
         state = {"first_content": True, "n": 0}
 
         async def emit(item):
@@ -1163,9 +1181,11 @@ class Server:
                 if kind == "content" and state["first_content"]:
                     tok = tok.lstrip()
                     state["first_content"] = False
-                delta = {"reasoning_content": tok} if kind == "reasoning" else {"content": tok}
+                delta = {"reasoning": tok} if kind == "reasoning" else {"content": tok}
                 choice = {"index": 0, "delta": delta, "logprobs": None,
-                          "finish_reason": finish if last else None}
+                          "finish_reason": finish if last else None, "token_ids": None}
+                if last:
+                    choice["stop_reason"] = None
             else:
                 choice = {"index": 0, "text": tok, "logprobs": None,
                           "finish_reason": finish if last else None, "stop_reason": None}
@@ -1237,6 +1257,8 @@ class Launch:
         prof = PROFILES[key]
         index = _read_json(mpath / "model.safetensors.index.json", {}) if mpath.is_dir() else {}
         size = float((index.get("metadata") or {}).get("total_size") or prof["size"])
+        if not index and mpath.is_dir():   # a one-file checkpoint (no index): its real size
+            size = float(sum(f.stat().st_size for f in mpath.glob("*.safetensors")) or size)
         tp = int(a.tensor_parallel_size or 1)
         pp = int(a.pipeline_parallel_size or 1)
         dp = int(a.data_parallel_size or 1)
@@ -1349,8 +1371,10 @@ class Launch:
           (the default with DP: one per rank) run as `VLLM::APIServer_<i>` (v1/utils.py).
         Only GPU workers (or a lone engine core) hold memory and outlive a killed server; the
         others exit with it."""
-        ec_name = "EngineCore_DP0"
         dp = cfg["dp"]
+        # The engine's log prefix is its process name: "EngineCore" (vLLM's own logs, checked on the
+        # real server), "EngineCore_DP<n>" only with data parallelism.
+        ec_name = "EngineCore_DP0" if dp > 1 else "EngineCore"
         gpus = self.gpus(cfg)
         multi = cfg["tp"] * cfg["pp"] * dp > 1
         titles = []
@@ -1370,14 +1394,16 @@ class Launch:
         if multi:
             cores = [spawn_holder(f"VLLM::EngineCore_DP{d}" if dp > 1 else "VLLM::EngineCore",
                                   exit_with_parent=True) for d in range(dp)]
-            self.engine_logs = [(f"EngineCore_DP{d}", c.pid) for d, c in enumerate(cores)]
+            self.engine_logs = [(f"EngineCore_DP{d}" if dp > 1 else "EngineCore", c.pid)
+                                for d, c in enumerate(cores)]
             self.aux += cores
             if dp > 1:
                 self.aux.append(spawn_holder("VLLM::DPCoordinator", exit_with_parent=True))
             ec = self.engine_logs[0]
         if cfg["api_servers"] > 1:
-            self.aux += [spawn_holder(f"VLLM::APIServer_{i}", exit_with_parent=True)
-                         for i in range(cfg["api_servers"])]
+            self.api_procs = [spawn_holder(f"VLLM::APIServer_{i}", exit_with_parent=True)
+                              for i in range(cfg["api_servers"])]
+            self.aux += self.api_procs
         for name, gpu in titles:
             proc = spawn_holder(f"VLLM::{name}")
             self.holders.append((proc, f"VLLM::{name}", gpu, proc_start_time(proc.pid)))
@@ -1592,21 +1618,26 @@ class Launch:
 
     # -- serving ---------------------------------------------------------------------------------
     async def serve(self, cfg: dict) -> int:
-        api = self.api
         engine = Engine(cfg)
         server = Server(cfg, engine)
-        log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
+        # With several API servers (the default with DP) each one logs its own start, prefixed
+        # "ApiServer_<i>" (while its process title is VLLM::APIServer_<i>), as the real server does.
+        apis = ([(f"ApiServer_{i}", p.pid) for i, p in enumerate(getattr(self, "api_procs", []))]
+                or [self.api])
         addr = cfg["host"] or "0.0.0.0"
-        log(api, "INFO", "entry.py:139", f"Starting vLLM server on http://{addr}:{cfg['port']}")
-        log(api, "INFO", "launcher.py:188", "Available routes are:")
-        for path, methods in Server.ROUTES:
-            log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
+        for api in apis:
+            log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
+            log(api, "INFO", "entry.py:139", f"Starting vLLM server on http://{addr}:{cfg['port']}")
+            log(api, "INFO", "launcher.py:188", "Available routes are:")
+            for path, methods in Server.ROUTES:
+                log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
         self.sock.listen(1024)
         self.sock.setblocking(False)
         srv = await asyncio.start_server(server.handle, sock=self.sock, limit=1 << 22)
-        log_raw(api, f"INFO:     Started server process [{os.getpid()}]")
-        log_raw(api, "INFO:     Waiting for application startup.")
-        log_raw(api, "INFO:     Application startup complete.")
+        for _name, pid in apis:
+            log_uvicorn(f"INFO:     Started server process [{pid}]")
+            log_uvicorn("INFO:     Waiting for application startup.")
+            log_uvicorn("INFO:     Application startup complete.")
         self.ready = asyncio.get_running_loop().create_future()
         if self.fault == "die-after-ready":
             asyncio.get_running_loop().call_later(3.0, self.die, server)
@@ -1654,9 +1685,9 @@ class Launch:
         self.stopping = True
         if getattr(self, "ready", None) is not None:
             log(self.api, "INFO", "launcher.py:251", "Shutting down FastAPI HTTP server.")
-            log_raw(self.api, "INFO:     Shutting down")
-            log_raw(self.api, "INFO:     Waiting for application shutdown.")
-            log_raw(self.api, "INFO:     Application shutdown complete.")
+            log_uvicorn("INFO:     Shutting down")
+            log_uvicorn("INFO:     Waiting for application shutdown.")
+            log_uvicorn("INFO:     Application shutdown complete.")
         self.stop_holders()
         if getattr(self, "ready", None) is not None:
             self._finish(0)
@@ -1672,6 +1703,8 @@ async def run_serve(args, fault) -> int:
     run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
     try:
         cfg = launch.configure()
+        if cfg["api_servers"] > 1:   # the API servers are processes of their own: this is vLLM's main
+            launch.api = ("MainProcess", os.getpid())
         if run_file.parent.is_dir():   # lets `vllm-orch sim status/down` find simulated servers
             run_file.write_text(json.dumps({
                 "pid": os.getpid(), "start_time": proc_start_time(os.getpid()),

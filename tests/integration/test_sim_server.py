@@ -91,7 +91,7 @@ def test_start_probes_and_serving(sim_host):
         assert re.search(r"^\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[entry\.py:139\] ",
                          log, re.M)
         assert re.search(r"^\(Worker_TP7 pid=\d+\) INFO ", log, re.M)
-        assert re.search(r"^\(EngineCore_DP0 pid=\d+\) INFO .*GPU KV cache size: [\d,]+ tokens",
+        assert re.search(r"^\(EngineCore pid=\d+\) INFO .*GPU KV cache size: [\d,]+ tokens",
                          log, re.M)
 
         status, body = get(srv.url("/health"))
@@ -108,7 +108,7 @@ def test_start_probes_and_serving(sim_host):
                         "max_tokens": 200})
         out = json.loads(body)
         msg = out["choices"][0]["message"]
-        assert msg["content"] == "4" and msg["reasoning_content"]
+        assert msg["content"] == "4" and msg["reasoning"]
         assert out["choices"][0]["finish_reason"] == "stop"
         details = out["usage"]["completion_tokens_details"]["reasoning_tokens"]
         assert out["usage"]["completion_tokens"] == details + 1
@@ -121,14 +121,14 @@ def test_start_probes_and_serving(sim_host):
         assert chunks[-1] == "[DONE]"
         assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
         kinds = [next(iter(c["choices"][0]["delta"])) for c in chunks[1:-2]]
-        assert kinds[0] == "reasoning_content" and kinds[-1] == "content"
-        assert kinds == sorted(kinds, key=lambda k: k != "reasoning_content")
+        assert kinds[0] == "reasoning" and kinds[-1] == "content"
+        assert kinds == sorted(kinds, key=lambda k: k != "reasoning")
         assert chunks[-3]["choices"][0]["finish_reason"] == "stop"
         usage = chunks[-2]["usage"]
         assert chunks[-2]["choices"] == []
         assert usage["completion_tokens"] == len(kinds)
         assert usage["completion_tokens_details"]["reasoning_tokens"] == kinds.count(
-            "reasoning_content")
+            "reasoning")
 
         # max_tokens / min_tokens / ignore_eos
         _, body = post(srv.url("/v1/chat/completions"),
@@ -353,7 +353,7 @@ def _stream_rate(port, n_tokens, results, i):
                                 "messages": [{"role": "user", "content": "Tell me a story."}]})
     times = [t for t, c in events if c != "[DONE]" and c["choices"]
              and c["choices"][0]["delta"].get("content", c["choices"][0]["delta"].get(
-                 "reasoning_content")) is not None and "role" not in c["choices"][0]["delta"]]
+                 "reasoning")) is not None and "role" not in c["choices"][0]["delta"]]
     results[i] = (len(times), times[0], times[-1])
 
 

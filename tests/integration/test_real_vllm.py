@@ -1,0 +1,295 @@
+"""deploy, status, logs, bench, swap with rollback, leftover cleanup and data parallel against a REAL
+vLLM: vLLM's CPU build on a simulated process host (`vllm-orch sim up --real-vllm`), serving the tiny
+random-weight models the simulated Hub mirror publishes (downloaded by the real huggingface_hub).
+
+The tests share one host and run in file order: each starts from what the previous one left (a
+real start is ~30 s on two idle cores) but establishes what it needs itself. The host's inventory
+entry skips preflight's torch-cuda check: the CPU build's torch really is a CPU build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from orchestrator.config.manifest import Manifest
+from orchestrator.host.facts import gather
+from orchestrator.host.services import Service
+from orchestrator.host.state import read_history
+from orchestrator.ops.status import host_status
+from orchestrator.probe import logsig
+from orchestrator.probe.readiness import GATES
+from orchestrator.sim.tinymodel import MODELS, train_vocab
+from tests.plugins.real_vllm import READY_TIMEOUT
+
+from .deployhelp import SHIPPED, cli_env, deploy, entry, free_port, swap, write_models
+from .vllm_contract import request
+
+pytestmark = pytest.mark.real_vllm
+
+RUN = dict(budget_s=READY_TIMEOUT, poll_s=0.5)
+PORT_A, PORT_B, PORT_DP = free_port(), free_port(), free_port()
+
+
+def tiny(base: str, port: int, **changes) -> Manifest:
+    """A shipped tiny manifest on its own port, with nested changes ({"vllm": {...}} merged)."""
+    data = SHIPPED[base].model_dump()
+    data["serving"]["port"] = port
+    for section, values in changes.items():
+        if isinstance(values, dict):
+            data[section].update(values)
+        else:
+            data[section] = values
+    return Manifest.model_validate(data)
+
+
+A = tiny("tiny-llama-a", PORT_A)
+B = tiny("tiny-llama-b", PORT_B)
+# The real parser accepts it; the engine refuses at start (4 KV blocks < one 1024-token request).
+A_BROKEN = tiny("tiny-llama-a", PORT_A, vllm={"extra_args": ["--enforce-eager", "--num-gpu-blocks-override", "4"]})
+DP = tiny("tiny-llama-a", PORT_DP, name="tiny-dp2",
+          serving={"gpus": 2, "gpu_ids": [0, 1], "served_model_name": "tiny-dp2"},
+          vllm={"data_parallel_size": 2, "gpu_memory_utilization": 0.05, "max_model_len": 2048,
+                "extra_args": ["--enforce-eager", "--num-gpu-blocks-override", "64"]})
+
+
+def running(host, e, name: str) -> bool:
+    return Service.for_host(host.host, e, name).state().active
+
+
+def ensure_deployed(host, m: Manifest) -> None:
+    e = entry(host)
+    if not running(host, e, m.name):
+        for other in ("tiny-llama-a", "tiny-llama-b", "tiny-dp2"):
+            if other != m.name and running(host, e, other):
+                cli(host, "stop", other)
+        r = deploy(e, m, **RUN)
+        assert r.ok, r.error
+
+
+def cli(host, *args: str, models: list[Manifest] = (A, B, DP), timeout: float = 300) -> subprocess.CompletedProcess:
+    folder = write_models(host.home / "models", list(models))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args, "--host", "sim"],
+                          env=cli_env(host, folder), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def bench(host, m: Manifest, out, concurrency: str, seconds: float) -> dict:
+    cli(host, "bench", "--model", m.name, "-c", concurrency, "--max-tokens", "24", "--ignore-eos",
+        "--duration", str(seconds), "--warmup", "0", "--min-requests", "2", "--out", str(out),
+        models=[m])
+    return json.loads((out / "result.json").read_text())
+
+
+def log_lines(host, m: Manifest) -> list[str]:
+    return Service.for_host(host.host, entry(host), m.name).tail(400)
+
+
+# -- deploy, status, logs ---------------------------------------------------------------------------
+def test_deploy_passes_every_gate_then_status_and_logs_tell_the_truth(real_vllm_host):
+    e = entry(real_vllm_host)
+    r = deploy(e, A, **RUN)
+    assert r.ok, r.error
+    gates = r.extra["history"]["gates"]
+    assert list(gates) == list(GATES), gates
+    print(f"\nFIGURE real vLLM deploy of tiny-llama-a: ready {gates['smoke test']:.1f} s after start")
+    smoke = r.extra["history"]["smoke"]
+    words = smoke.split("'")[1].split()
+    assert len(words) == A.probes.smoke_max_tokens and set(words) <= set(train_vocab(MODELS[A.source.repo].sentences))
+
+    st = host_status(e)
+    assert (st.state, st.active_model, st.served_name, st.port) == ("ready", "tiny-llama-a", "tiny-llama-a", PORT_A)
+    assert st.kv_cache_usage == 0.0 and st.requests_running == 0.0     # read from the real /metrics
+    assert st.vllm_version == "0.32.0+cpu"
+    titles = sorted(p["name"] for p in st.gpu_processes)
+    assert titles == ["VLLM::EngineCore", "VLLM::Worker"], st.gpu_processes
+    assert all(p["owner"] == "tiny-llama-a" and p["gpu"] == 0 for p in st.gpu_processes)
+
+    lines = log_lines(real_vllm_host, A)
+    assert any("Application startup complete." in line for line in lines)
+    assert any("Loading weights took" in line for line in lines)
+    assert not [line for line in lines if logsig.fatal_in(line)]
+    out = cli(real_vllm_host, "logs", "tiny-llama-a").stdout
+    assert "Starting vLLM server on http://127.0.0.1:" in out and "POST /v1/chat/completions" in out
+
+
+def test_bench_host_counts_real_usage_and_real_metric_deltas(real_vllm_host, tmp_path):
+    ensure_deployed(real_vllm_host, A)
+    result = bench(real_vllm_host, A, tmp_path / "bench", "1,2", 3)
+    assert result["metadata"]["server_version"] == "0.32.0"
+    for level in result["levels"]:
+        tokens, server = level["tokens"], level["server_metrics"]
+        assert set(tokens["tokens_source"]) == {"usage"}, tokens     # every count from a usage block
+        assert tokens["completion"]["max"] == tokens["completion"]["min"] == 24     # --ignore-eos
+        assert server["available"], server
+        # Only this client talks to the server: its counter moved by exactly what usage reported.
+        assert server["generation_tokens_delta"] == server["client_completion_tokens"] > 0, server
+        assert server["prompt_tokens_delta"] > 0 and server["request_success_delta"] > 0
+        assert level["throughput"]["output_tok_s"] > 0
+
+
+# -- leftovers of a killed server ---------------------------------------------------------------------
+def test_sigkill_of_the_api_server_then_deploy_kills_the_orphans_and_starts(real_vllm_host):
+    ensure_deployed(real_vllm_host, A)
+    e = entry(real_vllm_host)
+    api = Service.for_host(real_vllm_host.host, e, A.name).state().main_pid
+    before = {p["pid"]: p["name"] for p in host_status(e).gpu_processes}
+    assert sorted(before.values()) == ["VLLM::EngineCore", "VLLM::Worker"]
+    os.kill(api, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Service.for_host(real_vllm_host.host, e, A.name).state().active and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st = host_status(e)
+    assert st.state == "failed"
+    left = {p["pid"]: (p["name"], p["kind"], p["left_by"]) for p in st.gpu_processes}
+    # vLLM itself leaves them: SIGKILL of the API server does not reach the engine and worker.
+    assert left == {pid: (name, "left behind", "tiny-llama-a") for pid, name in before.items()}, left
+
+    r = deploy(e, A, **RUN)
+    assert r.ok, r.error
+    gpus = [x for x in r.outcome.results if x.step == "gpus"][0]
+    assert "killed 2 processes" in gpus.result, gpus
+    for pid in before:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    after = host_status(e)
+    assert after.state == "ready" and not set(before) & {p["pid"] for p in after.gpu_processes}
+
+
+# -- swap ------------------------------------------------------------------------------------------
+def test_swap_between_the_tiny_models_then_rollback_when_the_new_one_fails(real_vllm_host):
+    ensure_deployed(real_vllm_host, A)
+    e = entry(real_vllm_host)
+    r = swap(e, B, {"tiny-llama-a": A, "tiny-llama-b": B}, **RUN)
+    assert r.ok, r.error
+    st = host_status(e)
+    assert (st.state, st.active_model, st.port) == ("ready", "tiny-llama-b", PORT_B)
+    status, _h, body = request(PORT_B, "POST", "/v1/chat/completions",
+                               {"model": "tiny-llama-b", "messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 6, "temperature": 0})
+    answer = json.loads(body)["choices"][0]["message"]["content"].split()
+    assert status == 200 and len(answer) == 6
+    assert set(answer) <= set(train_vocab(MODELS[B.source.repo].sentences))   # B's own vocabulary
+
+    r = swap(e, A_BROKEN, {"tiny-llama-a": A_BROKEN, "tiny-llama-b": B}, **RUN)
+    assert not r.ok
+    st = host_status(e)
+    assert (st.state, st.active_model, st.port) == ("ready", "tiny-llama-b", PORT_B), st
+    assert not running(real_vllm_host, e, "tiny-llama-a")
+    history = read_history(real_vllm_host.host, e)
+    failed = [h for h in history if h["operation"] == "swap"][-1]
+    # The engine's own refusal, read from the real log as the root cause (probe/logsig.py).
+    assert failed["ok"] is False and failed.get("failure_kind") == "fatal-log", failed
+    assert "To serve at least one request with the model's max seq len (1024)" in failed["root_cause"]
+    assert history[-1]["operation"] == "rollback" and history[-1]["ok"] is True, history[-1]
+
+
+# -- data parallel ---------------------------------------------------------------------------------------
+def _engine_series(port: int, name: str) -> dict[str, float]:
+    text = request(port, "GET", "/metrics")[2].decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            engine = line.split('engine="')[1].split('"')[0]
+            out[engine] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _long_streams(port: int, served: str, n: int, tokens: int, prompt_words: int = 0) -> list[threading.Thread]:
+    body = {"model": served, "messages": [{"role": "user", "content": "talk " + "river " * prompt_words}],
+            "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    threads = [threading.Thread(target=request, args=(port, "POST", "/v1/chat/completions", body),
+                                kwargs={"timeout": 120}, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_data_parallel_service_two_engines_every_process_is_the_services(real_vllm_host, tmp_path):
+    ensure_deployed(real_vllm_host, DP)
+    e = entry(real_vllm_host)
+    st = host_status(e)
+    assert (st.state, st.active_model) == ("ready", "tiny-dp2"), st
+    procs = {p["name"]: p for p in st.gpu_processes}
+    assert {"VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"} <= set(procs), st.gpu_processes
+    assert procs["VLLM::EngineCore_DP0"]["gpu"] == 0 and procs["VLLM::EngineCore_DP1"]["gpu"] == 1
+    assert all(p["owner"] == "tiny-dp2" for p in st.gpu_processes), st.gpu_processes
+    # The GPU-ownership rule: every process of the service - GPU holders and the API servers bound
+    # to its port - is the service's; DPCoordinator runs in the same process group.
+    facts = gather(real_vllm_host.host, e, ["tiny-dp2"], ports=[PORT_DP])
+    assert facts.procs and all(p.owner == "tiny-dp2" for p in facts.procs)
+    assert facts.ports[PORT_DP] and all(p.owner == "tiny-dp2" for p in facts.ports[PORT_DP])
+    leader = facts.services["tiny-dp2"].main_pid
+    group = [open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0].decode()
+             for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == leader]
+    assert "VLLM::DPCoordinator" in group and "VLLM::APIServer_0" in group, group
+
+    result = bench(real_vllm_host, DP, tmp_path / "bench", "2", 3)
+    level = result["levels"][0]
+    server = level["server_metrics"]
+    # Counters are summed over the two engines: the sum is what the client received.
+    assert server["generation_tokens_delta"] == server["client_completion_tokens"] > 0, server
+    per_engine = _engine_series(PORT_DP, "vllm:generation_tokens_total")
+    assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values()), per_engine
+    kv = server["kv_cache_usage_perc"]
+    assert kv["max_during"] is None or 0 <= kv["max_during"] <= 1
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, OSError):
+        return None
+
+
+def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host):
+    """One request per engine: a 1100-word prompt (its KV at once) and 900 tokens more (~6 s, longer
+    than status takes). KV usage only grows while both run, so status's figure lies between the
+    per-engine means scraped just before and just after it, which are less than 2x apart
+    ((1100 + 900) / 1100): a sum, at least twice the first, cannot."""
+    ensure_deployed(real_vllm_host, DP)
+    e = entry(real_vllm_host)
+    for attempt in range(4):
+        threads = _long_streams(PORT_DP, "tiny-dp2", 2, 900, prompt_words=1100)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and set(_engine_series(
+                    PORT_DP, "vllm:num_requests_running").values()) != {1.0}:
+                time.sleep(0.1)
+            before = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+            st = host_status(e)
+            after = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+            both_ran = set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
+        finally:
+            for t in threads:
+                t.join(120)
+        if both_ran and min(before.values()) > 0:
+            break
+    else:
+        pytest.fail("could not hold one request on each engine while status ran")
+    low, high = sum(before.values()) / 2, sum(after.values()) / 2
+    assert low - 1e-9 <= st.kv_cache_usage <= high + 1e-9, (st.kv_cache_usage, before, after)
+
+
+# -- a keyed model ----------------------------------------------------------------------------------
+def test_keyed_model_passes_every_gate_and_refuses_requests_without_the_key(real_vllm_host, monkeypatch):
+    keyed = tiny("tiny-llama-a", PORT_A, serving={"secret_env": ["VLLM_API_KEY"], "port": PORT_A})
+    monkeypatch.setenv("VLLM_API_KEY", "real-vllm-test-key")
+    e = entry(real_vllm_host)
+    for other in ("tiny-llama-a", "tiny-llama-b", "tiny-dp2"):
+        if running(real_vllm_host, e, other):
+            cli(real_vllm_host, "stop", other)
+    r = deploy(e, keyed, **RUN)
+    assert r.ok, r.error
+    assert list(r.extra["history"]["gates"]) == list(GATES)
+    assert request(PORT_A, "GET", "/v1/models")[0] == 401
+    assert request(PORT_A, "GET", "/v1/models", key="real-vllm-test-key")[0] == 200
+    st = host_status(e)
+    assert st.state == "ready", st

@@ -1,0 +1,151 @@
+"""Fixtures: a REAL vLLM server (vLLM's CPU build) and simulated hosts whose vLLM it is.
+
+  real_vllm         (session) {"venv", "vllm", "python", "version"} of the cached venv with vLLM's CPU
+                     build (orchestrator/devtools/real_vllm_venv.py): ~2.5 min cold, instant when
+                     cached. With CI=true a failed build FAILS the tests; elsewhere they skip only
+                     when no package index is reachable.
+  real_vllm_host    (module) a SIMULATED process host whose vLLM is the real one (`sim up --real-vllm`)
+                     in a private sim home; `sim down` at the end stops every process it ran.
+  tiny_model        (session) factory: tiny_model("vllm-orch-sim/tiny-llama-a") -> a model folder
+                     written by orchestrator/sim/tinymodel.py (the same bytes the hub mirror serves).
+  RealServer        `<venv>/bin/vllm serve DIR ARGS --port P` started by hand in its own session,
+                     for tests about the server itself; stop() ends its whole process group.
+
+Tests that use these carry the `real_vllm` marker. The machine has few cores: keep real servers
+few and short-lived, and share one across tests where a fresh one is not the point.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.devtools import cached_venv, real_vllm_venv
+from orchestrator.host.local import LocalHost
+from orchestrator.sim import manager
+from orchestrator.sim.tinymodel import write_model
+
+from .sim_hosts import SimHost
+
+BUILD_TIMEOUT = 1800     # the first test that needs the venv may build it (pyproject: 300 s a test)
+READY_TIMEOUT = 240.0    # a real start is ~30 s on an idle 2-core machine; several times that when busy
+
+
+def pytest_collection_modifyitems(config, items):
+    if real_vllm_venv.is_built():
+        return
+    for item in items:
+        if item.get_closest_marker("real_vllm"):
+            item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
+            break
+
+
+@pytest.fixture(scope="session")
+def real_vllm() -> dict:
+    try:
+        real_vllm_venv.ensure_venv()
+    except real_vllm_venv.BuildError as exc:
+        if exc.offline and not cached_venv.in_ci():
+            pytest.skip(f"cannot build vLLM's CPU build venv (no package index reachable): {exc}")
+        pytest.fail(f"building vLLM's CPU build venv failed: {exc}\n{exc.log[-4000:]}")
+    return manager.real_vllm_env(build=False)
+
+
+@pytest.fixture(scope="module")
+def real_vllm_host(real_vllm, tmp_path_factory):
+    old = os.environ.get("VLLM_ORCH_STATE_HOME")
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(tmp_path_factory.mktemp("real-vllm-state"))
+    home = manager.sim_home()
+    manager.up(1, speed=2000, real_vllm=True, home=home)
+    try:
+        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        yield SimHost("sim", manager.host_dir("sim", home), entry,
+                      LocalHost("sim", env=entry["env"]), home)
+    finally:
+        manager.down(home)
+        if old is None:
+            os.environ.pop("VLLM_ORCH_STATE_HOME", None)
+        else:
+            os.environ["VLLM_ORCH_STATE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    made: dict[str, Path] = {}
+
+    def make(repo: str = "vllm-orch-sim/tiny-llama-a") -> Path:
+        if repo not in made:
+            made[repo] = write_model(tmp_path_factory.mktemp("tiny") / repo.split("/")[-1], repo)
+        return made[repo]
+    return make
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RealServer:
+    """The real `vllm serve` of the CPU build, by hand: output in a file, its own process group."""
+
+    def __init__(self, real: dict, model: Path, args: list[str], *, env: dict | None = None,
+                 log_dir: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.log_path = log_dir / f"real-vllm-{self.port}.log"
+        full = {**os.environ, **real_vllm_venv.CPU_ENV, **(env or {})}
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [real["vllm"], "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                 "--max-model-len", "1024", "--enforce-eager", "--gpu-memory-utilization", "0.1",
+                 *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full,
+                cwd=str(model), start_new_session=True)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> float:
+        """Seconds from start to "Application startup complete." (the last start-up line)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if "Application startup complete." in self.log:
+                return time.monotonic() - t0
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited {self.proc.returncode}:\n{self.log[-4000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"vllm serve not ready after {timeout:.0f}s:\n{self.log[-4000:]}")
+
+    def wait_exit(self, timeout: float = READY_TIMEOUT) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)   # the group: engine and workers too
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
