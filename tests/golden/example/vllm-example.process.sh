@@ -1,9 +1,9 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of example for a host without systemd.
-# manifest sha256: 44c6022995660a67914e26dbb724f5476507640b13af30b309db21f7ddc9a17e
+# manifest sha256: 97fb9a0ad521afd6036908f5480f42229e62b604f9bf4ee778af0c330f3ebf67
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-example.env
 set +a
 cd /srv/models/example || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/example --served-model-name qwen3-8b --host 0.0.0.0 --port 8001 --tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.9 --kv-cache-dtype auto --tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3 --max-num-seqs 256 --enable-prefix-caching
+exec /srv/venv/bin/vllm serve /srv/models/example --served-model-name qwen3-8b --host 0.0.0.0 --port 8001 --tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.9 --kv-cache-dtype auto --tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3 --max-num-seqs 256 --enable-prefix-caching --shutdown-timeout 30

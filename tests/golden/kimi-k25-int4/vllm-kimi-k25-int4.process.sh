@@ -1,9 +1,9 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-int4 for a host without systemd.
-# manifest sha256: a22e482711385858bc54e4cd555b269c7d362de52b5dd2cac58b68d144562e8b
+# manifest sha256: 7248f0ad29ee33ab04628cee7daf0be9b076b2b788252a994f3fca67693759ea
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-int4.env
 set +a
 cd /srv/models/kimi-k25-int4 || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4 --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --decode-context-parallel-size 8 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching
+exec /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4 --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --decode-context-parallel-size 8 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching --shutdown-timeout 30

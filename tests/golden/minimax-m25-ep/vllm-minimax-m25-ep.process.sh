@@ -1,9 +1,9 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of minimax-m25-ep for a host without systemd.
-# manifest sha256: fc4a78ee27bd711de81b06266c7b577daf2a373f632b48477c3037920adf521f
+# manifest sha256: 48783be145534b99c0d555d8fa429e319009118d04a703fcf4d4ec589a7d2bac
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-minimax-m25-ep.env
 set +a
 cd /srv/models/minimax-m25-ep || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/minimax-m25-ep --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'
+exec /srv/venv/bin/vllm serve /srv/models/minimax-m25-ep --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --shutdown-timeout 30 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of minimax-m25 for a host without systemd.
-# manifest sha256: 2d34c3f3f4214178ebf68f28333c36afcc25952cea62505a07c01e2a0e1224b8
+# manifest sha256: c3bc050552314f0f901ae2304ef57e1effe198a821fe315836c709ebaf134ccd
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-minimax-m25.env
 set +a
 cd /srv/models/minimax-m25 || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/minimax-m25 --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 4 --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'
+exec /srv/venv/bin/vllm serve /srv/models/minimax-m25 --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 4 --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --shutdown-timeout 30 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'
