@@ -25,6 +25,7 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -124,6 +125,10 @@ def unit_show(unit, prop):
 
 
 def cmd_ready(a):
+    # systemd signals this process too when the unit is stopped while it loads (or its start
+    # times out): that ends the wait, it is no failure of ours (exit 0: a stopped unit ends
+    # `inactive`, not `failed`; a timeout keeps systemd's own Result=timeout)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     main_pid = int(os.environ.get("MAINPID") or 0) or int(unit_show(a.unit, "MainPID") or 0)
     t0 = time.monotonic()
     say("waiting until port %d answers: %s 200, %s listed, a one-token completion (TimeoutStartSec= "
@@ -219,7 +224,7 @@ def main(argv=None):
         s.add_argument("--served-name", required=True)
         s.add_argument("--health-path", default="/health")
         s.add_argument("--timeout", type=float, default=30.0)
-    sub.choices["ready"].add_argument("--poll", type=float, default=2.0)
+    sub.choices["ready"].add_argument("--poll", type=float, default=1.0)
     check = sub.choices["check"]
     check.add_argument("--model", required=True)
     check.add_argument("--failures", type=int, default=3)
