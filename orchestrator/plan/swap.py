@@ -95,8 +95,11 @@ def plan_swap(inp: PlanInput) -> Plan:
     plan.add(boot_action(inp, old_enabled))
     enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
     plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
-    if old is not None and (stop is not None or half):
-        # resuming a half-done swap: the new service was started by the run that was cut short
+    # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
+    # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
+    # its rollback stops the new service although the run that was cut short started it.
+    going_back = half is not None and m.name == (f.half_swap or {}).get("from")
+    if old is not None and (stop is not None or half) and not going_back:
         plan.recover(stop or gpus, f"roll back to {old.name}", rollback_actions(inp, new_started_before=stop is None))
     return plan
 
@@ -127,12 +130,10 @@ def rollback_actions(inp: PlanInput, new_started_before: bool = False) -> list[A
                service.release_action(old.manifest.serving.visible_devices, f"for {old.name}"),
                service.start_service_action(entry, old.name, summary=f"start {old.name} with its previous unit"),
                service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
-    new_was_enabled = service.enabled_at_boot(f, new.name)
-    boot = service.boot_action(entry, old.name if old_enabled else None, [] if new_was_enabled else [new.name],
-                               f"{old.name} starts at boot again" if old_enabled else
-                               f"{new.name} does not start at boot")
-    if old_enabled:
-        actions.append(boot)
+    if old_enabled:       # the boot step may have run: the old model starts at boot again, the new not
+        keep_new = service.enabled_at_boot(f, new.name)
+        actions.append(service.boot_action(entry, old.name, [] if keep_new else [new.name],
+                                           f"{old.name} starts at boot again"))
     actions.append(service.forget_swap_action(entry, f"{old.name} serves again"))
     return actions
 

@@ -248,3 +248,12 @@ def test_a_half_done_swap_refuses_deploy_and_other_swaps_and_says_what_to_run():
         assert f"{old} is stopped, {new} is stopped" in str(plan.refusal)
         assert f"vllm-orch swap {new} --host gpu1" in plan.refusal.hint
         assert f"vllm-orch swap {old} --host gpu1" in plan.refusal.hint
+
+
+def test_going_back_from_a_half_done_swap_has_no_rollback_to_the_model_that_never_served():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    f = half_done_facts(old, new, ServiceState(active=True, main_pid=2000, ready=False, enabled=False))
+    plan = plan_swap(inp(svc(old, installed=True), f, download(0, 547 * 10 ** 9), old=svc(new, installed=True)))
+    steps = [a.step for a in plan.actions]
+    assert plan.refusal is None and steps.index("stop") < steps.index("start") and not plan.recoveries
+    assert plan.actions[steps.index("stop")].summary.startswith(f"stop {new}")
