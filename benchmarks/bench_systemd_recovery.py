@@ -64,11 +64,16 @@ def cold_start(e: HostEntry, unit: str) -> float:
     return time.monotonic() - t0
 
 
+def sigint_default() -> None:
+    """Ctrl-C must reach the CLI even when this script runs in the background (SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ctrl_c_during_swap(e, home, env, old, new) -> float:
     manager.add_fault("sim", "hang", model=new.name, home=home)
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "swap", new.name, "--host", "sim"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)
     for line in proc.stdout:
         if "] ready:" in line:
             break

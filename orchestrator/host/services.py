@@ -1,8 +1,9 @@
 """Running a model service on a host: systemd units, or a start script + PID file (`process`).
 
 Both give the same operations, as printable commands where a plan shows them: start, stop,
-state, log reading from a cursor (journal cursor or byte offset). `process` mirrors systemd's
-KillMode=control-group by signalling the whole process group (the TP workers are in it).
+state, log reading from a cursor (journal cursor or byte offset). `process` mirrors the units'
+KillMode=mixed: SIGTERM to the main process, then SIGKILL to the whole process group (the TP
+workers are in it).
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class SystemdService(Service):
 class ProcessService(Service):
     """Hosts without systemd: `setsid` start script, PID file, group kill, a log file."""
 
-    STOP_WAIT_S = 30
+    STOP_WAIT_S = 120      # vLLM's drain (--shutdown-timeout, 30 s by default) and its teardown
 
     @property
     def script(self) -> str:
@@ -225,18 +226,23 @@ class ProcessService(Service):
             display=f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &  (PID into {q(self.pidfile)})")]
 
     def stop_commands(self) -> list[Command]:
+        """Like the units' KillMode=mixed: SIGTERM to vLLM's main process only (it drains and stops
+        its workers itself; workers signalled directly die at once and fail the requests in flight),
+        the whole process group after STOP_WAIT_S. A main process already gone leaves orphans: the
+        group gets SIGTERM at once."""
         q = shlex.quote
         # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
+        main_alive = "S=$(ps -o stat= -p $P 2>/dev/null) && [ -n \"$S\" ] && [ \"${S#Z}\" = \"$S\" ]"
         return [Script(
             f"P=$(cat {q(self.pidfile)} 2>/dev/null) || exit 0; "
-            f"pkill -TERM -g $P; i=0; "
+            f"if {main_alive}; then kill -TERM $P; else pkill -TERM -g $P; fi; i=0; "
             f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
             f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
             f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
             f"rm -f {q(self.pidfile)}",
-            display=f"kill -TERM the process group in {self.pidfile}; wait up to {self.STOP_WAIT_S}s; "
-                    f"kill -KILL what is left")]
+            display=f"kill -TERM the main process in {self.pidfile} (it stops its workers); wait up to "
+                    f"{self.STOP_WAIT_S}s; kill -KILL what is left of its process group")]
 
     def state(self) -> ServiceState:
         q = shlex.quote

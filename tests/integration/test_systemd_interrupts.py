@@ -48,10 +48,17 @@ def cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd=str(REPO))
 
 
+def sigint_default() -> None:
+    """A process started in the background by a shell ignores SIGINT, and so would Python (and
+    this CLI) then: a test run in the background must still be able to send Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_swap(env, model: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "swap", model, "--host", "sim"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
-                            start_new_session=True)       # a signal reaches the CLI only, as `kill` does
+                            start_new_session=True,       # a signal reaches the CLI only, as `kill` does
+                            preexec_fn=sigint_default)
 
 
 def read_until(proc: subprocess.Popen, marker: str, seen: list[str]) -> None:
