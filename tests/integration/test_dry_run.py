@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.probe.api import health
+from orchestrator.probe.api import Endpoint, health
 from tests.integration.deployhelp import cli_env, deploy, entry, on_port, write_models
 from tests.unit.test_cli import HOST_CHANGING
 
@@ -61,5 +61,5 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     assert snapshot(sim_host.dir) == before                                # ...and nothing is written
     assert (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip() == server_pid
     os.kill(int(server_pid), 0)                                            # the service still runs
-    assert health(sim_host.host, kimi.serving.port) == 200
+    assert health(Endpoint(sim_host.host, kimi.serving.port)) == 200
     assert old.is_dir()
