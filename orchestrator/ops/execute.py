@@ -147,15 +147,12 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
     """Run actions in order; the first OrchestratorError stops them and is returned."""
     for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
-        if action.noop:
-            if action.run is not None:
-                action.run(env)
-            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
-            reporter.step_skip(label(i), total, action)
-            continue
-        reporter.step_start(label(i), total, action)
-        try:
-            if action.run is not None:
+        if not action.noop:
+            reporter.step_start(label(i), total, action)
+        try:                     # a no-op runs only its bookkeeping `run`, which can fail or be interrupted too
+            if action.noop:
+                result = action.run(env) if action.run is not None else None
+            elif action.run is not None:
                 result = action.run(env)
             else:
                 for cmd in action.commands:
@@ -176,6 +173,10 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
         except BaseException:
             reporter.close()
             raise
+        if action.noop:
+            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
+            reporter.step_skip(label(i), total, action)
+            continue
         res = StepResult(action.step, "done", action.summary, time.monotonic() - t0, result)
         results.append(res)
         reporter.step_end(res)
