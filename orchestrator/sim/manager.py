@@ -276,8 +276,13 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
             if not (box and alive(box["pid"], box.get("start_time"))):
                 tree = tree or nspawn.ensure_tree(_tree_cache(nspawn))
                 # a persistent root: what vllm-orch installs survives `sim reboot`, as on a real host
-                box = dict(nspawn.boot(rec["machine"], rec["index"], hdir, tree, hub_port=hub_port,
-                                       persistent=True))
+                try:
+                    box = dict(nspawn.boot(rec["machine"], rec["index"], hdir, tree, hub_port=hub_port,
+                                           persistent=True))
+                except BaseException:      # not recorded yet, so `sim down` could not stop the mirror
+                    if hub and "hub mirror" in " ".join(started):
+                        stop_pid(hub["pid"], hub["start_time"])
+                    raise
                 box["start_time"] = start_time(box["_pid"])
                 box["pid"] = box["_pid"]
                 rec["processes"]["nspawn"] = box

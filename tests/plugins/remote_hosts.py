@@ -121,10 +121,10 @@ def systemd_sim(tmp_path_factory):
     mp.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path_factory.mktemp("sim-systemd")))
     home = manager.sim_home()
     started = time.monotonic()
-    manager.up(1, speed=2000, systemd=True, home=home)
-    _timed("sim up --systemd", started)
-    entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
     try:
+        manager.up(1, speed=2000, systemd=True, home=home)
+        _timed("sim up --systemd", started)
+        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
         yield home, HostEntry.model_validate({**entry, "name": "sim"})
     finally:
         manager.down(home)
