@@ -1,7 +1,7 @@
 """One error tree. The CLI is the only place that catches these; each carries a user-facing message.
 
 Exit codes (documented in docs/user-guide.md):
-  0 ok, 1 failed, 2 bad input, 3 refused by a safety check.
+  0 ok, 1 failed, 2 bad input, 3 refused by a safety check, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -54,3 +54,10 @@ class DeployFailed(OrchestratorError):
     """A step of a plan failed (start-up crash, gate timeout, download error...)."""
 
     exit_code = 1
+
+
+class Interrupted(OrchestratorError):
+    """Ctrl-C, SIGTERM or SIGHUP stopped an operation part-way; the plan's recovery branch for the
+    step it stopped in ran (or was abandoned by a second interrupt)."""
+
+    exit_code = 130

@@ -8,6 +8,7 @@ by the commands that use them, so `vllm-orch --help` and `vllm-orch models` star
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,8 +104,22 @@ def cli(ctx, models_dir, inventory_path, debug):
     ctx.obj = AppContext(models_dir=models_dir, inventory_path=inventory_path, debug=debug)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM (kill, a CI runner, systemd) and SIGHUP (the terminal or the SSH session to this
+    machine went away) stop an operation the way Ctrl-C does: the running step fails and the plan's
+    recovery branch runs (a swap's rollback puts the old model back) instead of the process
+    vanishing half way. See orchestrator.ops.execute."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    interrupt_on_termination()
     try:
         cli.main(args=argv, prog_name="vllm-orch", standalone_mode=False)
     except OrchestratorError as err:

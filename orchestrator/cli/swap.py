@@ -21,7 +21,8 @@ from orchestrator.cli.options import (
 
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
                                  "see the rollback line), 2 bad input, 3 refused by a safety check or for "
-                                 "want of --yes (nothing changed)."))
+                                 "want of --yes (nothing changed), 130 interrupted (the rollback ran: see its "
+                                 "line)."))
 @model_argument()
 @host_options
 @dry_run_option()
@@ -38,7 +39,11 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
     both), then the old one is stopped, its GPUs are checked free, the new one starts and must pass
     the readiness gates. If it fails any gate, it is stopped and the previous model is started again
     with its previous unit; its files are never deleted. Downtime (old stopped -> new ready) is
-    measured and reported.
+    measured and reported. Once the new model serves it takes the old one's start at boot.
+
+    Ctrl-C, SIGTERM or a lost terminal rolls back the same way (a second Ctrl-C abandons the
+    rollback). A swap cut short for good is shown by `vllm-orch status`; running swap again
+    finishes it.
 
     \b
     Examples:

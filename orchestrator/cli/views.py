@@ -145,6 +145,11 @@ def render_host_details(console, r: HostStatus) -> None:
     if r.port:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
     console.print(head)
+    if r.interrupted_swap:
+        console.print(f"  [bold red]half-done swap[/]: {escape(r.interrupted_swap['text'])}")
+        console.print(f"  [yellow]hint:[/] {escape(r.interrupted_swap['hint'])}")
+    for line in unit_lines(r):
+        console.print(f"  {line}", markup=False)
     if r.lock:
         console.print(f"  lock: {escape(str(r.lock.get('operation')))} by {escape(str(r.lock.get('holder')))} "
                       f"since {escape(str(r.lock.get('since')))}")
@@ -181,15 +186,45 @@ def render_host_details(console, r: HostStatus) -> None:
                       markup=False)
 
 
+def unit_lines(r: HostStatus) -> list[str]:
+    """The unit (systemd): its state and start at boot, the root cause of a failure, the health timer."""
+    out = []
+    if r.unit_state:
+        boot = "starts at boot" if r.enabled else "does not start at boot"
+        restarts = f"; restarted {r.restarts} time{'s' if r.restarts != 1 else ''} by systemd" if r.restarts else ""
+        out.append(f"unit: {r.unit_state}, {boot}{restarts}")
+    if r.root_cause:
+        out.append(f"root cause: {r.root_cause}")
+    last = (r.health or {}).get("last") or {}
+    if last.get("ok") is True:
+        out.append(f"health: ok {since_iso(last.get('at'))}" + (f" ({last['note']})" if last.get("note") else ""))
+    elif last.get("ok") is False:
+        n = int((r.health or {}).get("failures") or 0)
+        out.append(f"health: {n} failed check{'s' if n != 1 else ''} in a row, the last {since_iso(last.get('at'))}: "
+                   f"{last.get('reason')}")
+    if r.last_health_restart:
+        h = r.last_health_restart
+        out.append(f"health timer restarted it {since_iso(h.get('at'))}: {h.get('reason')}")
+    return out
+
+
 def history_details(rec: dict) -> str:
     """One line of what a history record says beyond its operation and result."""
     op = rec.get("operation")
     if rec.get("refused"):
         return f"refused: {rec['refused']}"
+    if op == "health-restart":
+        return f"restarted by its health timer: {rec.get('reason')}" + (
+            f" (restart failed: {rec['error']})" if rec.get("error") else "")
+    if rec.get("interrupted"):
+        return f"interrupted during {rec['interrupted']}" + (
+            f"; rollback {'done' if rec['rollback'].get('ok') else 'FAILED'}" if rec.get("rollback") else "") + (
+            "; left half done (status says what to run)" if rec.get("half_done") else "")
     if rec.get("error") or rec.get("root_cause"):
         return f"{rec.get('failure_kind', 'error')}: {rec.get('root_cause') or rec.get('error')}"
     if op == "gc":
-        names = ", ".join(d["name"] for d in rec.get("deleted") or []) or "nothing"
+        names = ", ".join(d["name"] + (" (unit disabled)" if d.get("disabled") else "")
+                          for d in rec.get("deleted") or []) or "nothing"
         kept = "; ".join(f"kept {k['name']}: {k['why']}" for k in rec.get("kept") or [])
         return f"deleted {names} ({fmt_bytes(rec.get('freed_bytes') or 0)})" + (f"; {kept}" if kept else "")
     if op == "stop":
@@ -201,6 +236,8 @@ def history_details(rec: dict) -> str:
             parts.append(f"killed {len(killed)} leftovers")
         if rec.get("gpus_free"):
             parts.append(str(rec["gpus_free"]))
+        if rec.get("disabled"):
+            parts.append("disabled at boot")
         return "; ".join(parts)
     if op == "bench":
         return ", ".join(f"{label} {rec[k]:.1f} tok/s" for k, label in BENCH_FIGURES.items()
@@ -264,6 +301,10 @@ def render_gc_plan(console, entry, plan, holder: dict | None) -> None:
         table.add_row(escape(c.name), fmt_bytes(c.bytes), fmt_ago(c.last_used), "yes" if c.verified else "no")
     console.print(table)
     console.print(f"total: {fmt_bytes(plan.bytes)}")
+    enabled = [c.name for c in plan.delete if c.enabled]
+    if enabled:
+        console.print(f"  their units start at boot and are disabled with the folders: {', '.join(enabled)}",
+                      markup=False)
 
 
 def render_stop_plan(console, entry, res, holder: dict | None, release_timeout: float) -> None:
@@ -287,6 +328,8 @@ def render_stop_plan(console, entry, res, holder: dict | None, release_timeout: 
             steps.append(f"kill what of it is still on {gpus} after the stop (SIGTERM, then SIGKILL)"
                          + (f"; there now: {there}" if there else ""))
             steps.append(f"wait up to {release_timeout:g}s until nvidia-smi shows their memory released")
+        if res.disabled:
+            steps.append("disable its unit at boot (it is enabled; a stopped model must not come back at reboot)")
         if res.cleared_active:
             steps.append(f"clear the active record ({res.model} is the active model)")
         lines += [f"  {i}. {text}" for i, text in enumerate(steps, 1)]

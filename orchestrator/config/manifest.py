@@ -41,6 +41,8 @@ DEFAULT_NO_PROGRESS_S = 600              # no new log line for 10 min: an NCCL h
 DEFAULT_ALLOW = ["*.safetensors", "*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "*.jinja",
                  "*.md"]
 DEFAULT_SMOKE_PROMPT = "What is 2+2? Answer with one number."
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30          # drain window on stop (vLLM --shutdown-timeout)
+SHUTDOWN_TIMEOUT_SINCE = "0.18.0"        # vllm PR #34730 added --shutdown-timeout (released in v0.18.0)
 
 
 def at(path: str, message: str) -> ValueError:
@@ -231,6 +233,11 @@ class VllmArgs(Strict):
     mm_encoder_tp_mode: str | None = Field(None, description="`--mm-encoder-tp-mode`, e.g. `data` (vision encoder data-parallel). Not with language_model_only.")
     language_model_only: bool = Field(False, description="`--language-model-only`: skip the vision encoder to free VRAM.")
     async_scheduling: bool | None = Field(None, description="`--async-scheduling` / `--no-async-scheduling`. Default: vLLM's.")
+    shutdown_timeout: int = Field(
+        DEFAULT_SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
+        description="`--shutdown-timeout`: on stop, vLLM stops taking requests and lets the ones in flight "
+                    "finish for up to this many seconds (0: abort them). The unit's TimeoutStopSec is this "
+                    "plus the teardown time. Needs vLLM >= 0.18.0 (vllm PR #34730) unless 0.")
     extra_args: list[str] = Field(
         default_factory=list,
         description="Further `vllm serve` arguments, one token per item (`[--max-num-seqs, '256']`). Each "
@@ -292,6 +299,14 @@ class Startup(Strict):
     no_progress_seconds: int = Field(
         DEFAULT_NO_PROGRESS_S, ge=5,
         description="Fail when the service log shows no new line for this long (an NCCL hang looks like that).")
+    restart_delay_seconds: int = Field(
+        60, ge=1, le=3600,
+        description="systemd RestartSec: wait this long before restarting a service that failed.")
+    start_attempts: int = Field(
+        3, ge=1, le=10,
+        description="systemd StartLimitBurst: starts (the first one and the automatic restarts) before the "
+                    "unit stays `failed`. The window is sized to this many full start-up budgets, so a "
+                    "failure late in a long load cannot restart forever.")
 
 
 class Probes(Strict):
@@ -305,6 +320,18 @@ class Probes(Strict):
         512, ge=1, le=32768,
         description="max_tokens of the smoke test. Reasoning models think first: leave room for it.")
     smoke_timeout_seconds: int = Field(120, ge=1, description="Time allowed for the smoke completion.")
+    health_interval_seconds: int = Field(
+        30, ge=1, le=3600,
+        description="The health timer (systemd hosts) probes the running service this often: /health and a "
+                    "one-token completion.")
+    health_timeout_seconds: int = Field(
+        30, ge=1, le=600,
+        description="Time the health timer's one-token completion may take. A timeout while /metrics shows "
+                    "tokens being generated is a busy server, not a failure.")
+    health_failures: int = Field(
+        3, ge=1, le=100,
+        description="Failed health checks in a row after which the service is restarted (recorded in the "
+                    "history with the reason).")
 
     @field_validator("health_path")
     @classmethod
@@ -517,6 +544,11 @@ class Manifest(Strict):
                     text = marked.group(2) if marked else msg
                     raise at(f"requires.hardware.{key}.vllm" + (f".{sub}" if sub else ""),
                              f"on {key}: {text}") from None
+        floor = _version_tuple(self.requires.min_vllm_version)     # 0.0.0: not declared (preflight asks the host)
+        if v.shutdown_timeout and any(floor) and floor < _version_tuple(SHUTDOWN_TIMEOUT_SINCE):
+            raise at("vllm.shutdown_timeout",
+                     f"--shutdown-timeout needs vLLM >= {SHUTDOWN_TIMEOUT_SINCE} (vllm PR #34730) but "
+                     f"requires.min_vllm_version is {self.requires.min_vllm_version}: raise it, or set 0")
         return self
 
     @property
@@ -526,6 +558,10 @@ class Manifest(Strict):
     @property
     def unit_name(self) -> str:
         return f"vllm-{self.name}.service"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
 
 
 # -- loading ------------------------------------------------------------------------------------

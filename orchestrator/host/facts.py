@@ -45,6 +45,7 @@ class HostFacts:
     services: dict[str, ServiceState]
     usage: dict[str, float]
     ports: dict[int, list[Proc]] = field(default_factory=dict)   # port -> processes bound to it
+    half_swap: dict | None = None   # swap.json: a swap that stopped its old model and has not ended
     raw: dict = field(repr=False, default_factory=dict)
 
     def running(self) -> list[str]:
@@ -99,7 +100,8 @@ def parse(raw: dict) -> HostFacts:
         disk_free=raw["disk"]["free"], gpus=gpus, gpu_error=gpu_error, driver_version=driver,
         cuda_version=cuda, procs=procs, vllm_version=raw["vllm"].get("version"),
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
-        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports, raw=raw)
+        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
+        half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None, raw=raw)
 
 
 def _proc(pid: int, info: dict, raw: dict, running: list[str], *, name: str | None = None,

@@ -1,8 +1,9 @@
 """Running a model service on a host: systemd units, or a start script + PID file (`process`).
 
 Both give the same operations, as printable commands where a plan shows them: start, stop,
-state, log reading from a cursor (journal cursor or byte offset). `process` mirrors systemd's
-KillMode=control-group by signalling the whole process group (the TP workers are in it).
+state, log reading from a cursor (journal cursor or byte offset). `process` mirrors the units'
+KillMode=mixed: SIGTERM to the main process, then SIGKILL to the whole process group (the TP
+workers are in it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class ServiceState:
     started_at: float | None = None
     restarts: int = 0
     raw: dict | None = None
+    # systemd only (None on `process` hosts, which have no notion of it): the unit is `active`, which
+    # our units' ExecStartPost= readiness probe makes mean "serves" (`activating` while it loads).
+    ready: bool | None = None
+    enabled: bool | None = None   # systemd: starts at boot (UnitFileState=enabled)
 
     @classmethod
     def from_facts(cls, raw: dict | None) -> ServiceState:
@@ -30,10 +35,20 @@ class ServiceState:
         pid = int(raw.get("MainPID") or 0) or None
         active_state = raw.get("ActiveState", "inactive")
         started = raw.get("StartedAt")
+        systemd = "UnitFileState" in raw or "SubState" in raw
         return cls(active=active_state in ("active", "activating", "reloading") and pid is not None,
                    main_pid=pid, failed=active_state == "failed",
                    started_at=float(started) if started else None,
-                   restarts=int(raw.get("NRestarts") or 0), raw=raw)
+                   restarts=int(raw.get("NRestarts") or 0), raw=raw,
+                   ready=(active_state == "active" and pid is not None) if systemd else None,
+                   enabled=(raw.get("UnitFileState") == "enabled") if "UnitFileState" in raw else None)
+
+    def describe(self) -> str:
+        """systemd's words for the state, e.g. `activating (start-post)`, `failed (timeout)`."""
+        raw = self.raw or {}
+        state = raw.get("ActiveState") or ("active" if self.active else "failed" if self.failed else "inactive")
+        sub = raw.get("Result") if state == "failed" else raw.get("SubState")
+        return f"{state} ({sub})" if sub and sub != state else state
 
 
 class Service:
@@ -71,8 +86,15 @@ class Service:
     def enable_commands(self) -> list[Command]:
         return []
 
+    def disable_commands(self) -> list[Command]:
+        return []
+
     def state(self) -> ServiceState:
         raise NotImplementedError
+
+    def wait_started(self, timeout: float = 60.0, poll: float = 0.2) -> ServiceState:
+        """After the start commands: until the service has a main process (or has failed)."""
+        return self.state()
 
     def log_cursor(self) -> str:
         raise NotImplementedError
@@ -92,6 +114,11 @@ class Service:
             self.host.run(cmd, timeout=timeout).check(self.entry.name, what)
 
 
+# What vllm-orch reads of a unit (the facts script reads the same list).
+SYSTEMD_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "Result", "NRestarts",
+                      "ExecMainStartTimestampMonotonic", "UnitFileState", "Job")
+
+
 class SystemdService(Service):
     @property
     def unit(self) -> str:
@@ -104,8 +131,10 @@ class SystemdService(Service):
         return [["systemctl", "daemon-reload"]]
 
     def start_commands(self) -> list[Command]:
-        # reset-failed: a unit that hit its StartLimit refuses to start until reset.
-        return [Script(f"systemctl reset-failed {self.unit} 2>/dev/null; systemctl start {self.unit}")]
+        # reset-failed: a unit that hit its StartLimit refuses to start until reset (and the reset
+        # gives it its full number of attempts again). --no-block: the start job lasts as long as the
+        # load (ExecStartPost= waits until it serves); the readiness gates watch it instead.
+        return [Script(f"systemctl reset-failed {self.unit} 2>/dev/null; systemctl start --no-block {self.unit}")]
 
     def stop_commands(self) -> list[Command]:
         return [["systemctl", "stop", self.unit]]
@@ -113,11 +142,24 @@ class SystemdService(Service):
     def enable_commands(self) -> list[Command]:
         return [["systemctl", "enable", self.unit]]
 
+    def disable_commands(self) -> list[Command]:
+        return [["systemctl", "disable", self.unit]]
+
     def state(self) -> ServiceState:
-        r = self.host.run(["systemctl", "show", self.unit, "-p",
-                           "ActiveState,SubState,MainPID,Result,NRestarts,ExecMainStartTimestampMonotonic"])
+        r = self.host.run(["systemctl", "show", self.unit, "-p", ",".join(SYSTEMD_PROPERTIES)])
         raw = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
         return ServiceState.from_facts(raw)
+
+    def wait_started(self, timeout: float = 60.0, poll: float = 0.2) -> ServiceState:
+        """The start job is queued (--no-block): wait until it runs the main process, or failed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.state()
+            raw = st.raw or {}
+            if st.main_pid or st.failed or (raw.get("ActiveState") == "inactive" and not raw.get("Job")) \
+                    or time.monotonic() > deadline:
+                return st
+            time.sleep(poll)
 
     def log_cursor(self) -> str:
         r = self.host.run(["journalctl", "-u", self.unit, "-n", "1", "--show-cursor", "-o", "cat", "--no-pager"])
@@ -179,7 +221,7 @@ class ProcessService(Service):
     PGID, the boot id and the leader's start time), group kill only when the record is proven
     current, a log file."""
 
-    STOP_WAIT_S = 30
+    STOP_WAIT_S = 120      # vLLM's drain (--shutdown-timeout, 30 s by default) and its teardown
 
     @property
     def script(self) -> str:
@@ -209,21 +251,26 @@ class ProcessService(Service):
                     f"the boot id and its start time into {q(self.pidfile)})")]
 
     def stop_commands(self) -> list[Command]:
+        """Like the units' KillMode=mixed: SIGTERM to vLLM's main process only (it drains and stops
+        its workers itself; workers signalled directly die at once and fail the requests in flight),
+        the whole process group after STOP_WAIT_S. A main process already gone leaves orphans: the
+        group gets SIGTERM at once."""
         q = shlex.quote
         # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
+        main_alive = "S=$(ps -o stat= -p $P 2>/dev/null) && [ -n \"$S\" ] && [ \"${S#Z}\" = \"$S\" ]"
         stale = (f"[ \"$WHY\" = none ] || echo \"not stopping process group $P: $WHY\" >&2; "
                  f"rm -f {q(self.pidfile)}; exit 0")
         return [Script(
             _verified_record(self.pidfile, stale) +
-            f"pkill -TERM -g $P; i=0; "
+            f"if {main_alive}; then kill -TERM $P; else pkill -TERM -g $P; fi; i=0; "
             f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
             f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
             f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
             f"rm -f {q(self.pidfile)}",
-            display=f"kill -TERM the process group recorded in {self.pidfile} (once the record is proven "
-                    f"current: same boot, same leader start time); wait up to {self.STOP_WAIT_S}s; "
-                    f"kill -KILL what is left")]
+            display=f"kill -TERM the main process recorded in {self.pidfile} (once the record is proven "
+                    f"current: same boot, same leader start time; it stops its workers); wait up to "
+                    f"{self.STOP_WAIT_S}s; kill -KILL what is left of its process group")]
 
     def state(self) -> ServiceState:
         q = shlex.quote

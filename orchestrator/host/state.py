@@ -3,7 +3,12 @@
   active.json          the model that serves now: name, served name, port, hashes, vLLM version
   installed/NAME.json  each model whose unit vllm-orch installed (regen re-renders these)
   usage.json           last time each model was started (least-recently-used disk eviction)
-  history.jsonl        one line per deploy / swap / rollback / stop / gc / bench, with timings
+  history.jsonl        one line per deploy / swap / rollback / stop / gc / bench, with timings, and
+                       per health-restart (written by the units' health timer on the host)
+  swap.json            a swap under way: written when it stops the old model, removed when it ends
+                       (the new model recorded, or the old one back); left behind by a swap that
+                       was killed or lost its connection, so the next command can say what to run
+  health/NAME.json     the health timer's last check of NAME and its count of failures in a row
   deploy.lock          flock(1) file; deploy.lock.json names the holder
 The lock is held by a `flock ... cat` process on the host whose stdin is our connection: when the
 orchestrator dies or the SSH connection drops, cat sees EOF, flock exits and the lock is free.
@@ -66,6 +71,16 @@ def update_active(host: Host, entry: HostEntry, model: str, **fields) -> bool:
         return False
     write_active(host, entry, {**record, **fields})
     return True
+
+
+def write_swap(host: Host, entry: HostEntry, old: str, new: str, old_enabled: bool) -> None:
+    """Mark a swap as half done (its old model is about to stop)."""
+    write_json(host, _path(entry, "swap.json"), {"from": old, "to": new, "since": now_iso(), "by": whoami(),
+                                                 "from_enabled": old_enabled})
+
+
+def clear_swap(host: Host, entry: HostEntry) -> None:
+    host.run(["rm", "-f", _path(entry, "swap.json")]).check(entry.name, "clear the swap record")
 
 
 def write_installed(host: Host, entry: HostEntry, model: str, record: dict) -> None:

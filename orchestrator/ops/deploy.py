@@ -10,6 +10,7 @@ import time
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.errors import Interrupted
 from orchestrator.host import state
 from orchestrator.ops import gather
 from orchestrator.ops.execute import Reporter, run_plan
@@ -60,6 +61,8 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
         record.update(failure_fields(result.error))
+        if isinstance(result.error, Interrupted):
+            record["interrupted"] = result.error.step
         state.append_history(s.host, entry, record)
         result.extra["history"] = record
         return result

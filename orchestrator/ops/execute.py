@@ -3,6 +3,11 @@ runs the plan's recovery branch for that step, if it has one (a swap's rollback)
 
 The Reporter is the only thing that prints: a live step list for people (rich), or nothing until
 the end for --json. Readiness shows the loading phase and the latest log line while it waits.
+
+An interrupt (KeyboardInterrupt: Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into one) is a
+failure of the step it stopped: the recovery branch covering that step runs as for any failure (a
+swap's rollback), and the run ends with an `Interrupted` error (exit 130). A second interrupt during
+the recovery abandons it; the host's records then say what is half done (orchestrator.plan.swap).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.host.base import printable
 from orchestrator.plan.model import Action, Plan, Recovery
 from orchestrator.plan.run import RunEnv
@@ -40,29 +45,43 @@ class Reporter:
         self.quiet = quiet or console is None
         self._status: Any = None                     # a rich Status while readiness waits
 
+    def _emit(self, *args, **kw) -> None:
+        try:
+            self.console.print(*args, **kw)
+        except OSError:            # the terminal went away (SIGHUP, a closed pipe): the run goes on
+            self.gone()
+
     def print(self, text: str = "", **kw) -> None:
         if not self.quiet:
-            self.console.print(text, **kw)
+            self._emit(text, **kw)
+
+    def gone(self) -> None:
+        """The terminal went away (SIGHUP, a closed pipe): stay quiet, the run itself goes on."""
+        self._status = None
+        self.quiet = True
 
     def plan(self, plan: Plan) -> None:
         if not self.quiet:
-            self.console.print(plan.text(), markup=False, highlight=False, soft_wrap=True)
+            self._emit(plan.text(), markup=False, highlight=False, soft_wrap=True)
 
     def step_start(self, index: int | str, total: int, action: Action) -> None:
         if self.quiet:
             return
-        self.console.print(f"[bold]\\[{index}/{total}] {escape(action.step)}[/]: {escape(action.summary)}",
-                           soft_wrap=True)
+        self._emit(f"[bold]\\[{index}/{total}] {escape(action.step)}[/]: {escape(action.summary)}",
+                   soft_wrap=True)
         for c in action.commands:
-            self.console.print(f"      $ {printable(c)}", markup=False, highlight=False, soft_wrap=True)
-        if action.step == "ready":
-            self._status = self.console.status("starting...", spinner="dots")
-            self._status.start()
+            self._emit(f"      $ {printable(c)}", markup=False, highlight=False, soft_wrap=True)
+        if action.step == "ready" and not self.quiet:
+            try:
+                self._status = self.console.status("starting...", spinner="dots")
+                self._status.start()
+            except OSError:
+                self.gone()
 
     def step_skip(self, index: int | str, total: int, action: Action) -> None:
         if not self.quiet:
-            self.console.print(f"[dim]\\[{index}/{total}] {escape(action.step)}: {escape(action.summary)}[/]",
-                               soft_wrap=True)
+            self._emit(f"[dim]\\[{index}/{total}] {escape(action.step)}: {escape(action.summary)}[/]",
+                       soft_wrap=True)
 
     def step_end(self, res: StepResult) -> None:
         self._stop_status()
@@ -71,27 +90,30 @@ class Reporter:
         style = {"done": "green", "skipped": "dim", "failed": "red"}.get(res.status, "")
         mark = {"done": "ok", "skipped": "skip", "failed": "FAILED"}.get(res.status, res.status)
         text = res.result or (res.summary if res.status == "skipped" else "")
-        self.console.print(f"      [{style}]{mark}[/] {res.seconds:6.1f}s  {escape(text)}", soft_wrap=True)
+        self._emit(f"      [{style}]{mark}[/] {res.seconds:6.1f}s  {escape(text)}", soft_wrap=True)
 
     def _stop_status(self) -> None:
         if self._status is not None:
-            self._status.stop()
+            try:
+                self._status.stop()
+            except OSError:
+                self.gone()
             self._status = None
 
     def event(self, kind: str, text: str) -> None:
         if self.quiet:
             return
         if kind == "gate":
-            self.console.print(f"      [green]gate passed[/]: {escape(text)}")
+            self._emit(f"      [green]gate passed[/]: {escape(text)}")
         elif kind == "phase":
-            self.console.print(f"      [cyan]loading[/]: {escape(text)}")
+            self._emit(f"      [cyan]loading[/]: {escape(text)}")
         elif kind == "log":
             if self._status is not None:
                 self._status.update(f"[dim]{escape(text[:110])}[/]")
         elif kind == "warn":
             self.console.print(f"      [yellow]warning[/]: {escape(text)}", soft_wrap=True)
         else:
-            self.console.print(f"      {text}", markup=False)
+            self._emit(f"      {text}", markup=False)
 
     def close(self) -> None:
         self._stop_status()
@@ -128,17 +150,12 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
     """Run actions in order; the first OrchestratorError stops them and is returned."""
     for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
-        if action.noop:
-            reporter.step_skip(label(i), total, action)
-        else:
+        if not action.noop:
             reporter.step_start(label(i), total, action)
-        try:
+        try:                     # a no-op runs only its bookkeeping `run`, which can fail or be interrupted too
             if action.noop:
-                if action.run is not None:       # bookkeeping, or a check that the no-op still holds
-                    action.run(env)
-                results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
-                continue
-            if action.run is not None:
+                result = action.run(env) if action.run is not None else None
+            elif action.run is not None:
                 result = action.run(env)
             else:
                 for cmd in action.commands:
@@ -151,20 +168,33 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
             results.append(res)
             reporter.step_end(res)
             return err
+        except KeyboardInterrupt:
+            res = StepResult(action.step, "failed", action.summary, time.monotonic() - t0, "interrupted")
+            results.append(res)
+            reporter.step_end(res)
+            return Interrupted(f"interrupted during {action.step}", step=action.step, host=env.entry.name)
         except BaseException:
             reporter.close()
             raise
+        if action.noop:
+            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
+            reporter.step_skip(label(i), total, action)
+            continue
         res = StepResult(action.step, "done", action.summary, time.monotonic() - t0, result)
         results.append(res)
         reporter.step_end(res)
     return None
 
 
-def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter) -> RecoveryOutcome:
+def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter, interrupted: bool = False) -> RecoveryOutcome:
     t0 = time.monotonic()
-    reporter.print(f"[yellow]recovery: {recovery.title}[/]")
+    note = " (interrupted: press Ctrl-C again to abandon it)" if interrupted else ""
+    reporter.print(f"[yellow]recovery: {recovery.title}{note}[/]")
     out = RecoveryOutcome(recovery.title, ok=True)
     err = _run_actions(recovery.actions, env, reporter, lambda i: f"r{i}", out.results, len(recovery.actions))
+    if isinstance(err, Interrupted):
+        err = Interrupted(f"interrupted again during {err.step}: {recovery.title} abandoned", step=err.step,
+                          host=err.host)
     out.ok, out.error, out.seconds = err is None, err, time.monotonic() - t0
     return out
 
@@ -182,7 +212,7 @@ def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:
         failed_at = next(i for i, r in enumerate(outcome.results, 1) if r.status == "failed")
         recovery = plan.recovery_for(failed_at)
         if recovery is not None:
-            outcome.recovery = run_recovery(recovery, env, reporter)
+            outcome.recovery = run_recovery(recovery, env, reporter, interrupted=isinstance(err, Interrupted))
             err.details = err.details + [f"{recovery.title}: " + (
                 "done" if outcome.recovery.ok else f"FAILED: {outcome.recovery.error}")]
     outcome.seconds = time.monotonic() - t_all

@@ -10,11 +10,16 @@ row with its error, never a crash of the whole command.
 
 The state of a host is decided by a pure function (`decide_state`) from the service state and the
 probe answers, so the rules are unit-tested without a host:
-  ready    the service runs, /health is 200 and /v1/models lists the served name
+  ready    the service runs, /health is 200 and /v1/models lists the served name (and, on systemd
+           hosts, the unit is `active`: its ExecStartPost= readiness probe passed)
   loading  the service runs but the port does not answer yet (vLLM binds early, listens late),
-           or /health is 200 and the name is not listed yet
-  failed   the service died (systemd failed, a PID file without a process), or /health says 503
+           or /health is 200 and the name is not listed yet, or the unit is still `activating`
+  failed   the service died (systemd failed, a PID file without a process), or /health says 503,
+           or systemd is waiting to restart it after a crash
   stopped  nothing runs
+A failed unit costs one more round trip: its journal tail, for the root-cause line. The health
+timer's last check (state_dir/health/NAME.json), its restarts (history) and a swap left half done
+(state_dir/swap.json, with the command that finishes it) are shown too.
 """
 
 from __future__ import annotations
@@ -28,12 +33,21 @@ from dataclasses import asdict, dataclass, field
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.base import Host, Script
+from orchestrator.plan.interrupted import half_done
 from orchestrator.probe import api as probes
+from orchestrator.probe import logsig
 from orchestrator.secret import Secret
 
 DEPLOY_OPS = ("deploy", "swap", "rollback")
 HISTORY_TAIL = 500          # lines of history.jsonl read for the last deploy / bench
 PROBE_TIMEOUT_S = 3.0
+JOURNAL_TAIL = 300          # log lines of a failed unit searched for its root cause
+HEALTH_MARK = "@@health "   # read_extras: one line per health/NAME.json
+# systemd's Result= of a failed unit, in words
+RESULT_WORDS = {"timeout": "not ready within its start-up budget (TimeoutStartSec)",
+                "exit-code": "vLLM exited with an error", "signal": "vLLM was killed by a signal",
+                "core-dump": "vLLM crashed (core dump)", "start-limit-hit": "too many starts in a row",
+                "oom-kill": "the kernel's OOM killer stopped it", "resources": "systemd could not set it up"}
 
 
 @dataclass
@@ -62,6 +76,13 @@ class HostStatus:
     models: list[dict] = field(default_factory=list)
     last_deploy: dict | None = None
     last_bench: dict | None = None
+    unit_state: str | None = None                # systemd's words, e.g. "activating (start-post)"
+    enabled: bool | None = None                  # the unit starts at boot (systemd)
+    restarts: int | None = None                  # systemd's automatic restarts since the last start
+    root_cause: str | None = None                # a failed service: the root-cause line of its log
+    health: dict | None = None                   # the health timer's last check (health/NAME.json)
+    last_health_restart: dict | None = None      # the health timer's last restart (history)
+    interrupted_swap: dict | None = None         # swap.json: from, to, since, by, text, hint
     lock: dict | None = None
     vllm_version: str | None = None
     round_trips: int = 0
@@ -72,9 +93,13 @@ class HostStatus:
 
 
 def decide_state(service_active: bool, service_failed: bool, health: int | None,
-                 listed: bool | None) -> tuple[str, str]:
-    """(state, reason) from the service state and the probe answers (None = no HTTP answer)."""
+                 listed: bool | None, unit_ready: bool | None = None, restarting: bool = False) -> tuple[str, str]:
+    """(state, reason) from the service state and the probe answers (None = no HTTP answer).
+    `unit_ready`: systemd's `active` (None where there is no unit); `restarting`: systemd waits to
+    restart the service after a failure (activating, auto-restart)."""
     if not service_active:
+        if restarting:
+            return "failed", "the service failed; systemd restarts it after RestartSec"
         if service_failed:
             return "failed", "the service's process is gone (crashed or killed)"
         return "stopped", "no managed service runs"
@@ -86,7 +111,28 @@ def decide_state(service_active: bool, service_failed: bool, health: int | None,
         return "loading", f"/health answers {health}"
     if listed is False:
         return "loading", "/health is 200 but /v1/models does not list the served name yet"
-    return "ready", "/health 200 and the served name is listed"
+    if unit_ready is False:
+        return "loading", "/health 200 and the name is listed, but the unit is still activating (its readiness " \
+                          "probe has not passed yet)"
+    return "ready", "/health 200 and the served name is listed" + (", unit active" if unit_ready else "")
+
+
+START_LIMIT_LINE = "Start request repeated too quickly"     # systemd's journal line at StartLimitBurst
+
+
+def failure_words(raw: dict, limit_hit: bool = False) -> str:
+    """Why systemd calls a unit failed, and whether its restarts ran out. (NRestarts counts the
+    restart that the start limit refused too.)"""
+    result = raw.get("Result") or ""
+    words = RESULT_WORDS.get(result, result or "failed")
+    restarts = int(raw.get("NRestarts") or 0)
+    if limit_hit:       # the first start, the restarts that ran, and the one the limit refused
+        starts = max(restarts, 1)
+        words += f"; {starts} start{'s' if starts != 1 else ''} failed in a row, then the start limit " \
+                 f"(StartLimitBurst) stopped the restarts"
+    elif restarts:
+        words += f"; systemd restarted it {restarts} time{'s' if restarts != 1 else ''}"
+    return words
 
 
 def last_record(history: list[dict], operations: tuple[str, ...]) -> dict | None:
@@ -124,18 +170,24 @@ def bench_summary(rec: dict | None) -> dict | None:
     return out
 
 
-def read_extras(host: Host, entry: HostEntry) -> tuple[dict | None, list[dict], float | None, dict | None]:
-    """active.json, the history tail, the host's uptime clock (systemd start times are monotonic)
-    and who holds the deploy lock (flock, so a stale holder file is not reported) in one round
-    trip, read before the facts so they can look at the active port."""
+def read_extras(host: Host, entry: HostEntry) -> tuple[dict | None, list[dict], float | None, dict | None,
+                                                       dict[str, dict]]:
+    """active.json, the history tail, the host's uptime clock (systemd start times are monotonic),
+    who holds the deploy lock (flock, so a stale holder file is not reported) and the health
+    timer's last check of each model, in one round trip, read before the facts so they can look
+    at the active port."""
     active = shlex.quote(f"{entry.state_dir}/active.json")
     path = shlex.quote(f"{entry.state_dir}/history.jsonl")
     lock = shlex.quote(f"{entry.state_dir}/deploy.lock")
+    health = shlex.quote(f"{entry.state_dir}/health")
     r = host.run(Script(f"cut -d' ' -f1 /proc/uptime 2>/dev/null || echo -; "
                         f"if [ -e {lock} ] && ! flock -n {lock} true 2>/dev/null; then "
                         f"{{ tr -d '\\n' < {lock}.json || printf '{{\"holder\": \"unknown\"}}'; }} 2>/dev/null; echo; "
                         f"else echo; fi; "
                         f"tr -d '\\n' < {active} 2>/dev/null; echo; "
+                        f"for f in {health}/*.json; do [ -f \"$f\" ] && "
+                        f"printf '{HEALTH_MARK}%s ' \"$(basename \"$f\" .json)\" && tr -d '\\n' < \"$f\" && echo; "
+                        f"done 2>/dev/null; "
                         f"tail -n {HISTORY_TAIL} {path} 2>/dev/null; true"), timeout=30)
     lines = r.stdout.splitlines() + ["", "", ""]
     try:
@@ -143,8 +195,16 @@ def read_extras(host: Host, entry: HostEntry) -> tuple[dict | None, list[dict], 
     except ValueError:
         uptime = None
     lock_holder, record = _json_or_none(lines[1]), _json_or_none(lines[2])
-    history = [rec for rec in map(_json_or_none, lines[3:]) if rec is not None]
-    return record, history, uptime, lock_holder
+    checks: dict[str, dict] = {}
+    history = []
+    for line in lines[3:]:
+        if line.startswith(HEALTH_MARK):
+            name, _, text = line[len(HEALTH_MARK):].partition(" ")
+            if (value := _json_or_none(text)) is not None:
+                checks[name] = value
+        elif (rec := _json_or_none(line)) is not None:
+            history.append(rec)
+    return record, history, uptime, lock_holder, checks
 
 
 def _json_or_none(text: str) -> dict | None:
@@ -206,7 +266,7 @@ def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = 
 def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of, api_key_of) -> None:
     from orchestrator.host.facts import gather
 
-    active, history, host_uptime, lock_holder = read_extras(host, entry)
+    active, history, host_uptime, lock_holder, checks = read_extras(host, entry)
     ports = [int(active["port"])] if active and active.get("port") else []
     facts = gather(host, entry, [active["model"]] if active and active.get("model") else [], ports=ports)
     running = facts.running()
@@ -224,8 +284,28 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
         st.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
         if st.port:
             health, listed, auth_problem = _probe(st, probes.Endpoint(host, st.port, api_key_of(model)))
+    raw = (svc.raw or {}) if svc is not None else {}
+    restarting = raw.get("SubState") == "auto-restart"
     st.state, st.state_reason = decide_state(bool(svc and svc.active), bool(svc and svc.failed),
-                                             health, listed)
+                                             health, listed, svc.ready if svc else None, restarting)
+    if svc is not None and svc.ready is not None:
+        st.unit_state, st.enabled = svc.describe(), svc.enabled
+        st.restarts = svc.restarts
+    if model and svc is not None and (svc.failed or restarting):
+        from orchestrator.host.services import Service
+
+        tail = Service.for_host(host, entry, model).tail(JOURNAL_TAIL)
+        _sig, st.root_cause = logsig.root_cause(tail)
+        if svc.ready is not None and raw.get("Result"):
+            limit_hit = svc.failed and any(START_LIMIT_LINE in line for line in tail[-20:])
+            st.state_reason = f"{'restarting' if restarting else 'failed'}: {failure_words(raw, limit_hit)}"
+    if model:
+        st.health = checks.get(model)
+        st.last_health_restart = next((rec for rec in reversed(history) if rec.get("operation") == "health-restart"
+                                       and rec.get("model") == model), None)
+    half = half_done(facts, entry.name)
+    if half:
+        st.interrupted_swap = {**(facts.half_swap or {}), "text": half[0], "hint": half[1]}
     if auth_problem:
         st.state_reason += f"; {auth_problem}"
     if st.state == "loading" and not st.port:

@@ -1,13 +1,15 @@
 """Operating a host: stop a model (and prove its GPUs are free), delete inactive model folders,
 find the log window of the last deploy. The click commands live in commands/ops.py.
 
-stop:  lock -> facts -> stop the service -> kill what it left on ITS GPUs (SIGTERM, SIGKILL) ->
+stop:  lock -> facts -> stop the service -> disable it at boot (a stopped model must not come back
+       at the next reboot) -> kill what it left on ITS GPUs (SIGTERM, SIGKILL) ->
        wait until nvidia-smi shows the memory released -> clear active.json -> history.
        Leftovers are the model's own processes (its cgroup / process group) and vLLM processes no
        running service owns, on the model's GPUs only; a process on another GPU, or one owned by
        another running model, is never touched.
 gc:    lock -> facts -> folders under models_root that are neither active nor running -> each path
-       resolved ON THE HOST and checked to be a direct child of the resolved models_root -> rm.
+       resolved ON THE HOST and checked to be a direct child of the resolved models_root -> rm ->
+       disable the deleted model's unit if it was enabled (it would fail at every boot).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class StopResult:
     was: str = "stopped"                 # running / failed / stopped (before we acted)
     gpus: list[int] = field(default_factory=list)
     stopped_service: bool = False
+    disabled: bool = False               # its unit no longer starts at boot (it was enabled)
     orphans: list[dict] = field(default_factory=list)   # its processes found without a live main process
     killed: list[dict] = field(default_factory=list)    # killed one by one after the service stop
     gpus_free: str | None = None
@@ -99,7 +102,8 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
         res.dry_run = True
         res.leftovers = _rows(before)
         res.cleared_active = (facts.active or {}).get("model") == model
-        res.nothing_to_do = res.was == "stopped" and not before and not res.cleared_active
+        res.disabled = bool(svc_state and svc_state.enabled)
+        res.nothing_to_do = res.was == "stopped" and not before and not res.cleared_active and not res.disabled
         return res
     svc = Service.for_host(host, entry, model)
     if res.was != "stopped" or before:
@@ -107,6 +111,10 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
                                             else "") + ")")
         svc.run_all(svc.stop_commands(), f"stop {model}", timeout=600)
         res.stopped_service = res.was != "stopped"
+    if svc_state and svc_state.enabled:
+        say(f"disabling {svc.describe()} at boot")
+        svc.run_all(svc.disable_commands(), f"disable {model}")
+        res.disabled = True
     # What the stop left on the model's GPUs (orphaned workers outlive a SIGKILLed parent).
     if res.gpus:
         _gpus, apps = read_gpus(host, entry)
@@ -141,9 +149,10 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     if (facts.active or {}).get("model") == model:
         state.write_active(host, entry, None)
         res.cleared_active = True
-    res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active
+    res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active \
+        and not res.disabled
     res.seconds = round(time.monotonic() - t0, 3)
-    state.append_history(host, entry, {"operation": "stop", "model": model, "ok": res.ok,
+    state.append_history(host, entry, {"operation": "stop", "model": model, "ok": res.ok, "disabled": res.disabled,
                                        "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
                                        "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
                                        "foreign": res.foreign,
@@ -159,6 +168,7 @@ class GcCandidate:
     bytes: int
     last_used: float
     verified: bool
+    enabled: bool = False               # its unit starts at boot: disabled with the folder
 
 
 @dataclass
@@ -182,7 +192,8 @@ def plan_gc(facts: HostFacts) -> GcPlan:
         elif d.name in running:
             keep.append((d.name, "its service is running"))
         else:
-            delete.append(GcCandidate(d.name, d.bytes, d.last_used, bool(d.verified)))
+            st = facts.services.get(d.name)
+            delete.append(GcCandidate(d.name, d.bytes, d.last_used, bool(d.verified), bool(st and st.enabled)))
     return GcPlan(delete, keep)
 
 
@@ -223,6 +234,11 @@ def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) ->
         if r.ok:
             deleted.append({"name": c.name, "bytes": c.bytes})
             say(f"deleted {entry.models_root}/{c.name} ({fmt_bytes(c.bytes)})")
+            if c.enabled:
+                svc = Service.for_host(host, entry, c.name)
+                svc.run_all(svc.disable_commands(), f"disable {c.name}")
+                deleted[-1]["disabled"] = True
+                say(f"disabled {svc.describe()} at boot (its weights are gone)")
         else:
             why = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
             kept.append({"name": c.name, "why": why})

@@ -1,6 +1,10 @@
 """swap: session -> gather (the target and the model it replaces) -> plan (orchestrator.plan.swap,
 rollback branch included) -> show or run -> history records (the swap, and the rollback if one ran).
 Downtime = old stopped -> new ready, stamped by those two steps in the run record.
+
+A swap that ends with its old model stopped and no rollback finished (killed, interrupted twice,
+or the host unreachable for the rollback) leaves state_dir/swap.json on the host; its error then
+says which command finishes or undoes it (orchestrator.plan.interrupted).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import time
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.host import state
 from orchestrator.ops import gather
 from orchestrator.ops.execute import Reporter, run_plan
@@ -43,6 +48,15 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             if ready is not None:
                 result.extra["load_s"] = round(ready.seconds, 3)
         rb = outcome.recovery
+        stopped = any(r.step == "stop" and r.status in ("done", "failed") for r in outcome.results) or \
+            bool(inp.facts.half_swap)
+        if not outcome.ok and stopped and not (rb is not None and rb.ok) and result.error is not None \
+                and inp.old is not None:
+            old, host = inp.old.name, entry.name
+            result.extra["half_done"] = True
+            result.error.hint = (f"the swap is half done ({entry.state_dir}/swap.json says so): run `vllm-orch "
+                                 f"swap {m.name} --host {host}` to finish it (it rolls back to {old} if {m.name} "
+                                 f"fails), or `vllm-orch swap {old} --host {host}` to go back")
         if rb is not None and inp.old is not None and info.get("staged"):
             old_ready = env.record.ready.get(inp.old.name)
             text = (f"{inp.old.name} serves again ({old_ready.smoke.summary()})" if rb.ok and old_ready
@@ -55,6 +69,10 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
                   "staged": info.get("staged"), "seconds": round(result.seconds, 2), "steps": outcome.timings(),
                   "downtime_s": result.extra.get("downtime_s"), "unit_hash": inp.target.rendered.unit_hash}
         record.update(failure_fields(result.error))
+        if isinstance(result.error, Interrupted):
+            record["interrupted"] = result.error.step
+        if result.extra.get("half_done"):
+            record["half_done"] = True
         if "rollback" in result.extra:
             record["rollback"] = result.extra["rollback"]
         if ready is not None:
@@ -63,10 +81,17 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             record["perf"] = result.extra["perf"] = env.record.perf[m.name]
         if env.record.warnings:
             result.extra["warnings"] = list(env.record.warnings)
-        state.append_history(s.host, entry, record)
+        records = [record]
         if "rollback" in result.extra:
-            state.append_history(s.host, entry, {"operation": "rollback", "model": info.get("from"),
-                                                 "ok": result.extra["rollback"]["ok"],
-                                                 "seconds": result.extra["rollback"]["seconds"],
-                                                 "after": f"failed swap to {m.name}"})
+            records.append({"operation": "rollback", "model": info.get("from"), "ok": result.extra["rollback"]["ok"],
+                            "seconds": result.extra["rollback"]["seconds"],
+                            "after": ("interrupted" if isinstance(result.error, Interrupted) else "failed")
+                                     + f" swap to {m.name}"})
+        for rec in records:
+            try:
+                state.append_history(s.host, entry, rec)
+            except OrchestratorError as exc:     # the connection is gone: the result still reaches the user
+                if result.error is not None:
+                    result.error.details.append(f"history not recorded: {exc}")
+                break
         return result

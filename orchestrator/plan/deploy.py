@@ -4,7 +4,9 @@
     if start, ready, perf (a floor the manifest says to fail on) or record fails: stop the service
     this run started (files kept), so a failed start cannot crash-loop while it holds the GPUs.
 
-A refused safety check ends the plan before anything changes (exit 3).
+A refused safety check ends the plan before anything changes (exit 3), and so does a swap left half
+done on the host (it says which swap to run). `--enable` (or a unit that already starts at boot)
+is recorded in active.json; a swap hands it on to the new model.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.host.ownership import gpu_list
 from orchestrator.plan import prepare, service
 from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
 
 
@@ -39,6 +42,11 @@ def plan_deploy(inp: PlanInput) -> Plan:
     m, f, entry = inp.target.manifest, inp.facts, inp.entry
     plan = Plan("deploy", entry.describe(), m.name, warnings=unpinned_warning(inp))
     plan.add(prepare.lock_action(inp.lock))
+    half = half_done(f, entry.name)
+    if half:
+        return plan.refuse(Action("swap", half[0]), RefusedError(
+            f"{half[0]}: deploy does not start anything while a swap is half done", host=entry.name,
+            step="swap", hint=half[1]))
     if plan.add_checked(*prepare.preflight_action(inp)):
         return plan
     other = blocking_active(inp)
@@ -70,7 +78,7 @@ def plan_deploy(inp: PlanInput) -> Plan:
         plan.add(Action("record", f"nothing to do, because {m.name} is recorded as active with these hashes",
                         noop=True))
     else:
-        plan.add(service.record_action(inp))
+        plan.add(service.record_action(inp, enabled=inp.opts.enable or service.enabled_at_boot(f, m.name)))
     if not start.noop:
         plan.recover(start, f"stop {m.name} so a failed start cannot hold the GPUs (model files kept)",
                      [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True)])

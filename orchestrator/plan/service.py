@@ -24,7 +24,7 @@ from orchestrator.plan.perf import BelowFloor, expected_text, likely_causes, sho
 from orchestrator.plan.run import RunEnv
 from orchestrator.probe.api import Endpoint
 from orchestrator.probe.perf import measure
-from orchestrator.probe.readiness import GATES, wait_ready
+from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
 from orchestrator.render.artifacts import Rendered
 from orchestrator.secret import Secret
 
@@ -216,25 +216,51 @@ def start_service_action(entry: HostEntry, model: str, *, restart: bool = False,
         svc = service_of(env, model)
         svc.run_all(cmds, f"start {model}", timeout=600)
         env.record.started.add(model)
-        return f"{'restarted' if restart else 'started'} {svc.describe()}"
+        st = svc.wait_started()
+        return f"{'restarted' if restart else 'started'} {svc.describe()}" + (
+            f" ({st.describe()}, PID {st.main_pid})" if st.main_pid else f" ({st.describe()})")
 
     return Action(step, summary or f"start {model}", commands=cmds, run=run)
 
 
 def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool = False,
-                only_if_started: bool = False) -> Action:
+                only_if_started: bool = False, swap_to: str | None = None, enabled: bool = False) -> Action:
+    """Stop a service. `swap_to`: the stop begins a swap, so the host first records the swap as half
+    done (state_dir/swap.json, with whether `model` starts at boot) for whoever comes next if this
+    run is killed or loses its connection before the swap ends."""
     shown = Service.for_host(None, entry, model)
 
     def run(env: RunEnv) -> str:
         if only_if_started and model not in env.record.started:
             return f"{model} was not started by this run: nothing to stop"
+        if swap_to is not None:
+            state.write_swap(env.host, env.entry, model, swap_to, enabled)
         if downtime_starts:
             env.record.stopped_at = time.monotonic()
         service_of(env, model).run_all(shown.stop_commands(), f"stop {model}", timeout=600)
         env.record.started.discard(model)
         return f"stopped {model}"
 
-    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(), run=run)
+    details = [f"first records the swap to {swap_to} as under way in {entry.state_dir}/swap.json"] if swap_to else []
+    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(), run=run, details=details)
+
+
+def boot_action(entry: HostEntry, enable: str | None, disable: list[str], summary: str) -> Action:
+    """Which units start at boot: enable one, disable others (systemd; nothing on `process` hosts)."""
+    cmds: list[Command] = []
+    if enable:
+        cmds += Service.for_host(None, entry, enable).enable_commands()
+    for name in disable:
+        cmds += Service.for_host(None, entry, name).disable_commands()
+    if not cmds:
+        return Action("boot", f"nothing to do, because {summary}", noop=True)
+
+    def run(env: RunEnv) -> str:
+        for cmd in cmds:
+            env.host.run(cmd, timeout=120).check(env.entry.name, "enable / disable at boot")
+        return summary
+
+    return Action("boot", summary, commands=cmds, run=run)
 
 
 # -- readiness -------------------------------------------------------------------------------------
@@ -247,6 +273,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
                                f"port {m.serving.port}", noop=True)
     budget = opts_budget or m.startup.budget_seconds
     key: Secret | None = svc.api_key
+    gates = GATES + ((UNIT_GATE,) if svc.rendered.host.service_manager == "systemd" else ())
 
     def run(env: RunEnv) -> str:
         service = service_of(env, m.name)
@@ -261,7 +288,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
-    return Action("ready", f"wait up to {budget:.0f}s for {m.name}: {' -> '.join(GATES)}; fail on a fatal log "
+    return Action("ready", f"wait up to {budget:.0f}s for {m.name}: {' -> '.join(gates)}; fail on a fatal log "
                            f"line, on exit, or after {m.startup.no_progress_seconds}s without a log line", run=run)
 
 
@@ -319,22 +346,46 @@ def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
 
 # -- record ----------------------------------------------------------------------------------------
 
-def active_record(inp: PlanInput, env: RunEnv) -> dict:
+def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
     return {"model": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
             "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
-            "deployed_at": state.now_iso(), "host_label": inp.entry.label,
+            "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,
             "hardware": inp.target.effective.hardware if inp.target.effective else None,
             "perf": env.record.perf.get(m.name)}
 
 
-def record_action(inp: PlanInput) -> Action:
+def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False) -> Action:
+    """active.json names the model (and whether it starts at boot); a swap's record also ends the
+    swap (its swap.json goes)."""
     def run(env: RunEnv) -> str:
-        state.write_active(env.host, env.entry, active_record(inp, env))
+        state.write_active(env.host, env.entry, active_record(inp, env, enabled))
+        if ends_swap:
+            state.clear_swap(env.host, env.entry)
         return f"recorded {inp.name} as active in {env.entry.state_dir}/active.json"
 
-    return Action("record", f"record {inp.name} as the active model, the hashes, timings and smoke result "
-                            f"in {inp.entry.state_dir}", run=run)
+    boot = ", enabled at boot" if enabled else ""
+    return Action("record", f"record {inp.name} as the active model{boot}, the hashes, timings and smoke "
+                            f"result in {inp.entry.state_dir}" + ("; the swap has ended" if ends_swap else ""),
+                  run=run)
+
+
+def forget_swap_action(entry: HostEntry, why: str) -> Action:
+    """The last step of a rollback: the host no longer has a swap under way."""
+    def run(env: RunEnv) -> str:
+        state.clear_swap(env.host, env.entry)
+        return f"removed {env.entry.state_dir}/swap.json"
+
+    return Action("record", f"remove {entry.state_dir}/swap.json ({why})", run=run)
+
+
+def enabled_at_boot(facts: HostFacts, model: str) -> bool:
+    """Whether a model's unit starts at boot: systemd's word, else what vllm-orch recorded."""
+    st = facts.services.get(model)
+    if st is not None and st.enabled is not None:
+        return st.enabled
+    active = facts.active or {}
+    return bool(active.get("model") == model and active.get("enabled"))

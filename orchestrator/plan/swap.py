@@ -1,10 +1,18 @@
 """swap's planner, pure: replace the active model with another, staged, measured, with its rollback.
 
     lock -> preflight -> disk (room for BOTH models) -> download while the old model serves ->
-    install the new unit -> stop old -> GPUs free -> start new -> ready -> perf -> record
+    install the new unit -> stop old -> GPUs free -> start new -> ready -> perf -> boot -> record
     if a step from `stop old` on fails (a performance floor the manifest says to fail on included):
     stop the new one, wait for the GPUs, start the old one with its unchanged unit, wait for its
     gates (the rollback, printed by --dry-run like every step).
+
+The stop of the old model first writes state_dir/swap.json (the swap is half done); `record` (or a
+finished rollback) removes it. A run that is killed or loses its connection in between leaves it,
+and the next swap / deploy / status on the host reads it (half_done): swap to its new model again
+resumes it (nothing to stop, the running new service is waited for, and a failure still rolls back
+to the old model); deploy refuses and says what to run. `boot` moves the start-at-boot of the old
+model to the new one once the new one serves (systemd `enable` / `disable`; the active record
+says it too), so a reboot brings back the model vllm-orch's record names.
 
 The old model's files are never touched by a staged swap. When the disk cannot hold both, the plan
 explains the cost and refuses without --yes; with --yes the old model is stopped and its folder
@@ -19,14 +27,20 @@ from orchestrator.host.facts import HostFacts
 from orchestrator.plan import prepare, service
 from orchestrator.plan.deploy import unpinned_warning
 from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
 
 def old_model_name(facts: HostFacts, target: str) -> str | None:
-    """The model a swap to `target` replaces: the recorded active one while it runs, else a running
-    managed model, else the recorded one (stopped, e.g. by an interrupted swap)."""
+    """The model a swap to `target` replaces: the other side of a half-done swap; else the recorded
+    active one while it runs, else a running managed model, else the recorded one (stopped)."""
+    half = facts.half_swap or {}
+    if target == half.get("to") and half.get("from"):
+        return half["from"]
+    if target == half.get("from") and half.get("to"):
+        return half["to"]
     active = (facts.active or {}).get("model")
     if active and facts.services.get(active) and facts.services[active].active:
         return active
@@ -44,7 +58,12 @@ def already_done(inp: PlanInput) -> bool:
 def plan_swap(inp: PlanInput) -> Plan:
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     title = f"{old.name if old else '(nothing)'} -> {m.name}"
-    if old is None and (f.active or {}).get("model") == m.name and already_done(inp):
+    half = half_done(f, entry.name)
+    if half and m.name not in ((f.half_swap or {}).get("from"), (f.half_swap or {}).get("to")):
+        plan = Plan("swap", entry.describe(), title, info={"from": old.name if old else None, "to": m.name})
+        return plan.refuse(Action("swap", half[0]), RefusedError(
+            f"{half[0]}: finish or undo it before swapping to {m.name}", host=entry.name, step="swap", hint=half[1]))
+    if old is None and not half and (f.active or {}).get("model") == m.name and already_done(inp):
         plan = Plan("swap", entry.describe(), f"{m.name} -> {m.name}",
                     info={"from": m.name, "to": m.name, "staged": True, "noop": True})
         plan.add(Action("swap", f"nothing to do, because {m.name} is already active and healthy", noop=True))
@@ -65,27 +84,60 @@ def plan_swap(inp: PlanInput) -> Plan:
     # After an interrupted swap the old model may already be stopped and the new one running:
     # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
     old_running = old is not None and bool(f.services.get(old.name) and f.services[old.name].active)
-    stop = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True)) \
+    old_enabled = old is not None and service.enabled_at_boot(f, old.name)
+    stop = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True, swap_to=m.name,
+                                        enabled=old_enabled)) \
         if old is not None and old_running else None
-    if plan.add_checked(*service.gpus_action(inp, stopping={old.name} if old_running and old else set())):
+    gpus, refusal = service.gpus_action(inp, stopping={old.name} if old_running and old else set())
+    if plan.add_checked(gpus, refusal):
         return plan
     plan.add(service.start_action(inp, unit_changed=not install.noop))
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
     plan.add(service.perf_action(inp))
-    plan.add(service.record_action(inp))
-    if stop is not None and old is not None:
-        plan.recover(stop, f"roll back to {old.name}", rollback_actions(inp))
+    plan.add(boot_action(inp, old_enabled))
+    enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
+    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
+    # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
+    # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
+    # its rollback stops the new service although the run that was cut short started it.
+    going_back = half is not None and m.name == (f.half_swap or {}).get("from")
+    if old is not None and (stop is not None or half) and not going_back:
+        plan.recover(stop or gpus, f"roll back to {old.name}", rollback_actions(inp, new_started_before=stop is None))
     return plan
 
 
-def rollback_actions(inp: PlanInput) -> list[Action]:
-    """Stop the new model, free the GPUs, start the old one with its installed unit, wait for it."""
-    old, entry, new = inp.old, inp.entry, inp.target
+def boot_action(inp: PlanInput, old_enabled: bool) -> Action:
+    """Once the new model serves: it takes over the old one's start at boot (or --enable's)."""
+    f, entry, m, old = inp.facts, inp.entry, inp.target.manifest, inp.old
+    enable = m.name if (old_enabled or inp.opts.enable) and not service.enabled_at_boot(f, m.name) else None
+    disable = [old.name] if old is not None and old_enabled else []
+    if not enable and not disable:
+        why = f"{old.name} does not start at boot" if old is not None else f"{m.name}'s start at boot is unchanged"
+        return service.boot_action(entry, None, [], why)
+    what = [f"enable {enable} at boot"] if enable else []
+    what += [f"disable {', '.join(disable)}"] if disable else []
+    return service.boot_action(entry, enable, disable, " and ".join(what) + (
+        f" ({m.name} takes {old.name}'s place at boot)" if old is not None and old_enabled else ""))
+
+
+def rollback_actions(inp: PlanInput, new_started_before: bool = False) -> list[Action]:
+    """Stop the new model, free the GPUs, start the old one with its installed unit, wait for it,
+    give it back its start at boot, and end the swap."""
+    old, entry, new, f = inp.old, inp.entry, inp.target, inp.facts
     assert old is not None
-    return [service.stop_action(entry, new.name, "the swap failed", only_if_started=True),
-            service.release_action(old.manifest.serving.visible_devices, f"for {old.name}"),
-            service.start_service_action(entry, old.name, summary=f"start {old.name} with its previous unit"),
-            service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
+    half = f.half_swap or {}
+    old_enabled = bool(half.get("from_enabled")) if half.get("from") == old.name \
+        else service.enabled_at_boot(f, old.name)
+    actions = [service.stop_action(entry, new.name, "the swap failed", only_if_started=not new_started_before),
+               service.release_action(old.manifest.serving.visible_devices, f"for {old.name}"),
+               service.start_service_action(entry, old.name, summary=f"start {old.name} with its previous unit"),
+               service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
+    if old_enabled:       # the boot step may have run: the old model starts at boot again, the new not
+        keep_new = service.enabled_at_boot(f, new.name)
+        actions.append(service.boot_action(entry, old.name, [] if keep_new else [new.name],
+                                           f"{old.name} starts at boot again"))
+    actions.append(service.forget_swap_action(entry, f"{old.name} serves again"))
+    return actions
 
 
 def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
@@ -116,8 +168,10 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
             hint="pass --yes to accept, or free space (vllm-orch gc) and swap again"))
     plan.warnings.append(text)
     old_running = bool(f.services.get(old.name) and f.services[old.name].active)
+    old_enabled = service.enabled_at_boot(f, old.name)
     if old_running:
-        plan.add(service.stop_action(entry, old.name, "downtime starts; not staged", downtime_starts=True))
+        plan.add(service.stop_action(entry, old.name, "downtime starts; not staged", downtime_starts=True,
+                                     swap_to=m.name, enabled=old_enabled))
     plan.add(Action("disk", f"delete {prepare.model_path(entry, old.name)} to make room (accepted with --yes)",
                     commands=[prepare.delete_command(entry, old.name)]))
     plan.add(prepare.download_action(inp))
@@ -126,7 +180,9 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     start = plan.add(service.start_action(inp, unit_changed=True))
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
     plan.add(service.perf_action(inp))
-    plan.add(service.record_action(inp))
+    plan.add(boot_action(inp, old_enabled))
+    enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
+    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
     plan.recover(start, f"stop {m.name} (no rollback: {old.name} was deleted to make room)",
                  [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True)])
     return plan

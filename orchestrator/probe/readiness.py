@@ -1,7 +1,9 @@
 """Waiting until a started service really serves, while following its log.
 
 Gates, each timed from the start: process alive -> port accepting -> /health 200 -> /v1/models
-lists the served name -> smoke completion passes. Every gate carries the service's API key
+lists the served name -> smoke completion passes -> (systemd) the unit is `active`: our units'
+ExecStartPost= probe holds them in `activating` until vLLM serves, so the last gate makes vllm-orch
+and `systemctl is-active` agree on when the model is ready. Every gate carries the service's API key
 (`api_key`): without it vLLM answers 401 on /v1/*, and a 401 fails the wait at once (kind "auth")
 instead of burning the start-up budget. The log is read every poll: a fatal line (see
 logsig.FATAL) or the process exiting fails the wait at once with the root-cause line and the last
@@ -24,6 +26,7 @@ from orchestrator.probe import logsig
 from orchestrator.secret import Secret
 
 GATES = ("process alive", "port accepting", "/health 200", "model listed", "smoke test")
+UNIT_GATE = "unit active"      # systemd hosts only (ServiceState.ready is None elsewhere)
 
 
 @dataclass
@@ -82,6 +85,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                        hint=hint or (sig.fix if sig else None))
 
     cursor_box = [cursor]
+    smoke_result: probes.SmokeResult | None = None
     while True:
         now = time.monotonic()
         elapsed = now - start
@@ -135,11 +139,18 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             if smoke.ok:
                 passed.append((GATES[4], time.monotonic() - start))
                 on_event("gate", GATES[4])
-                return Ready(passed, smoke, time.monotonic() - start, len(seen), phases)
+                smoke_result = smoke
+                if state.ready is None:
+                    return Ready(passed, smoke, time.monotonic() - start, len(seen), phases)
+                continue
             if smoke.answer or "garbage" in (smoke.problem or "") or "does not match" in (smoke.problem or ""):
                 fail("smoke", f"smoke test failed: {smoke.problem}",
                      hint="the server answers but the model's output is wrong: check the checkpoint, "
                           "quantisation and MoE/attention backends")
+        if stage == 5 and state.ready and smoke_result is not None:
+            passed.append((UNIT_GATE, time.monotonic() - start))
+            on_event("gate", UNIT_GATE)
+            return Ready(passed, smoke_result, time.monotonic() - start, len(seen), phases)
         if stage < 3 and now - last_line_at > quiet_limit:
             fail("hang", f"no new log line for {now - last_line_at:.0f}s (no-progress window "
                          f"{quiet_limit:.0f}s) - an NCCL hang looks like this",

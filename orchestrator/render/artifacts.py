@@ -22,13 +22,12 @@ import jinja2
 from orchestrator import __version__
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
-from orchestrator.paths import shipped_dir
+from orchestrator.paths import package_file, shipped_dir
 from orchestrator.secret import Secret, reveal
 
-START_LIMIT_INTERVAL_S = 3600
-START_LIMIT_BURST = 3
-RESTART_SEC = 60
-STOP_TIMEOUT_S = 120
+TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU memory is released
+START_LIMIT_MARGIN_S = 60
+PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
@@ -107,13 +106,15 @@ class Rendered:
     env_file: RenderedFile
     manifest_hash: str
 
+    extra: list[RenderedFile] = field(default_factory=list)   # systemd: health check units, probe
+
     @property
     def files(self) -> list[RenderedFile]:
-        return [self.env_file, self.unit]
+        return [self.env_file, self.unit, *self.extra]
 
     @property
     def unit_hash(self) -> str:
-        return hashlib.sha256((self.unit.text + self.env_file.text).encode()).hexdigest()
+        return hashlib.sha256("".join(f.text for f in [self.unit, self.env_file, *self.extra]).encode()).hexdigest()
 
 
 def manifest_hash(m: Manifest) -> str:
@@ -175,6 +176,8 @@ def build_argv(m: Manifest, host: HostEntry) -> tuple[list[str], list[tuple[str,
         if value is not None:
             flag = name.replace("_", "-")
             add(f"vllm.{name}", f"--{flag}" if value else f"--no-{flag}")
+    if v.shutdown_timeout:
+        add("vllm.shutdown_timeout", "--shutdown-timeout", v.shutdown_timeout)
     if v.compilation_config is not None:
         add("vllm.compilation_config", "--compilation-config",
             json.dumps(v.compilation_config, separators=(",", ":"), sort_keys=True))
@@ -193,6 +196,40 @@ def unit_path(m: Manifest, host: HostEntry) -> str:
     if host.service_manager == "systemd":
         return f"{host.units_dir}/{m.unit_name}"
     return f"{host.units_dir}/vllm-{m.name}.sh"
+
+
+def probe_path(host: HostEntry) -> str:
+    """Where the units' probe script is installed: beside vllm-orch's state folder (bin/)."""
+    return f"{os.path.dirname(host.state_dir)}/bin/{PROBE_NAME}"
+
+
+def health_unit_names(m: Manifest) -> tuple[str, str]:
+    """(health check service, its timer) of a model's unit."""
+    return f"vllm-{m.name}-health.service", f"vllm-{m.name}-health.timer"
+
+
+def stop_timeout(m: Manifest) -> int:
+    """TimeoutStopSec: vLLM's drain window, then its own teardown."""
+    return m.vllm.shutdown_timeout + TEARDOWN_S
+
+
+def start_limit_interval(m: Manifest) -> int:
+    """StartLimitIntervalSec that holds `start_attempts` complete attempts: each attempt may take the
+    whole start-up budget (TimeoutStartSec), its stop and RestartSec before the next start, so the
+    attempt after the last allowed one always falls inside the window and is refused."""
+    s = m.startup
+    return s.start_attempts * (s.budget_seconds + stop_timeout(m) + s.restart_delay_seconds) + START_LIMIT_MARGIN_S
+
+
+def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
+    """The ExecStartPost= (ready) or health-check (check) command line of the units' probe."""
+    python = host.python or "python3"
+    words = [python, probe_path(host), mode, "--unit", m.unit_name, "--port", str(m.serving.port),
+             "--served-name", m.served_name, "--health-path", m.probes.health_path]
+    if mode == "check":
+        words += ["--model", m.name, "--timeout", str(m.probes.health_timeout_seconds),
+                  "--failures", str(m.probes.health_failures), "--state-dir", host.state_dir]
+    return " ".join(systemd_quote(w) for w in words)
 
 
 def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) -> dict[str, Secret]:
@@ -218,13 +255,22 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     revealed = env_tpl.render(**env_args, secrets=[(k, env_value(reveal(v))) for k, v in secrets.items()])
     env_file = RenderedFile(epath, masked, 0o600, revealed if secrets else None)
 
+    extra: list[RenderedFile] = []
     if host.service_manager == "systemd":
+        health_service, health_timer = health_unit_names(m)
+        units = dict(common, health_timer=health_timer)
         text = _template("vllm.service.j2").render(
-            **common, exec_start=exec_start(argv),
-            start_limit_interval=START_LIMIT_INTERVAL_S, start_limit_burst=START_LIMIT_BURST,
-            restart_sec=RESTART_SEC, stop_timeout=STOP_TIMEOUT_S)
+            **units, exec_start=exec_start(argv), ready_probe=probe_command(m, host, "ready"),
+            start_limit_interval=start_limit_interval(m), stop_timeout=stop_timeout(m))
         unit = RenderedFile(unit_path(m, host), text, 0o644)
+        check_timeout = m.probes.health_timeout_seconds * 2 + 30    # /metrics twice, /health, the completion
+        extra = [
+            RenderedFile(f"{host.units_dir}/{health_service}", _template("vllm-health.service.j2").render(
+                **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout), 0o644),
+            RenderedFile(f"{host.units_dir}/{health_timer}", _template("vllm-health.timer.j2").render(**units),
+                         0o644),
+            RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
     else:
         text = _template("vllm-process.sh.j2").render(**common, argv=argv)
         unit = RenderedFile(unit_path(m, host), text, 0o755)
-    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash)
+    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra)

@@ -22,6 +22,7 @@ def sim():
       vllm-orch sim up            start host `sim` (and `sim-2`... with --hosts N)
       vllm-orch sim status        what is running
       vllm-orch sim fault sim hang --model kimi-k25-int4
+      vllm-orch sim reboot sim    reboot a --systemd host (enabled units start again)
       vllm-orch sim down          stop everything `up` started and remove its state
     """
 
@@ -114,13 +115,25 @@ def down_cmd():
     click.echo(f"SIMULATED hosts removed ({len(stopped)} processes stopped).")
 
 
+@sim.command("reboot", epilog=exit_codes("0 rebooted, 1 it did not come back, 2 not a --systemd host."))
+@click.argument("host")
+def reboot_cmd(host):
+    """`systemctl reboot` inside a --systemd SIMULATED HOST, then boot it again (what was
+    installed stays; units enabled at boot start)."""
+    box = manager.reboot(host)
+    click.echo(f"SIMULATED host {host}: rebooted (systemd-nspawn pid {box['pid']}, "
+               f"{box['_timings'].get('total', 0):.1f}s to boot).")
+
+
 @sim.command("fault", epilog=exit_codes("0 ok, 2 unknown host or fault, or a missing argument."))
 @click.argument("host", required=False)
 @click.argument("fault", required=False)
 @click.option("--model", help="Apply at the next start of this model only (default: any model).")
+@click.option("--times", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Fire at this many starts (a failure that comes back at every restart).")
 @click.option("--list", "list_", is_flag=True, help="List the faults that can be injected.")
 @click.option("--clear", is_flag=True, help="Remove HOST's pending faults and restore its packages.")
-def fault_cmd(host, fault, model, list_, clear):
+def fault_cmd(host, fault, model, times, list_, clear):
     """Inject FAULT into SIMULATED HOST: it applies to the next start of the model (or any)."""
     if list_:
         for name, doc in manager.fault_catalog().items():
@@ -134,6 +147,6 @@ def fault_cmd(host, fault, model, list_, clear):
         return
     if not fault:
         raise click.UsageError("FAULT is required (see --list)")
-    manager.add_fault(host, fault, model)
-    click.echo(f"SIMULATED host {host}: fault {fault} armed for the next start of "
-               f"{model or 'any model'}.")
+    manager.add_fault(host, fault, model, **({"times": times} if times > 1 else {}))
+    click.echo(f"SIMULATED host {host}: fault {fault} armed for the next "
+               f"{f'{times} starts' if times > 1 else 'start'} of {model or 'any model'}.")

@@ -16,6 +16,8 @@ the real vLLM's engine and worker processes as GPU holders.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -336,9 +338,17 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         if rec["flavour"] == "systemd":
             # The container reaches the mirror on its veth gateway: set the network up first.
             nspawn = nspawn or _nspawn()
-            if "index" not in rec:
-                rec["index"] = nspawn.free_index(1, 149)   # tests' fixtures use 150..254
-            bind = nspawn.prepare_network(name, rec["index"])["gateway"]
+            # machine (and network namespace) names and addresses are machine-wide: two sim homes
+            # (two test runs) each have a host `sim`, so the container's name carries the home's
+            # tag, and addresses are taken under the lock the test fixtures take too
+            rec.setdefault("machine", f"{name}-{hashlib.sha1(str(home).encode()).hexdigest()[:6]}")
+            cache = _tree_cache(nspawn)
+            cache.mkdir(parents=True, exist_ok=True)
+            with open(cache / "hosts.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if "index" not in rec:
+                    rec["index"] = nspawn.free_index(1, 149)   # tests' fixtures use 150..254
+                bind = nspawn.prepare_network(rec["machine"], rec["index"])["gateway"]
         if hub_available() and not (hub and alive(hub["pid"], hub["start_time"])):
             rec["processes"]["hub"] = hub = start_hub(hdir, scale, bind=bind)
             started.append(f"hub mirror pid {hub['pid']}")
@@ -357,8 +367,14 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
             if not (box and alive(box["pid"], box.get("start_time"))):
                 tree = tree or nspawn.ensure_tree(_tree_cache(nspawn))
                 binds = [nspawn.venv_bind(Path(host_cpu["venv"]), tree)] if host_cpu else []
-                box = dict(nspawn.boot(name, rec["index"], hdir, tree, hub_port=hub_port,
-                                       binds_ro=binds))
+                # a persistent root: what vllm-orch installs survives `sim reboot`, as on a real host
+                try:
+                    box = dict(nspawn.boot(rec["machine"], rec["index"], hdir, tree, hub_port=hub_port,
+                                           binds_ro=binds, persistent=True))
+                except BaseException:      # not recorded yet, so `sim down` could not stop the mirror
+                    if hub and "hub mirror" in " ".join(started):
+                        stop_pid(hub["pid"], hub["start_time"])
+                    raise
                 box["start_time"] = start_time(box["_pid"])
                 box["pid"] = box["_pid"]
                 rec["processes"]["nspawn"] = box
@@ -375,6 +391,23 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
     inv.write_text("# SIMULATED GPU hosts written by `vllm-orch sim up` (removed by `vllm-orch sim down`)\n"
                    + yaml.safe_dump(inventory, sort_keys=False))
     return state
+
+
+def reboot(name: str, home: Path | None = None) -> dict:
+    """`systemctl reboot` inside a systemd-flavoured SIMULATED host, then boot it again: enabled
+    units start, what was only started does not. Returns the container's new record."""
+    home = home or sim_home()
+    state = load_state(home)
+    rec = (state.get("hosts") or {}).get(name)
+    if rec is None or rec.get("flavour") != "systemd" or "nspawn" not in rec.get("processes", {}):
+        raise ConfigError(f"{name!r} is not a running systemd-flavoured SIMULATED host",
+                          hint="vllm-orch sim up --systemd")
+    box = dict(_nspawn().reboot(rec["processes"]["nspawn"]))
+    box["start_time"] = start_time(box["_pid"])
+    box["pid"] = box["_pid"]
+    rec["processes"]["nspawn"] = box
+    _write_json(home / "sim.json", state)
+    return box
 
 
 def _tree_cache(nspawn) -> Path:
@@ -462,14 +495,16 @@ def fault_catalog() -> dict:
 
 
 def add_fault(host: str, fault: str, model: str | None = None,
-              home: Path | None = None) -> list:
+              home: Path | None = None, **extra) -> list:
+    """Arm a fault; `extra` goes into its entry (`times`: starts it fires at; `after`: seconds,
+    for hang-after-ready)."""
     hdir = _existing_host(host, home)
     catalog = fault_catalog()
     if fault not in catalog:
         raise ConfigError(f"unknown fault {fault!r}",
                           hint="vllm-orch sim fault --list shows them")
     faults = _read_json(hdir / "faults.json", [])
-    faults.append({"fault": fault, "model": model})
+    faults.append({"fault": fault, "model": model, **extra})
     _write_json(hdir / "faults.json", faults)
     if fault == "crash-flashinfer":   # the real cause: mismatched packages, visible to preflight
         write_dist(hdir / "site-packages", "flashinfer-cubin", "0.6.13")

@@ -3,7 +3,13 @@ namespace, reached over real SSH (systemd-nspawn(1) explains each flag used belo
 
     tree = ensure_tree(cache_dir)                  # once per machine (~55 s), cached
     info = boot("sim", 1, host_dir, tree)          # ~1-2 s; returns the host's inventory entry
+    info = reboot(info)                            # `systemctl reboot` inside, then boot again
     shutdown(info)                                 # stops it and removes everything boot made
+
+Root file system: by default every boot starts from the read-only tree with a throwaway overlay
+(--volatile=overlay). `persistent=True` mounts an overlayfs whose upper layer lives in
+<host_dir>/root/ instead, so what is installed on the host (units, /etc, /var) survives a reboot
+like on a real machine; shutdown unmounts it, `sim down` deletes it with the host folder.
 
 Addresses: host N is 10.200.N.2 inside its namespace; 10.200.N.1 is this machine's side of the
 veth pair (where the host's hub mirror must listen). Fields starting with "_" are for shutdown and
@@ -116,10 +122,24 @@ def venv_bind(venv: Path, tree: Path) -> str:
     return str(venv)
 
 
+def mount_root(tree: Path, root: Path) -> Path:
+    """An overlayfs over the read-only tree whose changes persist in `root` (upper/, work/);
+    returns the mount point (merged/). Idempotent."""
+    upper, work, merged = root / "upper", root / "work", root / "merged"
+    for d in (upper, work, merged):
+        d.mkdir(parents=True, exist_ok=True)
+    if not os.path.ismount(merged):
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={tree},upperdir={upper},workdir={work}", str(merged)],
+                       check=True, capture_output=True, text=True)
+    return merged
+
+
 def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,
-         binds_ro: list[str] = (), timeout: float = 60.0) -> dict:
+         binds_ro: list[str] = (), timeout: float = 60.0, persistent: bool = False) -> dict:
     """Boot one container and return its inventory entry once sshd answers and systemd is up.
-    binds_ro: folders of this machine bound read-only at the same path (the real vLLM's venv)."""
+    binds_ro: folders of this machine bound read-only at the same path (the real vLLM's venv).
+    `persistent`: its root file system keeps changes across reboots (see the module docstring)."""
     from orchestrator.host.ssh import SshHost
 
     host_dir = Path(host_dir).resolve()
@@ -138,8 +158,9 @@ def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | N
     t = time.monotonic()
     (host_dir / "logs").mkdir(parents=True, exist_ok=True)
     console = host_dir / "logs" / "nspawn-console.log"
-    argv = ["systemd-nspawn", "-D", str(tree), "-M", name, "--register=no", "--keep-unit",
-            "--volatile=overlay", "--resolv-conf=off", "--link-journal=no", "--timezone=off",
+    root = mount_root(tree, host_dir / "root") if persistent else None
+    argv = ["systemd-nspawn", "-D", str(root or tree), "-M", name, "--register=no", "--keep-unit",
+            *([] if root else ["--volatile=overlay"]), "--resolv-conf=off", "--link-journal=no", "--timezone=off",
             "--console=read-only", f"--network-namespace-path=/run/netns/{net['netns']}",
             f"--bind={host_dir}:{SIM_MOUNT}", *(f"--bind-ro={p}" for p in binds_ro), "-b"]
     # Move the launching shell into our cgroups first, then exec nspawn (same PID).
@@ -161,11 +182,13 @@ def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | N
         "env": {"PYTHONPATH": f"{SIM_MOUNT}/site-packages", "HF_HUB_DISABLE_TELEMETRY": "1"},
         "_name": name, "_pid": proc.pid, "_netns": net["netns"], "_veth": net["veth"],
         "_gateway": net["gateway"], "_cgroups": [str(c) for c in cgroups],
-        "_console_log": str(console), "_timings": timings,
+        "_console_log": str(console), "_timings": timings, "_index": index, "_host_dir": str(host_dir),
+        "_tree": str(tree), "_root": str(root) if root else None, "_binds_ro": list(binds_ro),
     }
     port = hub_port or _hub_port(host_dir)
     if port:
         info["env"]["HF_ENDPOINT"] = f"http://{net['gateway']}:{port}"
+        info["_hub_port"] = port
     try:
         _wait_port(net["address"], 22, proc, console, time.monotonic() + timeout)
         timings["launch->sshd listening"] = time.monotonic() - t
@@ -212,6 +235,38 @@ def boot_many(specs: list[tuple[str, int, Path]], tree: Path, **kw) -> list[dict
     return [results[i] for i in range(len(specs))]
 
 
+def reboot(info: dict, timeout: float = 60.0) -> dict:
+    """`systemctl reboot` inside the container, as an operator would run it: systemd stops every
+    unit and exits, systemd-nspawn with it (code 133); then the same container boots again on the
+    same network (a hub mirror bound to its gateway keeps working). Only a container booted with
+    `persistent=True` still has what was installed on it. Returns the new inventory entry."""
+    from orchestrator.errors import ConnectError
+    from orchestrator.host.ssh import SshHost
+
+    with SshHost(info["_name"], info["address"], user="root", identity_file=info["identity_file"],
+                 known_hosts_file=info["known_hosts_file"], connect_timeout=10, ssh_config=None) as host:
+        try:
+            host.run(["systemctl", "reboot"], timeout=10)
+        except ConnectError:
+            pass                                    # the connection may drop before the answer
+    pid = info["_pid"]
+    if not _wait_exit(pid, timeout):
+        raise RuntimeError(f"{info['_name']}: still running {timeout:g} s after `systemctl reboot`")
+    _release(info, keep_network=True)
+    return boot(info["_name"], info["_index"], Path(info["_host_dir"]), Path(info["_tree"]),
+                hub_port=info.get("_hub_port"), binds_ro=info.get("_binds_ro", []), timeout=timeout,
+                persistent=bool(info.get("_root")))
+
+
+def _release(info: dict, keep_network: bool = False) -> None:
+    for cg in info.get("_cgroups", []):
+        _rmdir_tree(Path(cg))
+    if info.get("_root"):
+        subprocess.run(["umount", info["_root"]], capture_output=True)
+    if not keep_network:
+        _cleanup_network(info.get("_netns", ""), info.get("_veth", ""))
+
+
 def shutdown(info: dict, timeout: float = 15.0) -> dict[str, float]:
     """Stop the container (SIGTERM = clean poweroff), then remove its namespace, veth, cgroups
     and nspawn's runtime leftovers. Safe to call twice, and on a half-booted container."""
@@ -223,9 +278,7 @@ def shutdown(info: dict, timeout: float = 15.0) -> dict[str, float]:
             os.kill(pid, signal.SIGKILL)
             _wait_exit(pid, 5)
     stopped = time.monotonic() - t
-    for cg in info.get("_cgroups", []):
-        _rmdir_tree(Path(cg))
-    _cleanup_network(info.get("_netns", ""), info.get("_veth", ""))
+    _release(info)
     for leftover in (NSPAWN_RUN / "propagate" / info["_name"],
                      NSPAWN_RUN / "unix-export" / info["_name"]):
         _rmdir_tree(leftover)

@@ -25,7 +25,17 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
   absolute schedule; a DP-N service runs N engines (own queue, KV cache and metrics series `engine="0".."N-1"`).
 - auth: with --api-key / VLLM_API_KEY, /v1/* answers 401 `{"error":"Unauthorized"}` without the
   key, exactly as vLLM's middleware does; /health, /metrics and /version stay open.
-- faults from `<hostdir>/faults.json`, consumed at start (see FAULTS).
+- shutdown: SIGTERM with `--shutdown-timeout N` (N > 0) drains: requests in flight finish (new
+  ones are refused) for up to N s, then the engine and workers stop; N = 0 aborts them. vLLM 0.33's
+  `[shutdown]` log lines. A GPU worker that dies on its own (e.g. SIGTERMed by a KillMode=control-
+  group stop while the server drains) kills the engine like vLLM's worker monitor: requests in
+  flight fail, /health answers 503 and the server exits.
+- torch.compile cache: under VLLM_CACHE_ROOT (else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm) per
+  configuration; a start that finds it logs vLLM's "Directly load the compiled graph(s) ... from
+  the cache" and compiles in a fifth of the time.
+- faults from `<hostdir>/faults.json`, consumed at start (see FAULTS); an entry with `times: N`
+  fires at N starts (a failure that comes back at every restart). Each fault that takes effect is
+  logged to `<hostdir>/logs/faults-fired.jsonl` (what, PID, when) for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -165,6 +175,9 @@ FAULTS = {
     "crash-unrecognized-args": "argparse 'vllm: error: unrecognized arguments: ...', exit 2",
     "crash-trust-remote-code": "'... contains custom code which must be executed ...' ValueError",
     "hang": "stops logging part-way through loading weights and stays alive (NCCL-hang look-alike)",
+    "hang-after-ready": "serves, then (after `after` s, default 5) the engine stops making progress: "
+                        "/health stays 200, requests never finish (an NCCL deadlock after deploy)",
+    "crash-no-kv-memory": "'No available memory for the cache blocks' at the end of the load (KV OOM)",
     "die-after-ready": "engine core dies a few seconds after the server became ready",
     "garbage": "serves random junk tokens instead of sensible answers",
     "slow-start": "loading takes 5x longer",
@@ -173,8 +186,19 @@ FAULTS = {
 }
 
 
-def consume_fault(model_names: list) -> str | None:
-    """Pop the first pending non-hub fault for one of these model names (or for any model)."""
+def fault_fired(fault: str, **extra) -> None:
+    """Note a fault taking effect (tests and benchmarks measure from it; vLLM itself logs nothing)."""
+    try:
+        (HOST_DIR / "logs").mkdir(parents=True, exist_ok=True)
+        with open(HOST_DIR / "logs" / "faults-fired.jsonl", "a") as f:
+            f.write(json.dumps(dict({"fault": fault, "pid": os.getpid(), "at": time.time()}, **extra)) + "\n")
+    except OSError:
+        pass
+
+
+def consume_fault(model_names: list) -> dict | None:
+    """Take the first pending non-hub fault for one of these model names (or for any model): the
+    entry is removed, or its `times` count lowered when more starts are to fail."""
     path = HOST_DIR / "faults.json"
     if not path.exists():
         return None
@@ -191,11 +215,14 @@ def consume_fault(model_names: list) -> str | None:
             if name.startswith("hub-") or name not in FAULTS:
                 continue
             if f.get("model") in (None, "", *model_names):
-                del faults[i]
+                if int(f.get("times") or 1) > 1:
+                    f["times"] = int(f["times"]) - 1
+                else:
+                    del faults[i]
                 tmp = path.with_name(f".faults.json.{os.getpid()}")
                 tmp.write_text(json.dumps(faults, indent=1))
                 os.replace(tmp, path)
-                return name
+                return dict(f)
         return None
     finally:
         if lock:
@@ -775,6 +802,14 @@ class EngineCore:
         self.success[reason] = self.success.get(reason, 0) + 1
 
 
+class EngineDead(Exception):
+    """vLLM's EngineDeadError: the engine (a worker) died; every request in flight fails."""
+
+
+class Aborted(Exception):
+    """The request was aborted by a shutdown (mode abort, or the drain window ran out)."""
+
+
 class Engine:
     """Request scheduling, token pacing and metrics over the service's engines: one per DP rank,
     each with its own queue and KV cache; a request goes to the least loaded engine (vLLM's DP
@@ -785,6 +820,14 @@ class Engine:
         self.profile = PROFILES[cfg["profile"]]
         self.cores = [EngineCore(i, cfg) for i in range(max(1, cfg["dp"]))]
         self.started = time.time()
+        self.hung = False          # fault hang-after-ready: no step makes progress any more
+        self.draining = False      # shutdown: new requests are refused
+        self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
+        self.dead = False          # a worker died: every request fails
+
+    @property
+    def in_flight(self) -> int:
+        return sum(c.running + c.waiting for c in self.cores)
 
     @property
     def running(self) -> int:
@@ -844,6 +887,12 @@ class Engine:
             core.ttft.observe(t - t_arrive)
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
+                while self.hung and not (self.dead or self.aborting):    # the API server still
+                    await asyncio.sleep(0.2)                              # ends requests it aborts
+                if self.dead:
+                    raise EngineDead()
+                if self.aborting:
+                    raise Aborted()
                 if i:
                     itl = 1.0 / (stream_rate(self.profile, self.running) * self.cfg["decode_factor"])
                     t += itl
@@ -1066,6 +1115,14 @@ class Server:
 
     async def completions(self, path, raw, writer):
         chat = path.endswith("chat/completions")
+        if self.engine.dead or self.engine.draining:
+            # vLLM's engine core turns away new work once shutdown started (its request is aborted
+            # at once); a dead engine fails every request
+            return await self.json(writer, 503 if self.engine.draining else 500, self.error(
+                "The server is shutting down" if self.engine.draining else
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "ServiceUnavailableError" if self.engine.draining else "InternalServerError",
+                503 if self.engine.draining else 500))
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
@@ -1119,7 +1176,15 @@ class Server:
             parts[item[0]].append(item[1])
 
         core = self.engine.pick()
-        await self.engine.run(core, seq, prompt_tokens, collect)
+        try:
+            await self.engine.run(core, seq, prompt_tokens, collect)
+        except EngineDead:
+            core.finished("error")
+            return await self.json(writer, 500, self.error(
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError", 500))
+        except Aborted:
+            finish = "abort"
         core.finished(finish)
         content = "".join(parts["content"]).lstrip()
         reasoning = "".join(parts["reasoning"]).lstrip() or None
@@ -1193,7 +1258,21 @@ class Server:
 
         core = self.engine.pick()
         try:
-            await self.engine.run(core, seq, prompt_tokens, emit)
+            try:
+                await self.engine.run(core, seq, prompt_tokens, emit)
+            except EngineDead:
+                await send(json.dumps({"error": {"message": "EngineCore encountered an issue. See stack "
+                                                 "trace (above) for the root cause.",
+                                                 "type": "InternalServerError", "code": 500}}))
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                core.finished("error")
+                return
+            except Aborted:
+                finish = "abort"
+                await send(chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+                                 if chat else {"index": 0, "text": "", "logprobs": None,
+                                               "finish_reason": "abort", "stop_reason": None}))
             if not seq:
                 await send(chunk({"index": 0, "delta": {"content": ""}, "logprobs": None,
                                   "finish_reason": finish}))
@@ -1224,15 +1303,18 @@ DCP_FP8_DEATH = ([("vllm/v1/worker/gpu_model_runner.py", 3120, "execute_model",
 class Launch:
     """One `vllm serve` run: start-up sequence, serving, shutdown."""
 
-    def __init__(self, args, fault):
-        self.args, self.fault = args, fault
+    def __init__(self, args, fault, fault_args=None):
+        self.args, self.fault, self.fault_args = args, fault, fault_args or {}
         self.api = ("APIServer", os.getpid())
         self.holders: list = []        # GPU holders: (Popen, title, gpu, start time)
         self.aux: list = []            # engine cores, DP coordinator, API servers (no GPU memory)
         self.engine_logs: list = []    # (log name, pid) of each engine core
         self.sock = None
         self.stopping = False
+        self.tearing_down = False      # we stop our workers ourselves (a worker exit is expected)
         self.t0 = time.time()
+        if fault:
+            fault_fired(fault, **{k: v for k, v in self.fault_args.items() if k not in ("fault", "pid", "at")})
 
     # -- configuration -------------------------------------------------------------------------
     def configure(self) -> dict:
@@ -1301,6 +1383,7 @@ class Launch:
             "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
             "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
+            "shutdown_timeout": int(a.shutdown_timeout or 0),
         }
 
     # -- start-up --------------------------------------------------------------------------------
@@ -1528,10 +1611,10 @@ class Launch:
                 f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 "
                 f"has a total capacity of {total_gib:.2f} GiB of which 1.02 GiB is free. Including "
                 f"non-PyTorch memory, this process has {total_gib - 1.02:.2f} GiB memory in use.")
-        await asyncio.sleep(compile_s)
+        compile_s = await self.compile(cfg, w0, compile_s)
         log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
         kv_gib = budget_gib - w_gib - 2.4
-        if kv_gib <= 0.2:
+        if kv_gib <= 0.2 or self.fault == "crash-no-kv-memory":
             self.worker_crash(w0, ec, multi, [
                 ("vllm/v1/worker/gpu_worker.py", 780, "determine_available_memory",
                  "raise ValueError(")],
@@ -1562,6 +1645,32 @@ class Launch:
             f"Graph capturing finished in {max(1, round(graph_s))} secs, took 0.52 GiB")
         log(ec, "INFO", "core.py:413", "init engine (profile, create kv cache, warmup model) took "
             f"{compile_s + graph_s + 0.5:.2f} s")
+
+    async def compile(self, cfg: dict, w0, compile_s: float) -> float:
+        """torch.compile with vLLM's cache (compilation/backends.py): a configuration compiled
+        before loads from VLLM_CACHE_ROOT/torch_compile_cache/<hash>/ instead. Returns its time."""
+        import hashlib
+        root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm")
+        key = hashlib.sha256(json.dumps([cfg["ident"], cfg["tp"], cfg["pp"], cfg["dp"], cfg["dcp"],
+                                         cfg["kv_dtype"], cfg["max_model_len"]]).encode()).hexdigest()[:10]
+        cache = Path(os.path.expanduser(root)) / "torch_compile_cache" / key / "rank_0_0" / "backbone"
+        log(w0, "INFO", "backends.py:1126", f"Using cache directory: {cache} for vLLM's torch.compile")
+        rng = f"(1, {self.args.max_num_batched_tokens or 8192})"
+        if (cache / "done").exists():
+            compile_s *= 0.2
+            await asyncio.sleep(compile_s)
+            log(w0, "INFO", "backends.py:311", f"Directly load the compiled graph(s) for compile range {rng} "
+                f"from the cache, took {compile_s:.3f} s")
+            return compile_s
+        await asyncio.sleep(compile_s)
+        log(w0, "INFO", "backends.py:418", f"Compiling a graph for compile range {rng} takes {compile_s:.2f} s")
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            (cache / "done").write_text(str(time.time()))
+        except OSError as exc:
+            log(w0, "WARNING", "backends.py:1130", f"could not write the torch.compile cache: {exc}")
+        return compile_s
 
     def shard_count(self, cfg: dict) -> int:
         if cfg["model_dir"] is not None:
@@ -1603,6 +1712,7 @@ class Launch:
         raise StartupFailed(None)
 
     def stop_holders(self) -> None:
+        self.tearing_down = True
         procs = [h[0] for h in self.holders] + self.aux
         for p in procs:
             try:
@@ -1624,6 +1734,7 @@ class Launch:
         # "ApiServer_<i>" (while its process title is VLLM::APIServer_<i>), as the real server does.
         apis = ([(f"ApiServer_{i}", p.pid) for i, p in enumerate(getattr(self, "api_procs", []))]
                 or [self.api])
+        self.cfg, self.engine, self.server = cfg, engine, server
         addr = cfg["host"] or "0.0.0.0"
         for api in apis:
             log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
@@ -1638,17 +1749,48 @@ class Launch:
             log_uvicorn(f"INFO:     Started server process [{pid}]")
             log_uvicorn("INFO:     Waiting for application startup.")
             log_uvicorn("INFO:     Application startup complete.")
-        self.ready = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.ready = loop.create_future()
         if self.fault == "die-after-ready":
-            asyncio.get_running_loop().call_later(3.0, self.die, server)
+            loop.call_later(3.0, self.die, server)
+        if self.fault == "hang-after-ready":
+            loop.call_later(float(self.fault_args.get("after") or 5.0), self.hang)
         if (cfg["dcp"] > 1 and cfg["kv_dtype"].startswith("fp8") and cfg["profile"].startswith("kimi")
                 and version_before(VERSION, "0.25.0")):
             # MLA decode asserts before 0.25.0 (vllm issue #32010, PR #44044): the whole load went
             # fine, the first decode step kills the engine
             server.on_decode = lambda: self.die(server, DCP_FP8_DEATH)
+        watcher = loop.create_task(self.watch_workers())
         code = await self.ready
+        watcher.cancel()
         srv.close()
         return code
+
+    def hang(self) -> None:
+        """The engine stops making progress and says nothing (an NCCL collective that never
+        returns): /health stays 200 because the engine is not dead, requests never finish."""
+        self.engine.hung = True
+        fault_fired("hang-after-ready", phase="hung")
+
+    async def watch_workers(self) -> None:
+        """vLLM's MultiprocWorkerMonitor: a worker that exits while the engine runs (killed, or
+        SIGTERMed straight by a stop that signals the whole cgroup) makes the engine dead."""
+        while not self.tearing_down:
+            for (p, title, _gpu, _st) in self.holders:
+                if p.poll() is not None and not self.tearing_down:
+                    ec = self.engine_logs[0] if self.engine_logs else ("EngineCore_DP0", os.getpid())
+                    log(ec, "ERROR", "multiproc_executor.py:381",
+                        f"Worker proc {title[len('VLLM::'):]} died unexpectedly (exit code: {p.returncode}), "
+                        "shutting down executor.")
+                    self.engine.dead = True
+                    self.server.healthy = False
+                    log(self.api, "ERROR", "async_llm.py:693", "AsyncLLM output_handler failed.")
+                    log_raw(self.api, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+                                      "issue. See stack trace (above) for the root cause.")
+                    self.stop_holders()
+                    asyncio.get_running_loop().call_later(0.5, self._finish, 1)
+                    return
+            await asyncio.sleep(0.2)
 
     def die(self, server, cause: tuple = ()) -> None:
         """The engine dies while serving: `cause` is (worker, frames, exception) of the root cause
@@ -1680,23 +1822,57 @@ class Launch:
             self.ready.set_result(code)
 
     def on_sigterm(self) -> None:
+        """SIGTERM / SIGINT as vLLM 0.33 handles them (entrypoints/launchers/launcher.py,
+        v1/engine/core.py): while loading, the process ends; once serving, the engine stops taking
+        requests and drains the ones in flight for up to --shutdown-timeout (0: aborts them), then
+        its workers stop and the HTTP server shuts down."""
         if self.stopping:
             return
         self.stopping = True
-        if getattr(self, "ready", None) is not None:
-            log(self.api, "INFO", "launcher.py:251", "Shutting down FastAPI HTTP server.")
-            log_uvicorn("INFO:     Shutting down")
-            log_uvicorn("INFO:     Waiting for application shutdown.")
-            log_uvicorn("INFO:     Application shutdown complete.")
-        self.stop_holders()
-        if getattr(self, "ready", None) is not None:
-            self._finish(0)
-        else:
+        if getattr(self, "ready", None) is None:
+            self.stop_holders()
             os._exit(0)
+        timeout = self.cfg["shutdown_timeout"]
+        log(self.api, "INFO", "launcher.py:256", "[shutdown] API server: shutdown triggered")
+        log(self.api, "INFO", "launcher.py:273", "[shutdown] API server: stopping engine client "
+            f"mode={'drain' if timeout else 'abort'} timeout={timeout}s")
+        asyncio.get_running_loop().create_task(self.shutdown(timeout))
+
+    async def shutdown(self, timeout: int) -> None:
+        ec = self.engine_logs[0] if self.engine_logs else ("EngineCore_DP0", os.getpid())
+        engine, loop = self.engine, asyncio.get_running_loop()
+        log(ec, "INFO", "core.py:1712", f"[shutdown] EngineCore: start mode={'drain' if timeout else 'abort'} "
+            f"timeout={timeout}s")
+        engine.draining = True
+        count = engine.in_flight
+        if timeout and count:
+            log(ec, "INFO", "core.py:1731", f"[shutdown] EngineCore: draining in-flight requests count={count} "
+                f"timeout={timeout}s")
+            deadline = loop.time() + timeout
+            while engine.in_flight and loop.time() < deadline and not engine.dead:
+                await asyncio.sleep(0.05)
+        if engine.in_flight:
+            if not timeout:
+                log(ec, "INFO", "core.py:1721", f"[shutdown] EngineCore: aborting in-flight requests "
+                    f"count={engine.in_flight}")
+            engine.aborting = True
+            while engine.in_flight:
+                await asyncio.sleep(0.02)
+        log(ec, "INFO", "core.py:1745", "[shutdown] EngineCore: request processing complete; starting resource "
+            "teardown")
+        self.stop_holders()
+        for line in ("[shutdown] API server: engine client stopped",
+                     "[shutdown] API server: signalling HTTP server shutdown",
+                     "[shutdown] API server: shutting down FastAPI HTTP server"):
+            log(self.api, "INFO", "launcher.py:281", line)
+        log_uvicorn("INFO:     Shutting down")
+        log_uvicorn("INFO:     Waiting for application shutdown.")
+        log_uvicorn("INFO:     Application shutdown complete.")
+        self._finish(0)
 
 
-async def run_serve(args, fault) -> int:
-    launch = Launch(args, fault)
+async def run_serve(args, fault, fault_args=None) -> int:
+    launch = Launch(args, fault, fault_args or {})
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, launch.on_sigterm)
@@ -1743,11 +1919,12 @@ def main(argv=None) -> int:
         return 1
     model = args.model_tag or args.model or ""
     names = [Path(model).name, model] + list(args.served_model_name or [])
-    fault = consume_fault(names)
+    entry = consume_fault(names) or {}
+    fault = entry.get("fault")
     if fault == "crash-unrecognized-args":
         parser.error("unrecognized arguments: --enable-reasoning")
     try:
-        return asyncio.run(run_serve(args, fault))
+        return asyncio.run(run_serve(args, fault, entry))
     except KeyboardInterrupt:
         return 0
 

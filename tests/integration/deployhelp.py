@@ -25,10 +25,16 @@ def free_port() -> int:
 
 def on_port(name: str, port: int | None = None, **startup) -> Manifest:
     """A shipped manifest moved to a free port (tests must not touch a user's sim on 8000)."""
-    m = SHIPPED[name]
-    data = m.model_dump()
+    return tuned(name, port, startup=startup)
+
+
+def tuned(name: str, port: int | None = None, **sections: dict) -> Manifest:
+    """A shipped manifest on a free port with some fields of its sections changed, e.g.
+    tuned("minimax-m25", startup={"budget_seconds": 10}, probes={"health_failures": 2})."""
+    data = SHIPPED[name].model_dump()
     data["serving"]["port"] = port or free_port()
-    data["startup"].update(startup)
+    for section, fields in sections.items():
+        data[section].update(fields)
     return Manifest.model_validate(data)
 
 

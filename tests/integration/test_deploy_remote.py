@@ -6,14 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import yaml
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
 from orchestrator.probe.api import Endpoint, health
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
-from tests.plugins.remote_hosts import systemd_skip_reason
 
 from .deployhelp import DEPLOYABLE, deploy, on_port, statuses, swap
 
@@ -22,24 +20,6 @@ from .deployhelp import DEPLOYABLE, deploy, on_port, statuses, swap
 def ssh_sim(sim_host, sshd_local):
     """The default simulated host, reached through a real sshd on loopback."""
     return HostEntry.model_validate({**sim_host.entry, "name": "sim", **sshd_local.inventory()})
-
-
-@pytest.fixture(scope="module")
-def systemd_sim(tmp_path_factory):
-    """A real-systemd SIMULATED host (`vllm-orch sim up --systemd`), shared by this module."""
-    reason = systemd_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path_factory.mktemp("sim-systemd")))
-    home = manager.sim_home()
-    manager.up(1, speed=2000, systemd=True, home=home)
-    entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
-    try:
-        yield home, HostEntry.model_validate({**entry, "name": "sim"})
-    finally:
-        manager.down(home)
-        mp.undo()
 
 
 @pytest.mark.parametrize("model", DEPLOYABLE)
@@ -74,7 +54,7 @@ def test_deploy_each_model_on_real_systemd(systemd_sim, model):
     with open_host(e) as host:
         assert host.run(["systemctl", "is-active", f"vllm-{model}.service"]).stdout.strip() == "active"
         unit = host.get(f"/etc/systemd/system/vllm-{model}.service").decode()
-        assert "KillMode=control-group" in unit
+        assert "KillMode=mixed" in unit and "ExecStartPost=" in unit
         verify = host.run(["systemd-analyze", "verify", f"/etc/systemd/system/vllm-{model}.service"])
         assert verify.ok and verify.stderr.strip() == "", verify.stderr
         stop_model(host, e, model)

@@ -125,8 +125,12 @@ def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatc
     assert "# local tuning" in (sim_host.dir / "units" / f"vllm-{m.name}.sh").read_text()
     assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() == pid_before
     script.write_text(script.read_text().replace("# local tuning\n", "# local tuning 2\n"))
+    before = read_active(sim_host.host, e)
     restarted = run_regen(e, manifests, opts(), quiet, dry_run=False, restart=True)
     assert restarted.ok, restarted.error
+    after = read_active(sim_host.host, e)          # how it runs changed, not which weights it serves
+    assert (after["revision"], after["deployed_at"]) == (before["revision"], before["deployed_at"])
+    assert after["unit_hash"] != before["unit_hash"]
     assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() != pid_before
     assert health(Endpoint(sim_host.host, m.serving.port)) == 200
 

@@ -6,6 +6,9 @@ with systemd-nspawn. Both are session-scoped (started once) and stopped by PID a
     ssh_host        -> an SshHost connected to sshd_local (fresh per test, closed after)
     systemd_hosts   -> factory: systemd_hosts(n) -> list of inventory dicts (see sim/nspawn.boot),
                        booted once per session and shared by every test asking for <= n
+    systemd_sim     -> (sim home, HostEntry): `vllm-orch sim up --systemd` (a SIMULATED GPU host in
+                       a real-systemd container with a persistent root, its hub mirror), per module
+    clean_systemd_sim -> the same, with no vllm unit running or enabled, no faults, no records
 Skips say exactly what is missing; CI is root and installs everything these need.
 """
 
@@ -101,6 +104,49 @@ def systemd_hosts(tmp_path_factory):
     for info in booted:
         nspawn.shutdown(info)
     _timed("nspawn shutdown", started)
+
+
+@pytest.fixture(scope="module")
+def systemd_sim(tmp_path_factory):
+    """A real-systemd SIMULATED host (`vllm-orch sim up --systemd`), shared by a test module."""
+    reason = systemd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import yaml
+
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.sim import manager
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path_factory.mktemp("sim-systemd")))
+    home = manager.sim_home()
+    started = time.monotonic()
+    try:
+        manager.up(1, speed=2000, systemd=True, home=home)
+        _timed("sim up --systemd", started)
+        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        yield home, HostEntry.model_validate({**entry, "name": "sim"})
+    finally:
+        manager.down(home)
+        mp.undo()
+
+
+@pytest.fixture
+def clean_systemd_sim(systemd_sim):
+    """The module's systemd_sim with every vllm unit stopped and disabled, no pending fault and no
+    active / swap / health records: each test starts from a host that serves nothing."""
+    from orchestrator.host.connect import open_host
+    from orchestrator.sim import manager
+
+    home, e = systemd_sim
+    manager.clear_faults("sim", home=home)
+    with open_host(e) as host:
+        host.run(["sh", "-c", "for u in $(systemctl list-units --all --plain --no-legend 'vllm-*' | "
+                              "awk '{print $1}'); do systemctl stop $u; systemctl disable $u; done; "
+                              "systemctl reset-failed 'vllm-*' 2>/dev/null; "
+                              f"rm -rf {e.state_dir}/active.json {e.state_dir}/swap.json {e.state_dir}/health; "
+                              "true"], timeout=300).check(e.name)
+    return home, e
 
 
 def _host_dir(path: Path) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.views import gpu_lines, history_details, process_lines
+from orchestrator.cli.views import gpu_lines, history_details, process_lines, unit_lines
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
 from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
@@ -29,6 +29,24 @@ from orchestrator.ops.stop import delete_script, deploy_started_at, leftovers, m
 def test_decide_state(active, failed, health, listed, expected):
     state, reason = decide_state(active, failed, health, listed)
     assert state == expected and reason
+
+
+def test_the_unit_state_has_the_last_word_on_systemd_hosts():
+    assert decide_state(True, False, 200, True, unit_ready=False)[0] == "loading"   # its probe has not passed
+    assert decide_state(True, False, 200, True, unit_ready=True) == \
+        ("ready", "/health 200 and the served name is listed, unit active")
+    state, reason = decide_state(False, False, None, None, restarting=True)       # activating (auto-restart)
+    assert state == "failed" and "restarts it after RestartSec" in reason
+
+
+def test_failure_words_say_why_and_whether_the_restarts_ran_out():
+    from orchestrator.ops.status import failure_words
+
+    assert failure_words({"Result": "timeout"}).startswith("not ready within its start-up budget")
+    assert failure_words({"Result": "exit-code", "NRestarts": "2"}, limit_hit=True).endswith(
+        "2 starts failed in a row, then the start limit (StartLimitBurst) stopped the restarts")
+    assert failure_words({"Result": "signal", "NRestarts": "1"}) == \
+        "vLLM was killed by a signal; systemd restarted it 1 time"
 
 
 def test_pick_model_prefers_the_running_recorded_model_then_a_loading_one():
@@ -146,6 +164,11 @@ def test_history_details_and_views():
     assert history_details({"operation": "deploy", "ok": False, "failure_kind": "crash",
                             "root_cause": "ValueError: x"}) == "crash: ValueError: x"
     assert "downtime 3.5s" in history_details({"operation": "swap", "ok": True, "downtime_s": 3.5})
+    assert history_details({"operation": "health-restart", "ok": True, "reason": "2 failed"}) == \
+        "restarted by its health timer: 2 failed"
+    assert history_details({"operation": "swap", "ok": False, "error": "x", "interrupted": "ready",
+                            "rollback": {"ok": True}}) == "interrupted during ready; rollback done"
+    assert "disabled at boot" in history_details({"operation": "stop", "was": "running", "disabled": True})
     assert gpu_lines([{"index": i, "memory_used_mib": 1024 if i < 4 else 0, "memory_total_mib": 2048}
                       for i in range(8)]) == "GPU 0-3 1/2 GiB, GPU 4-7 0/2 GiB"
     lines = process_lines([{"pid": 1, "name": "W", "gpu": 0, "used_mib": 1024, "owner": "m", "left_by": None,
@@ -156,3 +179,19 @@ def test_history_details_and_views():
                             "left_by": None, "kind": "foreign"}])
     assert lines[0] == ("2 processes of m on GPUs 0,1 (2 GiB, e.g. PID 1 W)", False)
     assert lines[1] == ("GPU 2: PID 3 python 5 MiB (foreign)", True)
+
+
+def test_unit_lines_show_state_boot_root_cause_and_health():
+    from orchestrator.ops.status import HostStatus
+
+    st = HostStatus(host="h", unit_state="failed (exit-code)", enabled=True, restarts=2,
+                    root_cause="ValueError: No available memory for the cache blocks.",
+                    health={"failures": 1, "last": {"ok": False, "at": "2026-11-30T10:00:00+00:00",
+                                                    "reason": "/health answered 503"}},
+                    last_health_restart={"at": "2026-11-30T09:00:00+00:00", "reason": "2 health checks failed"})
+    lines = unit_lines(st)
+    assert lines[0] == "unit: failed (exit-code), starts at boot; restarted 2 times by systemd"
+    assert lines[1] == "root cause: ValueError: No available memory for the cache blocks."
+    assert lines[2].startswith("health: 1 failed check in a row") and lines[2].endswith("/health answered 503")
+    assert lines[3].startswith("health timer restarted it") and lines[3].endswith("2 health checks failed")
+    assert unit_lines(HostStatus(host="p")) == []           # a process host has no unit

@@ -114,10 +114,13 @@ def test_staged_swap_carries_its_rollback_branch():
     plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
     steps = [a.step for a in plan.actions]
     assert steps == ["lock", "preflight", "disk", "download", "install", "stop", "gpus", "start", "ready", "perf",
+                     "boot",
                      "record"]
     rb = plan.recovery_for(steps.index("ready") + 1)
     assert rb is not None and rb.first == steps.index("stop") + 1 and rb.title == f"roll back to {old}"
-    assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready"]
+    assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready", "record"]
+    assert "swap.json" in rb.actions[-1].summary                          # the rollback ends the swap
+    assert "swap.json" in plan.actions[steps.index("stop")].details[0]   # ... which the stop began
     assert plan.recovery_for(steps.index("download") + 1) is None     # the old model still serves then
     assert plan.info == {"from": old, "to": new, "staged": True}
     golden("plan-swap-staged.txt", plan.text())
@@ -170,3 +173,91 @@ def test_regen_plans_each_service_with_its_own_files_and_recovery():
 def test_every_shipped_manifest_plans_on_fake_facts(name):
     plan = plan_deploy(inp(svc(name), facts(), download(10 ** 9)))
     assert plan.refusal is None and plan.changes
+
+
+def test_a_swap_hands_the_start_at_boot_to_the_new_model_and_its_rollback_hands_it_back():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    services = {old: ServiceState(active=True, main_pid=1000, ready=True, enabled=True)}
+    f = facts(services=services, active={"model": old, "gpus": list(range(8)), "enabled": True},
+              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
+    boot = next(a for a in plan.actions if a.step == "boot")
+    assert not boot.noop and [c[1:] for c in boot.commands] == [["enable", f"vllm-{new}.service"],
+                                                               ["disable", f"vllm-{old}.service"]]
+    assert "enabled at boot" in plan.actions[-1].summary          # the active record says so
+    rb = plan.recovery_for(len(plan.actions))
+    back = next(a for a in rb.actions if a.step == "boot")
+    assert [c[1:] for c in back.commands] == [["enable", f"vllm-{old}.service"], ["disable", f"vllm-{new}.service"]]
+
+
+def test_deploy_with_enable_records_it():
+    plan = plan_deploy(inp(svc("minimax-m25"), facts(), download(10 ** 9), enable=True))
+    start = next(a for a in plan.actions if a.step == "start")
+    assert ["systemctl", "enable", "vllm-minimax-m25.service"] in start.commands
+    assert "enabled at boot" in plan.actions[-1].summary
+
+
+def run_alone(action) -> list:
+    """Run one action's `run` on a host that records commands and answers 0 (a fresh RunRecord)."""
+    from orchestrator.host.base import Result
+    from orchestrator.plan.run import RunEnv
+
+    class Recorder:
+        name, commands = "gpu1", []
+
+        def run(self, cmd, **kw):
+            self.commands.append(cmd)
+            return Result(str(cmd), 0)
+
+    host = Recorder()
+    action.run(RunEnv(host, ENTRY, Options()))
+    return host.commands
+
+
+def half_done_facts(old: str, new: str, new_state: ServiceState | None) -> HostFacts:
+    services = {old: ServiceState(active=False, main_pid=None, ready=False, enabled=True)}
+    if new_state is not None:
+        services[new] = new_state
+    f = facts(services=services, active={"model": old, "gpus": list(range(8))},
+              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+    f.half_swap = {"from": old, "to": new, "since": "2026-11-30T10:00:00+00:00", "by": "me@ctl pid 7",
+                   "from_enabled": True}
+    return f
+
+
+def test_a_half_done_swap_is_resumed_by_swapping_to_its_new_model_with_a_rollback():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    loading = ServiceState(active=True, main_pid=2000, ready=False, enabled=False)
+    f = half_done_facts(old, new, loading)
+    assert old_model_name(f, new) == old and old_model_name(f, old) == new
+    t = svc(new, installed=True)
+    plan = plan_swap(inp(t, f, download(0, 593 * 10 ** 9), old=svc(old, installed=True)))
+    steps = [a.step for a in plan.actions]
+    assert "stop" not in steps and plan.actions[steps.index("start")].noop   # waited for, not restarted
+    rb = plan.recovery_for(steps.index("ready") + 1)
+    assert rb is not None and rb.title == f"roll back to {old}"
+    ran = run_alone(rb.actions[0])                  # the previous run started it: stopped all the same
+    assert ["systemctl", "stop", f"vllm-{new}.service"] in ran
+    assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready", "boot", "record"]
+    boot = next(a for a in plan.actions if a.step == "boot")
+    assert [c[1:] for c in boot.commands] == [["enable", f"vllm-{new}.service"], ["disable", f"vllm-{old}.service"]]
+
+
+def test_a_half_done_swap_refuses_deploy_and_other_swaps_and_says_what_to_run():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    f = half_done_facts(old, new, None)
+    for plan in (plan_deploy(inp(svc("minimax-m25"), f, download(1))),
+                 plan_swap(inp(svc("minimax-m25"), f, download(1), old=svc(old, installed=True)))):
+        assert plan.refusal is not None and plan.refusal.exit_code == 3 and plan.refusal.step == "swap"
+        assert f"{old} is stopped, {new} is stopped" in str(plan.refusal)
+        assert f"vllm-orch swap {new} --host gpu1" in plan.refusal.hint
+        assert f"vllm-orch swap {old} --host gpu1" in plan.refusal.hint
+
+
+def test_going_back_from_a_half_done_swap_has_no_rollback_to_the_model_that_never_served():
+    old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
+    f = half_done_facts(old, new, ServiceState(active=True, main_pid=2000, ready=False, enabled=False))
+    plan = plan_swap(inp(svc(old, installed=True), f, download(0, 547 * 10 ** 9), old=svc(new, installed=True)))
+    steps = [a.step for a in plan.actions]
+    assert plan.refusal is None and steps.index("stop") < steps.index("start") and not plan.recoveries
+    assert plan.actions[steps.index("stop")].summary.startswith(f"stop {new}")

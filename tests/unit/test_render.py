@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from orchestrator.config.manifest import load_all, load_manifest
 from orchestrator.paths import shipped_dir
 from orchestrator.render.artifacts import env_value, render, systemd_quote
 from orchestrator.secret import Secret
+from orchestrator.sim import unitcheck
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 MODELS, _ = load_all(shipped_dir("models"))
@@ -59,31 +58,114 @@ def test_golden_process_host(model):
     assert r.unit.mode == 0o755 and r.unit.path == f"/srv/vllm-orch/units/vllm-{model}.sh"
 
 
-def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """systemd-analyze verify, with the ExecStart binary (absent here) swapped for a stub file."""
-    stub = tmp_path / "vllm-stub"
-    stub.write_text("#!/bin/sh\n")
-    stub.chmod(0o755)
-    text = unit_text.replace("ExecStart=/opt/vllm/bin/vllm ", f"ExecStart={stub} ")
-    name = [l for l in unit_text.splitlines() if l.startswith("SyslogIdentifier=")][0].split("=")[1]
-    unit = tmp_path / f"{name}.service"
-    unit.write_text(text)
-    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+def _verify(r, text: str | None = None, which: int = 0) -> tuple[bool, str]:
+    """systemd-analyze verify of one rendered unit (0: the service, 1: its health check, 2: its
+    timer) in a throwaway root holding the others, the env file and stubs for the binaries."""
+    units = [r.unit, *r.extra[:2]]
+    target = units[which]
+    others = {f.path: f.text for f in [r.env_file, *units] if f is not target}
+    binaries = [r.argv[0], SYSTEMD_HOST.python or "python3"]
+    return unitcheck.verify_unit(text if text is not None else target.text, binaries,
+                                 unit_name=target.path.rsplit("/", 1)[1], extra_files=others)
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
+@pytest.mark.skipif(bool(unitcheck.available()), reason=str(unitcheck.available()))
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_systemd_analyze_verify_is_clean(model, tmp_path):
-    proc = _verify(render(reference(model, SYSTEMD_HOST), SYSTEMD_HOST).unit.text, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == "", proc.stderr
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["service", "health-check", "health-timer"])
+def test_systemd_analyze_verify_is_clean(model, which):
+    ok, err = _verify(render(reference(model, SYSTEMD_HOST), SYSTEMD_HOST), which=which)
+    assert ok, err
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
-def test_verify_catches_a_bad_unit(tmp_path):
+@pytest.mark.skipif(bool(unitcheck.available()), reason=str(unitcheck.available()))
+def test_verify_catches_a_bad_unit():
     """The check above is not vacuous: a bad key shows up on stderr."""
-    text = render(MODELS["minimax-m25"], SYSTEMD_HOST).unit.text.replace("KillMode=control-group", "KillMode=bogus")
-    assert "Failed to parse kill mode" in _verify(text, tmp_path).stderr
+    r = render(MODELS["minimax-m25"], SYSTEMD_HOST)
+    ok, err = _verify(r, r.unit.text.replace("KillMode=mixed", "KillMode=bogus"))
+    assert not ok and "Failed to parse kill mode" in err
+
+
+def _directives(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def test_the_unit_is_active_only_when_the_model_serves():
+    """Type=exec alone makes `active` mean "exec'd": the ExecStartPost= probe keeps the unit
+    activating until vLLM answers, and TimeoutStartSec (the manifest's budget) bounds both."""
+    m = MODELS["kimi-k25-int4"]
+    r = render(m, SYSTEMD_HOST)
+    d = _directives(r.unit.text)
+    assert d["Type"] == ["exec"] and d["TimeoutStartSec"] == [str(m.startup.budget_seconds)]
+    post = d["ExecStartPost"][0].split()
+    assert post[:3] == ["/opt/vllm/bin/python", "/var/lib/vllm-orch/bin/vllm-orch-probe.py", "ready"]
+    assert post[post.index("--port") + 1] == str(m.serving.port)
+    assert post[post.index("--served-name") + 1] == m.served_name
+    probe = next(f for f in r.extra if f.path.endswith("vllm-orch-probe.py"))
+    assert probe.mode == 0o755 and "def cmd_ready" in probe.text
+
+
+def test_restart_policy_is_sized_to_the_load_time():
+    """systemd refuses a start once StartLimitBurst starts fell within StartLimitIntervalSec. Each
+    attempt of a load that fails at its very end takes budget + stop + RestartSec, so the window
+    must hold that many attempts, or a late failure restarts forever (3 x 36 min > 1 h)."""
+    for m in MODELS.values():
+        d = _directives(render(m, SYSTEMD_HOST).unit.text)
+        burst, window = int(d["StartLimitBurst"][0]), int(d["StartLimitIntervalSec"][0])
+        attempt = int(d["TimeoutStartSec"][0]) + int(d["TimeoutStopSec"][0]) + int(d["RestartSec"][0])
+        starts = [i * attempt for i in range(burst + 1)]        # every attempt fails as late as it can
+        refused = [t for i, t in enumerate(starts) if i >= burst and t - starts[i - burst] <= window]
+        assert refused == [starts[burst]], (m.name, burst, window, attempt)
+        assert d["Restart"] == ["on-failure"] and burst == m.startup.start_attempts
+
+
+def test_graceful_stop_caches_device_order_and_persistenced():
+    m = MODELS["kimi-k25-int4"]
+    r = render(m, SYSTEMD_HOST)
+    d = _directives(r.unit.text)
+    assert r.argv[r.argv.index("--shutdown-timeout") + 1] == str(m.vllm.shutdown_timeout)
+    assert d["KillMode"] == ["mixed"] and d["SendSIGKILL"] == ["yes"]
+    assert int(d["TimeoutStopSec"][0]) > m.vllm.shutdown_timeout + 30      # the drain, then the teardown
+    assert "nvidia-persistenced.service" in d["Wants"][0] and "nvidia-persistenced.service" in d["After"][0]
+    assert d["CacheDirectory"] == ["vllm-orch"]
+    env = " ".join(d["Environment"])
+    for var in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
+        assert f"{var}=%C/vllm-orch" in env
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in r.env_file.text.splitlines()
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in render(m, PROCESS_HOST).env_file.text.splitlines()
+
+
+def test_health_timer_and_check_are_rendered_with_the_service():
+    m = MODELS["minimax-m25"]
+    r = render(m, SYSTEMD_HOST)
+    paths = [f.path for f in r.files]
+    service = "/etc/systemd/system/vllm-minimax-m25-health.service"
+    timer = "/etc/systemd/system/vllm-minimax-m25-health.timer"
+    assert service in paths and timer in paths
+    assert "vllm-minimax-m25-health.timer" in _directives(r.unit.text)["Wants"][0]
+    t = _directives(next(f for f in r.extra if f.path == timer).text)
+    assert t["PartOf"] == [m.unit_name] and t["OnUnitActiveSec"] == [str(m.probes.health_interval_seconds)]
+    c = _directives(next(f for f in r.extra if f.path == service).text)
+    words = c["ExecStart"][0].split()
+    assert words[2] == "check" and words[words.index("--failures") + 1] == str(m.probes.health_failures)
+    assert c["EnvironmentFile"] == [r.env_file.path]         # the API key vLLM wants
+    assert render(m, PROCESS_HOST).extra == []                # no units without systemd
+
+
+def test_shutdown_timeout_needs_a_vllm_that_has_it(tmp_path):
+    from orchestrator.errors import ConfigError
+
+    f = tmp_path / "old.yaml"
+    f.write_text('source: {repo: a/b}\nserving: {gpus: 1}\nrequires: {min_vllm_version: "0.17.1"}\n')
+    with pytest.raises(ConfigError, match="shutdown-timeout needs vLLM >= 0.18.0"):
+        load_manifest(f)
+    f.write_text('source: {repo: a/b}\nserving: {gpus: 1}\nvllm: {shutdown_timeout: 0}\n'
+                 'requires: {min_vllm_version: "0.17.1"}\n')
+    assert "--shutdown-timeout" not in render(load_manifest(f), SYSTEMD_HOST).argv
 
 
 def test_systemd_quoting():

@@ -236,7 +236,8 @@ def _unseen_owner(found, seen):
 
 def systemd_state(unit):
     r = sh(["systemctl", "show", unit, "-p",
-            "LoadState,ActiveState,SubState,MainPID,Result,NRestarts,ExecMainStartTimestampMonotonic,ControlGroup"])
+            "LoadState,ActiveState,SubState,MainPID,Result,NRestarts,ExecMainStartTimestampMonotonic,ControlGroup,"
+            "UnitFileState"])
     state = {}
     for line in r["out"].splitlines():
         if "=" in line:
@@ -302,6 +303,7 @@ def main():
         facts["vllm"]["error"] = None if r["rc"] == 0 else (r["err"] or r["out"])[-500:]
     facts["models"] = models(args["models_root"])
     facts["active"] = read_json(os.path.join(state_dir, "active.json"))
+    facts["swap"] = read_json(os.path.join(state_dir, "swap.json"))
     facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}
     installed = {}
     inst_dir = os.path.join(state_dir, "installed")

@@ -6,4 +6,4 @@ set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-int4-dcp8.env
 set +a
 cd /srv/models/kimi-k25-int4-dcp8 || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4-dcp8 --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --decode-context-parallel-size 8 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching
+exec /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4-dcp8 --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --decode-context-parallel-size 8 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching --shutdown-timeout 30

@@ -6,4 +6,4 @@ set -a
 . /srv/vllm-orch/units/vllm-tiny-llama-a.env
 set +a
 cd /srv/models/tiny-llama-a || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/tiny-llama-a --served-model-name tiny-llama-a --host 127.0.0.1 --port 8101 --tensor-parallel-size 1 --max-model-len 1024 --gpu-memory-utilization 0.1 --enforce-eager
+exec /srv/venv/bin/vllm serve /srv/models/tiny-llama-a --served-model-name tiny-llama-a --host 127.0.0.1 --port 8101 --tensor-parallel-size 1 --max-model-len 1024 --gpu-memory-utilization 0.1 --shutdown-timeout 30 --enforce-eager

@@ -1,0 +1,237 @@
+"""The systemd unit's own probe of its vLLM server, installed on the host (not sent on stdin like the
+other host-side scripts: systemd runs it, with no vllm-orch around). Stdlib only, Python >= 3.9;
+run by the host's Python (the vLLM venv's, which also has prometheus_client).
+
+  ready   ExecStartPost= of vllm-NAME.service. Waits until /health is 200, /v1/models lists the
+          served name and a one-token completion answers, then exits 0: only then does systemd
+          call the unit `active`, so `systemctl is-active` means "serves" and TimeoutStartSec=
+          bounds the whole load. It never gives up on its own (TimeoutStartSec= is the bound: systemd
+          then stops the unit) and it exits 1 only once the service's main process is gone, because
+          systemd keeps the unit in `activating` until this process ends even after vLLM died. So a
+          slow or broken probe can only delay `active`; it can never be the reason vLLM is killed
+          before the budget the manifest gave it.
+  check   ExecStart= of vllm-NAME-health.service, run by vllm-NAME-health.timer. One probe of an
+          `active` unit: /health and a one-token completion. A completion that times out while
+          /metrics shows tokens being generated is a busy server, not a hang. After N failed checks
+          in a row it appends a `health-restart` record (with the reason) to history.jsonl and
+          restarts the unit; the count lives in <state_dir>/health/NAME.json (status shows it).
+
+The API key is the unit's own (VLLM_API_KEY from the same 0600 EnvironmentFile as vLLM's): vLLM
+answers 401 on /v1/* without it. Each probe's HTTP is plain http.client to the loopback: this runs
+where vllm-orch's own client (orchestrator/host/http.py) is not installed.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+PROMPT = "Hello"
+
+
+def now_iso():
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def say(text):
+    print("vllm-orch probe: " + text, flush=True)
+
+
+def request(port, method, path, body=None, timeout=10.0, address="127.0.0.1"):
+    """(status, body bytes); raises OSError / http.client.HTTPException when there is no answer."""
+    headers = {}
+    key = os.environ.get("VLLM_API_KEY")
+    if key and path.startswith("/v1"):
+        headers["Authorization"] = "Bearer " + key
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    conn = http.client.HTTPConnection(address, port, timeout=timeout)
+    try:
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def probe(port, served, health_path, timeout, listed=True):
+    """(ok, why not): /health 200, the name listed (optional), a one-token completion answered."""
+    try:
+        status, _ = request(port, "GET", health_path, timeout=min(timeout, 10.0))
+    except (OSError, http.client.HTTPException) as exc:
+        return False, "%s gave no answer (%s)" % (health_path, exc.__class__.__name__)
+    if status != 200:
+        return False, "%s answered %d%s" % (health_path, status, " (the engine is dead)" if status == 503 else "")
+    if listed:
+        try:
+            status, body = request(port, "GET", "/v1/models", timeout=min(timeout, 10.0))
+            names = [card.get("id") for card in json.loads(body).get("data") or []] if status == 200 else []
+        except (OSError, http.client.HTTPException, ValueError, AttributeError):
+            return False, "/v1/models gave no usable answer"
+        if status != 200:
+            return False, "/v1/models answered %d" % status
+        if served not in names:
+            return False, "/v1/models does not list %s yet" % served
+    body = {"model": served, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    try:
+        status, text = request(port, "POST", "/v1/completions", body, timeout=timeout)
+    except socket.timeout:
+        return False, "a one-token completion did not answer within %.0fs" % timeout
+    except (OSError, http.client.HTTPException) as exc:
+        return False, "a one-token completion failed (%s)" % exc.__class__.__name__
+    if status != 200:
+        return False, "a one-token completion answered %d: %s" % (status, text[:120].decode("utf-8", "replace"))
+    return True, ""
+
+
+def generated_tokens(port):
+    """vllm:generation_tokens summed over engines, or None when /metrics cannot be read."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+        status, body = request(port, "GET", "/metrics", timeout=5.0)
+        if status != 200:
+            return None
+        total = None
+        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            if family.name in ("vllm:generation_tokens", "vllm:generation_tokens_total"):
+                for sample in family.samples:
+                    if sample.name.endswith("_total") or sample.name == family.name:
+                        total = (total or 0.0) + sample.value
+        return total
+    except Exception:   # no prometheus_client, no answer, odd text: no progress signal
+        return None
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def unit_show(unit, prop):
+    r = subprocess.run(["systemctl", "show", "-p", prop, "--value", unit], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, timeout=30)
+    return r.stdout.decode().strip()
+
+
+def cmd_ready(a):
+    # systemd signals this process too when the unit is stopped while it loads (or its start
+    # times out): that ends the wait, it is no failure of ours (exit 0: a stopped unit ends
+    # `inactive`, not `failed`; a timeout keeps systemd's own Result=timeout)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    main_pid = int(os.environ.get("MAINPID") or 0) or int(unit_show(a.unit, "MainPID") or 0)
+    t0 = time.monotonic()
+    say("waiting until port %d answers: %s 200, %s listed, a one-token completion (TimeoutStartSec= "
+        "bounds this wait)" % (a.port, a.health_path, a.served_name))
+    while True:
+        if main_pid and not alive(main_pid):
+            say("the service's main process (PID %d) exited before it was ready" % main_pid)
+            return 1
+        ok, _why = probe(a.port, a.served_name, a.health_path, a.timeout)
+        if ok:
+            say("ready after %.0fs: %s 200, %s listed, a one-token completion answered"
+                % (time.monotonic() - t0, a.health_path, a.served_name))
+            return 0
+        time.sleep(a.poll)
+
+
+def read_state(path):
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(path, value):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(value, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def append_history(state_dir, record):
+    os.makedirs(state_dir, exist_ok=True)
+    line = json.dumps(dict({"at": now_iso()}, **record), sort_keys=True) + "\n"
+    fd = os.open(os.path.join(state_dir, "history.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def cmd_check(a):
+    path = os.path.join(a.state_dir, "health", a.model + ".json")
+    state = read_state(path)
+    unit_state = unit_show(a.unit, "ActiveState")
+    stamp = {"at": now_iso(), "ts": time.time()}
+    if unit_state != "active":
+        state.update(failures=0, last=dict(stamp, ok=None, note="%s is %s: not probed" % (a.unit, unit_state)))
+        write_state(path, state)
+        return 0
+    before = generated_tokens(a.port)
+    ok, why = probe(a.port, a.served_name, a.health_path, a.timeout, listed=False)
+    if not ok and "did not answer within" in why:
+        after = generated_tokens(a.port)
+        if before is not None and after is not None and after > before:
+            ok = True
+            stamp["note"] = "busy: the completion waited in the queue while %d tokens were generated" % (after - before)
+    if ok:
+        state.update(failures=0, last=dict(stamp, ok=True), last_ok=stamp["at"])
+        write_state(path, state)
+        return 0
+    failures = int(state.get("failures") or 0) + 1
+    state.update(failures=failures, last=dict(stamp, ok=False, reason=why))
+    say("health check failed (%d of %d in a row): %s" % (failures, a.failures, why))
+    if failures < a.failures:
+        write_state(path, state)
+        return 1
+    reason = "%d health checks failed in a row, the last: %s" % (failures, why)
+    r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    record = {"operation": "health-restart", "model": a.model, "ok": r.returncode == 0, "reason": reason,
+              "failures": failures, "by": a.unit.replace(".service", "-health.timer")}
+    if r.returncode != 0:
+        record["error"] = r.stdout.decode(errors="replace").strip()[-300:]
+    append_history(a.state_dir, record)
+    state.update(failures=0, restarted_at=stamp["at"], restart_reason=reason,
+                 restarts=int(state.get("restarts") or 0) + 1)
+    write_state(path, state)
+    say("restarting %s: %s" % (a.unit, reason) if r.returncode == 0 else
+        "could not restart %s: %s" % (a.unit, record["error"]))
+    return 1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="vllm-orch-probe")
+    sub = p.add_subparsers(dest="mode", required=True)
+    for name in ("ready", "check"):
+        s = sub.add_parser(name)
+        s.add_argument("--unit", required=True)
+        s.add_argument("--port", type=int, required=True)
+        s.add_argument("--served-name", required=True)
+        s.add_argument("--health-path", default="/health")
+        s.add_argument("--timeout", type=float, default=30.0)
+    sub.choices["ready"].add_argument("--poll", type=float, default=1.0)
+    check = sub.choices["check"]
+    check.add_argument("--model", required=True)
+    check.add_argument("--failures", type=int, default=3)
+    check.add_argument("--state-dir", required=True)
+    a = p.parse_args(argv)
+    return cmd_ready(a) if a.mode == "ready" else cmd_check(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The units' probe (orchestrator/host/remote/unit_probe.py), run here as the host's Python runs it:
+`ready` against a simulated vLLM while it loads, crashes or serves; `check`'s counting, its
+busy-not-hung rule and its restart record with systemctl and HTTP replaced by stand-ins."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.paths import package_file
+from tests.plugins.sim_hosts import SimServer, make_model
+
+SCRIPT = package_file("host", "remote", "unit_probe.py")
+
+
+def argv(model) -> list[str]:
+    return [str(model), "--served-model-name", "kimi", "--trust-remote-code", "-tp", "8", "--max-model-len", "65536"]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("unit_probe_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def ready(port: int, main_pid: int, budget: float = 60) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "ready", "--unit", "x.service", "--port", str(port),
+                           "--served-name", "kimi", "--poll", "0.1"], capture_output=True, text=True,
+                          timeout=budget, env=dict(os.environ, MAINPID=str(main_pid)))
+    return proc.returncode, proc.stdout, time.monotonic() - t0
+
+
+def test_ready_waits_for_the_model_to_answer(sim_host):
+    from orchestrator.sim import manager
+
+    model = make_model(sim_host.dir, "kimi-k25-int4", "moonshotai/Kimi-K2.5", total_size=547e9)
+    manager.add_fault("sim", "slow-start", "kimi-k25-int4", home=sim_host.home)        # ~5 s load
+    with SimServer(sim_host, argv(model)) as srv:
+        code, out, took = ready(srv.port, srv.proc.pid)
+        assert code == 0, out + srv.log[-2000:]
+        assert "Application startup complete." in srv.log      # it waited for the whole load
+        assert "ready after" in out and "a one-token completion answered" in out
+
+
+def test_ready_gives_up_only_when_the_main_process_is_gone(sim_host):
+    from orchestrator.sim import manager
+
+    model = make_model(sim_host.dir, "kimi-k25-int4", "moonshotai/Kimi-K2.5", total_size=547e9)
+    manager.add_fault("sim", "crash-flashinfer", "kimi-k25-int4", home=sim_host.home)
+    with SimServer(sim_host, argv(model)) as srv:
+        code, out, took = ready(srv.port, srv.proc.pid)
+        assert srv.proc.poll() is not None and code == 1
+        assert f"main process (PID {srv.proc.pid}) exited before it was ready" in out
+
+
+def test_ready_sends_the_api_key_vllm_wants(sim_host, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "k-123")        # the unit's EnvironmentFile gives it to both
+    model = make_model(sim_host.dir, "kimi-k25-int4", "moonshotai/Kimi-K2.5")
+    with SimServer(sim_host, argv(model), env={"VLLM_API_KEY": "k-123"}) as srv:
+        code, out, _ = ready(srv.port, srv.proc.pid)
+        assert code == 0, out
+
+
+@pytest.fixture
+def check(tmp_path, monkeypatch):
+    """cmd_check with a unit that is `active`, HTTP answers and systemctl replaced."""
+    mod = load()
+    calls: list = []
+    monkeypatch.setattr(mod, "unit_show", lambda unit, prop: "active")
+    monkeypatch.setattr(mod.subprocess, "run", lambda argv, **kw: calls.append(argv) or
+                        subprocess.CompletedProcess(argv, 0, b""))
+
+    def run(answer, tokens=(None, None), failures=2):
+        seq = iter(tokens)
+        monkeypatch.setattr(mod, "probe", lambda *a, **k: answer)
+        monkeypatch.setattr(mod, "generated_tokens", lambda port: next(seq))
+        args = ["check", "--unit", "vllm-m.service", "--port", "1", "--served-name", "m", "--model", "m",
+                "--failures", str(failures), "--timeout", "2", "--state-dir", str(tmp_path)]
+        return mod.main(args)
+
+    def state():
+        return json.loads((tmp_path / "health" / "m.json").read_text())
+
+    def history():
+        path = tmp_path / "history.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    run.module = mod
+    return run, state, history, calls
+
+
+def test_check_counts_failures_and_restarts_after_n_in_a_row(check):
+    run, state, history, calls = check
+    hung = (False, "a one-token completion did not answer within 2s")
+    assert run(hung, (100.0, 100.0)) == 1 and state()["failures"] == 1 and not calls
+    assert run((True, "")) == 0 and state()["failures"] == 0            # a success resets the count
+    run(hung, (100.0, 100.0))
+    run(hung, (100.0, 100.0))                                           # the second in a row
+    assert calls == [["systemctl", "restart", "--no-block", "vllm-m.service"]]
+    rec = history()[-1]
+    assert rec["operation"] == "health-restart" and rec["model"] == "m" and rec["ok"] is True
+    assert rec["reason"] == "2 health checks failed in a row, the last: " + hung[1]
+    assert state()["failures"] == 0 and state()["restarts"] == 1
+
+
+def test_a_busy_server_is_not_a_hung_one(check):
+    run, state, history, calls = check
+    slow = (False, "a one-token completion did not answer within 2s")
+    assert run(slow, (100.0, 164.0), failures=1) == 0                   # tokens flowed meanwhile
+    assert state()["last"]["ok"] is True and "64 tokens were generated" in state()["last"]["note"]
+    assert not calls and not history()
+    assert run((False, "/health answered 503 (the engine is dead)"), failures=1) == 1
+    assert calls and history()[-1]["reason"].endswith("(the engine is dead)")
+
+
+def test_check_leaves_a_unit_that_is_not_active_alone(check, monkeypatch):
+    run, state, history, calls = check
+    monkeypatch.setattr(run.module, "unit_show", lambda unit, prop: "activating")     # still loading
+    assert run((False, "/health gave no answer (ConnectionRefusedError)"), failures=1) == 0
+    assert state()["failures"] == 0 and "not probed" in state()["last"]["note"]
+    assert not calls and not history()
