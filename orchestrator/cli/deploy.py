@@ -102,7 +102,7 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
         click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
                                "checks": action.details}, indent=2))
         sys.exit(0 if refusal is None else refusal.exit_code)
-    console().print(f"Preflight of {m.name} on {entry.describe()}: {action.summary}")
+    console().print(f"Preflight of {m.name} on {entry.describe()}: {action.summary}", markup=False)
     for line in action.details:
         console().print(f"  {line}", markup=False, soft_wrap=True)
     if refusal is not None:

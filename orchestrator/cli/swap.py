@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 
 from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, resolved_models_dir
 from orchestrator.cli.deploy import finish, make_options
@@ -63,7 +64,7 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
         if "rollback" in extra:
             rb = extra["rollback"]
             style = "green" if rb["ok"] else "bold red"
-            console().print(f"[{style}]rollback: {rb['result']} ({rb['seconds']:.1f}s)[/]")
+            console().print(f"[{style}]rollback: {escape(rb['result'])} ({rb['seconds']:.1f}s)[/]")
     finish(result, as_json)
 
 

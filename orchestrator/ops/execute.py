@@ -158,7 +158,7 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
 
 def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter) -> RecoveryOutcome:
     t0 = time.monotonic()
-    reporter.print(f"[yellow]recovery: {recovery.title}[/]")
+    reporter.print(f"[yellow]recovery: {escape(recovery.title)}[/]")
     out = RecoveryOutcome(recovery.title, ok=True)
     err = _run_actions(recovery.actions, env, reporter, lambda i: f"r{i}", out.results, len(recovery.actions))
     out.ok, out.error, out.seconds = err is None, err, time.monotonic() - t0
