@@ -71,6 +71,8 @@ def _environment(folder: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
+    # A unit value from the inventory or the manifest: `%` is a systemd specifier (%h: home...).
+    env.filters["unitvalue"] = lambda v: str(v).replace("%", "%%")
     env.filters["shjoin"] = lambda argv: " ".join(shlex.quote(str(a)) for a in argv)
     return env
 
