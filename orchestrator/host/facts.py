@@ -14,6 +14,7 @@ from orchestrator.errors import CommandFailed
 from orchestrator.host import nvidia_smi as gpu
 from orchestrator.host import scripts
 from orchestrator.host.base import Host
+from orchestrator.host.modeldirs import is_ours
 from orchestrator.host.ownership import Proc, classify
 from orchestrator.host.services import ServiceState
 
@@ -22,8 +23,18 @@ from orchestrator.host.services import ServiceState
 class ModelDir:
     name: str
     bytes: int
-    verified: dict | None
+    verified: dict | None         # its .vllm-orch/verified.json (written by our download script)
     last_used: float
+
+    @property
+    def ours(self) -> bool:
+        """Made by vllm-orch: only such folders are ever deleted (orchestrator/host/modeldirs.py)."""
+        return is_ours(self.verified)
+
+    @property
+    def complete(self) -> bool:
+        """Every selected file downloaded and verified."""
+        return self.ours and bool((self.verified or {}).get("complete"))
 
 
 @dataclass

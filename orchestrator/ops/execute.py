@@ -8,12 +8,13 @@ the end for --json. Readiness shows the loading phase and the latest log line wh
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.markup import escape
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, RefusedError
 from orchestrator.host.base import printable
 from orchestrator.plan.model import Action, Plan, Recovery
 from orchestrator.plan.run import RunEnv
@@ -163,6 +164,24 @@ def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter) -> Recover
     err = _run_actions(recovery.actions, env, reporter, lambda i: f"r{i}", out.results, len(recovery.actions))
     out.ok, out.error, out.seconds = err is None, err, time.monotonic() - t0
     return out
+
+
+Ask = Callable[[str], bool]
+
+
+def confirmation(plan: Plan, yes: bool, ask: Ask | None, host: str) -> RefusedError | None:
+    """None when the plan may run: it deletes nothing, or --yes accepted it, or the user said yes to
+    `ask` (only given on a terminal). Else the refusal: nothing has changed yet."""
+    needed = plan.confirmations()
+    if not needed or yes:
+        return None
+    what = "; ".join(needed)
+    if ask is None:
+        return RefusedError(f"the plan would {what}, and needs confirmation", host=host, step="confirm",
+                            hint="pass --yes to accept it (there is no terminal to ask on), or --dry-run to look")
+    if not ask(f"{what[0].upper()}{what[1:]}?"):
+        return RefusedError(f"not confirmed: nothing changed (the plan would {what})", host=host, step="confirm")
+    return None
 
 
 def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:

@@ -107,7 +107,7 @@ def test_deploy_of_a_serving_unchanged_model_is_all_noops():
 def test_staged_swap_carries_its_rollback_branch():
     old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
     f = facts(services=running(old), active={"model": old, "gpus": list(range(8))},
-              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+              models={old: ModelDir(old, 547 * 10 ** 9, {"repo": "moonshotai/Kimi-K2.5", "files": {}}, 1.0)})
     assert old_model_name(f, new) == old
     plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
     steps = [a.step for a in plan.actions]
@@ -123,7 +123,7 @@ def test_staged_swap_carries_its_rollback_branch():
 def test_swap_that_cannot_stage_is_refused_then_unstaged_with_yes():
     old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
     f = facts(services=running(old), active={"model": old, "gpus": list(range(8))}, disk_free=500 * GIB,
-              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+              models={old: ModelDir(old, 547 * 10 ** 9, {"repo": "moonshotai/Kimi-K2.5", "files": {}}, 1.0)})
     refused = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
     assert refused.refusal is not None and "--yes" in refused.refusal.hint
     plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True), yes=True))

@@ -274,6 +274,10 @@ class Record:
             self.data["files"][name] = entry
             self._save()
 
+    def save(self) -> None:
+        with self.lock:
+            self._save()
+
     def finish(self, selected: list) -> None:
         with self.lock:
             self.data["complete"] = True
@@ -582,6 +586,9 @@ def main(argv: list | None = None) -> int:
         have, fetch = plan(args, record, commit, selected)
         if args.plan_only:
             return 0
+        # The folder carries our record from the start (before the first byte of a shard), so vllm-orch
+        # knows it made it even when this run is interrupted: only such folders are ever deleted.
+        record.save()
         for f in have:
             emit("file", file=f["name"], size=f["size"], sha256=record.data["files"][f["name"]].get("sha256"),
                  status="skipped")
