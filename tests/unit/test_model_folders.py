@@ -9,8 +9,6 @@ import subprocess
 import uuid
 from pathlib import Path
 
-import pytest
-
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
 from orchestrator.host.facts import HostFacts, ModelDir

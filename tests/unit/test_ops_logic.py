@@ -11,10 +11,10 @@ import pytest
 from orchestrator.cli.views import gpu_lines, history_details, process_lines
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
+from orchestrator.host.modeldirs import delete_script
 from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, UNMANAGED_VLLM, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.host.modeldirs import delete_script
 from orchestrator.ops.stop import deploy_started_at, leftovers, model_gpus, plan_gc
 
 
