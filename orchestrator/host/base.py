@@ -11,6 +11,7 @@ strings glued with spaces; a Secret inside an argv prints as *** and is revealed
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
 from abc import ABC, abstractmethod
@@ -145,6 +146,19 @@ class Host(ABC):
         if self.sudo if sudo is None else sudo:
             text = "sudo -n " + text
         return text
+
+    def put_command(self, path: str, mode: int) -> Script:
+        """Shell text that writes its stdin to `path` atomically, readable by nobody else until it is
+        complete: a mktemp file (0600 from its first byte) beside the target, chmod, rename. Nothing
+        is staged elsewhere (a /tmp copy would be a second place for a secret to leak from)."""
+        q = shlex.quote
+        folder, name = posixpath.split(path)
+        folder = folder or "."
+        return Script(
+            f"mkdir -p {q(folder)} && umask 077 && t=$(mktemp {q(folder)}/.{q(name)}.XXXXXXXX) || exit 1; "
+            f"if cat > \"$t\" && chmod {mode:o} \"$t\" && mv -f \"$t\" {q(path)}; then exit 0; fi; "
+            f"rc=$?; rm -f \"$t\"; exit $rc",
+            display=f"install -m {mode:04o} <data> {q(path)}")
 
     def _count(self, started: float) -> None:
         self.stats.round_trips += 1

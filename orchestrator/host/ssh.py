@@ -8,12 +8,10 @@ as the same shell text LocalHost runs (`Host.wrap`), so a plan reads the same fo
 from __future__ import annotations
 
 import logging
-import posixpath
 import select
 import shlex
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 
 import paramiko
@@ -184,40 +182,17 @@ class SshHost(Host):
         return self._sftp
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        """Write atomically: a temp file beside the target, chmod, rename over it. With sudo the
-        bytes go to a temp file we own first, then `sudo -n install` places them."""
+        """Write atomically through the shell (with sudo when the host says so): the bytes go on
+        stdin to a 0600 mktemp file beside the target, then chmod and rename (Host.put_command).
+        Not SFTP: its open() creates the file with the server's default mode (0644) before any chmod,
+        and with sudo it needed a staging copy in /tmp."""
         started = time.monotonic()
-        tag = uuid.uuid4().hex[:8]
-        if self.sudo:
-            staged = f"/tmp/.vllm-orch-put-{tag}"
-            with self._sftp_lock:
-                self._write(self.sftp(), staged, data, 0o600)
-            beside = posixpath.join(posixpath.dirname(path) or ".",
-                                    f".{posixpath.basename(path)}.tmp{tag}")
-            q = shlex.quote
-            script = (f"mkdir -p {q(posixpath.dirname(path) or '.')} && "
-                      f"install -m {mode:o} {q(staged)} {q(beside)} && mv -f {q(beside)} {q(path)}")
-            code, out, err = self._exec(f"sudo -n sh -c {q(script)}; rc=$?; rm -f {q(staged)}; "
-                                        f"exit $rc", 60, None, None)
-            if code != 0:
-                raise OSError(f"{self.name}: cannot install {path} with sudo: "
-                              f"{(err or out).decode(errors='replace').strip()}")
-        else:
-            tmp = posixpath.join(posixpath.dirname(path) or ".",
-                                 f".{posixpath.basename(path)}.tmp{tag}")
-            with self._sftp_lock:
-                sftp = self.sftp()
-                _makedirs(sftp, posixpath.dirname(path))
-                self._write(sftp, tmp, data, mode)
-                sftp.posix_rename(tmp, path)
+        code, out, err = self._exec(self.wrap(self.put_command(path, mode), None, None), 60, data, None,
+                                    self.sudo)
+        if code != 0:
+            raise OSError(f"{self.name}: cannot write {path}{' with sudo' if self.sudo else ''}: "
+                          f"{(err or out).decode(errors='replace').strip()}")
         self._count(started)
-
-    @staticmethod
-    def _write(sftp: paramiko.SFTPClient, path: str, data: bytes, mode: int) -> None:
-        with sftp.open(path, "wb") as f:
-            f.set_pipelined(True)
-            f.write(data)
-        sftp.chmod(path, mode)
 
     def get(self, path: str) -> bytes | None:
         started = time.monotonic()
@@ -307,16 +282,6 @@ class _SshSpawned(Spawned):
             self.chan.close()
         except Exception:
             pass
-
-
-def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    if not path or path == "/":
-        return
-    try:
-        sftp.stat(path)
-    except FileNotFoundError:
-        _makedirs(sftp, posixpath.dirname(path))
-        sftp.mkdir(path)
 
 
 def _strip_mark(err: bytearray) -> tuple[int | None, bytes]:
