@@ -30,6 +30,9 @@ START_LIMIT_BURST = 3
 RESTART_SEC = 60
 STOP_TIMEOUT_S = 120
 
+# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret.
+ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE")
+
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
 
