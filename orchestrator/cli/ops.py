@@ -307,7 +307,7 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
             if not click.confirm(f"Delete these {len(plan.delete)} folders on {entry.name}?", default=False):
                 raise RefusedError("not confirmed: nothing deleted", host=entry.name, step="gc")
         say = (lambda text: None) if as_json else (lambda text: c.print(f"  {text}", markup=False))
-        record = run_gc(host, entry, plan, say)
+        record = run_gc(host, entry, plan, say, guard=s.guard)
     if as_json:
         click.echo(json.dumps({**data, **record}, indent=2))
     else:

@@ -83,6 +83,14 @@ class Spawned(ABC):
     def close(self) -> None:
         """Close stdin and release the command (it exits on EOF)."""
 
+    @abstractmethod
+    def alive(self) -> bool:
+        """The command still runs and its stdin is still ours (False once the connection dropped)."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Send one newline on its stdin (a heartbeat); raises OSError when that is impossible."""
+
 
 @dataclass
 class HostStats:

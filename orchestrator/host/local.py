@@ -33,6 +33,14 @@ class LocalSpawned(Spawned):
         except queue.Empty:
             return None
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ping(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.flush()
+
     def close(self) -> None:
         try:
             if self.proc.stdin is not None:

@@ -133,14 +133,15 @@ class SshHost(Host):
 
     def _exec(self, text: str, timeout: float, input: bytes | None,
               on_stdout: Callable[[bytes], None] | None,
-              sudo: bool = False) -> tuple[int, bytes, bytes]:
+              sudo: bool = False, bound: bool = True) -> tuple[int, bytes, bytes]:
         """Run shell text on one channel; stdout goes to on_stdout as it arrives (or is kept).
-        On timeout the command's whole process group is killed (with sudo when it ran so)."""
+        On timeout the command's whole process group is killed (with sudo when it ran so); `bound`
+        also puts it under the host's `timeout`, so it ends even if we are gone (see bounded)."""
         chan = self._session(timeout)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         try:
-            chan.exec_command(f'echo "{_PID_MARK.decode()}$$" >&2; {text}')
+            chan.exec_command(f'echo "{_PID_MARK.decode()}$$" >&2; {bounded(text, timeout) if bound else text}')
             if input:
                 chan.sendall(input)
             chan.shutdown_write()
@@ -161,7 +162,7 @@ class SshHost(Host):
                     pgid, errors = _strip_mark(err)
                     if pgid:
                         kill = f"kill -KILL -- -{pgid}"
-                        self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None)
+                        self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None, bound=False)
                     return TIMED_OUT, bytes(out), errors + \
                         f"\n(timed out after {timeout:g} s)".encode()
                 select.select([chan], [], [], min(remaining, 0.5))
@@ -276,12 +277,31 @@ class _SshSpawned(Spawned):
         line, self.buf = self.buf.split(b"\n", 1)
         return line.decode(errors="replace")
 
+    def alive(self) -> bool:
+        transport = self.chan.get_transport()
+        return (not self.chan.closed and not self.chan.exit_status_ready() and not self.chan.eof_received
+                and transport is not None and transport.is_active())
+
+    def ping(self) -> None:
+        try:
+            self.chan.sendall(b"\n")
+        except Exception as exc:        # paramiko raises its own errors for a closed channel
+            raise OSError(f"the lock channel is closed: {exc}") from None
+
     def close(self) -> None:
         try:
             self.chan.shutdown_write()
             self.chan.close()
         except Exception:
             pass
+
+
+def bounded(text: str, timeout: float) -> str:
+    """The command under coreutils `timeout` on the host, so it cannot outlive its budget when the
+    controller is gone (no pty: sshd sends no SIGHUP when the connection drops). `exec` keeps the
+    login shell's PID: `timeout` leads the same process group, which a controller-side timeout
+    kills (see _exec)."""
+    return f"exec timeout -k 10 {max(1, int(timeout) + 5)} sh -c {shlex.quote(text)}"
 
 
 def _strip_mark(err: bytearray) -> tuple[int | None, bytes]:

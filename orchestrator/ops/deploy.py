@@ -45,7 +45,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
             return result
         if not plan.changes and all(a.noop for a in plan.actions if a.step != "lock"):
             reporter.print(f"[green]{m.name} is already deployed and serving on {entry.name}: nothing to do.[/]")
-        env = RunEnv(s.host, entry, opts, reporter)
+        env = RunEnv(s.host, entry, opts, reporter, guard=s.guard)
         outcome = run_plan(plan, env, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
@@ -61,6 +61,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
         record.update(failure_fields(result.error))
-        state.append_history(s.host, entry, record)
+        if s.holds_lock():                       # without the lock, write nothing more
+            state.append_history(s.host, entry, record)
         result.extra["history"] = record
         return result

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from orchestrator.errors import OrchestratorError, RefusedError
 from orchestrator.host.base import printable
+from orchestrator.host.state import LockLost
 from orchestrator.plan.model import Action, Plan, Recovery
 from orchestrator.plan.run import RunEnv
 
@@ -124,9 +125,19 @@ class RunOutcome:
 
 def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, results: list[StepResult],
                  total: int) -> OrchestratorError | None:
-    """Run actions in order; the first OrchestratorError stops them and is returned."""
+    """Run actions in order, each after env.guard() (the host lock is still ours); the first
+    OrchestratorError stops them and is returned."""
     for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
+        try:
+            note = env.guard() if env.guard is not None else None
+        except OrchestratorError as err:          # the lock is not ours any more: stop before the step
+            res = StepResult(action.step, "failed", action.summary, 0.0, str(err.message))
+            results.append(res)
+            reporter.step_end(res)
+            return err
+        if note:
+            reporter.event("note", note)
         if action.noop:
             if action.run is not None:
                 action.run(env)
@@ -196,7 +207,9 @@ def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:
         outcome.ok, outcome.error = False, err
         failed_at = next(i for i, r in enumerate(outcome.results, 1) if r.status == "failed")
         recovery = plan.recovery_for(failed_at)
-        if recovery is not None:
+        if recovery is not None and isinstance(err, LockLost):
+            err.details = err.details + [f"{recovery.title}: not run (the host lock is not ours any more)"]
+        elif recovery is not None:
             outcome.recovery = run_recovery(recovery, env, reporter)
             err.details = err.details + [f"{recovery.title}: " + (
                 "done" if outcome.recovery.ok else f"FAILED: {outcome.recovery.error}")]

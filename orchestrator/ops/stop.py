@@ -192,12 +192,15 @@ def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
     return gather(host, entry, missing) if missing else facts
 
 
-def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) -> dict:
-    """Delete the planned folders (the caller holds the lock and has the user's go-ahead)."""
+def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None, guard=None) -> dict:
+    """Delete the planned folders (the caller holds the lock and has the user's go-ahead); `guard`
+    (the session's) is called before each delete and raises when the lock is not ours any more."""
     t0 = time.monotonic()
     deleted: list[dict] = []
     kept: list[dict] = []
     for c in plan.delete:
+        if guard is not None:
+            guard()
         r = host.run(modeldirs.delete_script(entry.models_root, c.name), timeout=3600)
         if r.ok:
             deleted.append({"name": c.name, "bytes": c.bytes})

@@ -38,7 +38,7 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             result.ok = plan.refusal is None
             result.seconds = time.monotonic() - t0
             return result
-        env = RunEnv(s.host, entry, opts, reporter)
+        env = RunEnv(s.host, entry, opts, reporter, guard=s.guard)
         outcome = run_plan(plan, env, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         ready = env.record.ready.get(m.name)
@@ -63,6 +63,8 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             record["rollback"] = result.extra["rollback"]
         if ready is not None:
             record["tokens_per_s"] = ready.smoke.tokens_per_s
+        if not s.holds_lock():                   # without the lock, write nothing more
+            return result
         state.append_history(s.host, entry, record)
         if "rollback" in result.extra:
             state.append_history(s.host, entry, {"operation": "rollback", "model": info.get("from"),
