@@ -92,7 +92,10 @@ class HostEntry(Strict):
                                          "units_dir (process).")
     state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
     log_dir: str = Field("", description="Service logs for `process` hosts. Default (empty): state_dir/../logs.")
-    service_user: str = Field("root", description="User= of the rendered units.")
+    service_user: str = Field(
+        "vllm", description="The unprivileged user the service runs as (User= of the unit; on `process` hosts the "
+                            "start script drops to it). Created by deploy when missing, with its home (caches) "
+                            "beside state_dir. `root` works but gives up the least-privilege protection.")
     models_disk_budget_gib: float | None = Field(
         None, gt=0, description="Most GiB that managed models may use in models_root (a disk budget); "
                                 "downloads that would exceed it free or refuse like a full disk.")
@@ -193,6 +196,12 @@ class HostEntry(Strict):
         if not self.log_dir:
             self.log_dir = str(Path(self.state_dir).parent / "logs")
         return self
+
+    @property
+    def service_home(self) -> str:
+        """The home vllm-orch gives the service user it creates: vLLM's caches (torch.compile, Triton,
+        FlashInfer kernels) go there, beside state_dir and logs."""
+        return str(Path(self.state_dir).parent / "home")
 
     @property
     def is_local(self) -> bool:

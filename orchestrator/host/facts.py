@@ -56,6 +56,7 @@ class HostFacts:
     services: dict[str, ServiceState]
     usage: dict[str, float]
     ports: dict[int, list[Proc]] = field(default_factory=dict)   # port -> processes bound to it
+    users: dict[str, dict | None] = field(default_factory=dict)  # the service user: uid, gid, home (None: missing)
     raw: dict = field(repr=False, default_factory=dict)
 
     def running(self) -> list[str]:
@@ -68,7 +69,7 @@ class HostFacts:
 def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
            ports: list[int] | None = None) -> HostFacts:
     args = {"ports": ports or [],"models_root": entry.models_root, "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
-            "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [],
+            "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [], "users": [entry.service_user],
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
     r = scripts.run(host, entry.python, "facts_script.py", [json.dumps(args)], timeout=180)
@@ -110,7 +111,8 @@ def parse(raw: dict) -> HostFacts:
         disk_free=raw["disk"]["free"], gpus=gpus, gpu_error=gpu_error, driver_version=driver,
         cuda_version=cuda, procs=procs, vllm_version=raw["vllm"].get("version"),
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
-        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports, raw=raw)
+        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
+        users=raw.get("users") or {}, raw=raw)
 
 
 def _proc(pid: int, info: dict, raw: dict, running: list[str], *, name: str | None = None,

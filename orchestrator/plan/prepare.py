@@ -5,13 +5,14 @@ steps that may refuse, the RefusedError. Pure: facts in, actions out.
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host import modeldirs, scripts
-from orchestrator.host.base import Command
+from orchestrator.host.base import Command, Script
 from orchestrator.host.download import SCRIPT, DownloadProgress, download_args, run_download
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput
 from orchestrator.plan.model import Action
@@ -153,6 +154,32 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
                   commands=[delete_command(entry, d.name) for d in chosen], details=details,
                   confirm=f"delete {len(chosen)} {folders} on {entry.name} ("
                           + ", ".join(f"{d.name} {fmt_bytes(d.bytes)}" for d in chosen) + ")"), None
+
+
+# -- the service user ------------------------------------------------------------------------------
+
+def user_command(entry: HostEntry) -> Command:
+    """useradd of the unprivileged system user the service runs as: its own group, a home beside
+    state_dir for vLLM's caches, no login shell."""
+    q = shlex.quote
+    return Script(f"useradd --system --user-group --create-home --home-dir {q(entry.service_home)} "
+                  f"--shell \"$(command -v nologin || echo /bin/false)\" {q(entry.service_user)}",
+                  display=f"useradd --system --user-group --create-home --home-dir {q(entry.service_home)} "
+                          f"--shell nologin {q(entry.service_user)}")
+
+
+def user_action(entry: HostEntry, users: dict) -> Action:
+    """The service runs as entry.service_user (least privilege): create it when the host lacks it."""
+    name = entry.service_user
+    if name == "root":
+        return Action("user", "nothing to do, because the service runs as root (service_user: root); an "
+                              "unprivileged user is safer (docs/security.md)", noop=True)
+    known = users.get(name)
+    if known:
+        return Action("user", f"nothing to do, because the service user {name} exists (uid {known.get('uid')})",
+                      noop=True)
+    return Action("user", f"create the unprivileged system user {name} that the service runs as (home "
+                          f"{entry.service_home} for its caches, no login shell)", commands=[user_command(entry)])
 
 
 # -- download --------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     if plan.add_checked(disk, err):
         return plan
     plan.add(prepare.download_action(inp))
+    plan.add(prepare.user_action(entry, f.users))
     install = plan.add(service.install_action(entry, inp.target))
     # After an interrupted swap the old model may already be stopped and the new one running:
     # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
@@ -128,6 +129,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
                     commands=[prepare.delete_command(entry, old.name)],
                     confirm=f"delete {prepare.model_path(entry, old.name)} on {entry.name} ({fmt_bytes(extra)})"))
     plan.add(prepare.download_action(inp))
+    plan.add(prepare.user_action(entry, f.users))
     plan.add(service.install_action(entry, inp.target))
     plan.add(service.gpus_action(inp, stopping={old.name})[0])
     start = plan.add(service.start_action(inp, unit_changed=True))

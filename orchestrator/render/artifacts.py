@@ -198,6 +198,17 @@ def unit_path(m: Manifest, host: HostEntry) -> str:
     return f"{host.units_dir}/vllm-{m.name}.sh"
 
 
+HOME_TREES = ("/home", "/root", "/run/user")
+
+
+def protect_home(host: HostEntry) -> str:
+    """ProtectHome= for the unit: `yes` (hidden) unless the models, vLLM or its Python live in a home
+    folder; then `read-only`, which still keeps the service from writing there."""
+    paths = (host.models_root, host.vllm, host.python)
+    inside = any(p == t or p.startswith(t + "/") for p in paths for t in HOME_TREES)
+    return "read-only" if inside else "yes"
+
+
 def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) -> dict[str, Secret]:
     environ = os.environ if environ is None else environ
     return {k: Secret(environ[k]) for k in m.serving.secret_env if environ.get(k)}
@@ -210,7 +221,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
-                  manifest_hash=mhash)
+                  manifest_hash=mhash, protect_home=protect_home(host))
 
     env_pairs = [(k, env_value(v)) for k, v in m.env.items()]
     missing = [k for k in m.serving.secret_env if k not in secrets]

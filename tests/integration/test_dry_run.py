@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.probe.api import health
+from orchestrator.probe.api import Endpoint, health
 from tests.integration.deployhelp import cli_env, deploy, entry, on_port, write_models
 from tests.unit.test_cli import HOST_CHANGING
 
@@ -33,7 +33,8 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     assert deploy(e, kimi).ok
     # something for each dry run to find: an inactive folder for gc, a changed manifest for regen
     old = sim_host.dir / "models" / "old-model"
-    old.mkdir()
+    (old / ".vllm-orch").mkdir(parents=True)
+    (old / ".vllm-orch" / "verified.json").write_text('{"repo": "a/b", "files": {}, "complete": true}')
     (old / "model.safetensors").write_bytes(b"\0" * 1024)
     changed = kimi.model_copy(update={"env": {**kimi.env, "VLLM_ORCH_TEST_CHANGED": "1"}})
     models = write_models(tmp_path / "models", [changed, minimax])
@@ -61,5 +62,5 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     assert snapshot(sim_host.dir) == before                                # ...and nothing is written
     assert (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip() == server_pid
     os.kill(int(server_pid), 0)                                            # the service still runs
-    assert health(sim_host.host, kimi.serving.port) == 200
+    assert health(Endpoint(sim_host.host, kimi.serving.port)) == 200
     assert old.is_dir()

@@ -17,6 +17,7 @@ from orchestrator.host.state import lock_holder, read_json
 from orchestrator.ops import session as session_mod
 from orchestrator.ops.deploy import run_deploy
 from orchestrator.ops.execute import Reporter
+from orchestrator.ops.stop import stop_model
 from orchestrator.plan.run import Options
 
 from .deployhelp import on_port
@@ -97,6 +98,8 @@ def test_a_dropped_connection_never_lets_two_deploys_run_at_once(systemd_sim, mo
         active = probe.run(["systemctl", "is-active", f"vllm-{m.name}.service"]).stdout.strip()
         history = [json.loads(line) for line in (probe.get(f"{entry.state_dir}/history.jsonl") or b"").splitlines()]
     ra, rb = results["a"], results["b"]
+    with open_host(entry) as host:                       # leave the shared host's GPUs free
+        stop_model(host, entry, m.name, m.serving.visible_devices)
     # A did nothing after its connection dropped: no step (nor recovery step) of it finished after.
     after = [(step, status) for t, step, status in a_steps.log if t > dropped_at and status == "done"]
     assert after in ([], [("ready", "done")]), a_steps.log          # the read-only wait may finish

@@ -572,6 +572,9 @@ def plan(args, record: Record, commit: str, selected: list) -> tuple:
 
 def main(argv: list | None = None) -> int:
     args = parse_args(argv)
+    # Weights are not secret and the service reads them as its own unprivileged user: folders 0755,
+    # files 0644 whatever the umask of the SSH session (a 077 umask made them root-only).
+    os.umask(0o022)
     started = time.monotonic()
     try:
         token = load_token(args)
