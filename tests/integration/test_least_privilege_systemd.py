@@ -48,3 +48,25 @@ def test_the_service_runs_unprivileged_and_hardened(systemd_sim):
             assert host.run(["stat", "-c", "%U %a", f"{entry.state_dir}/../home"]).stdout.split()[0] == "vllm"
         finally:
             stop_model(host, entry, m.name, m.serving.visible_devices)
+
+
+def test_a_process_host_drops_to_the_service_user_too(systemd_sim):
+    """The same container driven as a `process` host (no systemd units: a start script and a PID
+    file): the start script reads the 0600 env file as root, then runs vLLM as `vllm`."""
+    entry, _, _ = systemd_sim
+    proc_entry = entry.model_copy(update={"service_manager": "process", "units_dir": "/var/lib/vo-proc/units",
+                                          "env_dir": "/var/lib/vo-proc/units", "state_dir": "/var/lib/vo-proc/state",
+                                          "log_dir": "/var/lib/vo-proc/logs"})
+    m = on_port("minimax-m25-ep")
+    opts = Options(budget_s=90, no_progress_s=60, poll_s=0.2, gpu_release_timeout_s=20)
+    with open_host(proc_entry) as host:
+        try:
+            res = run_deploy(proc_entry, m, opts, Reporter(None, quiet=True), dry_run=False)
+            assert res.ok, (res.error, res.error and res.error.details)
+            pid = host.run(["cat", f"{proc_entry.state_dir}/run/vllm-{m.name}.pid"]).stdout.strip()
+            assert host.run(["ps", "-o", "user=", "-p", pid]).stdout.strip() == "vllm"
+            assert "NoNewPrivs:\t1" in host.run(["cat", f"/proc/{pid}/status"]).stdout
+            env_file = host.run(["stat", "-c", "%U %a", f"{proc_entry.env_dir}/vllm-{m.name}.env"]).stdout.split()
+            assert env_file == ["root", "600"]          # the secret file stays root's: read before the drop
+        finally:
+            stop_model(host, proc_entry, m.name, m.serving.visible_devices)
