@@ -66,13 +66,13 @@ def models(app, as_json):
         for col in ("name", "repo", "size", "GPUs", "layout", "port"):
             table.add_column(col, no_wrap=True)
         for r in rows:
-            table.add_row(escape(r["name"]), escape(r["repo"]), _size(r["bytes"]), str(r["gpus"]),
+            table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]), str(r["gpus"]),
                           r["parallelism"], str(r["port"]))
         out = console()
         out.print(table)
         for r in rows:
             if r["description"]:
-                out.print(f"  [bold]{escape(r['name'])}[/]: {escape(r['description'])}", soft_wrap=True)
+                out.print(f"  [bold]{escape(str(r['name']))}[/]: {escape(str(r['description']))}", soft_wrap=True)
     for err in bad:
         console(stderr=True).print(f"[red]invalid:[/] {escape(str(err))}", soft_wrap=True)
     if bad:

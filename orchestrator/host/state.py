@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import DeployFailed, OrchestratorError, RefusedError
@@ -146,7 +147,7 @@ class HostLock:
     def _take(self, timeout: float) -> tuple[Spawned | None, list[str]]:
         proc = self.host.spawn(self.command())
         deadline = time.monotonic() + timeout
-        output = []
+        output: list[str] = []
         while time.monotonic() < deadline:
             line = proc.readline(timeout=max(0.1, deadline - time.monotonic()))
             if line is None:
@@ -196,9 +197,10 @@ class HostLock:
         if self._proc is not None and self._proc.alive():
             return None
         self._let_go()
-        where = dict(host=self.entry.name, step="lock",
-                     hint="another vllm-orch may have changed the host meanwhile: look at `vllm-orch status` "
-                          "and `history`, then run again")
+        where: dict[str, Any] = dict(
+            host=self.entry.name, step="lock",
+            hint="another vllm-orch may have changed the host meanwhile: look at `vllm-orch status` and "
+                 "`history`, then run again")
         try:
             proc, _ = self._take(min(self.timeout, 10.0))
         except OrchestratorError as exc:

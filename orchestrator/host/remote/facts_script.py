@@ -204,7 +204,7 @@ def process_state(pidfile):
 def users(names):
     """{name: {"uid", "gid", "home"} or None}: whether the service user exists (the plan creates it)."""
     import pwd
-    out = {}
+    out = {}  # type: dict
     for name in names:
         try:
             entry = pwd.getpwnam(name)
