@@ -141,6 +141,7 @@ class Connection(asyncio.Protocol):
         self.parser = parser
         self.error = None
         self.waiter = asyncio.get_running_loop().create_future()
+        assert self.transport is not None            # connected: connect() returns after connection_made
         self.transport.write(raw)
         await self.waiter
         if not parser.keep_alive:
@@ -161,18 +162,60 @@ async def connect(ep: Endpoint, timeout: float = 10.0) -> Connection:
     return conn
 
 
+class Session:
+    """Plain (non-streaming) requests over one keep-alive connection, reconnecting when the server
+    closes it: /metrics, /v1/models, /version, and the many small /tokenize calls of prompt sizing.
+
+        async with Session(ep, api_key) as s:
+            status, body = await s.request("POST", "/tokenize", {"prompt": "..."})
+    """
+
+    def __init__(self, ep: Endpoint, api_key: str | None = None, timeout: float = 10.0):
+        self.ep, self.api_key, self.timeout = ep, api_key, timeout
+        self.conn: Connection | None = None
+
+    async def request(self, method: str, path: str, obj=None, close: bool = False) -> tuple[int, bytes]:
+        """(status, body); path is below the endpoint's prefix; obj is sent as a JSON body."""
+        import json
+
+        ep = self.ep
+        body = b"" if obj is None else json.dumps(obj).encode()
+        head = [f"{method} {ep.prefix}{path} HTTP/1.1", f"Host: {ep.host_header}", "Accept: */*",
+                "User-Agent: vllm-orch-bench"]
+        if obj is not None:
+            head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+        if self.api_key:
+            head.append(f"Authorization: Bearer {self.api_key}")
+        if close:
+            head.append("Connection: close")
+        raw = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        if self.conn is None or self.conn.closed:
+            self.conn = await connect(ep, self.timeout)
+        parser = ResponseParser()
+        try:
+            err = await asyncio.wait_for(self.conn.send(raw, parser), self.timeout)
+        except BaseException:
+            self.close()
+            raise
+        if err and not parser.complete:
+            self.close()
+            raise ConnectionError(err)
+        return parser.status, bytes(parser.body)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
 async def http_get(ep: Endpoint, path: str, timeout: float = 10.0,
                    api_key: str | None = None) -> tuple[int, bytes]:
     """A one-off GET (for /metrics, /v1/models, /version); returns (status, body)."""
-    conn = await connect(ep, timeout)
-    try:
-        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        raw = (f"GET {ep.prefix}{path} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
-               f"Accept: */*\r\n{auth}Connection: close\r\n\r\n").encode()
-        parser = ResponseParser()
-        err = await asyncio.wait_for(conn.send(raw, parser), timeout)
-        if err and not parser.complete:
-            raise ConnectionError(err)
-        return parser.status, bytes(parser.body)
-    finally:
-        conn.close()
+    async with Session(ep, api_key, timeout) as s:
+        return await s.request("GET", path, close=True)

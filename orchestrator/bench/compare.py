@@ -1,4 +1,4 @@
-"""`bench compare A B ...`: results side by side per concurrency level, changes beyond noise flagged.
+"""`bench compare A B ...`: results side by side per level, changes beyond noise flagged.
 
 Noise rule (also in docs/benchmarking.md): a change of a metric between the baseline A and a run B
 is flagged only when BOTH hold
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from orchestrator.bench.report import level_key, level_sort_key
+
 REL_MIN = 0.05
 PCTL_REL_MIN = 0.10
 
@@ -23,11 +25,13 @@ METRICS = [
     ("output tok/s", lambda L: (L["throughput"]["output_tok_s"], L["throughput"]["output_tok_s_se"]), True),
     ("tok/s/user p50", lambda L: (L["per_user"]["tok_s_user_median"], None), True),
     ("TTFT mean ms", lambda L: _mean_se(L["latency_ms"]["ttft"]), False),
+    ("TTFT p95 ms", lambda L: (L["latency_ms"]["ttft"].get("p95"), None), False),
     ("TTFT p99 ms", lambda L: (L["latency_ms"]["ttft"].get("p99"), None), False),
     ("TPOT mean ms", lambda L: _mean_se(L["latency_ms"]["tpot"]), False),
     ("TPOT p99 ms", lambda L: (L["latency_ms"]["tpot"].get("p99"), None), False),
     ("E2E mean ms", lambda L: _mean_se(L["latency_ms"]["e2e"]), False),
     ("errors", lambda L: (float(L["requests"]["errors"]), None), False),
+    ("goodput req/s", lambda L: ((L.get("slo") or {}).get("goodput_req_s"), None), True),
 ]
 
 
@@ -57,30 +61,32 @@ def judge(a: float | None, sa: float | None, b: float | None, sb: float | None,
 
 
 def compare(results: list[dict]) -> list[dict]:
-    """Rows: {concurrency, metric, values: [..], verdicts: [.. per run after the first]}."""
-    by_c = [{L["concurrency"]: L for L in r["levels"]} for r in results]
-    levels = sorted(set().union(*[set(m) for m in by_c]))
+    """Rows: {level, metric, values: [..], verdicts: [.. per run after the first]}; levels are
+    matched by name (C=8, rate=4/s, ...)."""
+    by_level = [{level_key(L): L for L in r["levels"]} for r in results]
+    order = {level_key(L): level_sort_key(L) for r in results for L in r["levels"]}
     rows = []
-    for c in levels:
+    for key in sorted(order, key=lambda k: order[k]):
         for label, get, hib in METRICS:
-            vals = [get(m[c]) if c in m else (None, None) for m in by_c]
+            vals = [get(m[key]) if key in m else (None, None) for m in by_level]
             base = vals[0]
             verdicts = [judge(base[0], base[1], v[0], v[1], hib) for v in vals[1:]]
-            rows.append({"concurrency": c, "metric": label, "values": [v[0] for v in vals],
+            rows.append({"level": key, "metric": label, "values": [v[0] for v in vals],
                          "verdicts": verdicts})
     return rows
 
 
-def render(results: list[dict], rows: list[dict], console) -> None:
+def render(results: list[dict], rows: list[dict]):
+    """The comparison as a Rich table."""
     from rich.table import Table
 
     names = [r.get("metadata", {}).get("label") or r.get("_path", f"run {i}") for i, r in enumerate(results)]
     t = Table(title="bench compare (first run is the baseline; flagged = beyond noise, see --help)")
-    t.add_column("C", justify="right")
+    t.add_column("level")
     t.add_column("metric")
     for i, n in enumerate(names):
         t.add_column(("A: " if i == 0 else f"{chr(65 + i)}: ") + str(n), justify="right")
-    last_c = None
+    last = None
     for row in rows:
         cells = []
         for i, v in enumerate(row["values"]):
@@ -91,6 +97,6 @@ def render(results: list[dict], rows: list[dict], console) -> None:
                 color = "green" if row["verdicts"][i - 1] == "better" else "red"
                 text = f"[{color}]{text}{pct} {row['verdicts'][i - 1]}[/]"
             cells.append(text)
-        t.add_row(str(row["concurrency"]) if row["concurrency"] != last_c else "", row["metric"], *cells)
-        last_c = row["concurrency"]
-    console.print(t)
+        t.add_row(row["level"] if row["level"] != last else "", row["metric"], *cells)
+        last = row["level"]
+    return t

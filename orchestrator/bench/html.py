@@ -59,28 +59,52 @@ def render_html(data: dict, plots: dict[str, Path]) -> str:
         ["single stream tok/s per user (median 1/TPOT, C=1)", _f(hl.get("single_stream_tok_s"))],
         ["single stream TTFT p50 (ms)", _f(hl.get("single_stream_ttft_ms"))],
         ["peak aggregate output tok/s", _f(hl.get("peak_output_tok_s"))],
-        ["at concurrency", _f(hl.get("peak_concurrency"))],
+        ["at level", _f(hl.get("peak_level"))],
         ["TTFT p99 at peak (ms)", _f(hl.get("peak_ttft_p99_ms"))],
         ["all levels valid (client not the bottleneck)",
          _f(hl.get("valid")) if hl.get("valid") else "<span class='bad'>no</span>"],
     ]))
+    if data.get("slo"):
+        srch = data.get("search") or {}
+        parts.append("<h2>SLO</h2>" + _table(["", "value"], [
+            ["objective", html.escape(data["slo"]["rule"])],
+            *([[f"highest {srch['kind']} meeting it (search)", _f(srch.get("best"))],
+               ["lowest tried that missed it", _f(srch.get("first_failing"))],
+               ["levels run", _f(srch.get("levels_run"))], ["search stopped", _f(srch.get("note"))]]
+              if srch else [])]))
+    if data.get("warnings"):
+        parts.append("<p class='warn'>" + "<br>".join(html.escape(w) for w in data["warnings"]) + "</p>")
 
+    slo_on = bool(data.get("slo"))
     rows = []
     for L in levels:
         lat, tp = L["latency_ms"], L["throughput"]
         n = lat["ttft"].get("n", 0)
         p99 = lambda m: _f(lat[m].get("p99")) + ("*" if lat[m].get("p99_low_n") else "")  # noqa: E731
-        rows.append([_f(L["concurrency"]), _f(n), _f(L["requests"]["errors"]),
+        slo = L.get("slo") or {}
+        verdict = L.get("client_verdict") or ("ok" if L["valid"] else "invalid")
+        rows.append([html.escape(L.get("level") or f"C={L['concurrency']}"), _f(n),
+                     _f(L["requests"]["errors"]) + (" <span class='bad'>ABORTED</span>" if L.get("aborted") else ""),
                      f"{_f(tp['output_tok_s'])} &plusmn; {_f(tp['output_tok_s_se'])}",
                      _f(tp["requests_per_s"], 2), _f(L["per_user"]["tok_s_user_median"]),
-                     _f(lat["ttft"].get("p50")), p99("ttft"), _f(lat["ttfc"].get("p50")),
-                     _f(lat["tpot"].get("p50"), 2), p99("tpot"), _f(lat["itl"].get("p50"), 2),
-                     _f(lat["e2e"].get("p50")), p99("e2e"), _f(lat["queue"].get("p99"), 3),
-                     "yes" if L["valid"] else "<span class='bad'>NO</span>"])
+                     _f(lat["ttft"].get("p50")), _f(lat["ttft"].get("p95")), p99("ttft"),
+                     _f(lat["ttfc"].get("p50")), _f(lat["tpot"].get("p50"), 2),
+                     _f(lat["tpot"].get("p95"), 2), p99("tpot"), _f(lat["itl"].get("p50"), 2),
+                     _f(lat["e2e"].get("p50")), _f(lat["e2e"].get("p95")), p99("e2e"),
+                     _f(lat["queue"].get("p99"), 3),
+                     *([_f(100 * slo["good_fraction"]) if slo else "-", _f(slo.get("goodput_req_s"), 2),
+                        _f(slo.get("goodput_tok_s")),
+                        ("met" if slo.get("met") else "<span class='bad'>missed</span>") if slo else "-"]
+                       if slo_on else []),
+                     {"ok": "ok", "marginal": "<span class='warn'>marginal</span>"}.get(
+                         verdict, "<span class='bad'>INVALID</span>")])
     parts.append("<h2>Levels</h2>" + _table(
-        ["C", "n", "errors", "output tok/s (window)", "req/s", "tok/s/user", "TTFT p50",
-         "TTFT p99", "TTFC p50", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99",
-         "queue p99", "valid"], rows) + "<p>Times in ms. * p99 from fewer than 100 requests.</p>")
+        ["level", "n", "errors", "output tok/s (window)", "req/s", "tok/s/user", "TTFT p50",
+         "TTFT p95", "TTFT p99", "TTFC p50", "TPOT p50", "TPOT p95", "TPOT p99", "ITL p50",
+         "E2E p50", "E2E p95", "E2E p99", "queue p99",
+         *(["good %", "goodput req/s", "goodput tok/s", "SLO"] if slo_on else []), "client"],
+        rows) + "<p>Times in ms. * p99 from fewer than 100 requests. Client: ok, marginal (valid, "
+                "near the self-check limits) or INVALID (the client may have been the bottleneck).</p>")
 
     for name, alt in (("throughput", "throughput vs concurrency"), ("latency", "latency percentiles"),
                       ("per_user", "per-user vs aggregate")):
@@ -93,7 +117,7 @@ def render_html(data: dict, plots: dict[str, Path]) -> str:
     for L in levels:
         s = L["server_metrics"]
         errs = ", ".join(f"{k}: {v}" for k, v in L["requests"]["errors_by_kind"].items()) or "none"
-        detail.append([_f(L["concurrency"]), html.escape(errs),
+        detail.append([html.escape(L.get("level") or f"C={L['concurrency']}"), html.escape(errs),
                        _f(L["tokens"]["completion"].get("mean")), _f(L["tokens"]["reasoning"].get("mean")),
                        _f(L["tokens"]["discrepancy_flagged"]),
                        _f(s.get("generation_tokens_delta")) if s.get("available") else "n/a",
@@ -104,7 +128,7 @@ def render_html(data: dict, plots: dict[str, Path]) -> str:
                        _f(L["client"]["cpu_pct"]), _f(L["client"]["loop_lag_ms"].get("p99"), 2),
                        "<br>".join(html.escape(w) for w in L["warnings"]) or "-"])
     parts.append("<h2>Tokens, errors, server metrics, client self-check</h2>" + _table(
-        ["C", "errors by kind", "completion tok (mean)", "reasoning tok (mean)", "chunk/usage flags",
+        ["level", "errors by kind", "completion tok (mean)", "reasoning tok (mean)", "chunk/usage flags",
          "server gen. tokens", "server vs usage %", "waiting max", "KV usage max", "preemptions",
          "client CPU %", "loop lag p99 ms", "warnings"], detail, left=2))
 

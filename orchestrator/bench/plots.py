@@ -27,14 +27,24 @@ def _plt():
     return plt
 
 
+def _x(L: dict) -> float | None:
+    """The load of a level on the x axis: concurrency (closed loop) or offered rate (open loop)."""
+    if L.get("mode", "closed") == "closed":
+        return L["concurrency"]
+    return None if L.get("rate") in (None, "inf") else float(L["rate"])
+
+
 def write_plots(levels: list[dict], out_dir: Path, title: str) -> dict[str, Path]:
-    """throughput.png, latency.png, per_user.png; returns {name: path}."""
+    """throughput.png, latency.png, per_user.png; returns {name: path}. Open-loop runs are plotted
+    against the offered rate (a rate-inf burst has no place on that axis and is left out)."""
     plt = _plt()
     out_dir.mkdir(parents=True, exist_ok=True)
-    levels = [L for L in levels if L["requests"]["ok"]]
+    levels = [L for L in levels if L["requests"]["ok"] and _x(L) is not None]
     if not levels:
         return {}
-    cs = [L["concurrency"] for L in levels]
+    cs = [_x(L) for L in levels]
+    xlabel = "concurrency" if levels[0].get("mode", "closed") == "closed" else "offered rate (requests/s)"
+    ticks = [f"{c:g}" for c in cs]
     paths: dict[str, Path] = {}
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
@@ -44,12 +54,15 @@ def write_plots(levels: list[dict], out_dir: Path, title: str) -> dict[str, Path
     ax2 = ax.twinx()
     ax2.plot(cs, [L["throughput"]["requests_per_s"] for L in levels], "s--", color="tab:orange",
              label="requests/s")
+    if any(L.get("slo") for L in levels):
+        ax.plot(cs, [(L.get("slo") or {}).get("goodput_tok_s") for L in levels], "D:", color="tab:green",
+                label="goodput tok/s (within SLO)")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(cs, [str(c) for c in cs])
-    ax.set_xlabel("concurrency")
+    ax.set_xticks(cs, ticks)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("output tokens/s")
     ax2.set_ylabel("requests/s")
-    ax.set_title(f"Throughput vs concurrency - {title}")
+    ax.set_title(f"Throughput vs {xlabel.split(' (')[0]} - {title}")
     ax.grid(alpha=0.3)
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
@@ -58,11 +71,11 @@ def write_plots(levels: list[dict], out_dir: Path, title: str) -> dict[str, Path
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=110)
     for ax, metric, name in zip(axes, ("ttft", "tpot", "e2e"), ("TTFT", "TPOT", "E2E")):
-        for stat, style in (("p50", "o-"), ("p90", "s--"), ("p99", "^:")):
+        for stat, style in (("p50", "o-"), ("p90", "s--"), ("p95", "v-."), ("p99", "^:")):
             ax.plot(cs, [L["latency_ms"][metric].get(stat) for L in levels], style, label=stat)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(cs, [str(c) for c in cs])
-        ax.set_xlabel("concurrency")
+        ax.set_xticks(cs, ticks)
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{name} (ms)")
         ax.set_title(f"{name} percentiles")
         ax.grid(alpha=0.3)
@@ -74,8 +87,9 @@ def write_plots(levels: list[dict], out_dir: Path, title: str) -> dict[str, Path
     xs = [L["throughput"]["output_tok_s"] for L in levels]
     ys = [L["per_user"]["tok_s_user_median"] or 0 for L in levels]
     ax.plot(xs, ys, "o-")
-    for x, y, c in zip(xs, ys, cs):
-        ax.annotate(f"C={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for x, y, L in zip(xs, ys, levels):
+        ax.annotate(L.get("level") or f"C={L['concurrency']}", (x, y), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)
     ax.set_xlabel("aggregate output tok/s")
     ax.set_ylabel("tok/s per user (median 1/TPOT)")
     ax.set_title(f"Per-user speed vs aggregate throughput - {title}")

@@ -4,11 +4,13 @@
                            metadata={"manifest_hash": ..., "vllm_version": ..., "host_label": "staging"},
                            out_dir=Path("bench-results/run1"), console=rich_console)
     result.headline -> {"single_stream_tok_s": 61.3, "peak_output_tok_s": 1238.0, ...}
+
+Levels are closed-loop concurrencies (opts.concurrency) or open-loop request rates (opts.rates);
+with opts.search and an SLO, levels are chosen one at a time to find the highest load meeting it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import platform
 import time
@@ -17,13 +19,18 @@ from pathlib import Path
 
 from orchestrator import __version__
 from orchestrator.bench.client import Endpoint, http_get
+from orchestrator.bench.eventloop import run_coroutine
 from orchestrator.bench.formulas import FORMULAS, SCHEMA
-from orchestrator.bench.loadgen import run_level
-from orchestrator.bench.options import BenchOptions
-from orchestrator.bench.prompts import RequestFactory
-from orchestrator.bench.report import append_jsonl, headline, write_csv, write_json
+from orchestrator.bench.loadgen import run_level, run_open_level
+from orchestrator.bench.options import BenchOptions, Level
+from orchestrator.bench.prompts import RequestFactory, load_prompts
+from orchestrator.bench.report import append_jsonl, headline, level_sort_key, write_csv, write_json
+from orchestrator.bench.search import Search
 from orchestrator.bench.shard import run_level_sharded
+from orchestrator.bench.slo import describe
 from orchestrator.bench.summary import summarize_level
+from orchestrator.bench.tables import level_intro, level_line, levels_table, print_wide, search_line
+from orchestrator.bench.tokenizer import size_prompts
 
 
 @dataclass
@@ -48,28 +55,13 @@ class BenchResult:
                 **self.headline}
 
 
-def _loop_policy():
-    try:
-        import uvloop  # optional: used only when already installed
-
-        return uvloop.EventLoopPolicy()
-    except ImportError:
-        return None
-
-
 def run_benchmark(base_url: str, model: str, options: BenchOptions | None = None,
                   metadata: dict | None = None, out_dir: Path | None = None, console=None) -> BenchResult:
-    """Run every concurrency level against base_url (OpenAI-compatible), write all report files."""
+    """Run every level against base_url (OpenAI-compatible), write all report files."""
     opts = options or BenchOptions()
     out = Path(out_dir or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
-    policy = _loop_policy()
-    if policy is not None:
-        asyncio.set_event_loop_policy(policy)
-    try:
-        return asyncio.run(_run(base_url, model, opts, dict(metadata or {}), out, console))
-    finally:
-        if policy is not None:
-            asyncio.set_event_loop_policy(None)
+    meta = dict(metadata or {})
+    return run_coroutine(_run(base_url, model, opts, meta, out, console), opts.event_loop)[0]
 
 
 async def _probe(ep: Endpoint, model: str, api_key: str | None = None) -> dict:
@@ -96,6 +88,12 @@ async def _probe(ep: Endpoint, model: str, api_key: str | None = None) -> dict:
     return info
 
 
+def _loop_name() -> str:
+    import asyncio
+
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+
+
 async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: Path, console) -> BenchResult:
     from orchestrator.errors import ConfigError, ConnectError
 
@@ -107,38 +105,78 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
     served = probe.get("served_models")
     if served is not None and model not in served:
         raise ConfigError(f"the server does not serve {model!r}", hint=f"served names: {', '.join(map(str, served))}")
+
+    # built-in prompts always have a target length; a file's prompts only when one is asked for
+    target = opts.input_tokens or (None if opts.prompts_file else opts.builtin_input_tokens())
+    sized = await size_prompts(ep, model, load_prompts(opts), target, enabled=opts.exact_input,
+                               api_key=opts.api_key,
+                               template_kwargs=opts.extra_body.get("chat_template_kwargs"))
+    run_warnings = [sized.warning] if sized.warning else []
+    if sized.off_target:
+        run_warnings.append(f"{sized.off_target} of {len(sized.bodies)} prompts could not be made "
+                            f"exactly {target} tokens (decode/re-encode kept shifting the count)")
+    for w in run_warnings:
+        _say(console, f"[yellow]warning:[/] {w}")
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "requests.jsonl").write_text("")
     metadata = {"tool": "vllm-orch bench", "tool_version": __version__, "model": meta.pop("model", model),
                 "served_name": model, "endpoint": ep.url(""), "label": opts.label or None,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "client_host": platform.node(),
-                "python": platform.python_version(), "server_version": probe.get("server_version"),
+                "python": platform.python_version(), "event_loop": _loop_name(),
+                "server_version": probe.get("server_version"),
+                "load_model": "open" if opts.open_loop else "closed",
+                "prompts": {**sized.to_json(), "source": str(opts.prompts_file) if opts.prompts_file
+                            else "built-in", "seed": opts.seed},
                 **meta}
-    data = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
-            "levels": [], "headline": {}}
-    factory = RequestFactory(ep, model, opts)
-    for c in opts.concurrency:
-        procs = opts.processes_for(c)
-        _say(console, f"[bold]C={c}[/]: warm-up {opts.warmup_s:g} s, window >= {opts.duration_s:g} s and "
-                      f">= {opts.window_min_requests(c)} requests" + (f", {procs} processes" if procs > 1 else ""))
+    data: dict = {"schema": SCHEMA, "metadata": metadata, "options": opts.to_json(), "formulas": FORMULAS,
+            "levels": [], "headline": {}, "warnings": run_warnings}
+    if opts.slo:
+        data["slo"] = {"objectives_ms": opts.slo, "percentile": opts.slo_percentile,
+                       "rule": describe(opts.slo, opts.slo_percentile)}
+    factory = RequestFactory(ep, model, opts, sized.bodies)
+    prompt_target = target if sized.exact else None
+
+    async def run_one(level: Level) -> dict:
+        procs = opts.processes_for(level)
+        _say(console, level_intro(level, opts, procs))
         live = _live(console)
         try:
             if procs > 1:
-                run = await run_level_sharded(base_url, model, c, opts, procs)
+                run = await run_level_sharded(base_url, model, level, opts, procs, sized.bodies)
+            elif level.rate is None:
+                run = await run_level(ep, factory, level.concurrency or 1, opts, progress=_progress_fn(live))
             else:
-                run = await run_level(ep, factory, c, opts, progress=_progress_fn(live))
+                run = await run_open_level(ep, factory, level.rate, opts, progress=_progress_fn(live))
         finally:
             if live is not None:
                 live.stop()
-        summary, rows = summarize_level(run, opts)
+        summary, rows = summarize_level(run, opts, prompt_target)
         append_jsonl(out / "requests.jsonl", rows)
         data["levels"].append(summary)
-        _say(console, _level_line(summary))
+        _say(console, level_line(summary))
         for w in summary["warnings"]:
             _say(console, f"  [yellow]warning:[/] {w}")
         write_json(out / "result.json", data)          # partial results survive an interrupt
+        return summary
+
+    if opts.search:
+        search = _search_for(opts)
+        _say(console, f"[bold]search[/]: the highest {'rate' if opts.open_loop else 'concurrency'} "
+                      f"meeting {describe(opts.slo, opts.slo_percentile)}")
+        while (x := search.next()) is not None:
+            level = Level(opts.max_concurrency, x) if opts.open_loop else Level(int(x))
+            s = await run_one(level)
+            search.record(x, bool(s["slo"]["met"]) and not s["aborted"])
+        data["search"] = {"kind": "rate" if opts.open_loop else "concurrency", **search.result()}
+        _say(console, search_line(data["search"]))
+    else:
+        for level in opts.levels():
+            await run_one(level)
+
+    data["levels"].sort(key=level_sort_key)
     if console is not None and data["levels"]:
-        console.print(levels_table(data["levels"]))
+        print_wide(console, levels_table(data["levels"], bool(opts.slo)))
     data["headline"] = headline(data)
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     files = {"result": "result.json", "requests": "requests.jsonl", "summary_csv": "summary.csv"}
@@ -160,6 +198,12 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
     files["html"] = "report.html"
     write_json(out / "result.json", data)
     return BenchResult(data, out, files)
+
+
+def _search_for(opts: BenchOptions) -> Search:
+    values: list[float] = list(opts.rates if opts.rates is not None else opts.concurrency)
+    return Search(min(values), max(values), integer=not opts.open_loop,
+                  precision=opts.search_precision, max_levels=opts.search_levels)
 
 
 def _say(console, text: str) -> None:
@@ -188,44 +232,7 @@ def _progress_fn(live):
         if now - state["last"] < 0.5:
             return
         state["last"] = now
-        live.update(f"  C={p['concurrency']} {p['phase']}: {p['elapsed_s']:.0f} s, {p['completed']} done, "
-                    f"window {p['window_done']}/{p['window_min']} requests, {p['window_s']:.0f}/"
-                    f"{p['duration_s']:g} s, {p['errors']} errors", refresh=True)
+        live.update(f"  {p['level']} {p['phase']}: {p['elapsed_s']:.0f} s, {p['completed']} done, "
+                    f"{p['in_flight']} in flight, window {p['window_done']}/{p['window_min']} requests, "
+                    f"{p['window_s']:.0f}/{p['duration_s']:g} s, {p['errors']} errors", refresh=True)
     return show
-
-
-def levels_table(levels: list[dict]):
-    """The per-level table printed at the end of a run."""
-    from rich.table import Table
-
-    t = Table(title="bench results (ms; * = p99 from < 100 requests)")
-    for col in ("C", "n", "err", "out tok/s", "req/s", "tok/s/user", "TTFT p50", "TTFT p99",
-                "TPOT p50", "TPOT p99", "E2E p50", "E2E p99", "valid"):
-        t.add_column(col, justify="right")
-    for L in levels:
-        lat = L["latency_ms"]
-
-        def g(m, s, d=1):
-            x = lat[m].get(s)
-            return "-" if x is None else f"{x:.{d}f}" + ("*" if s == "p99" and lat[m].get("p99_low_n") else "")
-        tps = L["per_user"]["tok_s_user_median"]
-        t.add_row(str(L["concurrency"]), str(lat["ttft"].get("n", 0)), str(L["requests"]["errors"]),
-                  f"{L['throughput']['output_tok_s']:.1f}", f"{L['throughput']['requests_per_s']:.2f}",
-                  "-" if tps is None else f"{tps:.1f}", g("ttft", "p50"), g("ttft", "p99"),
-                  g("tpot", "p50", 2), g("tpot", "p99", 2), g("e2e", "p50"), g("e2e", "p99"),
-                  "yes" if L["valid"] else "[red]NO[/]")
-    return t
-
-
-def _level_line(L: dict) -> str:
-    lat = L["latency_ms"]
-    v = "" if L["valid"] else " [red]INVALID (client-bound)[/]"
-
-    def g(m, s, d=1):
-        x = lat[m].get(s)
-        return "-" if x is None else f"{x:.{d}f}"
-    tps = L["per_user"]["tok_s_user_median"]
-    return (f"  C={L['concurrency']}: [bold]{L['throughput']['output_tok_s']:.1f} tok/s[/] aggregate, "
-            f"{'-' if tps is None else f'{tps:.1f}'} tok/s/user, TTFT p50/p99 {g('ttft', 'p50')}/"
-            f"{g('ttft', 'p99')} ms, TPOT p50 {g('tpot', 'p50', 2)} ms, E2E p99 {g('e2e', 'p99')} ms, "
-            f"n={lat['ttft'].get('n', 0)}, errors {L['requests']['errors']}{v}")

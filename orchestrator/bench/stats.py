@@ -28,7 +28,7 @@ def percentile(sorted_x: Sequence[float], q: float) -> float:
 
 
 def summarize(values: Iterable[float | None]) -> dict:
-    """{n, mean, p50, p90, p99, max, min, std, p99_low_n}; n=0 gives only n."""
+    """{n, mean, p50, p90, p95, p99, max, min, std, p99_low_n}; n=0 gives only n."""
     xs = sorted(v for v in values if v is not None)
     n = len(xs)
     if n == 0:
@@ -36,7 +36,7 @@ def summarize(values: Iterable[float | None]) -> dict:
     mean = math.fsum(xs) / n
     std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
     return {"n": n, "mean": mean, "p50": percentile(xs, 50), "p90": percentile(xs, 90),
-            "p99": percentile(xs, 99), "max": xs[-1], "min": xs[0], "std": std,
+            "p95": percentile(xs, 95), "p99": percentile(xs, 99), "max": xs[-1], "min": xs[0], "std": std,
             "p99_low_n": n < P99_MIN_N}
 
 
@@ -49,7 +49,7 @@ def summarize_weighted(values: Sequence[float], weights: Sequence[float]) -> dic
     mean = math.fsum(v * w for v, w in pairs) / total
     out = {"n": len(pairs), "tokens": total, "mean": mean, "max": pairs[-1][0],
            "min": pairs[0][0], "p99_low_n": len(pairs) < P99_MIN_N}
-    for q in (50, 90, 99):
+    for q in (50, 90, 95, 99):
         target, acc = total * q / 100.0, 0.0
         for v, w in pairs:
             acc += w

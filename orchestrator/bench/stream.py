@@ -24,7 +24,8 @@ class RequestRecord:
                  "chunk_ts", "chunk_tok", "n_events", "t_first_content", "content_chars",
                  "reasoning_chars", "reasoning_chunk_tokens", "tool_call_chunks", "finish_reason",
                  "completion_tokens", "prompt_tokens", "reasoning_tokens", "cached_tokens",
-                 "error_kind", "error_msg", "done_marker", "_cont", "_cum", "body_excerpt")
+                 "error_kind", "error_msg", "done_marker", "_cont", "_cum", "body_excerpt",
+                 "max_tokens")
 
     def __init__(self, idx: int = 0, worker: int = 0, phase: str = "measure"):
         self.idx, self.worker, self.phase = idx, worker, phase
@@ -48,6 +49,7 @@ class RequestRecord:
         self._cont: bool | None = None   # does the server send usage on every chunk?
         self._cum = 0
         self.body_excerpt = ""
+        self.max_tokens = 0              # what the request asked for (output lengths may vary)
 
     # -- hot path --------------------------------------------------------------------------------
     def add_event(self, ts: int, name: str | None, data: bytes) -> None:
@@ -150,7 +152,8 @@ def request_metrics(rec: RequestRecord) -> dict:
         "error_kind": rec.error_kind, "error": rec.error_msg or None, "status": rec.status,
         "t_send_ns": rec.t_send, "queue_ms": (rec.t_send - rec.t_ready) / NS,
         "ttfb_ms": (rec.t_first_byte - rec.t_send) / NS if rec.t_first_byte else None,
-        "completion_tokens": ct, "tokens_source": source, "prompt_tokens": rec.prompt_tokens,
+        "max_tokens": rec.max_tokens or None, "completion_tokens": ct, "tokens_source": source,
+        "prompt_tokens": rec.prompt_tokens,
         "cached_tokens": rec.cached_tokens, "token_chunks": n_chunks, "events": rec.n_events,
         "content_chars": rec.content_chars, "reasoning_chars": rec.reasoning_chars,
         "tool_call_chunks": rec.tool_call_chunks, "finish_reason": rec.finish_reason,

@@ -20,6 +20,10 @@ from collections.abc import Callable
 EventSink = Callable[[int, "str | None", bytes], None]
 
 
+def _ignore_event(ts: int, name: str | None, data: bytes) -> None:
+    """The sink of a parser without one (an SSE answer to a plain request is read and dropped)."""
+
+
 class ResponseParser:
     """Feed raw response bytes; get the status, headers, SSE events and the body of non-SSE replies.
 
@@ -32,7 +36,7 @@ class ResponseParser:
                  "_state", "_sse_buf", "_sse_cr", "_cr_tail")
 
     def __init__(self, on_event: EventSink | None = None):
-        self.on_event = on_event
+        self.on_event: EventSink = on_event or _ignore_event   # plain requests never see SSE events
         self.status = 0
         self.headers: dict[str, str] = {}
         self.complete = False
@@ -56,9 +60,10 @@ class ResponseParser:
         if not self.t_first_byte:
             self.t_first_byte = ts
         if self._state == "head":
-            data = self._feed_head(data)
-            if data is None:
+            rest = self._feed_head(data)
+            if rest is None:
                 return
+            data = rest
         if self._state == "body":
             if self._chunked:
                 self._feed_chunked(data, ts)

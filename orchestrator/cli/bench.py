@@ -14,23 +14,31 @@ import click
 from orchestrator.cli.options import accept_new_host_key_option, exit_codes, host_option, json_option, model_argument
 from orchestrator.errors import ConfigError
 
-HELP = """Benchmark a served model: single stream and a concurrency sweep, with reports.
+HELP = """Benchmark a served model: a concurrency sweep (closed loop) or request rates (open loop),
+with SLO goodput and reports.
 
 \b
 Examples:
   vllm-orch bench --url http://127.0.0.1:8000 --model kimi-k25
   vllm-orch bench --url http://gpu1:8000/v1 --model kimi-k25 -c 1,8,32 --duration 30 --label tp8
   vllm-orch bench --host gpu1                       # endpoint and served name from the active deployment
-  vllm-orch bench --host sim kimi-k25-int4 -c 1,32 --max-tokens 256
+  vllm-orch bench --host sim kimi-k25-int4 -c 1,32 --max-tokens 256:768 --ramp-up 10
+  vllm-orch bench --host gpu1 --rate 2,4,8,inf --max-concurrency 128 --slo ttft=2s,tpot=50ms
+  vllm-orch bench --host gpu1 --slo ttft=2s,tpot=50ms --search          # highest C meeting the SLO
+  vllm-orch bench --host gpu1 --prompts sharegpt.json --input-tokens 1024 --seed 7
   vllm-orch bench compare bench-results/a bench-results/b   # side by side, changes beyond noise flagged
 
 \b
-Each level runs C closed-loop streams (one keep-alive connection each): a warm-up, then a window of
-at least --duration seconds and --min-requests requests, then a drain. Output tokens come from the
-server's usage (reasoning included); TTFT is the first generated token (reasoning counts), TPOT =
-(E2E - TTFT) / (tokens - 1). Written to --out: result.json (formulas inside), requests.jsonl,
-summary.csv, plots/*.png and report.html. A level is marked INVALID when the client itself was the
-bottleneck (event-loop lag p99 > 10 ms or client CPU > 80%). See docs/benchmarking.md.
+Closed loop (-c): C streams (one keep-alive connection each) send the next request when the last
+ends; --ramp-up staggers their starts and a --max-tokens range breaks their lock-step. Open loop
+(--rate): requests are due on a Poisson (or --burstiness gamma, or constant) schedule whatever the
+server does, optionally capped by --max-concurrency: latency at an arrival rate, what an SLO is
+written against. Each level: a warm-up, a window of at least --duration seconds and --min-requests
+requests, a drain. Prompt lengths are exact in the server's tokens (its /tokenize) when it has
+one. Output tokens come from the server's usage (reasoning included); TPOT = (E2E - TTFT) /
+(tokens - 1). Written to --out: result.json (formulas inside), requests.jsonl, summary.csv,
+plots/*.png and report.html. The client checks itself: a level is "marginal" when event-loop lag
+p99 > 10 ms or client CPU > 80% of a core, INVALID above 25 ms or 95%. See docs/benchmarking.md.
 """
 
 COMPARE_HELP = """Compare bench results side by side per concurrency level.
@@ -48,14 +56,130 @@ when any metric got worse beyond noise.
 """
 
 
-def _levels(text: str) -> list[int]:
+def _levels(ctx, param, text: str) -> list[int]:
+    """-c: concurrency levels; click names the option in the error."""
     try:
         levels = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}")
+        raise click.BadParameter(f"expected whole numbers separated by commas, got {text!r}")
     if not levels or min(levels) < 1:
-        raise click.BadParameter("concurrency levels must be >= 1")
+        raise click.BadParameter(f"levels must be >= 1, got {text!r}")
     return levels
+
+
+def _rates(ctx, param, text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        rates = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"expected requests/s separated by commas (inf = all at once), got {text!r}")
+    if not rates or any(not r > 0 for r in rates):
+        raise click.BadParameter(f"rates must be > 0 (or inf), got {text!r}")
+    return rates
+
+
+def _max_tokens(ctx, param, text: str) -> str:
+    from orchestrator.bench.lengths import parse_lengths
+
+    try:
+        parse_lengths(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc))
+    return text
+
+
+def _slo(ctx, param, text: str | None) -> dict:
+    from orchestrator.bench.slo import parse_slo
+
+    if not text:
+        return {}
+    try:
+        return parse_slo(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc))
+
+
+def load_options(f):
+    """The load-model, SLO, stop and prompt-sizing options (kept together, apart from the shared
+    ones, so the option list of `bench` stays easy to merge)."""
+    opts = [
+        click.option("--rate", "rates", callback=_rates, metavar="R,R,...",
+                     help="Open loop: request rates per level, requests/s (inf = all at once), e.g. 2,4,8,inf."),
+        click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+                     help="Open loop: cap on requests in flight (more wait in the client, counted as queue)."),
+        click.option("--arrivals", type=click.Choice(["poisson", "constant"]), default="poisson",
+                     show_default=True, help="Open loop: inter-arrival gaps."),
+        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True, max=1e6), default=1.0,
+                     show_default=True, help="Open loop, poisson: gamma shape of the gaps (1 = Poisson, "
+                     "< 1 burstier, > 1 more regular), as vLLM's bench."),
+        click.option("--ramp-up", "ramp_up", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     metavar="SECONDS", help="Closed loop: start the C streams evenly over SECONDS; open "
+                     "loop: raise the rate linearly from 0 over SECONDS. Inside the warm-up."),
+        click.option("--slo", callback=_slo, metavar="M=T,...", help="Objectives per request, e.g. "
+                     "ttft=500ms,tpot=50ms (ttft, tpot, itl, e2e): reports good % and goodput."),
+        click.option("--slo-percentile", type=click.FloatRange(min=0, min_open=True, max=100), default=90.0,
+                     show_default=True, help="A level meets the SLO when this % of its requests do."),
+        click.option("--search", is_flag=True, help="Find the highest concurrency (-c LO,HI) or rate "
+                     "(--rate LO,HI) meeting --slo, in a few levels."),
+        click.option("--search-levels", type=click.IntRange(min=2), default=8, show_default=True,
+                     help="At most this many levels in --search."),
+        click.option("--max-errors", type=click.IntRange(min=1), default=None,
+                     help="Abort a level after this many failed requests."),
+        click.option("--max-error-rate", type=click.FloatRange(min=0, max=100), default=50.0,
+                     show_default=True, metavar="PERCENT", help="Abort a level when more than this "
+                     "% of its finished requests failed (judged after 10; 0 = never)."),
+        click.option("--exact-input/--no-exact-input", default=True, show_default=True,
+                     help="Size prompts exactly with the server's /tokenize (estimate if it has none)."),
+        click.option("--prompt-pool", type=click.IntRange(min=1), default=None,
+                     help="Distinct prompts to use [default: 64 built-in, 1000 from a file]."),
+        click.option("--event-loop", type=click.Choice(["auto", "uvloop", "asyncio"]), default="auto",
+                     show_default=True, help="auto = uvloop when installed."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _check_combinations(ctx, concurrency, load: dict, min_tokens, max_tokens) -> None:
+    """Options that do not go together, named in the error."""
+    from click.core import ParameterSource
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+    rates = load["rates"]
+    if rates is not None and given("concurrency"):
+        raise ConfigError("give -c/--concurrency (closed loop) or --rate (open loop), not both",
+                          hint="an open-loop level is capped with --max-concurrency")
+    if rates is None:
+        for name, flag in (("max_concurrency", "--max-concurrency"), ("arrivals", "--arrivals"),
+                           ("burstiness", "--burstiness")):
+            if given(name):
+                raise ConfigError(f"{flag} applies to open-loop levels: add --rate R,R,...")
+    if load["arrivals"] == "constant" and given("burstiness"):
+        raise ConfigError("--burstiness shapes Poisson arrivals; --arrivals constant has none")
+    if (load["ramp_up"] and rates and any(r == float("inf") for r in rates)
+            and not load["max_concurrency"]):
+        raise ConfigError("--ramp-up with --rate inf needs --max-concurrency (a burst has no ramp)")
+    if load["search"]:
+        if not load["slo"]:
+            raise ConfigError("--search needs --slo, e.g. --slo ttft=500ms,tpot=50ms")
+        values = rates if rates is not None else concurrency
+        flag = "--rate" if rates is not None else "-c/--concurrency"
+        if len(set(values)) < 2 or any(v == float("inf") for v in values):
+            raise ConfigError(f"--search needs two finite bounds in {flag}, e.g. {flag.split('/')[0]} 1,128")
+    elif given("search_levels"):
+        raise ConfigError("--search-levels applies to --search")
+    if given("slo_percentile") and not load["slo"]:
+        raise ConfigError("--slo-percentile applies to --slo")
+    if min_tokens is not None and ":" in str(max_tokens):
+        raise ConfigError("--min-tokens with a --max-tokens range could exceed max_tokens; use one of them")
+    if load["event_loop"] == "uvloop":
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            raise ConfigError("--event-loop uvloop: uvloop is not installed", hint="pip install uvloop")
 
 
 class BenchCommand(click.Command):
@@ -86,28 +210,33 @@ class BenchCommand(click.Command):
 @click.option("--model", "served_model", help="Served model name (with --url).")
 @host_option(required=False, help="Benchmark the active deployment on this inventory host.")
 @accept_new_host_key_option
-@click.option("-c", "--concurrency", default="1,2,4,8,16,32,64,128", show_default=True,
-              help="Concurrency levels, comma separated.")
-@click.option("--max-tokens", default=512, show_default=True, type=int)
+@click.option("-c", "--concurrency", default="1,2,4,8,16,32,64,128", show_default=True, callback=_levels,
+              help="Closed loop: concurrency levels, comma separated.")
+@click.option("--max-tokens", default="512", show_default=True, callback=_max_tokens, metavar="N|A:B|normal:M:S",
+              help="Output tokens per request: fixed, a uniform range, or a normal distribution.")
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Ask the server to generate exactly --max-tokens (vLLM extension).")
-@click.option("--min-tokens", type=int, default=None, help="Send min_tokens (vLLM extension).")
-@click.option("--temperature", default=0.0, show_default=True, type=float)
-@click.option("--input-tokens", default=256, show_default=True, type=int,
-              help="Approximate prompt length of the built-in varied prompts.")
+@click.option("--min-tokens", type=click.IntRange(min=0), default=None, help="Send min_tokens (vLLM extension).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--input-tokens", default=None, type=click.IntRange(min=1),
+              help="Prompt length in the server's tokens, chat template included [default: 256 for the "
+              "built-in prompts; a file's prompts as written].")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A file with one prompt per line instead of the built-in prompts.")
-@click.option("--warmup", default=10.0, show_default=True, type=float, help="Warm-up seconds per level.")
-@click.option("--warmup-requests", default=0, show_default=True, type=int,
+              help="Prompts instead of the built-in ones: ShareGPT-style JSON (first user turn) or "
+              "one prompt per line; sampled with --seed.")
+@click.option("--warmup", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Warm-up seconds per level.")
+@click.option("--warmup-requests", default=0, show_default=True, type=click.IntRange(min=0),
               help="Also wait for this many completed requests before the window opens.")
-@click.option("--duration", default=60.0, show_default=True, type=float,
+@click.option("--duration", default=60.0, show_default=True, type=click.FloatRange(min=0),
               help="Minimum measurement window per level, seconds.")
-@click.option("--min-requests", type=int, default=None,
-              help="Minimum requests completed in the window per level [default: max(20, 2 x C)].")
-@click.option("--timeout", default=600.0, show_default=True, type=float, help="Per-request timeout, seconds.")
-@click.option("--max-level-time", default=3600.0, show_default=True, type=float,
+@click.option("--min-requests", type=click.IntRange(min=1), default=None,
+              help="Minimum requests in the window per level [default: max(20, 2 x C)].")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Per-request timeout, seconds.")
+@click.option("--max-level-time", default=3600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Hard cap on warm-up + window per level, seconds.")
-@click.option("--processes", default=1, show_default=True, type=int,
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(min=0),
               help="Client processes per level (0 = auto: one per 256 streams).")
 @click.option("--continuous-usage/--no-continuous-usage", default=True, show_default=True,
               help="Ask for usage on every chunk (exact tokens per chunk; vLLM supports it).")
@@ -119,13 +248,15 @@ class BenchCommand(click.Command):
               help="Output folder [default: bench-results/<time>-<label>].")
 @click.option("--save-chunks", is_flag=True, help="Keep every chunk's arrival time in requests.jsonl.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape the server's /metrics.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the built-in prompts.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the prompts, their sample from --prompts, output lengths and arrivals.")
 @json_option("Print the result JSON instead of tables.")
+@load_options
 @click.pass_context
 def bench(ctx, model, url, served_model, host_name, accept_new_host_key, concurrency, max_tokens,
           ignore_eos, min_tokens, temperature, input_tokens, prompts_file, warmup, warmup_requests,
           duration, min_requests, timeout, max_level_time, processes, continuous_usage, extra_body,
-          api_key, label, out_dir, save_chunks, no_metrics, seed, as_json):
+          api_key, label, out_dir, save_chunks, no_metrics, seed, as_json, **load):
     import time
 
     from rich.console import Console
@@ -140,13 +271,22 @@ def bench(ctx, model, url, served_model, host_name, accept_new_host_key, concurr
         extra = json.loads(extra_body) if extra_body else {}
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--extra-body is not JSON: {exc}")
+    if not isinstance(extra, dict):
+        raise ConfigError("--extra-body must be a JSON object")
+    _check_combinations(ctx, concurrency, load, min_tokens, max_tokens)
     opts = BenchOptions(
-        concurrency=_levels(concurrency), max_tokens=max_tokens, ignore_eos=ignore_eos,
-        min_tokens=min_tokens, temperature=temperature, input_tokens=input_tokens,
+        concurrency=concurrency, max_tokens=int(max_tokens) if max_tokens.strip().isdigit() else max_tokens,
+        ignore_eos=ignore_eos, min_tokens=min_tokens, temperature=temperature, input_tokens=input_tokens,
         prompts_file=prompts_file, warmup_s=warmup, warmup_requests=warmup_requests,
         duration_s=duration, min_requests=min_requests, timeout_s=timeout, max_level_s=max_level_time,
         processes=processes, continuous_usage=continuous_usage, extra_body=extra, api_key=api_key,
-        label=label, seed=seed, save_chunks=save_chunks, scrape_metrics=not no_metrics)
+        label=label, seed=seed, save_chunks=save_chunks, scrape_metrics=not no_metrics,
+        rates=load["rates"], max_concurrency=load["max_concurrency"], arrivals=load["arrivals"],
+        burstiness=load["burstiness"], ramp_up_s=load["ramp_up"], slo=load["slo"],
+        slo_percentile=load["slo_percentile"], search=load["search"], search_levels=load["search_levels"],
+        max_errors=load["max_errors"],
+        max_error_rate=(load["max_error_rate"] / 100.0) if load["max_error_rate"] else None,
+        exact_input=load["exact_input"], prompt_pool=load["prompt_pool"], event_loop=load["event_loop"])
     console = Console(stderr=as_json, highlight=False)
     out = out_dir or Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + (f"-{label}" if label else ""))
 
@@ -182,6 +322,7 @@ def compare_cmd(results, as_json, fail_on_worse):
 
     from orchestrator.bench.compare import compare, render
     from orchestrator.bench.report import load_result
+    from orchestrator.bench.tables import print_wide
 
     if len(results) < 2:
         raise ConfigError("bench compare needs at least two results (folders or result.json files)")
@@ -193,7 +334,7 @@ def compare_cmd(results, as_json, fail_on_worse):
     if as_json:
         click.echo(json.dumps({"runs": [r["_path"] for r in loaded], "rows": rows}, indent=1))
     else:
-        render(loaded, rows, Console(highlight=False))
+        print_wide(Console(highlight=False), render(loaded, rows))
     if fail_on_worse and any("worse" in r["verdicts"] for r in rows):
         sys.exit(1)
 

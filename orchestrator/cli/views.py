@@ -129,8 +129,11 @@ def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
         if p["owner"]:
             continue
         who = f"left behind by {p['left_by']}" if p["left_by"] else p["kind"]
+        if p.get("user"):
+            who = f"user {p['user']}, {who}"
+        command = f": {p['command'][:80]}" if p.get("command") and p["kind"] == "foreign" else ""
         out.append((f"GPU {p['gpu'] if p['gpu'] is not None else '?'}: PID {p['pid']} {p['name']} "
-                    f"{p['used_mib']} MiB ({who})", True))
+                    f"{p['used_mib']} MiB ({who}){command}", True))
     return out
 
 

@@ -117,9 +117,10 @@ def parse(raw: dict) -> HostFacts:
 
 def _proc(pid: int, info: dict, raw: dict, running: list[str], *, name: str | None = None,
           used_mib: int = 0, gpu_index: int | None = None) -> Proc:
-    kind, model = classify(info, raw["services"], running, name or "")
+    kind, model = classify(info, raw["services"], running)
     return Proc(pid=pid, name=name or info.get("comm") or "?", used_mib=used_mib, gpu_index=gpu_index,
-                kind=kind, model=model, cmdline=" ".join(info.get("cmdline") or []))
+                kind=kind, model=model, cmdline=" ".join(info.get("cmdline") or []).strip(),
+                user=info.get("user"), start_time=info.get("start_time"))
 
 
 def _gpu_procs(apps: list[gpu.GpuProcess], gpus: list[gpu.Gpu], raw: dict, running: list[str]) -> list[Proc]:

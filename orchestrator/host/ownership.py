@@ -1,17 +1,25 @@
 """Which processes on which GPUs belong to which service: the ONE rule deploy, swap, stop and
 preflight use to decide what may be killed, and the one wait for GPU memory to be released.
 
-Every process that holds one of the GPUs (or the service port) is one of:
-  service        in the cgroup (systemd) or process group (`process` hosts) of a RUNNING managed service
-  left behind    in the cgroup / process group of a managed service that no longer runs
-  unmanaged vLLM a vLLM process (by name or command line) that no managed service owns
-  foreign        anything else: another user's job, a non-vLLM program
+Every process that holds one of the GPUs (or the service port) is exactly one of:
+  service      in the control group of a RUNNING managed unit (the unit's own ControlGroup, matched
+               exactly or as a sub-group: another user's `systemctl --user` unit with the same name
+               lives elsewhere), or, on `process` hosts, in the process group vllm-orch started
+               (its record proven current: the same boot, the same leader start time)
+  left behind  the same, for a managed service that no longer runs
+  abandoned    a vLLM engine or worker (`VLLM::EngineCore*`, `VLLM::Worker*`, by process title) whose
+               API server is gone: its process group's leader is dead and its vLLM process tree was
+               re-parented to init. The field's zombie case, also after a manual `vllm serve`.
+  foreign      anything else: someone's live vLLM server, a script whose path merely contains
+               "vllm", any other program. Reported with its user and command; killed only with
+               --kill-foreign.
 
-Killed without --kill-foreign: what a dead managed service left, unmanaged vLLM processes on the
-service's own GPUs (the field's `VLLM::Worker_TP*` that outlive a killed server), and the service's
-own processes once its stop did not take them. Never killed: a running managed service's processes
-(deploy refuses; swap stops that service first), and a process merely bound to the service port
-that is not provably left by a managed service (it may be someone else's server on other GPUs).
+Killed without --kill-foreign: what a dead managed service left, abandoned engines and workers on
+the service's own GPUs, and the service's own processes once its stop did not take them. Never
+killed: a running managed service's processes (deploy refuses; swap stops that service first), and
+a process bound to the service port that is not provably left by a managed service. Right before
+killing, the list is read again (a 28-minute download lies between planning and the GPU step) and
+each PID is signalled only while it still has the start time it had when it was classified.
 """
 
 from __future__ import annotations
@@ -30,13 +38,9 @@ from orchestrator.host.base import Command, Host, Script
 if TYPE_CHECKING:
     from orchestrator.config.inventory import HostEntry
 
-SERVICE, LEFT, UNMANAGED_VLLM, FOREIGN = "service", "left behind", "unmanaged vLLM", "foreign"
+SERVICE, LEFT, ABANDONED, FOREIGN = "service", "left behind", "abandoned vLLM", "foreign"
 IDLE_GPU_MIB = 2048            # a GPU with no process and less than this in use counts as free
-_VLLM_LIKE = re.compile(r"(VLLM::|vllm|EngineCore|Worker_TP)", re.I)
-
-
-def vllm_like(*texts: str) -> bool:
-    return bool(_VLLM_LIKE.search(" ".join(texts)))
+_ENGINE_TITLE = re.compile(r"^VLLM::(EngineCore|Worker)")
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,11 @@ class Proc:
     name: str
     used_mib: int
     gpu_index: int | None
-    kind: str                    # SERVICE | LEFT | UNMANAGED_VLLM | FOREIGN
+    kind: str                    # SERVICE | LEFT | ABANDONED | FOREIGN
     model: str | None = None     # the managed service it belongs (or belonged) to
     cmdline: str = ""
+    user: str | None = None
+    start_time: int | None = None    # clock ticks after boot: with the PID, the process's identity
 
     @property
     def owner(self) -> str | None:
@@ -61,37 +67,61 @@ class Proc:
         """The managed service, no longer running, that left the process behind."""
         return self.model if self.kind == LEFT else None
 
-    @property
-    def vllm_like(self) -> bool:
-        return vllm_like(self.name, self.cmdline)
-
     def describe(self) -> str:
         who = {SERVICE: f"owned by running {self.model}", LEFT: f"left behind by {self.model}",
-               UNMANAGED_VLLM: "a vLLM process no managed service owns"}.get(self.kind, "not a managed service")
+               ABANDONED: "a vLLM engine/worker whose API server is gone"}.get(self.kind, "foreign")
+        by = f"user {self.user}, " if self.user else ""
+        command = f": {self.cmdline[:100]}" if self.cmdline and self.kind == FOREIGN else ""
         if self.gpu_index is None and not self.used_mib:
-            return f"PID {self.pid or '?'} {self.name} bound to the service port ({who})"
+            return f"PID {self.pid or '?'} {self.name} bound to the service port ({by}{who}){command}"
         gpu_txt = f"GPU {self.gpu_index}" if self.gpu_index is not None else "GPU ?"
-        return f"PID {self.pid} {self.name} on {gpu_txt}, {self.used_mib} MiB ({who})"
+        return f"PID {self.pid} {self.name} on {gpu_txt}, {self.used_mib} MiB ({by}{who}){command}"
 
     def as_dict(self) -> dict:
         return {"pid": self.pid, "name": self.name, "gpu": self.gpu_index, "used_mib": self.used_mib,
-                "kind": self.kind, "model": self.model}
+                "kind": self.kind, "model": self.model, "user": self.user, "command": self.cmdline}
 
 
-def classify(info: Mapping, services: Mapping[str, Mapping], running: Iterable[str],
-             name: str = "") -> tuple[str, str | None]:
+def cgroup_paths(text: str) -> list[str]:
+    """The systemd-relevant paths of /proc/PID/cgroup: the unified hierarchy (`0::/...`) and the
+    v1 `name=systemd` one (hybrid hosts)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and (parts[0] == "0" or parts[1] == "name=systemd"):
+            out.append(parts[2])
+    return out
+
+
+def unit_cgroup(model: str, raw: Mapping) -> str:
+    """The control group of a managed unit: what systemd reports, else where a system unit lives."""
+    return raw.get("ControlGroup") or f"/system.slice/vllm-{model}.service"
+
+
+def abandoned_engine(info: Mapping) -> bool:
+    """A vLLM engine core or worker whose API server is gone (see the module docstring)."""
+    title = (info.get("cmdline") or [""])[0]
+    return bool(_ENGINE_TITLE.match(title)) and info.get("leader_alive") is False \
+        and info.get("engine_root_ppid") == 1
+
+
+def classify(info: Mapping, services: Mapping[str, Mapping], running: Iterable[str]) -> tuple[str, str | None]:
     """(kind, model) of a process from what the facts script read about it (`cgroup`, `pgid`,
-    `comm`, `cmdline`; `name` as nvidia-smi shows it) and the managed services' raw states (systemd's properties, or the PGID of a
-    `process` service): by the unit's cgroup or the service's process group, never by name."""
-    cgroup, pgid = info.get("cgroup", ""), info.get("pgid")
+    `cmdline`, `leader_alive`, `engine_root_ppid`) and the managed services' raw states
+    (systemd's properties with ControlGroup, or a `process` service's proven PGID)."""
     live = set(running)
+    paths = cgroup_paths(info.get("cgroup", ""))
+    pgid = info.get("pgid")
     for model, raw in services.items():
-        mine = (f"/vllm-{model}.service" in cgroup) or (
-            raw.get("PGID") is not None and pgid is not None and str(pgid) == str(raw.get("PGID")))
+        if "ControlGroup" in raw or "LoadState" in raw:            # a systemd unit
+            cg = unit_cgroup(model, raw)
+            mine = any(p == cg or p.startswith(cg + "/") for p in paths)
+        else:                                                      # a process service's group
+            mine = raw.get("PGID") is not None and pgid is not None and str(pgid) == str(raw["PGID"])
         if mine:
             return (SERVICE, model) if model in live else (LEFT, model)
-    if vllm_like(name, info.get("comm", ""), " ".join(info.get("cmdline") or [])):
-        return UNMANAGED_VLLM, None
+    if abandoned_engine(info):
+        return ABANDONED, None
     return FOREIGN, None
 
 
@@ -100,7 +130,7 @@ class Holders:
     """The processes on a placement's GPUs (and port), sorted by what may be done to them."""
 
     ours: list[Proc] = field(default_factory=list)      # the service itself, or services stopped first
-    kill: list[Proc] = field(default_factory=list)      # provably abandoned: killed before the start
+    kill: list[Proc] = field(default_factory=list)      # left behind or abandoned: killed before the start
     others: list[Proc] = field(default_factory=list)    # another running managed service: never killed
     foreign: list[Proc] = field(default_factory=list)   # killed only with --kill-foreign
 
@@ -122,19 +152,26 @@ def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, g
             continue                                   # never touch processes on other GPUs
         if p.kind == SERVICE:
             (out.ours if p.model in mine else out.others).append(p)
-        elif p.pid and (p.kind == LEFT or (p.kind == UNMANAGED_VLLM and not on_port)):
+        elif p.pid and (p.kind == LEFT or (p.kind == ABANDONED and not on_port)):
             out.kill.append(p)
         else:
             out.foreign.append(p)
     return out
 
 
-def kill_commands(pids: Iterable[int]) -> list[Command]:
-    """SIGTERM, up to 10 s for the processes to go, then SIGKILL."""
-    ps = " ".join(str(int(p)) for p in pids)
-    return [Script(f"kill -TERM {ps} 2>/dev/null; i=0; while [ $i -lt 100 ]; do "
-                   f"alive=0; for p in {ps}; do kill -0 $p 2>/dev/null && alive=1; done; "
-                   f"[ $alive = 0 ] && break; sleep 0.1; i=$((i+1)); done; kill -KILL {ps} 2>/dev/null; true")]
+def kill_commands(procs: Iterable[Proc]) -> list[Command]:
+    """SIGTERM, up to 10 s for the processes to go, then SIGKILL - each PID only while it still has
+    the start time it had when it was classified (a PID reused meanwhile is left alone)."""
+    specs = " ".join(f"{int(p.pid)}:{p.start_time if p.start_time is not None else '-'}" for p in procs)
+    same = ("same() { [ \"$2\" = - ] || [ \"$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f20)\" "
+            "= \"$2\" ]; }; ")
+    each = f"for s in {specs}; do p=${{s%%:*}}; t=${{s#*:}}; "
+    return [Script(same + each + "same $p $t && kill -TERM $p 2>/dev/null; done; i=0; "
+                   "while [ $i -lt 100 ]; do alive=0; " + each + "same $p $t && kill -0 $p 2>/dev/null && alive=1; "
+                   "done; [ $alive = 0 ] && break; sleep 0.1; i=$((i+1)); done; " + each +
+                   "same $p $t && kill -KILL $p 2>/dev/null; done; true",
+                   display=f"kill -TERM {' '.join(str(p.pid) for p in procs)} (each only while it is the "
+                           f"process classified), wait up to 10 s, kill -KILL what is left")]
 
 
 _SEP = "@@vllm-orch-gpus@@"
@@ -171,17 +208,24 @@ def gpu_list(indices: Iterable[int]) -> str:
     return "GPU" + ("s " if len(ids) != 1 else " ") + ",".join(map(str, ids))
 
 
-def wait_released(host: Host, entry: HostEntry, indices: list[int], timeout: float, poll: float = 0.5) -> str:
-    """Poll nvidia-smi until the GPUs hold no process and their memory is released."""
+def wait_released(host: Host, entry: HostEntry, indices: list[int], timeout: float, poll: float = 0.5,
+                  ignore: Iterable[Proc] = ()) -> str:
+    """Poll nvidia-smi until the GPUs hold no process and their memory is released. `ignore`:
+    processes that are not ours to wait for (foreign ones stop leaves alone); a GPU one of them
+    holds is checked for our processes only, since its memory is theirs."""
     start = time.monotonic()
     deadline = start + timeout
+    skip = {p.pid for p in ignore}
+    shared = {p.gpu_index for p in ignore}
     while True:
         gpus, apps = read_gpus(host, entry)
-        procs = [a for i in indices for a in apps.get(i, [])]
+        procs = [a for i in indices for a in apps.get(i, []) if a.pid not in skip]
         busy = {g.index: g.memory_used_mib or 0 for g in gpus
-                if g.index in indices and (g.memory_used_mib or 0) >= IDLE_GPU_MIB}
+                if g.index in indices and g.index not in shared and (g.memory_used_mib or 0) >= IDLE_GPU_MIB}
         if not procs and not busy:
-            return f"{gpu_list(indices)} free after {time.monotonic() - start:.1f}s"
+            held = f" (GPU {', '.join(str(i) for i in sorted(x for x in shared if x in indices))} stays in use "
+            held = held + "by a process that is not ours)" if shared & set(indices) else ""
+            return f"{gpu_list(indices)} free after {time.monotonic() - start:.1f}s{held}"
         if time.monotonic() > deadline:
             last = (f"{len(procs)} processes, " if procs else "") + \
                 ", ".join(f"GPU {i}: {u} MiB" for i, u in busy.items())

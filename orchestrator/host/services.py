@@ -153,8 +153,31 @@ class SystemdService(Service):
         return argv
 
 
+# /proc/PID/stat's starttime (clock ticks after boot): the fields after "PID (comm) " start at field 3,
+# so starttime (field 22) is the 20th; sed strips up to the LAST ") " since comm may contain one.
+_START_TIME = "sed 's/^.*) //' /proc/$P/stat 2>/dev/null | cut -d' ' -f20"
+_BOOT_ID = "cat /proc/sys/kernel/random/boot_id 2>/dev/null"
+
+
+def _verified_record(pidfile: str, on_stale: str) -> str:
+    """Shell that reads a process service's record (`PGID BOOT_ID START_TIME`) into P and runs
+    `on_stale` (with $WHY set) unless it provably names our process group: written in this boot,
+    and its leader, when alive, is the very process we started (same start time). The group of a
+    dead leader cannot have been reused while a member lives (Linux keeps a PGID in use), so its
+    members are ours. orchestrator/host/remote/facts_script.py applies the same rule in Python."""
+    q = shlex.quote(pidfile)
+    return (f"R=$(cat {q} 2>/dev/null) || R=; set -- $R; P=${{1:-}}; B=${{2:-}}; T=${{3:-}}; WHY=; "
+            f"if [ -z \"$P\" ]; then WHY=none; "
+            f"elif [ \"$B\" != \"$({_BOOT_ID})\" ]; then WHY=\"recorded in another boot (or by an older vllm-orch)\"; "
+            f"elif [ -r /proc/$P/stat ] && [ \"$({_START_TIME})\" != \"$T\" ]; then "
+            f"WHY=\"PID $P is another process now\"; fi; "
+            f"if [ -n \"$WHY\" ]; then {on_stale}; fi; ")
+
+
 class ProcessService(Service):
-    """Hosts without systemd: `setsid` start script, PID file, group kill, a log file."""
+    """Hosts without systemd: `setsid` start script, a record of the process group it started (its
+    PGID, the boot id and the leader's start time), group kill only when the record is proven
+    current, a log file."""
 
     STOP_WAIT_S = 30
 
@@ -180,27 +203,32 @@ class ProcessService(Service):
             f"mkdir -p {q(run_dir)} {q(self.entry.log_dir)} || exit 1\n"
             f"printf '%s\\n' \"--- vllm-orch start $(date -u +%FT%TZ)\" >> {q(self.logfile)}\n"
             f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &\n"
-            f"echo $! > {q(self.pidfile)}",
-            display=f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &  (PID into {q(self.pidfile)})")]
+            f"P=$!; T=$({_START_TIME}); "
+            f"echo \"$P $({_BOOT_ID}) ${{T:-gone}}\" > {q(self.pidfile)}",
+            display=f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &  (its process group, "
+                    f"the boot id and its start time into {q(self.pidfile)})")]
 
     def stop_commands(self) -> list[Command]:
         q = shlex.quote
         # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
+        stale = (f"[ \"$WHY\" = none ] || echo \"not stopping process group $P: $WHY\" >&2; "
+                 f"rm -f {q(self.pidfile)}; exit 0")
         return [Script(
-            f"P=$(cat {q(self.pidfile)} 2>/dev/null) || exit 0; "
+            _verified_record(self.pidfile, stale) +
             f"pkill -TERM -g $P; i=0; "
             f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
             f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
             f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
             f"rm -f {q(self.pidfile)}",
-            display=f"kill -TERM the process group in {self.pidfile}; wait up to {self.STOP_WAIT_S}s; "
+            display=f"kill -TERM the process group recorded in {self.pidfile} (once the record is proven "
+                    f"current: same boot, same leader start time); wait up to {self.STOP_WAIT_S}s; "
                     f"kill -KILL what is left")]
 
     def state(self) -> ServiceState:
         q = shlex.quote
         r = self.host.run(Script(
-            f"P=$(cat {q(self.pidfile)} 2>/dev/null) || {{ echo none; exit 0; }}; "
+            _verified_record(self.pidfile, "echo none; exit 0") +
             f"S=$(ps -o stat= -p $P 2>/dev/null); "
             f"if [ -n \"$S\" ] && [ \"${{S#Z}}\" = \"$S\" ]; then echo running $P $(stat -c %Y {q(self.pidfile)}); "
             f"else echo dead $P; fi"))

@@ -139,13 +139,15 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
         if note:
             reporter.event("note", note)
         if action.noop:
-            if action.run is not None:
-                action.run(env)
-            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
             reporter.step_skip(label(i), total, action)
-            continue
-        reporter.step_start(label(i), total, action)
+        else:
+            reporter.step_start(label(i), total, action)
         try:
+            if action.noop:
+                if action.run is not None:       # bookkeeping, or a check that the no-op still holds
+                    action.run(env)
+                results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
+                continue
             if action.run is not None:
                 result = action.run(env)
             else:

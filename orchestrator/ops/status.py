@@ -235,10 +235,7 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
                 "memory_total_mib": g.memory_total_mib, "utilization_pct": g.utilization_pct}
                for g in facts.gpus]
     st.gpu_error = facts.gpu_error
-    st.gpu_processes = [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib,
-                         "owner": p.owner, "left_by": p.left_by,
-                         "kind": "service" if p.owner else ("left behind" if p.left_by else (
-                             "unmanaged vLLM" if p.vllm_like else "foreign"))}
+    st.gpu_processes = [{**p.as_dict(), "owner": p.owner, "left_by": p.left_by}
                         for p in facts.procs]
     st.disk = {"path": facts.disk_path, "total": facts.disk_total, "free": facts.disk_free}
     st.models = [{"name": d.name, "bytes": d.bytes, "last_used": d.last_used,

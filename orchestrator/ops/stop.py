@@ -45,6 +45,7 @@ class StopResult:
     error: str | None = None
     dry_run: bool = False                # nothing done: `leftovers` and `cleared_active` say what would be
     leftovers: list[dict] = field(default_factory=list)  # on its GPUs now, killed if they outlive the stop
+    foreign: list[str] = field(default_factory=list)     # on its GPUs, not ours: left alone, reported
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
@@ -123,15 +124,18 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
             pids = sorted({p.pid for p in victims})
             say(f"killing {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
                 f"{gpu_list(res.gpus)}: " + ", ".join(f"{p.pid} {p.name}" for p in victims))
-            for cmd in kill_commands(pids):
+            for cmd in kill_commands(victims):
                 host.run(cmd, timeout=60).check(entry.name, "kill leftover GPU processes")
             res.killed = _rows(victims)
         if held.others:
             res.gpus_free = (f"not waited for: {', '.join(sorted({p.model or '?' for p in held.others}))} also "
                              f"runs on {gpu_list(res.gpus)}")
         else:
+            res.foreign = [p.describe() for p in held.foreign]
+            for line in res.foreign:
+                say(f"left alone (not ours): {line}")
             try:
-                res.gpus_free = wait_released(host, entry, res.gpus, release_timeout, poll)
+                res.gpus_free = wait_released(host, entry, res.gpus, release_timeout, poll, ignore=held.foreign)
             except DeployFailed as exc:
                 res.ok, res.error = False, str(exc.message)
     if (facts.active or {}).get("model") == model:
@@ -142,6 +146,7 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     state.append_history(host, entry, {"operation": "stop", "model": model, "ok": res.ok,
                                        "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
                                        "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
+                                       "foreign": res.foreign,
                                        "noop": res.nothing_to_do, **({"error": res.error} if res.error else {})})
     return res
 

@@ -16,7 +16,7 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.host.base import Command, Script
-from orchestrator.host.facts import HostFacts
+from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import Holders, gpu_list, holders, kill_commands, wait_released
 from orchestrator.host.services import Service
 from orchestrator.plan.inputs import PlanInput, ServiceInput
@@ -46,44 +46,67 @@ def release_action(model_gpus: list[int], why: str) -> Action:
                                                 env.opts.poll_s))
 
 
+def holders_refusal(held: Holders, m: Manifest, entry: HostEntry, kill_foreign: bool) -> RefusedError | None:
+    """Why the placement's GPUs cannot be taken: another running managed service on them, or
+    foreign processes (without --kill-foreign)."""
+    want = gpu_list(m.serving.visible_devices)
+    if held.others:
+        models = ", ".join(sorted({p.model or "?" for p in held.others}))
+        return RefusedError(f"{models} is serving on {want}: deploy does not stop another model",
+                            host=entry.name, step="gpus", details=[p.describe() for p in held.others],
+                            hint=f"use `vllm-orch swap {m.name} --host {entry.name}` (stages, switches, rolls back)")
+    if held.foreign and not kill_foreign:
+        return RefusedError(
+            f"{want} or port {m.serving.port} are used by processes vllm-orch does not manage: "
+            + "; ".join(f"PID {p.pid or '?'} {p.name}" + (f" (user {p.user})" if p.user else "") for p in held.foreign),
+            host=entry.name, step="gpus", details=[p.describe() for p in held.foreign],
+            hint="stop them yourself, choose another serving.port, or pass --kill-foreign to let vllm-orch kill them")
+    return None
+
+
 def gpus_action(inp: PlanInput, stopping: Collection[str] = ()) -> tuple[Action, RefusedError | None]:
+    """Free the placement's GPUs. Planned from the gathered facts; at run time the holders are read
+    again (a long download lies in between) and only what the ownership rule then says is killed,
+    each PID only while it is still the process classified."""
     m, entry = inp.target.manifest, inp.entry
     want = m.serving.visible_devices
-    held = placement_holders(inp.facts, m, set(stopping))
-    if held.others:
-        models = sorted({p.model or "?" for p in held.others})
-        return Action("gpus", f"{', '.join(models)} serves on {gpu_list(want)}",
-                      details=[p.describe() for p in held.others]), RefusedError(
-            f"{', '.join(models)} is serving on {gpu_list(want)}: deploy does not stop another model",
-            host=entry.name, step="gpus",
-            hint=f"use `vllm-orch swap {m.name} --host {entry.name}` (stages, switches, rolls back)")
-    if held.foreign and not inp.opts.kill_foreign:
-        return Action("gpus", f"{len(held.foreign)} processes vllm-orch does not manage hold {gpu_list(want)} or "
-                              f"port {m.serving.port}", details=[p.describe() for p in held.foreign]), RefusedError(
-            f"{gpu_list(want)} or port {m.serving.port} are used by processes vllm-orch does not "
-            f"manage: " + "; ".join(f"PID {p.pid or '?'} {p.name}" for p in held.foreign), host=entry.name,
-            step="gpus", hint="stop them yourself, choose another serving.port, or pass --kill-foreign to let "
-                              "vllm-orch kill them")
+    stops = sorted(stopping)
+    held = placement_holders(inp.facts, m, stops)
+    refusal = holders_refusal(held, m, entry, inp.opts.kill_foreign)
+    if refusal is not None:
+        summary = (f"{', '.join(sorted({p.model or '?' for p in held.others}))} serves on {gpu_list(want)}"
+                   if held.others else f"{len(held.foreign)} processes vllm-orch does not manage hold "
+                                       f"{gpu_list(want)} or port {m.serving.port}")
+        return Action("gpus", summary, details=refusal.details), refusal
     victims = held.victims(inp.opts.kill_foreign)
-    if not victims:
-        if stopping:
-            action = release_action(want, "after the stop")
-            action.details = [f"the processes on {gpu_list(want)} belong to {', '.join(sorted(stopping))}, "
-                              f"stopped first"]
-            return action, None
-        reason = f"only {m.name} itself holds {gpu_list(want)}" if held.ours else f"no process holds {gpu_list(want)}"
-        return Action("gpus", f"nothing to do, because {reason}", noop=True), None
-    pids = [p.pid for p in victims]
 
     def run(env: RunEnv) -> str:
-        for cmd in kill_commands(pids):
+        fresh = gather(env.host, env.entry, [m.name, *stops], ports=[m.serving.port])
+        now = placement_holders(fresh, m, stops)
+        err = holders_refusal(now, m, env.entry, env.opts.kill_foreign)
+        if err is not None:
+            raise err
+        kill = now.victims(env.opts.kill_foreign)
+        for cmd in kill_commands(kill):
             env.host.run(cmd, timeout=60).check(env.entry.name, "kill leftover GPU processes")
-        return f"killed {len(pids)} processes; " + wait_released(env.host, env.entry, want,
-                                                                  env.opts.gpu_release_timeout_s, env.opts.poll_s)
+        killed = f"killed {len(kill)} process{'es' if len(kill) != 1 else ''} (re-read right before killing); " \
+            if kill else ""
+        if now.ours:            # the service itself still runs: the start step restarts it
+            return killed + f"{gpu_list(want)} held only by {', '.join(sorted({p.model or '?' for p in now.ours}))}"
+        if not kill and not stops and not victims:
+            return f"re-read right before the start: {gpu_list(want)} still free"
+        return killed + wait_released(env.host, env.entry, want, env.opts.gpu_release_timeout_s, env.opts.poll_s)
 
-    return Action("gpus", f"kill {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
+    if not victims:
+        if stops:
+            return Action("gpus", f"check that {gpu_list(want)} are released after the stop", run=run,
+                          details=[f"the processes on {gpu_list(want)} belong to {', '.join(stops)}, "
+                                   f"stopped first"]), None
+        reason = f"only {m.name} itself holds {gpu_list(want)}" if held.ours else f"no process holds {gpu_list(want)}"
+        return Action("gpus", f"nothing to do, because {reason}", noop=True, run=run), None
+    return Action("gpus", f"kill {len(victims)} leftover process{'es' if len(victims) != 1 else ''} on "
                           f"{gpu_list(want)} (SIGTERM, 10 s, SIGKILL), then wait until their memory is released",
-                  details=[p.describe() for p in victims], commands=kill_commands(pids), run=run), None
+                  details=[p.describe() for p in victims], commands=kill_commands(victims), run=run), None
 
 
 # -- install ---------------------------------------------------------------------------------------

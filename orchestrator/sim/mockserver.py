@@ -2,7 +2,8 @@
 
     python -m orchestrator.sim.mockserver --port 0 [--ttft-ms 200 --itl-ms 10] [--reasoning-tokens N]
         [--tokens-per-chunk K] [--http-error-every N] [--stream-error-every N --stream-error-at T]
-        [--drop-every N --drop-at T] [--cpu CORE] [--model NAME]
+        [--drop-every N --drop-at T] [--slow-every N --slow-ttft-ms A --slow-itl-ms B]
+        [--tokenizer false] [--cpu CORE] [--model NAME]
 
 It prints `MOCK_PORT=<port>` once listening. Chunks are pre-serialised byte templates in vLLM's
 format (uvicorn framing: `transfer-encoding: chunked`, one HTTP chunk per SSE event, `data: [DONE]`),
@@ -10,6 +11,8 @@ so the server costs little per token. Tokens follow an absolute schedule: token 
 written at t_request + TTFT + j*ITL, so the mean TPOT a client should measure is exactly ITL.
 Like old vLLM versions, the role-only chunk is sent *before* generation: a client that starts TTFT on
 it is visibly wrong. /metrics serves the vLLM gauge and counter names the bench scrapes.
+/tokenize and /detokenize are the simulated vLLM server's (same shapes, same counts as the
+usage.prompt_tokens reported here); `--tokenizer false` answers them 404 like a server without them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from orchestrator.sim.vllm_server import detokenize_endpoint, encode_chat, tokenize_endpoint
+
+MAX_MODEL_LEN = 32768
 
 
 @dataclass
@@ -39,6 +46,10 @@ class MockConfig:
     drop_every: int = 0                # every Nth request has its connection dropped ...
     drop_at: int = 3                   # ... after this many tokens
     send_usage: bool = True            # False: a server that never sends usage
+    slow_every: int = 0                # every Nth request uses the slow latencies below
+    slow_ttft_ms: float = 0.0
+    slow_itl_ms: float = 0.0
+    tokenizer: bool = True             # serve /tokenize and /detokenize
 
 
 class _Ticker:
@@ -146,17 +157,18 @@ def _response(status: int, body: bytes, ctype: str = "application/json") -> byte
             f"\r\n").encode() + body
 
 
-def _error_body(status: int, message: str, etype: str) -> bytes:
-    return json.dumps({"object": "error", "message": message, "type": etype, "param": None,
-                       "code": status}).encode()
+def _error_body(status: int, message: str, etype: str, param: str | None = None) -> bytes:
+    """vLLM 0.33's ErrorResponse: {"error": {message, type, param, code}}."""
+    return json.dumps({"error": {"message": message, "type": etype, "param": param,
+                                 "code": status}}).encode()
 
 
 class MockProtocol(asyncio.Protocol):
+    transport: asyncio.Transport          # set by connection_made, before any data arrives
     def __init__(self, state: _State):
         self.state = state
         self.t_arrival = 0.0
         self.buf = b""
-        self.transport = None
         self.busy = False
         self._writable = asyncio.Event()
         self._writable.set()
@@ -214,11 +226,19 @@ class MockProtocol(asyncio.Protocol):
             t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
         elif path == "/version":
             t.write(_response(200, b'{"version":"mock"}'))
+        elif path in ("/tokenize", "/detokenize") and method == "POST" and st.cfg.tokenizer:
+            try:
+                req = json.loads(body or b"{}")
+            except ValueError:
+                req = None
+            status, obj = (tokenize_endpoint(req, [st.cfg.model], MAX_MODEL_LEN) if path == "/tokenize"
+                           else detokenize_endpoint(req, [st.cfg.model]))
+            t.write(_response(status, json.dumps(obj).encode()))
         elif path == "/v1/models":
             t.write(_response(200, json.dumps({"object": "list", "data": [
                 {"id": st.cfg.model, "object": "model", "owned_by": "vllm"}]}).encode()))
         else:
-            t.write(_response(404, _error_body(404, "Not Found", "NotFoundError")))
+            t.write(_response(404, b'{"detail":"Not Found"}'))      # FastAPI's unknown route
 
     async def _chat(self, body: bytes):
         st, cfg, t = self.state, self.state.cfg, self.transport
@@ -227,8 +247,8 @@ class MockProtocol(asyncio.Protocol):
         st.requests += 1
         n = st.requests
         if req.get("model") != cfg.model:
-            t.write(_response(404, _error_body(404, f"The model `{req.get('model')}` does not exist.",
-                                                "NotFoundError")))
+            t.write(_response(404, _error_body(404, f"The model `{req.get('model')}` does not exist. "
+                                                f"Valid aliases: {cfg.model}.", "NotFoundError", "model")))
             return
         if cfg.http_error_every and n % cfg.http_error_every == 0:
             t.write(_response(500, _error_body(500, "mock injected failure", "InternalServerError")))
@@ -237,7 +257,7 @@ class MockProtocol(asyncio.Protocol):
         opts = req.get("stream_options") or {}
         usage_on = cfg.send_usage and opts.get("include_usage")
         cont = usage_on and opts.get("continuous_usage_stats")
-        prompt = sum(len(str(m.get("content", ""))) for m in req.get("messages", [])) // 4 + 8
+        prompt = len(encode_chat(req.get("messages") or []))
         st.prompt_tokens += prompt
         st.running += 1
         try:
@@ -245,6 +265,8 @@ class MockProtocol(asyncio.Protocol):
             stream_err = cfg.stream_error_every and n % cfg.stream_error_every == 0
             drop = cfg.drop_every and n % cfg.drop_every == 0
             ttft, itl = cfg.ttft_ms / 1000.0, cfg.itl_ms / 1000.0
+            if cfg.slow_every and n % cfg.slow_every == 0:
+                ttft, itl = cfg.slow_ttft_ms / 1000.0, cfg.slow_itl_ms / 1000.0
             k_max = max(1, cfg.tokens_per_chunk)
             sent, chunks = 0, 0
             while sent < max_tokens:
@@ -263,6 +285,7 @@ class MockProtocol(asyncio.Protocol):
                 due = t0 + ttft + (sent + k - 1) * itl
                 if ttft or itl:
                     if due > time.perf_counter():
+                        assert st.ticker is not None       # serve() starts it whenever a latency is set
                         await st.ticker.wait_until(due)
                 elif chunks % 16 == 15:
                     await asyncio.sleep(0)        # zero latency: let other streams interleave
@@ -328,7 +351,7 @@ class MockProtocol(asyncio.Protocol):
 async def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 0, ready=None):
     loop = asyncio.get_running_loop()
     state = _State(cfg)
-    if cfg.ttft_ms or cfg.itl_ms:
+    if cfg.ttft_ms or cfg.itl_ms or cfg.slow_every:
         state.ticker = _Ticker(loop)
         sys.setswitchinterval(0.0005)    # the ticker thread must get the GIL promptly
     server = await loop.create_server(lambda: MockProtocol(state), host, port, backlog=4096)
@@ -376,7 +399,7 @@ def start_process(cpu: int | None = None, timeout: float = 10.0, **cfg) -> tuple
     for k, v in cfg.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
+    line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("MOCK_PORT="):
         proc.kill()
         raise RuntimeError(f"mock server did not start: {line!r}")

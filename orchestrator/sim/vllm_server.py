@@ -20,9 +20,9 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
   nvidia-smi reads. Workers outlive a SIGKILLed server and keep "holding" memory; a SIGTERMed
   server stops them. A start fails with the real "Free memory on device ..." error when other live
   holders leave too little memory.
-- serving: /health, /v1/models, /version, /metrics, /v1/chat/completions (stream or not),
-  /v1/completions, with per-model token rates (PROFILES below) paced on an absolute schedule; a
-  DP-N service runs N engines (own queue, KV cache and metrics series `engine="0".."N-1"`).
+- serving: /health, /v1/models, /version, /metrics, /tokenize, /detokenize, /v1/chat/completions
+  (stream or not), /v1/completions, with per-model token rates (PROFILES below) paced on an
+  absolute schedule; a DP-N service runs N engines (own queue, KV cache and metrics series `engine="0".."N-1"`).
 - auth: with --api-key / VLLM_API_KEY, /v1/* answers 401 `{"error":"Unauthorized"}` without the
   key, exactly as vLLM's middleware does; /health, /metrics and /version stay open.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS).
@@ -552,6 +552,123 @@ def answer_for(prompt: str) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
+# /tokenize and /detokenize with vLLM 0.33's shapes (vllm/entrypoints/serve/tokenize/protocol.py):
+#   {model?, prompt, add_special_tokens=true, return_token_strs=false}              (completion form)
+#   {model?, messages, add_generation_prompt=true, continue_final_message=false,
+#    add_special_tokens=false, return_token_strs=false}                              (chat form)
+#   -> 200 {count, max_model_len, tokens, token_strs}
+#   {model?, tokens} -> 200 {prompt};  an unknown model -> 404 NotFoundError (param "model").
+# The ids count exactly what the completions endpoints report as usage.prompt_tokens: a chat
+# message is <|im_start|> role \n content <|im_end|> (4 tokens around the content), the generation
+# prompt <|im_start|> assistant \n (3), a completion prompt gets <s> (1).
+SPECIAL_PIECES = ["<s>", "<|im_start|>", "<|im_end|>", "\n"]
+_PIECE_IDS: dict = {}
+_PIECES: list = []
+
+
+def piece_id(piece: str) -> int:
+    """Ids are given to pieces on first sight (specials and the filler text first): stable for
+    the life of the server, like a vocabulary, without shipping one."""
+    i = _PIECE_IDS.get(piece)
+    if i is None:
+        i = _PIECE_IDS[piece] = len(_PIECES)
+        _PIECES.append(piece)
+    return i
+
+
+for _p in SPECIAL_PIECES + tokenize(FILLER):
+    piece_id(_p)
+
+
+def message_texts(msgs: list) -> list:
+    """The text of each chat message (content parts joined), as the chat template sees it."""
+    texts = []
+    for m in msgs:
+        c = m.get("content")
+        if isinstance(c, list):
+            c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+        texts.append(str(c or ""))
+    return texts
+
+
+def encode_chat(msgs: list, add_generation_prompt: bool = True,
+                continue_final_message: bool = False, add_special_tokens: bool = False) -> list:
+    bos, start, end, nl = (piece_id(p) for p in SPECIAL_PIECES)
+    ids = [bos] if add_special_tokens else []
+    texts = message_texts(msgs)
+    for i, (m, text) in enumerate(zip(msgs, texts)):
+        ids += [start, piece_id(str(m.get("role") or "user")), nl]
+        ids += [piece_id(p) for p in tokenize(text)]
+        if not (continue_final_message and i == len(msgs) - 1):
+            ids.append(end)
+    if add_generation_prompt:
+        ids += [start, piece_id("assistant"), nl]
+    return ids
+
+
+def encode_prompt(text: str, add_special_tokens: bool = True) -> list:
+    return ([piece_id("<s>")] if add_special_tokens else []) + [piece_id(p) for p in tokenize(text)]
+
+
+def _api_error(message: str, kind: str, code: int, param=None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _model_error(model, served: list):
+    """vLLM 0.33's check for the request's model (serve/engine/serving.py, _check_model)."""
+    if model and model not in served:
+        return 404, _api_error(f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.",
+                               "NotFoundError", 404, "model")
+    return None
+
+
+def _validation_error(body, missing: list) -> tuple:
+    """FastAPI's 400 as vLLM renders it (exception_handling/handlers/validation.py)."""
+    given = f"<dict of {len(body) if isinstance(body, dict) else 0} items>"
+    lines = [f"  {{'type': 'missing', 'loc': 'body.{f}', 'msg': 'Field required', 'input': '{given}'}}"
+             for f in missing]
+    label = "error" if len(lines) == 1 else "errors"
+    return 400, _api_error(f"{len(lines)} validation {label}:\n" + "\n".join(lines), "Bad Request", 400,
+                           f"body.{missing[0]}")
+
+
+def tokenize_endpoint(body, served: list, max_model_len: int) -> tuple:
+    """(status, JSON object) for POST /tokenize."""
+    if not isinstance(body, dict) or not ("messages" in body or "prompt" in body):
+        return _validation_error(body, ["prompt", "messages"])
+    err = _model_error(body.get("model"), served)
+    if err:
+        return err
+    if "messages" in body:
+        gen, cont = body.get("add_generation_prompt", True), body.get("continue_final_message", False)
+        if gen and cont:
+            return 400, _api_error("Cannot set both `continue_final_message` and "
+                                   "`add_generation_prompt` to True.", "BadRequestError", 400)
+        ids = encode_chat(body.get("messages") or [], gen, cont, body.get("add_special_tokens", False))
+    else:
+        ids = encode_prompt(str(body.get("prompt")), body.get("add_special_tokens", True))
+    strs = [_PIECES[i] for i in ids] if body.get("return_token_strs") else None
+    return 200, {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenize_endpoint(body, served: list) -> tuple:
+    """(status, JSON object) for POST /detokenize. Ids outside the vocabulary decode to nothing,
+    as the real tokenizer does; negative ones fail validation (ge=0)."""
+    if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+        return _validation_error(body, ["tokens"])
+    err = _model_error(body.get("model"), served)
+    if err:
+        return err
+    for i, t in enumerate(body["tokens"]):
+        if not isinstance(t, int) or t < 0:
+            return 400, _api_error(f"1 validation error:\n  {{'type': 'greater_than_equal', 'loc': "
+                                   f"'body.tokens.{i}', 'msg': 'Input should be greater than or equal "
+                                   f"to 0', 'input': '{t}', 'ctx': {{'ge': 0}}}}", "Bad Request", 400,
+                                   f"body.tokens.{i}")
+    return 200, {"prompt": "".join(_PIECES[t] for t in body["tokens"] if t < len(_PIECES))}
+
+
+# --------------------------------------------------------------------------------------------
 def go_float(v) -> str:
     """A sample value or `le` bound as prometheus_client writes it (its floatToGoString)."""
     d = float(v)
@@ -895,6 +1012,14 @@ class Server:
             return await self.json(writer, 200, {"object": "list", "data": data})
         if path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
             return await self.completions(path, body, writer)
+        if path in ("/tokenize", "/detokenize") and method == "POST":
+            try:
+                req = json.loads(body or b"{}")
+            except ValueError:
+                req = None
+            status, obj = (tokenize_endpoint(req, self.cfg["served"], self.cfg["max_model_len"])
+                           if path == "/tokenize" else detokenize_endpoint(req, self.cfg["served"]))
+            return await self.json(writer, status, obj)
         if any(path == r for r, _ in self.ROUTES):
             return await self.json(writer, 405, {"detail": "Method Not Allowed"})
         return await self.json(writer, 404, {"detail": "Not Found"})
@@ -912,12 +1037,7 @@ class Server:
                 f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
         if chat:
             msgs = body.get("messages") or []
-            texts = []
-            for m in msgs:
-                c = m.get("content")
-                if isinstance(c, list):
-                    c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
-                texts.append(str(c or ""))
+            texts = message_texts(msgs)
             prompt = next((str(m.get("content")) for m in reversed(msgs)
                            if m.get("role") == "user"), texts[-1] if texts else "")
             prompt_tokens = sum(len(tokenize(t)) + 4 for t in texts) + 3

@@ -147,11 +147,11 @@ def test_report_files_and_contents(two_runs):
     assert {"result.json", "requests.jsonl", "summary.csv", "report.html", "plots/throughput.png",
             "plots/latency.png", "plots/per_user.png"} <= files
     data = json.loads((r.out_dir / "result.json").read_text())
-    assert data["schema"] == "vllm-orch.bench.result/1" and "tpot_ms" in data["formulas"]
+    assert data["schema"] == "vllm-orch.bench.result/2" and "tpot_ms" in data["formulas"]
     assert data["metadata"]["manifest_hash"] == "abc123" and data["metadata"]["simulated"] is True
     assert data["metadata"]["tool_version"] and data["metadata"]["served_name"] == "m"
     rows = [json.loads(x) for x in (r.out_dir / "requests.jsonl").read_text().splitlines()]
-    assert {row["level"] for row in rows} == {1, 4} and all(row["ok"] for row in rows)
+    assert {row["level"] for row in rows} == {"C=1", "C=4"} and all(row["ok"] for row in rows)
     L1 = data["levels"][0]
     # 1 / 2 ms = 500 tok/s; a 2 ms gap is easily stretched on a busy machine, hence the room
     assert L1["per_user"]["tok_s_user_median"] == pytest.approx(500.0, rel=0.3)
@@ -162,7 +162,8 @@ def test_report_files_and_contents(two_runs):
     assert hl["peak_concurrency"] == 4 and hl["single_stream_tok_s"] == pytest.approx(500, rel=0.3)
     assert r.history_entry()["peak_output_tok_s"] == hl["peak_output_tok_s"]
     csv = (r.out_dir / "summary.csv").read_text().splitlines()
-    assert csv[0].startswith("concurrency,valid") and len(csv) == 3
+    assert csv[0].startswith("level,mode,concurrency,rate,valid") and len(csv) == 3
+    assert "ttft_p95_ms" in csv[0] and csv[1].startswith("C=1,closed,1,,True,")
 
 
 def test_cli_url_mode_and_compare(two_runs, tmp_path):
@@ -181,8 +182,8 @@ def test_cli_url_mode_and_compare(two_runs, tmp_path):
                               "--json", "--fail-on-worse"])
     assert res.exit_code == 1, res.output
     rows = json.loads(res.output)["rows"]
-    tpot = {r["concurrency"]: r["verdicts"][0] for r in rows if r["metric"] == "TPOT mean ms"}
-    assert tpot == {1: "worse", 4: "worse"}
+    tpot = {r["level"]: r["verdicts"][0] for r in rows if r["metric"] == "TPOT mean ms"}
+    assert tpot == {"C=1": "worse", "C=4": "worse"}
     help_text = runner.invoke(cli, ["bench", "--help"]).output
     assert "vllm-orch bench --url http://127.0.0.1:8000 --model" in help_text and "compare" in help_text
     assert "2 x sqrt(SE_A^2 + SE_B^2)" in runner.invoke(cli, ["bench", "compare", "--help"]).output

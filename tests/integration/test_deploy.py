@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RefusedError
-from orchestrator.host.state import HostLock, read_active, read_history
+from orchestrator.host.state import HostLock, lock_holder, read_active, read_history
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
 from tests.plugins.sim_hosts import wait_until
@@ -132,7 +132,7 @@ def test_die_after_ready_is_redeployed(sim_host):
 def test_leftover_workers_of_a_killed_service_are_killed(sim_host):
     e, m = entry(sim_host), on_port("kimi-k25-int4")
     assert deploy(e, m).ok
-    pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text())
+    pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)                       # workers survive, holding GPU memory
     from orchestrator.host.services import Service
 
@@ -178,6 +178,8 @@ def test_a_held_lock_refuses_naming_the_holder_and_a_killed_holder_frees_it(sim_
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()
+    # its `flock ... cat` on the host reads EOF and exits: the lock is free without anyone's help
+    wait_until(lambda: lock_holder(sim_host.host, e) is None, budget=20, what="the lock to be released")
     assert deploy(e, m).ok
 
 

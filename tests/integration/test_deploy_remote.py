@@ -3,6 +3,8 @@ simulated hosts (systemd-nspawn containers with their own network namespace, rea
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import yaml
 
@@ -95,7 +97,7 @@ def test_failed_swap_rolls_back_on_real_systemd(systemd_sim, fault, kinds, cause
     manifests = {old.name: old, new.name: new}
     assert deploy(e, old).ok
     manager.add_fault("sim", fault, model=new.name, home=home)
-    failed = swap(e, new, manifests, no_progress_s=2)
+    failed = swap(e, new, manifests, no_progress_s=5)
     assert isinstance(failed.error, NotReady) and failed.error.kind in kinds
     if cause:
         assert cause in failed.error.root_cause
@@ -140,3 +142,100 @@ def test_probes_reach_a_server_bound_to_the_hosts_loopback(systemd_sim):
         socket.create_connection((e.address, 8000), timeout=2).close()
     with open_host(e) as host:
         stop_model(host, e, m.name)
+
+
+# -- only our processes, on a real systemd host with a second user ---------------------------------
+
+def _start_as(host, user: str, title: str) -> int:
+    """A GPU-holder process titled like a vLLM worker, started by `user` in its own session (a live
+    process of someone else: its process group leader lives). Its PID inside the container."""
+    from orchestrator.host.base import Script
+    from orchestrator.sim import nspawn
+
+    prog = f"{nspawn.SIM_MOUNT}/bin/vllm"
+    launcher = (f"import os, sys; os.environ.update(VLLM_SIM_HOLDER_TITLE={title!r}, VLLM_SIM_HOST_DIR="
+                f"{nspawn.SIM_MOUNT!r}); os.execv(sys.executable, [{title!r}, {prog!r}, '__sim_gpu_holder__'])")
+    r = host.run(Script(f"id {user} >/dev/null 2>&1 || useradd -m {user}; "
+                        f"su -s /bin/sh {user} -c \"setsid python3 -c \\\"{launcher}\\\" </dev/null >/dev/null 2>&1 & "
+                        f"echo \\$!\""))
+    assert r.ok, r.stderr
+    return int(r.stdout.split()[-1])
+
+
+def _hold_gpu(host, pid: int, gpu: int, name: str) -> None:
+    import json as _json
+
+    from orchestrator.sim import nspawn
+
+    host.put(f"{nspawn.SIM_MOUNT}/gpu-procs/{pid}-{gpu}.json",
+             _json.dumps({"pid": pid, "process_name": name, "gpu_index": gpu, "used_mib": 30000}).encode())
+
+
+def _alive(host, pid: int) -> bool:
+    r = host.run(["ps", "-o", "stat=", "-p", str(pid)])
+    return r.ok and r.stdout.strip() != "" and not r.stdout.strip().startswith("Z")
+
+
+def test_only_our_processes_on_a_shared_systemd_host(systemd_sim):
+    """A second user's live process titled VLLM::Worker_TP0 on the model's GPUs is foreign: deploy
+    and swap refuse at preflight (naming the user) and stop leaves it alive; the orphaned workers of a
+    SIGKILLed server on the same GPUs are abandoned, and deploy kills them and starts."""
+    from orchestrator.host.base import Script
+    from orchestrator.host.connect import open_host
+    from orchestrator.ops.stop import stop_model
+    from orchestrator.sim import nspawn
+    from tests.plugins.sim_hosts import make_model
+
+    home, e = systemd_sim
+    old, new = on_port("minimax-m25", 8000), on_port("minimax-m25-ep", 8000)     # GPUs 0-3 / 0-7
+    manifests = {old.name: old, new.name: new}
+    with open_host(e) as host:
+        alice = _start_as(host, "alice", "VLLM::Worker_TP0")
+        _hold_gpu(host, alice, 2, "VLLM::Worker_TP0")
+        try:
+            refused = deploy(e, old)
+            assert isinstance(refused.error, RefusedError) and refused.error.step == "preflight"
+            pre = next(a for a in refused.plan.actions if a.step == "preflight")
+            assert any("user alice" in d and "foreign" in d for d in pre.details), pre.details
+            assert _alive(host, alice)
+        finally:
+            host.run(["kill", "-KILL", str(alice)])
+            host.run(["rm", "-f", f"{nspawn.SIM_MOUNT}/gpu-procs/{alice}-2.json"])
+
+        # deploy on free GPUs; then alice's job lands on GPU 7: swap (GPUs 0-7) refuses, stop leaves it
+        assert deploy(e, old).ok
+        alice = _start_as(host, "alice", "VLLM::Worker_TP0")
+        _hold_gpu(host, alice, 7, "VLLM::Worker_TP0")
+        try:
+            refused = swap(e, new, manifests)
+            assert isinstance(refused.error, RefusedError) and "alice" in "\n".join(
+                next(a for a in refused.plan.actions if a.step == "preflight").details)
+            assert host.run(["systemctl", "is-active", f"vllm-{old.name}.service"]).stdout.strip() == "active"
+            res = stop_model(host, e, old.name, old.serving.visible_devices, release_timeout=20, poll=0.2)
+            assert res.ok and _alive(host, alice), res
+        finally:
+            host.run(["kill", "-KILL", str(alice)])
+            host.run(["rm", "-f", f"{nspawn.SIM_MOUNT}/gpu-procs/{alice}-7.json"])
+
+        # a `vllm serve` started by hand (not by vllm-orch), its API server SIGKILLed: the workers stay
+        hdir = manager.host_dir("sim", home)
+        make_model(hdir, "by-hand", "MiniMaxAI/MiniMax-M2.5", total_size=230e9)
+        r = host.run(Script(
+            f"cd /tmp && CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_SIM_HOST_DIR={nspawn.SIM_MOUNT} setsid "
+            f"{nspawn.SIM_MOUNT}/bin/vllm serve {nspawn.SIM_MOUNT}/models/by-hand --trust-remote-code "
+            f"--max-model-len 65536 -tp 4 --port 8123 </dev/null >/tmp/by-hand.log 2>&1 & echo $!"))
+        server = int(r.stdout.split()[-1])
+        deadline = time.monotonic() + 60
+        while "Application startup complete." not in (host.run(["cat", "/tmp/by-hand.log"]).stdout):
+            assert time.monotonic() < deadline and _alive(host, server), host.run(["cat", "/tmp/by-hand.log"]).stdout
+            time.sleep(0.3)
+        workers = [int(x) for x in host.run(Script("pgrep -f '^VLLM::Worker'")).stdout.split()]
+        assert len(workers) == 4
+        host.run(["kill", "-KILL", str(server)])
+        result = deploy(e, old)
+        assert result.ok, result.error
+        gpus = next(a for a in result.plan.actions if a.step == "gpus")
+        assert gpus.summary.startswith("kill 4 leftover processes") and \
+            all("API server is gone" in d for d in gpus.details), gpus.details
+        assert not any(_alive(host, w) for w in workers)
+        stop_model(host, e, old.name)

@@ -39,7 +39,8 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     changed = kimi.model_copy(update={"env": {**kimi.env, "VLLM_ORCH_TEST_CHANGED": "1"}})
     models = write_models(tmp_path / "models", [changed, minimax])
     env = cli_env(sim_host, models)
-    server_pid = (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip()
+    server_record = (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip()
+    server_pid = server_record.split()[0]
     before = snapshot(sim_host.dir)
 
     def run(*args: str) -> str:
@@ -60,7 +61,7 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     assert "stop the service (running)" in outputs["stop"] and "clear the active record" in outputs["stop"]
     assert "old-model" in outputs["gc"]
     assert snapshot(sim_host.dir) == before                                # ...and nothing is written
-    assert (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip() == server_pid
+    assert (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip() == server_record
     os.kill(int(server_pid), 0)                                            # the service still runs
     assert health(Endpoint(sim_host.host, kimi.serving.port)) == 200
     assert old.is_dir()

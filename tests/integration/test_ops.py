@@ -105,7 +105,7 @@ def test_status_walks_through_ready_failed_stopped_loading(sim_host, models_dir)
     assert st.round_trips <= 6, st.round_trips       # extras + facts + 3 probes (+ tunnels)
 
     # kill -9 of the main process: the service is failed and its workers are left behind.
-    pid = int(pidfile(entry, "kimi-k25-int4").read_text())
+    pid = int(pidfile(entry, "kimi-k25-int4").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: host_status(entry).state == "failed")
     st = host_status(entry)
@@ -186,7 +186,7 @@ def test_stop_kills_its_orphaned_workers_on_its_gpus_only(sim_host, models_dir):
     foreign process are left alone."""
     entry = entry_of(sim_host)
     deploy(entry, models_dir, "minimax-m25")           # GPUs 0-3
-    pid = int(pidfile(entry, "minimax-m25").read_text())
+    pid = int(pidfile(entry, "minimax-m25").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     pidfile(entry, "minimax-m25").unlink()
     workers = {h["pid"] for h in holders(sim_host)}

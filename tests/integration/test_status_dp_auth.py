@@ -163,7 +163,7 @@ def test_swap_rollback_and_regen_restart_of_keyed_services(sim_host, monkeypatch
     e = entry(sim_host)
     assert deploy(e, old).ok
     manager.add_fault("sim", "garbage", model=new.name, home=sim_host.home)
-    failed = swap(e, new, {old.name: old, new.name: new}, no_progress_s=2)
+    failed = swap(e, new, {old.name: old, new.name: new}, no_progress_s=5)
     assert not failed.ok and isinstance(failed.error, NotReady) and failed.error.kind == "smoke"
     assert failed.extra["rollback"]["ok"], failed.extra["rollback"]
     ep = probes.Endpoint(LocalHost("sim"), port, Secret(KEY))

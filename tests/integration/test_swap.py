@@ -62,7 +62,7 @@ def test_failed_swap_rolls_back_to_the_previous_model(sim_host, pair, fault, kin
     e, old, new, manifests = pair
     before = sorted(p.name for p in (sim_host.dir / "models" / old.name).rglob("*"))
     manager.add_fault("sim", fault, model=new.name, home=sim_host.home)
-    result = swap(e, new, manifests, no_progress_s=2)
+    result = swap(e, new, manifests, no_progress_s=5)
     assert not result.ok and isinstance(result.error, NotReady) and result.error.kind in kinds
     if cause:
         assert cause in result.error.root_cause

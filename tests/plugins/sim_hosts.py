@@ -98,10 +98,11 @@ def wait_until(predicate, budget: float = 10.0, what: str = "condition"):
 
 class SimServer:
     """`<hostdir>/bin/vllm serve ARGS --port P` with its output in a file; kills what it started
-    (the server, and its GPU-holder workers via gpu-procs) on exit."""
+    (the server, and its GPU-holder workers via gpu-procs) on exit. new_session: the server leads
+    its own process group, as a `vllm serve` typed into an interactive shell does."""
 
     def __init__(self, sim: SimHost, args: list, *, env: dict | None = None,
-                 port: int | None = None, host: str = "127.0.0.1"):
+                 port: int | None = None, host: str = "127.0.0.1", new_session: bool = False):
         self.sim = sim
         self.port = port or free_port()
         self.log_path = sim.dir / "logs" / f"vllm-{self.port}.log"
@@ -111,7 +112,7 @@ class SimServer:
             self.proc = subprocess.Popen(
                 [str(sim.dir / "bin" / "vllm"), "serve", *args, "--host", host,
                  "--port", str(self.port)], stdout=out, stderr=err, env=full_env,
-                stdin=subprocess.DEVNULL)
+                stdin=subprocess.DEVNULL, start_new_session=new_session)
 
     @property
     def log(self) -> str:

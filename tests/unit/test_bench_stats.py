@@ -19,6 +19,7 @@ def test_percentile_is_linear_interpolation_type7():
 def test_summary_flags_low_n_p99_and_ignores_none():
     s = summarize([3.0, None, 1.0, 2.0])
     assert s["n"] == 3 and s["p99_low_n"] and s["mean"] == 2.0 and s["max"] == 3.0
+    assert summarize(range(101))["p95"] == 95.0 and summarize(range(101))["p90"] == 90.0
     assert summarize(range(200))["p99_low_n"] is False
     assert summarize([]) == {"n": 0}
 
@@ -26,6 +27,7 @@ def test_summary_flags_low_n_p99_and_ignores_none():
 def test_weighted_summary_counts_tokens():
     s = summarize_weighted([10.0, 30.0], [3.0, 1.0])
     assert s["mean"] == 15.0 and s["p50"] == 10.0 and s["p90"] == 30.0 and s["tokens"] == 4.0
+    assert s["p95"] == 30.0
 
 
 def test_noise_rule_needs_both_relative_and_statistical_change():
@@ -48,9 +50,19 @@ def _level(c, tok_s, se, ttft_mean, n=200, std=5.0):
 def test_compare_flags_per_level():
     a = {"levels": [_level(1, 100.0, 1.0, 50.0), _level(32, 1000.0, 5.0, 200.0)]}
     b = {"levels": [_level(1, 101.0, 1.0, 50.2), _level(32, 800.0, 5.0, 300.0)]}
-    rows = {(r["concurrency"], r["metric"]): r["verdicts"][0] for r in compare([a, b])}
-    assert rows[(1, "output tok/s")] == "" and rows[(1, "TTFT mean ms")] == ""
-    assert rows[(32, "output tok/s")] == "worse" and rows[(32, "TTFT mean ms")] == "worse"
+    rows = {(r["level"], r["metric"]): r["verdicts"][0] for r in compare([a, b])}
+    assert rows[("C=1", "output tok/s")] == "" and rows[("C=1", "TTFT mean ms")] == ""
+    assert rows[("C=32", "output tok/s")] == "worse" and rows[("C=32", "TTFT mean ms")] == "worse"
+
+
+def test_compare_matches_levels_by_name_across_modes_and_old_results():
+    """Results of schema 1 have no "level" name: they match by concurrency; rate levels by rate."""
+    old = {"levels": [_level(8, 100.0, 1.0, 50.0)]}
+    new = {"levels": [{**_level(8, 100.0, 1.0, 50.0), "level": "C=8", "mode": "closed"},
+                      {**_level(None, 90.0, 1.0, 60.0), "level": "rate=4/s", "mode": "open", "rate": 4.0}]}
+    rows = compare([old, new])
+    assert [r["level"] for r in rows if r["metric"] == "output tok/s"] == ["C=8", "rate=4/s"]
+    assert next(r for r in rows if r["level"] == "rate=4/s")["values"][0] is None
 
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -74,3 +86,14 @@ def test_level_deltas():
     assert d["running"] == {"before": 5.0, "after": 0.0, "mean_during": 6.0, "max_during": 8.0}
     assert d["kv_cache_usage_perc"]["before"] == pytest.approx(0.6) and d["engines"] == 2
     assert level_deltas(None, after, []) == {"available": False}
+
+
+def test_docs_carry_every_formula_verbatim():
+    """docs/benchmarking.md lists the definitions written into every result.json; keep them equal."""
+    from pathlib import Path
+
+    from orchestrator.bench.formulas import FORMULAS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarking.md").read_text()
+    missing = [k for k, v in FORMULAS.items() if f"- **{k}**: {v}" not in doc]
+    assert not missing, f"update docs/benchmarking.md for: {missing}"

@@ -28,6 +28,22 @@ def run_facts(tmp_path, python: list[str], models: list[str], ports: list[int]) 
     return json.loads(out.stdout)
 
 
+BOOT_ID = open("/proc/sys/kernel/random/boot_id").read().strip()
+
+
+def start_ticks(pid: int) -> str:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def record(pid: int, boot: str = BOOT_ID, start: str | None = None) -> str:
+    """A process service's record as the start command writes it: PGID, boot id, start time."""
+    return f"{pid} {boot} {start if start is not None else start_ticks(pid)}\n"
+
+
 @pytest.fixture
 def processes(tmp_path):
     """A running process, a zombie (exited, not reaped) and a dead PID, each as a process
@@ -43,7 +59,7 @@ def processes(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     for name, proc in (("live", live), ("zomb", zombie), ("dead", gone)):
-        (run / f"vllm-{name}.pid").write_text(str(proc.pid))
+        (run / f"vllm-{name}.pid").write_text(record(proc.pid))
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -72,3 +88,26 @@ def test_psutil_and_proc_give_the_same_facts(tmp_path, processes):
         assert info["cgroup"]
     assert with_psutil["procs"] == by_hand["procs"]
     assert with_psutil["services"] == by_hand["services"]
+
+
+def test_a_stale_record_names_no_process_group(tmp_path):
+    """After a reboot (another boot id), or when the PID now belongs to a process started later,
+    the record is stale: the service is inactive and no process group is attributed to it."""
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (run / "vllm-reboot.pid").write_text(record(other.pid, boot="0" * 8 + "-old-boot"))
+        (run / "vllm-reused.pid").write_text(record(other.pid, start=str(int(start_ticks(other.pid)) - 5)))
+        (run / "vllm-legacy.pid").write_text(f"{other.pid}\n")          # an older vllm-orch's PID file
+        (run / "vllm-ours.pid").write_text(record(other.pid))
+        facts = run_facts(tmp_path, [sys.executable], ["reboot", "reused", "legacy", "ours"], [])
+        svc = facts["services"]
+        for name in ("reboot", "reused", "legacy"):
+            assert svc[name]["ActiveState"] == "inactive" and "PGID" not in svc[name], name
+            assert svc[name]["StaleRecord"]
+        assert "another boot" in svc["reboot"]["StaleRecord"] and "another process" in svc["reused"]["StaleRecord"]
+        assert svc["ours"]["ActiveState"] == "active" and svc["ours"]["PGID"] == str(other.pid)
+    finally:
+        other.kill()
+        other.wait()

@@ -12,7 +12,7 @@ from orchestrator.cli.views import gpu_lines, history_details, process_lines
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
 from orchestrator.host.modeldirs import delete_script
-from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, UNMANAGED_VLLM, Proc
+from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
 from orchestrator.ops.stop import deploy_started_at, leftovers, model_gpus, plan_gc
@@ -54,7 +54,7 @@ def test_deploy_and_bench_summaries():
 
 
 def proc(pid, gpu, owner=None, left_by=None, vllm=True, name="VLLM::Worker_TP0"):
-    kind = SERVICE if owner else LEFT if left_by else UNMANAGED_VLLM if vllm else FOREIGN
+    kind = SERVICE if owner else LEFT if left_by else ABANDONED if vllm else FOREIGN
     return Proc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, kind=kind, model=owner or left_by)
 
 

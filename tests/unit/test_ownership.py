@@ -9,10 +9,10 @@ import sys
 import time
 
 from orchestrator.host.ownership import (
+    ABANDONED,
     FOREIGN,
     LEFT,
     SERVICE,
-    UNMANAGED_VLLM,
     Proc,
     classify,
     gpu_list,
@@ -21,31 +21,51 @@ from orchestrator.host.ownership import (
 )
 from orchestrator.plan.preflight import FAIL, OK, WARN, check_foreign_gpu_processes
 
-SYSTEMD = {"kimi": {"ActiveState": "active", "MainPID": "100"},
-           "mini": {"ActiveState": "failed", "MainPID": "0"}}
+CG = "/system.slice/vllm-kimi.service"
+SYSTEMD = {"kimi": {"ActiveState": "active", "MainPID": "100", "ControlGroup": CG},
+           "mini": {"ActiveState": "failed", "MainPID": "0", "ControlGroup": ""}}
 PROCESS = {"kimi": {"ActiveState": "active", "MainPID": "100", "PGID": "100"},
            "mini": {"ActiveState": "failed", "MainPID": "0", "PGID": "200"}}
+ORPHAN = {"cmdline": ["VLLM::Worker_TP0"], "leader_alive": False, "engine_root_ppid": 1}
 
 
-def test_classify_by_cgroup_on_systemd_hosts():
+def test_classify_by_the_units_exact_control_group():
     running = ["kimi"]
-    assert classify({"cgroup": "0::/system.slice/vllm-kimi.service"}, SYSTEMD, running) == (SERVICE, "kimi")
-    # the unit is dead, its cgroup still holds a worker: left behind
+    assert classify({"cgroup": f"0::{CG}"}, SYSTEMD, running) == (SERVICE, "kimi")
+    assert classify({"cgroup": f"0::{CG}/worker"}, SYSTEMD, running) == (SERVICE, "kimi")      # a sub-group
+    # hybrid hierarchy: the name=systemd line counts
+    assert classify({"cgroup": f"3:cpu:/\n1:name=systemd:{CG}"}, SYSTEMD, running) == (SERVICE, "kimi")
+    # the unit is dead, its cgroup still holds a worker: left behind (systemd reports no
+    # ControlGroup for a dead unit; a system unit's group is /system.slice/<unit>)
     assert classify({"cgroup": "0::/system.slice/vllm-mini.service"}, SYSTEMD, running) == (LEFT, "mini")
-    # never by name: a vLLM-looking process outside every managed cgroup is not a service's
-    assert classify({"cgroup": "0::/user.slice", "comm": "VLLM::Worker_TP"}, SYSTEMD, running) == \
-        (UNMANAGED_VLLM, None)
-    assert classify({"cgroup": "0::/user.slice", "comm": "python3", "cmdline": ["python3", "train.py"]},
-                    SYSTEMD, running) == (FOREIGN, None)
-    # the nvidia-smi name counts when /proc could not be read
-    assert classify({}, SYSTEMD, running, name="VLLM::Worker_TP3") == (UNMANAGED_VLLM, None)
+    # another user's `systemctl --user` unit with the same name is not ours
+    user_unit = "0::/user.slice/user-1001.slice/user@1001.service/app.slice/vllm-kimi.service"
+    assert classify({"cgroup": user_unit, "cmdline": ["python3", "-m", "vllm"]}, SYSTEMD, running) == (FOREIGN, None)
+    assert classify({"cgroup": f"0::{CG}-other"}, SYSTEMD, running) == (FOREIGN, None)   # a prefix is not a match
 
 
-def test_classify_by_process_group_on_process_hosts():
+def test_abandoned_only_when_the_api_server_is_gone():
+    assert classify({**ORPHAN, "cgroup": "0::/user.slice"}, SYSTEMD, ["kimi"]) == (ABANDONED, None)
+    assert classify({**ORPHAN, "cmdline": ["VLLM::EngineCore"]}, {}, []) == (ABANDONED, None)
+    assert classify({**ORPHAN, "cmdline": ["VLLM::EngineCore_DP1"]}, {}, []) == (ABANDONED, None)
+    # someone's live vLLM server: its engine's tree still hangs below the API server
+    assert classify({**ORPHAN, "engine_root_ppid": 4242}, {}, []) == (FOREIGN, None)
+    # its process group's leader lives: not abandoned, whatever the parent
+    assert classify({**ORPHAN, "leader_alive": True}, {}, []) == (FOREIGN, None)
+    # never by a name that merely mentions vllm
+    script = {"cmdline": ["python", "/home/alice/vllm-eval/train.py"], "leader_alive": False, "engine_root_ppid": 1}
+    assert classify(script, {}, []) == (FOREIGN, None)
+    assert classify({"cmdline": ["python3", "-m", "vllm.entrypoints.openai.api_server"]}, {}, []) == (FOREIGN, None)
+
+
+def test_classify_by_the_proven_process_group_on_process_hosts():
     running = ["kimi"]
     assert classify({"pgid": 100, "comm": "python"}, PROCESS, running) == (SERVICE, "kimi")
     assert classify({"pgid": 200, "comm": "VLLM::Worker_TP"}, PROCESS, running) == (LEFT, "mini")
     assert classify({"pgid": 300, "comm": "bash"}, PROCESS, running) == (FOREIGN, None)
+    # a stale record (another boot, a reused PID) names no group: the facts script reports no PGID
+    stale = {"kimi": {"ActiveState": "inactive", "MainPID": "0", "StaleRecord": "recorded in another boot"}}
+    assert classify({"pgid": 100, "comm": "sleep"}, stale, []) == (FOREIGN, None)
 
 
 def test_a_zombie_main_process_means_the_service_is_not_running():
@@ -59,7 +79,7 @@ def p(pid, gpu, kind, model=None, name="VLLM::Worker_TP0"):
     return Proc(pid=pid, name=name, used_mib=1000 if gpu is not None else 0, gpu_index=gpu, kind=kind, model=model)
 
 
-PROCS = [p(1, 0, SERVICE, "kimi"), p(2, 1, LEFT, "kimi"), p(3, 2, UNMANAGED_VLLM),
+PROCS = [p(1, 0, SERVICE, "kimi"), p(2, 1, LEFT, "kimi"), p(3, 2, ABANDONED),
          p(4, 5, LEFT, "kimi"),                                        # on a GPU the placement does not use
          p(5, 3, SERVICE, "mini"), p(6, 3, LEFT, "mini"),
          p(7, 2, FOREIGN, name="python3 train.py")]
@@ -82,7 +102,7 @@ def test_swap_counts_the_model_it_stops_as_its_own():
 
 
 def test_port_holders_are_killed_only_when_a_dead_managed_service_left_them():
-    port = [p(20, None, UNMANAGED_VLLM, name="python -m vllm.entrypoints.openai.api_server"),
+    port = [p(20, None, ABANDONED, name="VLLM::EngineCore"),
             p(21, None, LEFT, "kimi", name="python"), p(22, None, FOREIGN, name="nginx")]
     h = holders([], port, "kimi", [0])
     assert [x.pid for x in h.kill] == [21]
@@ -105,12 +125,28 @@ def test_gpu_list_text():
     assert gpu_list([0, 1, 2, 3]) == "GPUs 0-3" and gpu_list([5]) == "GPU 5" and gpu_list([1, 3]) == "GPUs 1,3"
 
 
-def test_kill_commands_terminate_then_kill():
-    sleeper = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"])
-    time.sleep(0.2)
-    t0 = time.monotonic()
-    for cmd in kill_commands([sleeper.pid]):
-        subprocess.run(["sh", "-c", cmd.text], check=True)
-    assert sleeper.wait(timeout=20) != 0              # SIGKILL after the TERM grace period
-    assert time.monotonic() - t0 >= 5                 # it waited for TERM first (10 s grace)
+def start_ticks(pid: int) -> int:
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def test_kill_commands_terminate_then_kill_and_spare_a_reused_pid():
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"])
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.3)
+        victim = Proc(pid=stubborn.pid, name="x", used_mib=1, gpu_index=0, kind=LEFT, model="m",
+                      start_time=start_ticks(stubborn.pid))
+        # the classified process was PID other.pid with another start time: that PID is someone else now
+        reused = Proc(pid=other.pid, name="y", used_mib=1, gpu_index=0, kind=LEFT, model="m",
+                      start_time=start_ticks(other.pid) - 1)
+        t0 = time.monotonic()
+        for cmd in kill_commands([victim, reused]):
+            subprocess.run(["sh", "-c", cmd.text], check=True)
+        assert stubborn.wait(timeout=20) != 0             # SIGKILL after the TERM grace period
+        assert time.monotonic() - t0 >= 5                 # it waited for TERM first (10 s grace)
+        assert other.poll() is None, "a PID whose start time changed must not be signalled"
+    finally:
+        stubborn.kill()
+        other.kill()

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.host.local import LocalHost
 from orchestrator.host.nvidia_smi import Gpu
-from orchestrator.host.ownership import UNMANAGED_VLLM, Proc, holders
+from orchestrator.host.ownership import ABANDONED, Proc, holders
 from orchestrator.ops.gather import preflight_facts
 from orchestrator.paths import package_file
 from orchestrator.plan.preflight import (
@@ -230,7 +230,7 @@ def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp
     sp = fake_site_packages({"vllm": "0.18.0", "torch": "2.13.0+cu130",
                              "flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"})
     host = LocalHost("t", env={"PYTHONPATH": str(sp)})
-    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=UNMANAGED_VLLM)
+    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=ABANDONED)
     checks = run_preflight(host, sys.executable, ["vllm", "serve", "m", "--load-format", "fastsafetensors"],
                            skip={"flags", "env"}, gpu_list=gpus(2), procs=[leftover], min_vllm="0.19.1",
                            gpu_needs=GpuNeeds(8, "RTX PRO 6000"))

@@ -93,9 +93,59 @@ def alive(pid):
         return False
 
 
+def start_time(pid):
+    """The process's start time in clock ticks after boot (/proc/PID/stat field 22): with the boot
+    id, what tells a process from a later one that got the same PID."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _user(uid):
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def _ppid(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _title(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            first = f.read().split(b"\0")[0]
+        return first.decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def engine_root_ppid(pid):
+    """The parent of the topmost `VLLM::` process above (and including) pid: 1 when the vLLM
+    process tree was re-parented to init because its API server is gone."""
+    seen = 0
+    while seen < 64:
+        parent = _ppid(pid)
+        if parent is None or parent <= 1 or not _title(parent).startswith("VLLM::"):
+            return parent
+        pid, seen = parent, seen + 1
+    return None
+
+
 def proc_info(pid):
     """alive, ppid, pgid, comm (the process name; with psutil the full title when the kernel's
-    15-character comm cut it), cmdline and cgroup of one process."""
+    15-character comm cut it), cmdline, cgroup, owner, start time, whether its process group's
+    leader lives, and for vLLM engine processes whether their tree lost its API server."""
     info = {"pid": pid, "alive": alive(pid)}
     if not info["alive"]:
         return info
@@ -114,6 +164,12 @@ def proc_info(pid):
                 info["comm"] = f.read().strip()
             with open("/proc/%d/cmdline" % pid, "rb") as f:
                 info["cmdline"] = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        info["start_time"] = start_time(pid)
+        uid = os.stat("/proc/%d" % pid).st_uid
+        info["uid"], info["user"] = uid, _user(uid)
+        info["leader_alive"] = info["pgid"] == pid or alive(info["pgid"])
+        if (info.get("cmdline") or [""])[0].startswith("VLLM::"):
+            info["engine_root_ppid"] = engine_root_ppid(pid)
         with open("/proc/%d/cgroup" % pid) as f:
             info["cgroup"] = f.read().strip()
     except (OSError, ValueError, IndexError, _GONE):    # it left meanwhile, or is not ours to read
@@ -189,12 +245,26 @@ def systemd_state(unit):
     return state
 
 
-def process_state(pidfile):
+def process_state(pidfile, boot_id):
+    """A `process` service from its record `PGID BOOT_ID START_TIME`. The group is reported as the
+    service's (PGID) only when the record provably names the group vllm-orch started: written in
+    this boot, and a live leader is the very process started then (same start time); otherwise
+    the record is stale (a reboot, a reused PID) and nothing is attributed to the service.
+    orchestrator/host/services.py's stop and state commands apply the same rule in shell."""
     try:
         with open(pidfile) as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
+            words = f.read().split()
+        pid = int(words[0])
+    except (OSError, ValueError, IndexError):
         return {"ActiveState": "inactive", "MainPID": "0"}
+    recorded_boot = words[1] if len(words) > 1 else None
+    recorded_start = words[2] if len(words) > 2 else None
+    if recorded_boot != boot_id:
+        return {"ActiveState": "inactive", "MainPID": "0",
+                "StaleRecord": "recorded in another boot (or by an older vllm-orch)"}
+    current = start_time(pid)
+    if current is not None and str(current) != recorded_start:
+        return {"ActiveState": "inactive", "MainPID": "0", "StaleRecord": "PID %d is another process now" % pid}
     running = alive(pid)
     started = os.path.getmtime(pidfile)
     return {"ActiveState": "active" if running else "failed", "MainPID": str(pid) if running else "0",
@@ -261,7 +331,8 @@ def main():
         if args["manager"] == "systemd":
             services[name] = systemd_state("vllm-%s.service" % name)
         else:
-            services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name))
+            services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name),
+                                           facts["boot_id"])
     facts["services"] = services
     facts["ports"] = port_holders(args.get("ports", []))
     pids = set(p for holders in facts["ports"].values() for p in holders if p)
