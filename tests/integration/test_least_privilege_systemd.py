@@ -63,7 +63,7 @@ def test_a_process_host_drops_to_the_service_user_too(systemd_sim):
         try:
             res = run_deploy(proc_entry, m, opts, Reporter(None, quiet=True), dry_run=False)
             assert res.ok, (res.error, res.error and res.error.details)
-            pid = host.run(["cat", f"{proc_entry.state_dir}/run/vllm-{m.name}.pid"]).stdout.strip()
+            pid = host.run(["cat", f"{proc_entry.state_dir}/run/vllm-{m.name}.pid"]).stdout.split()[0]  # PID first
             assert host.run(["ps", "-o", "user=", "-p", pid]).stdout.strip() == "vllm"
             assert "NoNewPrivs:\t1" in host.run(["cat", f"/proc/{pid}/status"]).stdout
             env_file = host.run(["stat", "-c", "%U %a", f"{proc_entry.env_dir}/vllm-{m.name}.env"]).stdout.split()
