@@ -309,7 +309,7 @@ def bench(ctx, model, url, served_model, host_name, accept_new_host_key, concurr
         click.echo(json.dumps(result.data, indent=1, default=str))
     else:
         plots = "plots skipped" if result.data.get("plots_skipped") else "plots/"
-        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, {plots})")
+        console.print(f"results: {out}/report.html  (result.json, requests.jsonl, summary.csv, {plots})", markup=False)
 
 
 @click.command("compare", help=COMPARE_HELP, context_settings={"max_content_width": 100},

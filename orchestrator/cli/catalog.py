@@ -46,6 +46,8 @@ def models(app, as_json):
       vllm-orch models
       vllm-orch --models ./my-models models --json
     """
+    from rich.markup import escape
+
     from orchestrator.config.manifest import load_all
 
     folder = resolved_models_dir(app)
@@ -60,20 +62,20 @@ def models(app, as_json):
     else:
         from rich.table import Table
 
-        console().print(f"Models in {folder}:")
+        console().print(f"Models in {folder}:", markup=False)
         table = Table()
         for col in ("name", "repo", "size", "GPUs", "layout", "port"):
             table.add_column(col, no_wrap=True)
         for r in rows:
-            table.add_row(r["name"], r["repo"], _size(r["bytes"]), str(r["gpus"]), r["parallelism"],
-                          str(r["port"]))
+            table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]), str(r["gpus"]),
+                          r["parallelism"], str(r["port"]))
         out = console()
         out.print(table)
         for r in rows:
             if r["description"]:
-                out.print(f"  [bold]{r['name']}[/]: {r['description']}", soft_wrap=True)
+                out.print(f"  [bold]{escape(str(r['name']))}[/]: {escape(str(r['description']))}", soft_wrap=True)
     for err in bad:
-        console(stderr=True).print(f"[red]invalid:[/] {err}", soft_wrap=True)
+        console(stderr=True).print(f"[red]invalid:[/] {escape(str(err))}", soft_wrap=True)
     if bad:
         raise SystemExit(2)
 
@@ -92,6 +94,8 @@ def validate(app, files):
       vllm-orch validate
       vllm-orch validate models/kimi-k25-int4.yaml hosts.yaml
     """
+    from rich.markup import escape
+
     from orchestrator.config.inventory import extra_inventory_files, inventory_path, load_inventory_file
     from orchestrator.config.manifest import load_manifest, manifest_files
     from orchestrator.config.yamlsrc import display_path
@@ -114,10 +118,10 @@ def validate(app, files):
                 load_inventory_file(path)
             else:
                 load_manifest(path)
-            out.print(f"[green]ok[/]      {display_path(path)} ({kind})")
+            out.print(f"[green]ok[/]      {escape(display_path(path))} ({kind})")
         except ConfigError as err:
             failures += 1
-            out.print(f"[red]invalid[/] {err}", soft_wrap=True)
+            out.print(f"[red]invalid[/] {escape(str(err))}", soft_wrap=True)
             for line in err.details:
                 out.print(f"        {line}", soft_wrap=True, markup=False)
     if not targets:
@@ -128,12 +132,12 @@ def validate(app, files):
 
 
 def _looks_like_inventory(path: Path) -> bool:
-    import yaml
+    from orchestrator.config.yamlsrc import YamlDoc
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except Exception:
-        return False
+        data = YamlDoc(path, str(path)).data       # the same guarded reading as the real load
+    except ConfigError:
+        return False                               # loaded as a manifest, which reports the problem
     return isinstance(data, dict) and "hosts" in data
 
 
@@ -174,7 +178,7 @@ def render(app, model, host_name, hardware, out_dir):
             target = out_dir / Path(f.path).name
             target.write_text(f.text)   # masked text: secrets never leave the deploy path
         (out_dir / "argv.json").write_text(json.dumps(r.argv, indent=2) + "\n")
-        console().print(f"wrote {', '.join(Path(f.path).name for f in r.files)}, argv.json to {out_dir}")
+        console().print(f"wrote {', '.join(Path(f.path).name for f in r.files)}, argv.json to {out_dir}", markup=False)
         return
     from rich.rule import Rule
 
@@ -235,5 +239,6 @@ def hosts(app, as_json):
     for col in ("host", "address", "service manager", "models root", "vllm"):
         table.add_column(col)
     for h in inv.hosts.values():
-        table.add_row(escape(h.display_name), h.address, h.service_manager, h.models_root, h.vllm)
+        table.add_row(escape(h.display_name), escape(h.address), h.service_manager, escape(h.models_root),
+                      escape(h.vllm))
     console().print(table)

@@ -51,3 +51,11 @@ def load_model(app, name: str):
 
 def is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+def terminal_ask(as_json: bool):
+    """A yes/no question on the terminal, or None when there is no one to ask (--json, no terminal):
+    then a plan that needs confirmation is refused unless --yes."""
+    if as_json or not sys.stdin.isatty() or not sys.stdout.isatty():
+        return None
+    return lambda question: click.confirm(question, default=False)

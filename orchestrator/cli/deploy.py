@@ -7,9 +7,8 @@ import sys
 
 import click
 
-from orchestrator.cli.common import console, load_host_entry, load_model, pass_app
+from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, terminal_ask
 from orchestrator.cli.options import (
-    DEFAULT_EXIT_CODES,
     dry_run_option,
     exit_codes,
     host_options,
@@ -17,6 +16,7 @@ from orchestrator.cli.options import (
     kill_foreign_option,
     model_argument,
     skip_check_option,
+    yes_option,
 )
 
 
@@ -46,7 +46,8 @@ def finish(result, as_json: bool) -> None:
     sys.exit(code)
 
 
-@click.command(epilog=exit_codes(DEFAULT_EXIT_CODES))
+@click.command(epilog=exit_codes("0 ok, 1 failed, 2 bad input (nothing changed), 3 refused by a safety check "
+                                 "or for want of --yes (nothing changed)."))
 @model_argument()
 @host_options
 @dry_run_option()
@@ -54,8 +55,10 @@ def finish(result, as_json: bool) -> None:
 @skip_check_option
 @kill_foreign_option
 @click.option("--enable", is_flag=True, help="Also enable the unit so it starts at boot (systemd hosts).")
+@yes_option("delete the inactive model folders the plan frees disk with (vllm-orch's own only); without it "
+            "deploy asks on a terminal and refuses without one")
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable):
+def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -74,8 +77,8 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
     m = load_model(app, model)
     entry = load_host_entry(app, host_name)
     reporter = Reporter(console(), quiet=as_json)
-    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable), reporter, dry_run,
-                        accept_new_host_key)
+    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes), reporter, dry_run,
+                        accept_new_host_key, ask=terminal_ask(as_json))
     finish(result, as_json)
 
 
@@ -106,7 +109,7 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
         click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
                                "checks": action.details}, indent=2))
         sys.exit(0 if refusal is None else refusal.exit_code)
-    console().print(f"Preflight of {m.name} on {entry.describe()}: {action.summary}")
+    console().print(f"Preflight of {m.name} on {entry.describe()}: {action.summary}", markup=False)
     for line in action.details:
         console().print(f"  {line}", markup=False, soft_wrap=True)
     if refusal is not None:

@@ -148,13 +148,15 @@ def main(argv: list[str] | None = None) -> None:
 
 def _print_error(err: OrchestratorError) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
+    # Messages quote user text (a manifest value, a host's answer): never read it as markup.
     console = Console(stderr=True, highlight=False)
-    console.print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
     for line in err.details:
         console.print(f"  {line}", markup=False, soft_wrap=True)
     if err.hint:
-        console.print(f"[yellow]hint:[/] {err.hint}", soft_wrap=True)
+        console.print(f"[yellow]hint:[/] {escape(err.hint)}", soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

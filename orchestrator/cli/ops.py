@@ -7,6 +7,7 @@ import sys
 import time
 
 import click
+from rich.markup import escape
 
 from orchestrator.cli.common import console, is_tty, load_host_entry, pass_app
 from orchestrator.cli.options import (
@@ -259,7 +260,7 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
         raise DeployFailed(res.error or "GPUs not released", host=entry.name, step="stop",
                            hint="find the holders with `fuser -v /dev/nvidia*`")
     c.print(f"[bold green]stopped {model} on {entry.name}[/] ({res.seconds:.1f}s): "
-            f"{res.gpus_free or 'no GPUs recorded for it'}")
+            f"{escape(res.gpus_free or 'no GPUs recorded for it')}")
 
 
 # -- gc --------------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
             if not click.confirm(f"Delete these {len(plan.delete)} folders on {entry.name}?", default=False):
                 raise RefusedError("not confirmed: nothing deleted", host=entry.name, step="gc")
         say = (lambda text: None) if as_json else (lambda text: c.print(f"  {text}", markup=False))
-        record = run_gc(host, entry, plan, say)
+        record = run_gc(host, entry, plan, say, guard=s.guard)
     if as_json:
         click.echo(json.dumps({**data, **record}, indent=2))
     else:

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 
-from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, resolved_models_dir
+from orchestrator.cli.common import (
+    console,
+    load_host_entry,
+    load_model,
+    pass_app,
+    resolved_models_dir,
+    terminal_ask,
+)
 from orchestrator.cli.deploy import finish, make_options
 from orchestrator.cli.options import (
     DEFAULT_EXIT_CODES,
@@ -29,8 +37,9 @@ from orchestrator.cli.options import (
 @json_option()
 @skip_check_option
 @kill_foreign_option
-@yes_option("accept an unstaged swap when the disk cannot hold both models (longer downtime, no "
-            "rollback without a new download); without it such a swap is refused")
+@yes_option("delete the model folders the plan frees disk with (vllm-orch's own only), and accept an "
+            "unstaged swap when the disk cannot hold both models (longer downtime, no rollback without a "
+            "new download); without it deletions are asked on a terminal and an unstaged swap is refused")
 @pass_app
 def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes):
     """Replace the active model on a host with MODEL, with rollback.
@@ -59,7 +68,7 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
     manifests, _bad = load_all(resolved_models_dir(app))
     reporter = Reporter(console(), quiet=as_json)
     result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes), reporter, dry_run,
-                      accept_new_host_key)
+                      accept_new_host_key, ask=terminal_ask(as_json))
     if not as_json and not dry_run:
         extra = result.extra
         if extra.get("downtime_s") is not None and result.ok:
@@ -68,7 +77,7 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
         if "rollback" in extra:
             rb = extra["rollback"]
             style = "green" if rb["ok"] else "bold red"
-            console().print(f"[{style}]rollback: {rb['result']} ({rb['seconds']:.1f}s)[/]")
+            console().print(f"[{style}]rollback: {escape(rb['result'])} ({rb['seconds']:.1f}s)[/]")
     finish(result, as_json)
 
 

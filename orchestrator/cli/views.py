@@ -164,7 +164,8 @@ def render_host_details(console, r: HostStatus) -> None:
                       f"fullest {_pct(r.kv_cache_usage_max)}", markup=False)
     if r.models or r.disk:
         parts = [f"{m['name']} {fmt_bytes(m['bytes'])}" + (" *active*" if m["active"] else "")
-                 + ("" if m["verified"] else " (not verified)") for m in r.models]
+                 + ("" if m["verified"] else " (not verified)" if m.get("ours", True) else " (not vllm-orch's)")
+                 for m in r.models]
         disk = f"{fmt_bytes(r.disk.get('free', 0))} free of {fmt_bytes(r.disk.get('total', 0))}" if r.disk else ""
         console.print(f"  disk: {disk}" + (f"; models: {', '.join(parts)}" if parts else "; no models"),
                       markup=False)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import posixpath
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,10 +25,52 @@ from orchestrator.errors import ConfigError
 
 LOCAL = "local"
 ALL_MODELS = "*"
-COMMAND_SECRET_HINT = ("give vllm-orch itself the secret instead (HF_TOKEN or HF_TOKEN_FILE in its "
-                       "environment for downloads); a service's secrets go in its manifest's serving.secret_env")
+COMMAND_SECRET_HINT = ("the inventory's env is put on the command lines vllm-orch runs on the host (visible "
+                       "in `ps`) and printed by `hosts --json`. Set HF_TOKEN in the environment of vllm-orch "
+                       "(it reaches the host as a 0600 file), and service secrets with the manifest's "
+                       "serving.secret_env")
 SERVICE_SECRET_HINT = ("list it in the manifest's serving.secret_env and set it in the environment of "
                        "`vllm-orch deploy` instead")
+
+# A Unix user name as useradd(8) accepts it by default (NAME_REGEX), at most 32 characters.
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# What systemd reads as ExecStart= prefixes (`+` full privileges, `-` ignore failure, `@` argv[0],
+# `:` no variable expansion, `!` no capabilities change): never the start of our vLLM path.
+EXEC_PREFIXES = "+-@:!|"
+# Folders that must never be models_root (gc and disk freeing delete folders under it). The first
+# ones, and everything under them; the second ones themselves only; a home folder itself too.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                "/sbin", "/sys", "/usr")
+TREE_EXCEPTIONS = ("/usr/local",)                       # /usr/local/<x> is a normal place for data
+SYSTEM_FOLDERS = ("/", "/home", "/root", "/opt", "/srv", "/mnt", "/media", "/tmp", "/var", "/var/lib",
+                  "/var/cache", "/var/log", "/var/tmp", "/var/spool", "/var/mail", "/var/opt", "/var/local",
+                  "/usr/local", "/snap")
+HOME_PARENTS = ("/home",)
+
+
+def system_folder(path: str) -> str | None:
+    """Why PATH (absolute, normalised) cannot hold deletable model folders, or None."""
+    if path in SYSTEM_FOLDERS or path in SYSTEM_TREES:
+        return f"{path} is a system folder"
+    for tree in SYSTEM_TREES:
+        if path == tree or path.startswith(tree + "/"):
+            if any(path.startswith(ok + "/") for ok in TREE_EXCEPTIONS):
+                return None
+            return f"{path} is inside the system folder {tree}"
+    for parent in HOME_PARENTS:
+        if posixpath.dirname(path) == parent:
+            return f"{path} is a home folder itself (use a folder inside it)"
+    return None
+
+
+def clean_path(v: str) -> str:
+    """An absolute path without `..`, `.` or repeated slashes: what it names is what it says."""
+    if not v.startswith("/"):
+        raise ValueError(f"{v!r} must be an absolute path")
+    parts = v.split("/")
+    if ".." in parts:
+        raise ValueError(f"{v!r} contains `..`: write the folder it means")
+    return "/" + "/".join(p for p in parts if p not in ("", "."))
 
 
 class ServingOverride(Strict):
@@ -112,7 +156,10 @@ class HostEntry(Strict):
                                          "units_dir (process).")
     state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
     log_dir: str = Field("", description="Service logs for `process` hosts. Default (empty): state_dir/../logs.")
-    service_user: str = Field("root", description="User= of the rendered units.")
+    service_user: str = Field(
+        "vllm", description="The unprivileged user the service runs as (User= of the unit; on `process` hosts the "
+                            "start script drops to it). Created by deploy when missing, with its home (caches) "
+                            "beside state_dir. `root` works but gives up the least-privilege protection.")
     models_disk_budget_gib: float | None = Field(
         None, gt=0, description="Most GiB that managed models may use in models_root (a disk budget); "
                                 "downloads that would exceed it free or refuse like a full disk.")
@@ -152,10 +199,28 @@ class HostEntry(Strict):
             raise ValueError(f"{v!r} is not a lowercase slug")
         return v
 
-    @field_validator("address", "models_root", "vllm", "nvidia_smi", "units_dir", "state_dir", "label")
+    @field_validator("address", "user", "identity_file", "known_hosts_file", "models_root", "vllm", "python",
+                     "nvidia_smi", "units_dir", "env_dir", "state_dir", "log_dir", "service_user", "label",
+                     mode="before")
     @classmethod
-    def _text(cls, v: str | None) -> str | None:
-        return v if v is None else _check_text(v, "the value")
+    def _text(cls, v):
+        """Everything here reaches a command line, a unit file or the terminal: one printable line."""
+        return _check_text(v, "the value") if isinstance(v, str) else v
+
+    @field_validator("service_user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not USER_NAME.match(v):
+            raise ValueError(f"{v!r} is not a user name (lowercase letters, digits, _ and -, at most 32)")
+        return v
+
+    @field_validator("vllm")
+    @classmethod
+    def _vllm(cls, v: str) -> str:
+        if not v or v[0] in EXEC_PREFIXES:
+            raise ValueError(f"{v!r}: the vLLM path cannot start with one of {' '.join(EXEC_PREFIXES)} "
+                             f"(systemd reads them as ExecStart= prefixes)")
+        return v
 
     @field_validator("skip_checks")
     @classmethod
@@ -167,18 +232,26 @@ class HostEntry(Strict):
     def _absolute(cls, v: str) -> str:
         if not v:
             return v                                   # the default (env_dir, log_dir): filled in below
-        if not v.startswith("/"):
-            raise ValueError(f"{v!r} must be an absolute path")
-        if v.rstrip("/") in ("", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
+        v = clean_path(v)
+        if v in ("/", "/usr", "/etc", "/var", "/home", "/root", "/opt"):
             raise ValueError(f"{v!r} is too broad a folder for vllm-orch to manage")
-        return v.rstrip("/")
+        return v
+
+    @field_validator("models_root")
+    @classmethod
+    def _models_root(cls, v: str) -> str:
+        why = system_folder(v)
+        if why:
+            raise ValueError(f"{why}: vllm-orch deletes folders under models_root, so it must be a folder "
+                             f"of its own, e.g. /var/lib/vllm-orch/models or /data/models")
+        return v
 
     _doc: YamlDoc | None = PrivateAttr(None)       # the file this entry was read from (for file:line)
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_env_map(v, COMMAND_SECRET_HINT)
+        return check_env_map(v, COMMAND_SECRET_HINT, reserved=())
 
     @field_validator("service_env")
     @classmethod
@@ -215,6 +288,12 @@ class HostEntry(Strict):
         if not self.log_dir:
             self.log_dir = str(Path(self.state_dir).parent / "logs")
         return self
+
+    @property
+    def service_home(self) -> str:
+        """The home vllm-orch gives the service user it creates: vLLM's caches (torch.compile, Triton,
+        FlashInfer kernels) go there, beside state_dir and logs."""
+        return str(Path(self.state_dir).parent / "home")
 
     @property
     def is_local(self) -> bool:

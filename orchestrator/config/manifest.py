@@ -32,7 +32,15 @@ _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|_KEY$|CREDENTIAL
 SECRET_HINT = "list it in serving.secret_env and set it in the environment of `vllm-orch deploy` instead"
 # Written by the env file template itself (templates/vllm.env.j2): rendered from manifest fields.
 RENDERED_ENV = {"CUDA_VISIBLE_DEVICES": "serving.gpu_ids", "VLLM_ENGINE_READY_TIMEOUT_S": "startup.budget_seconds",
-                "HF_HUB_OFFLINE": "(always 1: the weights are downloaded before the start)"}
+                "HF_HUB_OFFLINE": "(always 1: the weights are downloaded before the start)",
+                "CUDA_DEVICE_ORDER": "(always PCI_BUS_ID: the order nvidia-smi numbers GPUs in)"}
+# Variables vllm-orch sets in the env file (GPUs, the engine's ready timeout, offline start) or relies
+# on being the host's own (what runs, what is preloaded into it): a manifest cannot override them.
+RESERVED_ENV = (*RENDERED_ENV, "LD_PRELOAD", "PATH")
+# `vllm serve` flags whose value is a credential: vLLM itself masks these fields in its logs
+# (vllm/entrypoints/common/startup.py, _SENSITIVE_ARG_FIELDS). In extra_args they would be in the
+# unit, the records and `ps`; serving.secret_env puts them in the 0600 env file instead.
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN", "--watermark-config": None}
 
 DEFAULT_PORT = 8000
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
@@ -71,16 +79,20 @@ def _check_text(value: str, what: str) -> str:
     return value
 
 
-def check_env_map(v: dict[str, Any], secret_hint: str = SECRET_HINT) -> dict[str, str]:
+def check_env_map(v: dict[str, Any], secret_hint: str = SECRET_HINT,
+                  reserved: tuple[str, ...] = RESERVED_ENV) -> dict[str, str]:
     """An environment mapping that ends up in an env file or a command: names are variable names,
-    values one line without single quotes, and nothing that looks like a credential (those have
-    their own path: `secret_hint`). Shared by the manifest's env, its hardware classes' env and the
-    inventory's env and service_env."""
+    values one line without single quotes, nothing that looks like a credential (those have their
+    own path: `secret_hint`) and none of the `reserved` names vllm-orch sets or relies on. Shared by
+    the manifest's env, its hardware classes' env and the inventory's env and service_env."""
     for key, value in v.items():
         if not ENV_NAME.match(key):
             raise at(key, f"{key!r} is not an environment variable name")
         if _SECRETISH.search(key):
             raise at(key, f"{key} looks like a secret: {secret_hint}")
+        if key in reserved:
+            source = f"from {RENDERED_ENV[key]}" if key in RENDERED_ENV else "(or the host relies on it)"
+            raise at(key, f"{key} is written by vllm-orch {source} and cannot be overridden here")
         try:
             _check_text(str(value), "the value")
         except ValueError as exc:
@@ -88,10 +100,44 @@ def check_env_map(v: dict[str, Any], secret_hint: str = SECRET_HINT) -> dict[str
         if "'" in str(value):
             raise at(key, "single quotes are not allowed in values")
     return {k: str(val) for k, val in v.items()}
+def _bool_inside(annotation: Any, value: Any) -> str | None:
+    """Where a YAML `true`/`false` sits in a value whose type wants numbers ("" for the value itself,
+    "[i]" for an item), or None. pydantic's lax mode would read `port: true` as port 1."""
+    if isinstance(value, bool):
+        return "" if _wants_number(annotation) and not _wants(annotation, bool) else None
+    if isinstance(value, list):
+        for arg in (annotation, *typing.get_args(annotation)):      # list[int], list[int] | None
+            if typing.get_origin(arg) is list and typing.get_args(arg):
+                for i, item in enumerate(value):
+                    if _bool_inside(typing.get_args(arg)[0], item) is not None:
+                        return f"[{i}]"
+    return None
+
+
+def _wants(annotation: Any, kind: type) -> bool:
+    if annotation is kind:
+        return True
+    return any(_wants(a, kind) for a in typing.get_args(annotation))
+
+
+def _wants_number(annotation: Any) -> bool:
+    return _wants(annotation, int) or _wants(annotation, float)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=False)
+    # allow_inf_nan=False: `.inf` / `.nan` are YAML floats, never a size, a timeout or a fraction.
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        where = _bool_inside(field.annotation, value) if field is not None else None
+        if where == "":
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        if where is not None:
+            raise at(where, f"expected a number, got {str(value[int(where[1:-1])]).lower()}")
+        return value
 
 
 class Source(Strict):
@@ -186,9 +232,12 @@ class Serving(Strict):
     @field_validator("secret_env")
     @classmethod
     def _secret_names(cls, v: list[str]) -> list[str]:
-        for name in v:
+        for i, name in enumerate(v):
             if not ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not an environment variable name")
+                raise at(f"[{i}]", f"{name!r} is not an environment variable name")
+            if name in RESERVED_ENV:
+                raise at(f"[{i}]", f"{name} is written by vllm-orch (or the host relies on it) and cannot be "
+                                   f"overridden")
         return v
 
     @property
@@ -282,6 +331,13 @@ class VllmArgs(Strict):
                 raise at(f"extra_args[{i}]", f"extra_args sets {flag}; use the field vllm.{typed[flag]} instead")
             if flag in ("--served-model-name", "--port", "--host", "--model"):
                 raise at(f"extra_args[{i}]", f"extra_args sets {flag}; it is rendered from the serving section")
+            if flag in SECRET_FLAGS:
+                var = SECRET_FLAGS[flag]
+                how = (f"list {var} in serving.secret_env and set it in the environment of `vllm-orch "
+                       f"deploy` (it goes to the 0600 env file only)") if var else \
+                    "put the file holding it on the host and pass its path"
+                raise at(f"extra_args[{i}]", f"{flag} takes a secret, which would be visible in the unit, "
+                                             f"the records and `ps`: {how}")
         return self
 
     @property

@@ -1,7 +1,15 @@
-"""Loading YAML files with enough position information to point errors at file:line."""
+"""Loading YAML files with enough position information to point errors at file:line.
+
+Manifests and inventories may come from someone else, so a file is refused (exit 2, file:line)
+before PyYAML builds anything big or deep: over MAX_BYTES, not UTF-8, a NUL or another control
+character, nesting deeper than MAX_DEPTH (PyYAML's composer recurses), more than MAX_NODES nodes
+once aliases are expanded (a "billion laughs" file is a few hundred bytes), a key that is a list or
+a mapping, a key given twice.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,6 +17,10 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
+
+MAX_BYTES = 1 << 20          # 1 MiB: the largest shipped manifest is ~5 KB
+MAX_DEPTH = 64
+MAX_NODES = 100_000          # scalars, sequences and mappings, aliases expanded
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -19,6 +31,11 @@ def _construct_mapping(loader, node, deep=False):
     seen = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a plain value, not a list or a mapping", key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
@@ -35,13 +52,16 @@ class YamlDoc:
     def __init__(self, path: Path, display: str):
         self.path = path
         self.display = display
+        text = read_text(path, display)
         try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"{display}: cannot read: {exc.strerror or exc}") from None
-        try:
+            check_shape(text, display)
             self.node = yaml.compose(text, Loader=_UniqueKeyLoader)
             self.data = yaml.load(text, Loader=_UniqueKeyLoader)
+        except yaml.reader.ReaderError as exc:     # a control character: no mark, a position
+            line = text.count("\n", 0, max(0, exc.position)) + 1
+            char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+            raise ConfigError(f"{display}:{line}: not valid YAML: control character {char!r} "
+                              f"(only printable text is allowed)") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{display}:{mark.line + 1}" if mark else display
@@ -68,6 +88,62 @@ class YamlDoc:
             else:
                 return line
         return line
+
+
+def read_text(path: Path, display: str) -> str:
+    """The file as UTF-8 text, refused (file:line) when too big, not UTF-8, or holding a NUL."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_BYTES:
+                raise ConfigError(f"{display}: the file is larger than {MAX_BYTES // 1024} KiB: not a manifest "
+                                  f"or an inventory")
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:                   # grew while we read, or not a regular file
+        raise ConfigError(f"{display}: the file is larger than {MAX_BYTES // 1024} KiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{display}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+    nul = text.find("\0")
+    if nul >= 0:
+        raise ConfigError(f"{display}:{text.count(chr(10), 0, nul) + 1}: not valid YAML: a NUL character")
+    return text
+
+
+def check_shape(text: str, display: str) -> None:
+    """Walk the event stream (iterative, cheap) and refuse deep nesting and alias expansion bombs
+    before the (recursive) composer and the constructor see them."""
+    sizes: dict[str, int] = {}                   # anchor -> its node count, aliases expanded
+    stack: list[list] = [[None, 0]]              # [anchor, nodes so far] per open collection
+    total = 0
+    for event in yaml.parse(text, Loader=_UniqueKeyLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            stack.append([event.anchor, 0])
+            if len(stack) - 1 > MAX_DEPTH:
+                raise ConfigError(f"{display}:{line}: nested more than {MAX_DEPTH} levels deep")
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, count = stack.pop()
+            count += 1
+            if anchor:
+                sizes[anchor] = count
+            stack[-1][1] += count
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                sizes[event.anchor] = 1
+            stack[-1][1] += 1
+        elif isinstance(event, yaml.AliasEvent):
+            stack[-1][1] += sizes.get(event.anchor, 1)
+        else:
+            continue
+        total = sum(frame[1] for frame in stack)
+        if total > MAX_NODES:
+            raise ConfigError(f"{display}:{line}: more than {MAX_NODES} values after "
+                              f"expanding aliases (anchors `&` and aliases `*`)")
 
 
 def display_path(path: Path) -> str:

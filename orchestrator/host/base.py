@@ -11,6 +11,7 @@ strings glued with spaces; a Secret inside an argv prints as *** and is revealed
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
 from abc import ABC, abstractmethod
@@ -82,6 +83,14 @@ class Spawned(ABC):
     def close(self) -> None:
         """Close stdin and release the command (it exits on EOF)."""
 
+    @abstractmethod
+    def alive(self) -> bool:
+        """The command still runs and its stdin is still ours (False once the connection dropped)."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Send one newline on its stdin (a heartbeat); raises OSError when that is impossible."""
+
 
 @dataclass
 class HostStats:
@@ -145,6 +154,19 @@ class Host(ABC):
         if self.sudo if sudo is None else sudo:
             text = "sudo -n " + text
         return text
+
+    def put_command(self, path: str, mode: int) -> Script:
+        """Shell text that writes its stdin to `path` atomically, readable by nobody else until it is
+        complete: a mktemp file (0600 from its first byte) beside the target, chmod, rename. Nothing
+        is staged elsewhere (a /tmp copy would be a second place for a secret to leak from)."""
+        q = shlex.quote
+        folder, name = posixpath.split(path)
+        folder = folder or "."
+        return Script(
+            f"mkdir -p {q(folder)} && umask 077 && t=$(mktemp {q(folder)}/.{q(name)}.XXXXXXXX) || exit 1; "
+            f"if cat > \"$t\" && chmod {mode:o} \"$t\" && mv -f \"$t\" {q(path)}; then exit 0; fi; "
+            f"rc=$?; rm -f \"$t\"; exit $rc",
+            display=f"install -m {mode:04o} <data> {q(path)}")
 
     def _count(self, started: float) -> None:
         self.stats.round_trips += 1

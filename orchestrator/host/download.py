@@ -25,7 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from orchestrator.errors import DeployFailed
+from orchestrator.errors import DeployFailed, RefusedError
 from orchestrator.host import scripts
 from orchestrator.host.base import Host
 from orchestrator.secret import Secret
@@ -38,6 +38,8 @@ HINTS = {
     "network": "run the deploy again: the download resumes where it stopped",
     "checksum": "run the deploy again; if a shard keeps failing, the hub (or a proxy) serves bad data",
     "disk": "free space under models_root or fix its permissions",
+    "unsafe": "the Hub (or the mirror in HF_ENDPOINT) lists file names that point outside the model folder, "
+              "or someone planted a symlink in it: check the repo and the host's HF_ENDPOINT",
 }
 
 
@@ -71,9 +73,12 @@ def download_args(repo: str, revision: str, local_dir: str, *, allow: Iterable[s
     return argv + list(extra)
 
 
-def failure(host: Host, event: dict, stderr: str = "") -> DeployFailed:
+def failure(host: Host, event: dict, stderr: str = "") -> DeployFailed | RefusedError:
     kind = event.get("kind", "network")
     details = [ln for ln in stderr.strip().splitlines()[-5:] if ln]
+    if kind == "unsafe":       # nothing was written: a safety refusal (exit 3), not a failed download
+        return RefusedError(f"download refused: {event.get('message', '')}", hint=HINTS[kind], host=host.name,
+                            step="download", details=details)
     return DeployFailed(f"download failed ({kind}): {event.get('message', '')}", hint=HINTS.get(kind),
                         host=host.name, step="download", details=details)
 

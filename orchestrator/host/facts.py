@@ -14,6 +14,7 @@ from orchestrator.errors import CommandFailed
 from orchestrator.host import nvidia_smi as gpu
 from orchestrator.host import scripts
 from orchestrator.host.base import Host
+from orchestrator.host.modeldirs import is_ours
 from orchestrator.host.ownership import Proc, classify
 from orchestrator.host.services import ServiceState
 
@@ -22,8 +23,18 @@ from orchestrator.host.services import ServiceState
 class ModelDir:
     name: str
     bytes: int
-    verified: dict | None
+    verified: dict | None         # its .vllm-orch/verified.json (written by our download script)
     last_used: float
+
+    @property
+    def ours(self) -> bool:
+        """Made by vllm-orch: only such folders are ever deleted (orchestrator/host/modeldirs.py)."""
+        return is_ours(self.verified)
+
+    @property
+    def complete(self) -> bool:
+        """Every selected file downloaded and verified."""
+        return self.ours and bool((self.verified or {}).get("complete"))
 
 
 @dataclass
@@ -46,6 +57,7 @@ class HostFacts:
     usage: dict[str, float]
     ports: dict[int, list[Proc]] = field(default_factory=dict)   # port -> processes bound to it
     half_swap: dict | None = None   # swap.json: a swap that stopped its old model and has not ended
+    users: dict[str, dict | None] = field(default_factory=dict)  # the service user: uid, gid, home (None: missing)
     raw: dict = field(repr=False, default_factory=dict)
 
     def running(self) -> list[str]:
@@ -58,7 +70,7 @@ class HostFacts:
 def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
            ports: list[int] | None = None) -> HostFacts:
     args = {"ports": ports or [],"models_root": entry.models_root, "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
-            "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [],
+            "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [], "users": [entry.service_user],
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
     r = scripts.run(host, entry.python, "facts_script.py", [json.dumps(args)], timeout=180)
@@ -101,7 +113,8 @@ def parse(raw: dict) -> HostFacts:
         cuda_version=cuda, procs=procs, vllm_version=raw["vllm"].get("version"),
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
         installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
-        half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None, raw=raw)
+        half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None,
+        users=raw.get("users") or {}, raw=raw)
 
 
 def _proc(pid: int, info: dict, raw: dict, running: list[str], *, name: str | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import secrets
 import socket
 import subprocess
 import threading
@@ -31,6 +32,14 @@ class LocalSpawned(Spawned):
             return self.lines.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ping(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.flush()
 
     def close(self) -> None:
         try:
@@ -110,15 +119,25 @@ class LocalHost(Host):
         return LocalSpawned(proc)
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Atomic write: a new 0600 temp file beside the target (O_EXCL | O_NOFOLLOW, a random name:
+        a link planted at a guessable name is never written through), chmod, rename. With sudo the
+        shell does it (Host.put_command), like every other command on this host."""
+        if self.sudo:
+            self.run(self.put_command(path, mode), input=data).check(self.name, f"write {path}")
+            return
         started = time.monotonic()
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, p)
+        tmp = p.with_name(f".{p.name}.{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self._count(started)
 
     def get(self, path: str) -> bytes | None:

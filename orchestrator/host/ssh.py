@@ -8,12 +8,10 @@ as the same shell text LocalHost runs (`Host.wrap`), so a plan reads the same fo
 from __future__ import annotations
 
 import logging
-import posixpath
 import select
 import shlex
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 
 import paramiko
@@ -135,14 +133,15 @@ class SshHost(Host):
 
     def _exec(self, text: str, timeout: float, input: bytes | None,
               on_stdout: Callable[[bytes], None] | None,
-              sudo: bool = False) -> tuple[int, bytes, bytes]:
+              sudo: bool = False, bound: bool = True) -> tuple[int, bytes, bytes]:
         """Run shell text on one channel; stdout goes to on_stdout as it arrives (or is kept).
-        On timeout the command's whole process group is killed (with sudo when it ran so)."""
+        On timeout the command's whole process group is killed (with sudo when it ran so); `bound`
+        also puts it under the host's `timeout`, so it ends even if we are gone (see bounded)."""
         chan = self._session(timeout)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         try:
-            chan.exec_command(f'echo "{_PID_MARK.decode()}$$" >&2; {text}')
+            chan.exec_command(f'echo "{_PID_MARK.decode()}$$" >&2; {bounded(text, timeout) if bound else text}')
             if input:
                 chan.sendall(input)
             chan.shutdown_write()
@@ -163,7 +162,7 @@ class SshHost(Host):
                     pgid, errors = _strip_mark(err)
                     if pgid:
                         kill = f"kill -KILL -- -{pgid}"
-                        self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None)
+                        self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None, bound=False)
                     return TIMED_OUT, bytes(out), errors + \
                         f"\n(timed out after {timeout:g} s)".encode()
                 select.select([chan], [], [], min(remaining, 0.5))
@@ -184,40 +183,17 @@ class SshHost(Host):
         return self._sftp
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        """Write atomically: a temp file beside the target, chmod, rename over it. With sudo the
-        bytes go to a temp file we own first, then `sudo -n install` places them."""
+        """Write atomically through the shell (with sudo when the host says so): the bytes go on
+        stdin to a 0600 mktemp file beside the target, then chmod and rename (Host.put_command).
+        Not SFTP: its open() creates the file with the server's default mode (0644) before any chmod,
+        and with sudo it needed a staging copy in /tmp."""
         started = time.monotonic()
-        tag = uuid.uuid4().hex[:8]
-        if self.sudo:
-            staged = f"/tmp/.vllm-orch-put-{tag}"
-            with self._sftp_lock:
-                self._write(self.sftp(), staged, data, 0o600)
-            beside = posixpath.join(posixpath.dirname(path) or ".",
-                                    f".{posixpath.basename(path)}.tmp{tag}")
-            q = shlex.quote
-            script = (f"mkdir -p {q(posixpath.dirname(path) or '.')} && "
-                      f"install -m {mode:o} {q(staged)} {q(beside)} && mv -f {q(beside)} {q(path)}")
-            code, out, err = self._exec(f"sudo -n sh -c {q(script)}; rc=$?; rm -f {q(staged)}; "
-                                        f"exit $rc", 60, None, None)
-            if code != 0:
-                raise OSError(f"{self.name}: cannot install {path} with sudo: "
-                              f"{(err or out).decode(errors='replace').strip()}")
-        else:
-            tmp = posixpath.join(posixpath.dirname(path) or ".",
-                                 f".{posixpath.basename(path)}.tmp{tag}")
-            with self._sftp_lock:
-                sftp = self.sftp()
-                _makedirs(sftp, posixpath.dirname(path))
-                self._write(sftp, tmp, data, mode)
-                sftp.posix_rename(tmp, path)
+        code, out, err = self._exec(self.wrap(self.put_command(path, mode), None, None), 60, data, None,
+                                    self.sudo)
+        if code != 0:
+            raise OSError(f"{self.name}: cannot write {path}{' with sudo' if self.sudo else ''}: "
+                          f"{(err or out).decode(errors='replace').strip()}")
         self._count(started)
-
-    @staticmethod
-    def _write(sftp: paramiko.SFTPClient, path: str, data: bytes, mode: int) -> None:
-        with sftp.open(path, "wb") as f:
-            f.set_pipelined(True)
-            f.write(data)
-        sftp.chmod(path, mode)
 
     def get(self, path: str) -> bytes | None:
         started = time.monotonic()
@@ -301,6 +277,17 @@ class _SshSpawned(Spawned):
         line, self.buf = self.buf.split(b"\n", 1)
         return line.decode(errors="replace")
 
+    def alive(self) -> bool:
+        transport = self.chan.get_transport()
+        return (not self.chan.closed and not self.chan.exit_status_ready() and not self.chan.eof_received
+                and transport is not None and transport.is_active())
+
+    def ping(self) -> None:
+        try:
+            self.chan.sendall(b"\n")
+        except Exception as exc:        # paramiko raises its own errors for a closed channel
+            raise OSError(f"the lock channel is closed: {exc}") from None
+
     def close(self) -> None:
         try:
             self.chan.shutdown_write()
@@ -309,14 +296,12 @@ class _SshSpawned(Spawned):
             pass
 
 
-def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    if not path or path == "/":
-        return
-    try:
-        sftp.stat(path)
-    except FileNotFoundError:
-        _makedirs(sftp, posixpath.dirname(path))
-        sftp.mkdir(path)
+def bounded(text: str, timeout: float) -> str:
+    """The command under coreutils `timeout` on the host, so it cannot outlive its budget when the
+    controller is gone (no pty: sshd sends no SIGHUP when the connection drops). `exec` keeps the
+    login shell's PID: `timeout` leads the same process group, which a controller-side timeout
+    kills (see _exec)."""
+    return f"exec timeout -k 10 {max(1, int(timeout) + 5)} sh -c {shlex.quote(text)}"
 
 
 def _strip_mark(err: bytearray) -> tuple[int | None, bytes]:

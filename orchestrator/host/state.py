@@ -9,9 +9,10 @@
                        (the new model recorded, or the old one back); left behind by a swap that
                        was killed or lost its connection, so the next command can say what to run
   health/NAME.json     the health timer's last check of NAME and its count of failures in a row
-  deploy.lock          flock(1) file; deploy.lock.json names the holder
-The lock is held by a `flock ... cat` process on the host whose stdin is our connection: when the
-orchestrator dies or the SSH connection drops, cat sees EOF, flock exits and the lock is free.
+  deploy.lock          flock(1) file; deploy.lock.json names the holder (and its token)
+The lock is held by a `flock ...` process on the host whose stdin is our connection: when the
+orchestrator dies or the SSH connection drops it sees EOF (or no heartbeat for a minute), exits and
+the lock is free. A run checks before each step that its lock process is still there (HostLock.ensure).
 """
 
 from __future__ import annotations
@@ -19,16 +20,20 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import secrets
 import shlex
 import socket
+import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import RefusedError
+from orchestrator.errors import DeployFailed, OrchestratorError, RefusedError
 from orchestrator.host.base import Host, Script, Spawned
 
 LOCK_BUSY_EXIT = 75
+LOCKED = "VLLM_ORCH_LOCKED"
 
 
 def now_iso() -> str:
@@ -119,12 +124,31 @@ def whoami() -> str:
     return f"{user}@{socket.gethostname()} pid {os.getpid()}"
 
 
+class LockLost(DeployFailed):
+    """The connection that held the host lock dropped and the lock could not be proved ours again:
+    the run stops here, and runs no recovery either (another vllm-orch may be at work)."""
+
+
 class HostLock:
-    """Exclusive deploy/swap/regen lock of one host; use as a context manager."""
+    """Exclusive deploy/swap/regen lock of one host; use as a context manager.
+
+    Held by `flock LOCK sh -c 'echo LOCKED; <wait for heartbeats>'` on the host, whose stdin is our
+    connection: it exits (and frees the lock) when the connection drops, or when no heartbeat
+    (a newline every PING_S) came for IDLE_S, so a lost controller frees the host within a minute
+    even when no TCP reset ever arrives. The holder record (deploy.lock.json) carries a random
+    token: `ensure()`, called before every step, checks the lock process is still ours, and after a
+    drop re-takes the lock only when the record still holds our token (nobody held it meanwhile:
+    whoever takes it writes its own token first)."""
+
+    PING_S = 10.0
+    IDLE_S = 60
 
     def __init__(self, host: Host, entry: HostEntry, operation: str, timeout: float = 15.0):
         self.host, self.entry, self.operation, self.timeout = host, entry, operation, timeout
+        self.token = secrets.token_hex(8)
         self._proc: Spawned | None = None
+        self._beat: threading.Thread | None = None
+        self._stop = threading.Event()
 
     @property
     def path(self) -> str:
@@ -132,25 +156,34 @@ class HostLock:
 
     def command(self) -> Script:
         d, p = shlex.quote(self.entry.state_dir), shlex.quote(self.path)
-        return Script(f"mkdir -p {d} && exec flock -n -E {LOCK_BUSY_EXIT} {p} "
-                      f"sh -c 'echo VLLM_ORCH_LOCKED; exec cat >/dev/null'")
+        wait = shlex.quote(f"echo {LOCKED}; while timeout {self.IDLE_S} sh -c 'IFS= read -r x'; do :; done")
+        return Script(f"mkdir -p {d} && exec flock -n -E {LOCK_BUSY_EXIT} {p} sh -c {wait}")
 
-    def acquire(self) -> None:
+    def _take(self, timeout: float) -> tuple[Spawned | None, list[str]]:
         proc = self.host.spawn(self.command())
-        deadline = time.monotonic() + self.timeout
-        output = []
+        deadline = time.monotonic() + timeout
+        output: list[str] = []
         while time.monotonic() < deadline:
             line = proc.readline(timeout=max(0.1, deadline - time.monotonic()))
             if line is None:
                 break
-            if line == "VLLM_ORCH_LOCKED":
-                self._proc = proc
-                write_json(self.host, self.path + ".json",
-                           {"holder": whoami(), "operation": self.operation, "since": now_iso()})
-                return
+            if line == LOCKED:
+                return proc, output
             output.append(line)
         proc.close()
-        holder = read_json(self.host, self.path + ".json") or {}
+        return None, output
+
+    def _holder(self) -> dict:
+        return read_json(self.host, self.path + ".json") or {}
+
+    def acquire(self) -> None:
+        proc, output = self._take(self.timeout)
+        if proc is not None:
+            self._hold(proc)
+            write_json(self.host, self.path + ".json", {"holder": whoami(), "operation": self.operation,
+                                                        "since": now_iso(), "token": self.token})
+            return
+        holder = self._holder()
         if output and not holder:
             raise RefusedError(f"cannot take the deploy lock {self.path}: {' '.join(output)[-300:]}",
                                host=self.entry.name, step="lock")
@@ -160,10 +193,53 @@ class HostLock:
             host=self.entry.name, step="lock",
             hint="wait for it to finish; a killed vllm-orch releases the lock by itself")
 
-    def release(self) -> None:
+    def _hold(self, proc: Spawned) -> None:
+        self._proc = proc
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, args=(proc,), daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self, proc: Spawned) -> None:
+        while not self._stop.wait(self.PING_S):
+            try:
+                proc.ping()
+            except OSError:
+                return                          # ensure() sees the process gone
+
+    def ensure(self) -> str | None:
+        """None while the lock is ours; after a dropped connection, re-take it and say so, or raise
+        LockLost when another operation held it meanwhile (or holds it now)."""
+        if self._proc is not None and self._proc.alive():
+            return None
+        self._let_go()
+        where: dict[str, Any] = dict(
+            host=self.entry.name, step="lock",
+            hint="another vllm-orch may have changed the host meanwhile: look at `vllm-orch status` and "
+                 "`history`, then run again")
+        try:
+            proc, _ = self._take(min(self.timeout, 10.0))
+        except OrchestratorError as exc:
+            raise LockLost(f"the connection holding the deploy lock dropped and the host cannot be reached "
+                           f"again to re-take it: {exc.message}", **where) from None
+        holder = self._holder()
+        if proc is None:
+            raise LockLost(f"the connection holding the deploy lock dropped and {holder.get('operation', '?')} "
+                           f"by {holder.get('holder', 'another process')} holds it now: stopped here", **where)
+        if holder.get("token") != self.token:
+            proc.close()
+            raise LockLost(f"the connection holding the deploy lock dropped and {holder.get('operation', '?')} "
+                           f"by {holder.get('holder', 'another process')} held it meanwhile: stopped here", **where)
+        self._hold(proc)
+        return "the connection dropped; re-took the deploy lock (nobody held it meanwhile)"
+
+    def _let_go(self) -> None:
+        self._stop.set()
         if self._proc is not None:
             self._proc.close()
             self._proc = None
+
+    def release(self) -> None:
+        self._let_go()
 
     def __enter__(self):
         self.acquire()

@@ -13,7 +13,7 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.errors import Interrupted
 from orchestrator.host import state
 from orchestrator.ops import gather
-from orchestrator.ops.execute import Reporter, run_plan
+from orchestrator.ops.execute import Ask, Reporter, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.run import Options, RunEnv
@@ -21,14 +21,19 @@ from orchestrator.probe.readiness import failure_fields
 
 
 def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter, dry_run: bool,
-               accept_new_host_key: bool = False) -> OpResult:
+               accept_new_host_key: bool = False, ask: Ask | None = None) -> OpResult:
+    """`ask` (a terminal's yes/no question) is put when the plan deletes model folders and opts.yes
+    is not set; without it such a plan is refused."""
     t0 = time.monotonic()
     with session(entry, f"deploy {m.name}", dry_run, accept_new_host_key) as s:
         inp = gather.for_deploy(s.host, entry, m, opts, s.lock)
         plan = plan_deploy(inp)
         result = OpResult("deploy", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan)
-        if dry_run or plan.refusal:
-            reporter.plan(plan)
+        asking = not dry_run and not plan.refusal and bool(plan.confirmations()) and not opts.yes
+        if dry_run or plan.refusal or asking:
+            reporter.plan(plan)                  # a dry run, a refusal, or what the question is about
+        if asking:
+            plan.refusal = confirmation(plan, opts.yes, ask, entry.name)
         if plan.refusal:
             result.error = plan.refusal
             if not dry_run:
@@ -41,7 +46,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
             return result
         if not plan.changes and all(a.noop for a in plan.actions if a.step != "lock"):
             reporter.print(f"[green]{m.name} is already deployed and serving on {entry.name}: nothing to do.[/]")
-        env = RunEnv(s.host, entry, opts, reporter)
+        env = RunEnv(s.host, entry, opts, reporter, guard=s.guard)
         outcome = run_plan(plan, env, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
@@ -63,6 +68,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         record.update(failure_fields(result.error))
         if isinstance(result.error, Interrupted):
             record["interrupted"] = result.error.step
-        state.append_history(s.host, entry, record)
+        if s.holds_lock():                       # without the lock, write nothing more
+            state.append_history(s.host, entry, record)
         result.extra["history"] = record
         return result

@@ -13,13 +13,15 @@ the recovery abandons it; the host's records then say what is half done (orchest
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.markup import escape
 
-from orchestrator.errors import Interrupted, OrchestratorError
+from orchestrator.errors import Interrupted, OrchestratorError, RefusedError
 from orchestrator.host.base import printable
+from orchestrator.host.state import LockLost
 from orchestrator.plan.model import Action, Plan, Recovery
 from orchestrator.plan.run import RunEnv
 
@@ -147,9 +149,19 @@ class RunOutcome:
 
 def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, results: list[StepResult],
                  total: int) -> OrchestratorError | None:
-    """Run actions in order; the first OrchestratorError stops them and is returned."""
+    """Run actions in order, each after env.guard() (the host lock is still ours); the first
+    OrchestratorError stops them and is returned."""
     for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
+        try:
+            note = env.guard() if env.guard is not None else None
+        except OrchestratorError as err:          # the lock is not ours any more: stop before the step
+            res = StepResult(action.step, "failed", action.summary, 0.0, str(err.message))
+            results.append(res)
+            reporter.step_end(res)
+            return err
+        if note:
+            reporter.event("note", note)
         if not action.noop:
             reporter.step_start(label(i), total, action)
         try:                     # a no-op runs only its bookkeeping `run`, which can fail or be interrupted too
@@ -189,7 +201,7 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
 def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter, interrupted: bool = False) -> RecoveryOutcome:
     t0 = time.monotonic()
     note = " (interrupted: press Ctrl-C again to abandon it)" if interrupted else ""
-    reporter.print(f"[yellow]recovery: {recovery.title}{note}[/]")
+    reporter.print(f"[yellow]recovery: {escape(recovery.title)}{note}[/]")
     out = RecoveryOutcome(recovery.title, ok=True)
     err = _run_actions(recovery.actions, env, reporter, lambda i: f"r{i}", out.results, len(recovery.actions))
     if isinstance(err, Interrupted):
@@ -197,6 +209,24 @@ def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter, interrupte
                           host=err.host)
     out.ok, out.error, out.seconds = err is None, err, time.monotonic() - t0
     return out
+
+
+Ask = Callable[[str], bool]
+
+
+def confirmation(plan: Plan, yes: bool, ask: Ask | None, host: str) -> RefusedError | None:
+    """None when the plan may run: it deletes nothing, or --yes accepted it, or the user said yes to
+    `ask` (only given on a terminal). Else the refusal: nothing has changed yet."""
+    needed = plan.confirmations()
+    if not needed or yes:
+        return None
+    what = "; ".join(needed)
+    if ask is None:
+        return RefusedError(f"the plan would {what}, and needs confirmation", host=host, step="confirm",
+                            hint="pass --yes to accept it (there is no terminal to ask on), or --dry-run to look")
+    if not ask(f"{what[0].upper()}{what[1:]}?"):
+        return RefusedError(f"not confirmed: nothing changed (the plan would {what})", host=host, step="confirm")
+    return None
 
 
 def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:
@@ -211,7 +241,9 @@ def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:
         outcome.ok, outcome.error = False, err
         failed_at = next(i for i, r in enumerate(outcome.results, 1) if r.status == "failed")
         recovery = plan.recovery_for(failed_at)
-        if recovery is not None:
+        if recovery is not None and isinstance(err, LockLost):
+            err.details = err.details + [f"{recovery.title}: not run (the host lock is not ours any more)"]
+        elif recovery is not None:
             outcome.recovery = run_recovery(recovery, env, reporter, interrupted=isinstance(err, Interrupted))
             err.details = err.details + [f"{recovery.title}: " + (
                 "done" if outcome.recovery.ok else f"FAILED: {outcome.recovery.error}")]

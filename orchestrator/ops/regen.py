@@ -26,7 +26,7 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
             reporter.plan(plan)
             result.ok, result.seconds = True, time.monotonic() - t0
             return result
-        outcome = run_plan(plan, RunEnv(s.host, entry, opts, reporter), reporter)
+        outcome = run_plan(plan, RunEnv(s.host, entry, opts, reporter, guard=s.guard), reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
         changed = [a.step.split(" ", 1)[1] for a in plan.actions if a.step.startswith("install ") and not a.noop]
@@ -36,5 +36,6 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
                   "error": str(outcome.error) if outcome.error else None}
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
-        state.append_history(s.host, entry, record)
+        if s.holds_lock():                       # without the lock, write nothing more
+            state.append_history(s.host, entry, record)
         return result

@@ -3,7 +3,7 @@ unless it is a dry run) and the operation's result (plan, outcome, error, JSON s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -53,6 +53,23 @@ class Session:
     host: Host
     entry: HostEntry
     lock: LockFacts
+    holder: state.HostLock | None = None        # None for dry runs, which never take the lock
+
+    @property
+    def guard(self) -> Callable[[], str | None] | None:
+        """What the executor calls before every step (orchestrator.plan.run.RunEnv.guard)."""
+        return self.holder.ensure if self.holder is not None else None
+
+    def holds_lock(self) -> bool:
+        """The lock is (still, or again) ours: only then is anything written on the host, the
+        history record included. Always True for a dry run (it writes nothing)."""
+        if self.holder is None:
+            return True
+        try:
+            self.holder.ensure()
+        except state.LockLost:
+            return False
+        return True
 
 
 @contextmanager
@@ -64,7 +81,7 @@ def session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key
         if not dry_run:
             lock = state.HostLock(host, entry, operation)
             lock.acquire()
-        yield Session(host, entry, lock_facts(host, entry, held=not dry_run))
+        yield Session(host, entry, lock_facts(host, entry, held=not dry_run), lock)
     finally:
         if lock is not None:
             lock.release()

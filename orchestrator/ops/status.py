@@ -319,7 +319,7 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
                         for p in facts.procs]
     st.disk = {"path": facts.disk_path, "total": facts.disk_total, "free": facts.disk_free}
     st.models = [{"name": d.name, "bytes": d.bytes, "last_used": d.last_used,
-                  "verified": bool(d.verified), "active": d.name == (facts.active or {}).get("model"),
+                  "verified": d.complete, "ours": d.ours, "active": d.name == (facts.active or {}).get("model"),
                   "running": d.name in running}
                  for d in sorted(facts.models.values(), key=lambda d: d.name)]
     st.last_deploy = deploy_summary(last_record(history, DEPLOY_OPS))

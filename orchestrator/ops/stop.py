@@ -7,22 +7,22 @@ stop:  lock -> facts -> stop the service -> disable it at boot (a stopped model 
        Leftovers are the model's own processes (its cgroup / process group) and vLLM processes no
        running service owns, on the model's GPUs only; a process on another GPU, or one owned by
        another running model, is never touched.
-gc:    lock -> facts -> folders under models_root that are neither active nor running -> each path
-       resolved ON THE HOST and checked to be a direct child of the resolved models_root -> rm ->
+gc:    lock -> facts -> folders under models_root that vllm-orch made (its record) and that are neither
+       active nor running -> each path resolved ON THE HOST, checked to be a direct child of the
+       resolved models_root (itself not a system folder) and still ours -> rm (host/modeldirs.py) ->
        disable the deleted model's unit if it was enabled (it would fail at every boot).
 """
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import DeployFailed, RefusedError
 from orchestrator.fmt import fmt_bytes
-from orchestrator.host import state
-from orchestrator.host.base import Host, Script
+from orchestrator.host import modeldirs, state
+from orchestrator.host.base import Host
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import Holders, Proc, gpu_list, holders, kill_commands, read_gpus, wait_released
 from orchestrator.host.services import Service
@@ -182,18 +182,21 @@ class GcPlan:
 
 
 def plan_gc(facts: HostFacts) -> GcPlan:
-    """Inactive, not running folders go; the active model and running services stay."""
+    """Inactive, not running folders that vllm-orch made go; the active model, running services and
+    folders without vllm-orch's record stay."""
     active = (facts.active or {}).get("model")
     running = set(facts.running())
     delete, keep = [], []
     for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
-        if d.name == active:
+        if not d.ours:
+            keep.append((d.name, "not made by vllm-orch (no .vllm-orch/verified.json), never deleted"))
+        elif d.name == active:
             keep.append((d.name, "the active model"))
         elif d.name in running:
             keep.append((d.name, "its service is running"))
         else:
             st = facts.services.get(d.name)
-            delete.append(GcCandidate(d.name, d.bytes, d.last_used, bool(d.verified), bool(st and st.enabled)))
+            delete.append(GcCandidate(d.name, d.bytes, d.last_used, d.complete, bool(st and st.enabled)))
     return GcPlan(delete, keep)
 
 
@@ -205,32 +208,16 @@ def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
     return gather(host, entry, missing) if missing else facts
 
 
-def delete_script(models_root: str, name: str) -> Script:
-    """rm -rf of models_root/NAME only after resolving both on the host: the folder must be a real
-    directory (not a symlink) whose resolved parent is the resolved models root."""
-    if not name or "/" in name or name in (".", "..") or name.startswith("."):
-        raise RefusedError(f"refusing to delete {name!r}: not a plain folder name", step="gc")
-    q = shlex.quote
-    root, target = q(models_root), q(f"{models_root}/{name}")
-    return Script(
-        f"R=$(realpath -e -- {root}) || exit 3; "
-        f"[ -L {target} ] && {{ echo 'is a symlink' >&2; exit 3; }}; "
-        f"T=$(realpath -e -- {target}) || exit 0; "
-        f"[ -d \"$T\" ] || {{ echo 'not a directory' >&2; exit 3; }}; "
-        f"[ \"$(dirname -- \"$T\")\" = \"$R\" ] && [ \"$T\" != \"$R\" ] || "
-        f"{{ echo \"resolves to $T, outside $R\" >&2; exit 3; }}; "
-        f"rm -rf --one-file-system -- \"$T\"",
-        display=f"rm -rf {q(models_root + '/' + name)}  (after checking on the host that it resolves "
-                f"to a direct child of {q(models_root)})")
-
-
-def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None) -> dict:
-    """Delete the planned folders (the caller holds the lock and has the user's go-ahead)."""
+def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None, guard=None) -> dict:
+    """Delete the planned folders (the caller holds the lock and has the user's go-ahead); `guard`
+    (the session's) is called before each delete and raises when the lock is not ours any more."""
     t0 = time.monotonic()
     deleted: list[dict] = []
     kept: list[dict] = []
     for c in plan.delete:
-        r = host.run(delete_script(entry.models_root, c.name), timeout=3600)
+        if guard is not None:
+            guard()
+        r = host.run(modeldirs.delete_script(entry.models_root, c.name), timeout=3600)
         if r.ok:
             deleted.append({"name": c.name, "bytes": c.bytes})
             say(f"deleted {entry.models_root}/{c.name} ({fmt_bytes(c.bytes)})")

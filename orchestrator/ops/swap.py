@@ -16,7 +16,7 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.host import state
 from orchestrator.ops import gather
-from orchestrator.ops.execute import Reporter, run_plan
+from orchestrator.ops.execute import Ask, Reporter, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.swap import plan_swap
@@ -24,7 +24,8 @@ from orchestrator.probe.readiness import failure_fields
 
 
 def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
-             reporter: Reporter, dry_run: bool, accept_new_host_key: bool = False) -> OpResult:
+             reporter: Reporter, dry_run: bool, accept_new_host_key: bool = False,
+             ask: Ask | None = None) -> OpResult:
     t0 = time.monotonic()
     with session(entry, f"swap to {m.name}", dry_run, accept_new_host_key) as s:
         inp = gather.for_swap(s.host, entry, m, manifests, opts, s.lock)
@@ -32,14 +33,17 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
         info = dict(plan.info)
         result = OpResult("swap", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
         noop = bool(info.get("noop"))
-        if dry_run or plan.refusal or noop:
+        asking = not dry_run and not plan.refusal and bool(plan.confirmations()) and not opts.yes
+        if dry_run or plan.refusal or noop or asking:
             reporter.plan(plan)
+        if asking:                               # a staged swap that frees disk by deleting folders
+            plan.refusal = confirmation(plan, opts.yes, ask, entry.name)
         if plan.refusal or dry_run or noop:
             result.error = plan.refusal
             result.ok = plan.refusal is None
             result.seconds = time.monotonic() - t0
             return result
-        env = RunEnv(s.host, entry, opts, reporter)
+        env = RunEnv(s.host, entry, opts, reporter, guard=s.guard)
         outcome = run_plan(plan, env, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         ready = env.record.ready.get(m.name)
@@ -81,6 +85,8 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             record["perf"] = result.extra["perf"] = env.record.perf[m.name]
         if env.record.warnings:
             result.extra["warnings"] = list(env.record.warnings)
+        if not s.holds_lock():                   # without the lock, write nothing more
+            return result
         records = [record]
         if "rollback" in result.extra:
             records.append({"operation": "rollback", "model": info.get("from"), "ok": result.extra["rollback"]["ok"],

@@ -66,6 +66,7 @@ def plan_deploy(inp: PlanInput) -> Plan:
                                 f"{gpu_list(m.serving.visible_devices)}", noop=True))
     elif plan.add_checked(*service.gpus_action(inp, stopping={m.name} if running else set())):
         return plan
+    plan.add(prepare.user_action(entry, f.users))
     plan.add(install)
     start = plan.add(service.start_action(inp, unit_changed))
     recorded = (f.active or {}).get("model") == m.name and (f.active or {}).get("unit_hash") == inp.target.rendered.unit_hash

@@ -33,6 +33,7 @@ class Action:
     commands: list[Command] = field(default_factory=list)   # shown; run in order unless `run` is set
     details: list[str] = field(default_factory=list)         # extra lines (checks, diffs, folders)
     run: Callable[[RunEnv], str | None] | None = None        # custom apply; returns a result line
+    confirm: str | None = None                  # what the user must accept first (a deletion), or None
 
     def lines(self) -> list[str]:
         out = [self.summary]
@@ -93,6 +94,10 @@ class Plan:
         """The innermost recovery covering a failed step (the one that starts latest)."""
         covering = [r for r in self.recoveries if r.covers(number)]
         return max(covering, key=lambda r: r.first) if covering else None
+
+    def confirmations(self) -> list[str]:
+        """What this plan deletes that the user must accept (--yes, or a question on a terminal)."""
+        return [a.confirm for a in self.actions if a.confirm and not a.noop]
 
     @property
     def changes(self) -> bool:

@@ -5,13 +5,14 @@ steps that may refuse, the RefusedError. Pure: facts in, actions out.
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
 from orchestrator.fmt import fmt_bytes
-from orchestrator.host import scripts
-from orchestrator.host.base import Command
+from orchestrator.host import modeldirs, scripts
+from orchestrator.host.base import Command, Script
 from orchestrator.host.download import SCRIPT, DownloadProgress, download_args, run_download
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput
 from orchestrator.plan.model import Action
@@ -86,7 +87,7 @@ def disk_available(inp: PlanInput) -> tuple[int, str]:
     limit_txt = f"{fmt_bytes(f.disk_free)} free on {f.disk_path} - {fmt_bytes(reserve)} reserve" + \
         (" (host setting)" if host_reserve else "")
     if entry.models_disk_budget_gib is not None:
-        used = sum(d.bytes for d in f.models.values())
+        used = sum(d.bytes for d in f.models.values() if d.ours)
         budget_left = int(entry.models_disk_budget_gib * GIB) - used
         if budget_left < available:
             available = budget_left
@@ -96,7 +97,18 @@ def disk_available(inp: PlanInput) -> tuple[int, str]:
 
 
 def delete_command(entry: HostEntry, name: str) -> Command:
-    return ["rm", "-rf", "--one-file-system", model_path(entry, name)]
+    """The guarded delete of one model folder (orchestrator/host/modeldirs.py)."""
+    return modeldirs.delete_script(entry.models_root, name)
+
+
+def deletion_note(opts_yes: bool) -> str:
+    return "accepted with --yes" if opts_yes else "asks before deleting (--yes accepts)"
+
+
+def not_ours(facts_models: dict, protected: set[str]) -> list[str]:
+    """Folders under models_root that vllm-orch did not make: never deleted, named so a plan explains
+    why they stay."""
+    return sorted(n for n, d in facts_models.items() if not d.ours and n not in protected)
 
 
 def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | None]:
@@ -113,7 +125,10 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
     protected = set(keep) | {inp.name} | set(f.running())
     if f.active and f.active.get("model"):
         protected.add(f.active["model"])
-    candidates = sorted((d for n, d in f.models.items() if n not in protected), key=lambda d: d.last_used)
+    candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
+                        key=lambda d: d.last_used)
+    theirs = not_ours(f.models, protected)
+    kept = [f"kept {n}: not made by vllm-orch (no .vllm-orch/verified.json), never deleted" for n in theirs]
     chosen, freed = [], 0
     for d in candidates:
         if available + freed >= need:
@@ -126,15 +141,45 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
             f"available ({limit_txt}) and deleting every inactive managed model would free only "
             f"{fmt_bytes(freed)}", host=entry.name, step="disk",
             hint="free space on the models disk, lower requires.disk_reserve_gib, or raise the budget"
-                 + (" (protected: " + ", ".join(sorted(p for p in protected if p)) + ")" if protected else ""))
-        return Action("disk", f"short by {fmt_bytes(need - available - freed)}"), err
+                 + (" (protected: " + ", ".join(sorted(p for p in protected if p)) + ")" if protected else "")
+                 + (f"; not made by vllm-orch, so never deleted: {', '.join(theirs)}" if theirs else ""))
+        return Action("disk", f"short by {fmt_bytes(need - available - freed)}", details=kept), err
     details = [f"delete {d.name}: {fmt_bytes(d.bytes)}, last used "
                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d.last_used)) if d.last_used else 'never'}"
-               for d in chosen]
+               for d in chosen] + kept
+    folders = f"model folder{'s' if len(chosen) != 1 else ''}"
     return Action("disk", f"free {fmt_bytes(freed)} by deleting {len(chosen)} least recently used inactive "
-                          f"model folder{'s' if len(chosen) != 1 else ''} (needs {fmt_bytes(need)}, "
-                          f"{fmt_bytes(max(available, 0))} available)",
-                  commands=[delete_command(entry, d.name) for d in chosen], details=details), None
+                          f"{folders} (needs {fmt_bytes(need)}, {fmt_bytes(max(available, 0))} available; "
+                          f"{deletion_note(inp.opts.yes)})",
+                  commands=[delete_command(entry, d.name) for d in chosen], details=details,
+                  confirm=f"delete {len(chosen)} {folders} on {entry.name} ("
+                          + ", ".join(f"{d.name} {fmt_bytes(d.bytes)}" for d in chosen) + ")"), None
+
+
+# -- the service user ------------------------------------------------------------------------------
+
+def user_command(entry: HostEntry) -> Command:
+    """useradd of the unprivileged system user the service runs as: its own group, a home beside
+    state_dir for vLLM's caches, no login shell."""
+    q = shlex.quote
+    return Script(f"useradd --system --user-group --create-home --home-dir {q(entry.service_home)} "
+                  f"--shell \"$(command -v nologin || echo /bin/false)\" {q(entry.service_user)}",
+                  display=f"useradd --system --user-group --create-home --home-dir {q(entry.service_home)} "
+                          f"--shell nologin {q(entry.service_user)}")
+
+
+def user_action(entry: HostEntry, users: dict) -> Action:
+    """The service runs as entry.service_user (least privilege): create it when the host lacks it."""
+    name = entry.service_user
+    if name == "root":
+        return Action("user", "nothing to do, because the service runs as root (service_user: root); an "
+                              "unprivileged user is safer (docs/security.md)", noop=True)
+    known = users.get(name)
+    if known:
+        return Action("user", f"nothing to do, because the service user {name} exists (uid {known.get('uid')})",
+                      noop=True)
+    return Action("user", f"create the unprivileged system user {name} that the service runs as (home "
+                          f"{entry.service_home} for its caches, no login shell)", commands=[user_command(entry)])
 
 
 # -- download --------------------------------------------------------------------------------------
@@ -182,7 +227,7 @@ def download_action(inp: PlanInput) -> Action:
 def download_from_record(inp_target_record: dict | None, repo: str, revision: str, pinned: bool) -> DownloadPlan | None:
     """The download plan from our verified record when it covers the pinned revision (no Hub call)."""
     rec = inp_target_record
-    if rec and rec.get("repo") == repo and pinned and rec.get("revision") == revision:
+    if rec and rec.get("complete") and rec.get("repo") == repo and pinned and rec.get("revision") == revision:
         files = rec.get("files", {})
         total = int(rec.get("total_bytes") or sum(f.get("size", 0) for f in files.values()))
         return DownloadPlan(total_bytes=total, have_bytes=total, to_fetch_bytes=0, files=len(files),

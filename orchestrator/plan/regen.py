@@ -34,6 +34,9 @@ def plan_regen(inp: RegenInput) -> Plan:
     plan = Plan("regen", entry.describe(), ", ".join(sorted(names)) or "(no models installed)")
     plan.warnings += [f"{name} is installed but has no manifest now: left as it is" for name in inp.orphaned]
     plan.add(prepare.lock_action(inp.lock))
+    user = prepare.user_action(entry, facts.users)
+    if not user.noop and inp.services:           # the units name the service user: it must exist
+        plan.add(user)
     restarts: list[str] = []
     for svc in inp.services:
         install = plan.add(service.install_action(entry, svc, step=f"install {svc.name}"))

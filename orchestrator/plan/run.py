@@ -9,6 +9,7 @@ later step, the recovery branch or the operation's history record needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,9 @@ class RunEnv:
     opts: Options
     reporter: Any = None                        # orchestrator.ops.execute.Reporter (or None)
     record: RunRecord = field(default_factory=RunRecord)
+    # Called before every step: None while the host lock is ours, a note when it was re-taken after
+    # a dropped connection; raises (LockLost) when it is not ours any more. None for no lock.
+    guard: Callable[[], str | None] | None = None
 
     def event(self, kind: str, text: str) -> None:
         if self.reporter is not None:

@@ -6,6 +6,7 @@ built, so a plan over several services (regen, a swap's rollback) runs each step
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 import time
 from collections.abc import Collection
@@ -25,7 +26,7 @@ from orchestrator.plan.run import RunEnv
 from orchestrator.probe.api import Endpoint
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
-from orchestrator.render.artifacts import Rendered
+from orchestrator.render.artifacts import ORCH_ENV, Rendered
 from orchestrator.secret import Secret
 
 
@@ -120,11 +121,23 @@ def _diff(old: str | None, new: str, path: str) -> list[str]:
                                                                f"{path} (installed)", f"{path} (rendered)", n=1)]
 
 
-def _mask_env(text: str, secret_keys: list[str]) -> str:
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def _mask_env(text: str, shown_keys: set[str]) -> str:
+    """An installed env file as a diff may show it: comments, blank lines and the values of keys
+    known to be harmless (what vllm-orch writes itself, the manifest's env) as they are; every other
+    value masked. The file on disk may hold secrets no manifest lists any more."""
     out = []
     for line in text.splitlines(True):
-        key = line.split("=", 1)[0]
-        out.append(f"{key}=***\n" if key in secret_keys and "=" in line else line)
+        if not line.strip() or line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        m = _ASSIGNMENT.match(line)
+        if m and m.group(1) in shown_keys:
+            out.append(line)
+        else:
+            out.append(f"{m.group(1)}=***\n" if m else "*** (a line that is not KEY=value, hidden)\n")
     return "".join(out)
 
 
@@ -143,7 +156,7 @@ def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -
             continue
         old = None if current is None else current.decode(errors="replace")
         if f is r.env_file and old is not None:
-            old = _mask_env(old, r.manifest.serving.secret_env)
+            old = _mask_env(old, set(ORCH_ENV) | set(r.manifest.env))
         changed.append(f)
         details += _diff(old, f.text, f.path)
 

@@ -80,6 +80,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     if plan.add_checked(disk, err):
         return plan
     plan.add(prepare.download_action(inp))
+    plan.add(prepare.user_action(entry, f.users))
     install = plan.add(service.install_action(entry, inp.target))
     # After an interrupted swap the old model may already be stopped and the new one running:
     # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
@@ -149,11 +150,19 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     minutes = need / FIELD_DOWNLOAD_RATE / 60
     plan.info["staged"] = False
     available, limit_txt = prepare.disk_available(inp)
-    running = set(f.running()) - {old.name}
-    deletable = sum(d.bytes for n, d in f.models.items() if n not in running | {m.name})
+    old_dir = f.models.get(old.name)
+    if old_dir is not None and not old_dir.ours:
+        return plan.refuse(Action("disk", f"{prepare.model_path(entry, old.name)} was not made by vllm-orch"),
+                           RefusedError(
+            f"the disk cannot stage {m.name} next to {old.name}, and {prepare.model_path(entry, old.name)} "
+            f"has no .vllm-orch/verified.json: vllm-orch only deletes folders it made", host=entry.name,
+            step="disk", hint="free space on the models disk yourself, then swap again"))
+    # What the unstaged plan deletes: the old model's folder (the staged check above already counted
+    # every other inactive folder of ours).
+    deletable = old_dir.bytes if old_dir is not None else 0
     if available + deletable < need:
         return plan.refuse(Action("disk", f"short even without {old.name}"), RefusedError(
-            f"not enough disk even after deleting {old.name} and every inactive model: the download "
+            f"not enough disk even after deleting {old.name}: the download "
             f"needs {fmt_bytes(need)}, {fmt_bytes(max(available, 0))} is available "
             f"({limit_txt}) and deleting would free {fmt_bytes(deletable)}",
             host=entry.name, step="disk", hint="free space on the models disk first"))
@@ -173,8 +182,10 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
         plan.add(service.stop_action(entry, old.name, "downtime starts; not staged", downtime_starts=True,
                                      swap_to=m.name, enabled=old_enabled))
     plan.add(Action("disk", f"delete {prepare.model_path(entry, old.name)} to make room (accepted with --yes)",
-                    commands=[prepare.delete_command(entry, old.name)]))
+                    commands=[prepare.delete_command(entry, old.name)],
+                    confirm=f"delete {prepare.model_path(entry, old.name)} on {entry.name} ({fmt_bytes(extra)})"))
     plan.add(prepare.download_action(inp))
+    plan.add(prepare.user_action(entry, f.users))
     plan.add(service.install_action(entry, inp.target))
     plan.add(service.gpus_action(inp, stopping={old.name})[0])
     start = plan.add(service.start_action(inp, unit_changed=True))

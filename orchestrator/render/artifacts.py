@@ -29,6 +29,9 @@ TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 
+# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret.
+ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE")
+
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
 
@@ -70,6 +73,8 @@ def _environment(folder: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
+    # A unit value from the inventory or the manifest: `%` is a systemd specifier (%h: home...).
+    env.filters["unitvalue"] = lambda v: str(v).replace("%", "%%")
     env.filters["shjoin"] = lambda argv: " ".join(shlex.quote(str(a)) for a in argv)
     return env
 
@@ -232,6 +237,17 @@ def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
     return " ".join(systemd_quote(w) for w in words)
 
 
+HOME_TREES = ("/home", "/root", "/run/user")
+
+
+def protect_home(host: HostEntry) -> str:
+    """ProtectHome= for the unit: `yes` (hidden) unless the models, vLLM or its Python live in a home
+    folder; then `read-only`, which still keeps the service from writing there."""
+    paths = (host.models_root, host.vllm, host.python)
+    inside = any(p == t or p.startswith(t + "/") for p in paths for t in HOME_TREES)
+    return "read-only" if inside else "yes"
+
+
 def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) -> dict[str, Secret]:
     environ = os.environ if environ is None else environ
     return {k: Secret(environ[k]) for k in m.serving.secret_env if environ.get(k)}
@@ -244,7 +260,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
-                  manifest_hash=mhash)
+                  manifest_hash=mhash, protect_home=protect_home(host))
 
     env_pairs = [(k, env_value(v)) for k, v in m.env.items()]
     missing = [k for k in m.serving.secret_env if k not in secrets]

@@ -15,6 +15,7 @@ generic host settings any real host may use:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,6 +30,12 @@ REAL_DISK_RESERVE_GIB = float(Requirements.model_fields["disk_reserve_gib"].defa
 PARSER_CHECKS = ["flags", "env"]
 # ...and the one vLLM's CPU build fails by design (its torch is not a CUDA build).
 CPU_BUILD_CHECKS = ["torch-cuda"]
+
+
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
 
 
 @dataclass
@@ -57,7 +64,9 @@ class SimHost:
             env = {"PYTHONPATH": str(hdir / "site-packages"), "HF_HUB_DISABLE_TELEMETRY": "1"}
             if self.hub_port:
                 env["HF_ENDPOINT"] = f"http://127.0.0.1:{self.hub_port}"
-            entry = {"address": "local", "service_manager": "process",
+            # A process host on this machine runs its services as whoever runs the simulator (a
+            # process host can switch users only as root, and must not create one here).
+            entry = {"address": "local", "service_manager": "process", "service_user": _me(),
                      "models_root": str(hdir / "models"), "vllm": str(hdir / "bin" / "vllm"),
                      "python": self.python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
                      "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}

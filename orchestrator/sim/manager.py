@@ -171,6 +171,14 @@ def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: st
         root = str(hdir / "models") if flavour == "process" else CONTAINER_MODELS_ROOT
         info["real_vllm"] = {"venv": cpu_vllm["venv"], "models_roots": [root]}
     _write_json(hdir / "sim.json", info)
+    if flavour == "systemd":
+        # The service runs as an unprivileged user (vllm-orch's default `vllm`) in the container: the
+        # simulated GPU bookkeeping it writes must be writable by any user, as the real driver's is.
+        for path in (hdir, hdir / "gpu-procs", hdir / "run", hdir / "logs"):
+            path.chmod(0o777)
+        for path in (hdir / "faults.json", hdir / "faults.json.lock"):
+            path.touch()
+            path.chmod(0o666)
     return info
 
 

@@ -36,6 +36,12 @@ from orchestrator.sim import tinymodel
 from orchestrator.sim.repo_files import RepoFile, safetensors_header
 
 DEFAULT_SCALE = 10000
+# File names a compromised Hub (or an HF_ENDPOINT mirror) could list: each would write outside the
+# model folder, or over vllm-orch's own records, if the download trusted it.
+HOSTILE_REPO = "vllm-orch-sim/hostile-names"
+HOSTILE_NAMES = ("../../escaped-by-dotdot.py", "sub/../../escaped-from-sub.py", "/tmp/vllm-orch-sim-absolute.json",
+                 "back\\slash.txt", "./dot.json", "double//slash.json", ".vllm-orch/verified.json",
+                 ".cache/huggingface/download/planted.json")
 MIN_LFS_BYTES = 4096      # a scaled LFS file never gets smaller than this (room for a header)
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -193,6 +199,14 @@ def specs() -> list[RepoSpec]:
         # Loadable tiny Llamas with random weights, served by a REAL vLLM (CPU build) in tests
         # and rehearsals; two of them so a swap has somewhere to go.
         *(_tiny_spec(t) for t in tinymodel.MODELS.values()),
+        RepoSpec(   # a compromised mirror: its listing names files outside the model folder
+            repo_id=HOSTILE_REPO,
+            shard_names=("model.safetensors",),
+            total_real_bytes=1_000_000_000,
+            small_files={**T.tiny_small_files(HOSTILE_REPO), **{name: "planted by a hostile hub\n"
+                                                               for name in HOSTILE_NAMES}},
+            config=T.tiny_config(),
+        ),
     ]
 
 

@@ -33,7 +33,8 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     assert deploy(e, kimi).ok
     # something for each dry run to find: an inactive folder for gc, a changed manifest for regen
     old = sim_host.dir / "models" / "old-model"
-    old.mkdir()
+    (old / ".vllm-orch").mkdir(parents=True)
+    (old / ".vllm-orch" / "verified.json").write_text('{"repo": "a/b", "files": {}, "complete": true}')
     (old / "model.safetensors").write_bytes(b"\0" * 1024)
     changed = kimi.model_copy(update={"env": {**kimi.env, "VLLM_ORCH_TEST_CHANGED": "1"}})
     models = write_models(tmp_path / "models", [changed, minimax])

@@ -245,8 +245,11 @@ def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_d
     deploy(entry, models_dir, "kimi-k25-int4")
     root = Path(entry.models_root)
     old = root / "old-model"
-    old.mkdir()
+    (old / ".vllm-orch").mkdir(parents=True)
+    (old / ".vllm-orch" / "verified.json").write_text('{"repo": "a/b", "files": {}, "complete": true}')
     (old / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 5000)
+    theirs = root / "alice-notes"                    # not made by vllm-orch: never a candidate
+    theirs.mkdir()
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "data").write_text("keep me")
@@ -263,10 +266,12 @@ def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_d
 
     r = cli("gc", "--host", "sim", "--yes", "--json")
     res = json.loads(r.stdout)
-    assert [d["name"] for d in res["deleted"]] == ["old-model"]
-    assert [d["name"] for d in res["kept"]] == ["sneaky"] and "symlink" in res["kept"][0]["why"]
-    assert r.returncode == 1                           # a folder could not be deleted
+    assert [d["name"] for d in res["deleted"]] == ["old-model"] and res["kept"] == []
+    keep = dict(map(tuple, res["keep"]))
+    assert "not made by vllm-orch" in keep["sneaky"] and "not made by vllm-orch" in keep["alice-notes"]
+    assert r.returncode == 0
     assert not old.exists() and (outside / "data").read_text() == "keep me" and beside.is_dir()
+    assert theirs.is_dir()
     assert (root / "kimi-k25-int4" / "config.json").exists()
     assert read_history(LocalHost("sim"), entry)[-1]["operation"] == "gc"
     hist = cli("history", "--host", "sim", "--json")

@@ -12,51 +12,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import get_manifest
 from orchestrator.host.connect import open_host
 from orchestrator.host.services import Service
 from orchestrator.ops.execute import Reporter
 from orchestrator.ops.status import host_status
 from orchestrator.plan.run import Options
-from orchestrator.sim import manager, nspawn
-from orchestrator.sim.inventory import SimHost
-from tests.plugins.sim_hosts import TEST_SPEED, free_port
+from orchestrator.sim import manager
+from tests.plugins.sim_hosts import free_port
 
 pytestmark = pytest.mark.systemd
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def sd_sim(systemd_hosts, tmp_path_factory):
-    """A booted systemd host turned into a SIMULATED GPU host: the sim programs in its host folder
-    and a Hub mirror on the gateway address of its network namespace."""
-    info = systemd_hosts(1)[0]
-    hdir = Path(info["_console_log"]).parent.parent
-    manager.prepare_host(info["_name"], hdir, speed=TEST_SPEED, scale=10000, flavour="systemd",
-                         python="/usr/bin/env python3")
-    (hdir / "hub.port").unlink(missing_ok=True)
-    hub = subprocess.Popen([sys.executable, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir), "--port", "0",
-                            "--bind", info["_gateway"]], cwd=str(REPO), stdout=subprocess.DEVNULL,
-                           stderr=open(hdir / "hub.stderr", "wb"))
-    deadline = time.monotonic() + 15
-    while not (hdir / "hub.port").exists() or not (hdir / "hub.port").read_text().strip():
-        assert hub.poll() is None and time.monotonic() < deadline, (hdir / "hub.stderr").read_text()
-        time.sleep(0.05)
-    # the inventory entry `vllm-orch sim up --systemd` would write for it (label, scaled reserve, no flag check)
-    data = SimHost(info["_name"], hdir, "systemd", TEST_SPEED, 10000, python="", container=info).host_entry()
-    data["models_root"] = f"{nspawn.SIM_MOUNT}/models"     # the bound host folder, not the overlay tmpfs
-    data["env"] = {**data["env"], "HF_ENDPOINT": f"http://{info['_gateway']}:{(hdir / 'hub.port').read_text().strip()}"}
-    entry = HostEntry(name=info["_name"], **data)
+def sd_sim(systemd_sim_host, tmp_path_factory):
+    """The SIMULATED systemd host (tests/plugins/remote_hosts.py), a models folder with Kimi on a free
+    port and an inventory naming the host."""
+    entry, data, hdir = systemd_sim_host
     models = tmp_path_factory.mktemp("models")
     m = yaml.safe_load((REPO / "models" / "kimi-k25-int4.yaml").read_text())
     m["serving"]["port"] = free_port()
     (models / "kimi-k25-int4.yaml").write_text(yaml.safe_dump(m))
     inventory = tmp_path_factory.mktemp("inv") / "hosts.yaml"
     inventory.write_text(yaml.safe_dump({"hosts": {entry.name: data}}))
-    yield entry, models, inventory, hdir
-    hub.terminate()
-    hub.wait(10)
+    return entry, models, inventory, hdir
 
 
 def cli(inventory: Path, models: Path, *args: str) -> subprocess.CompletedProcess:

@@ -149,6 +149,41 @@ def clean_systemd_sim(systemd_sim):
     return home, e
 
 
+@pytest.fixture(scope="session")
+def systemd_sim_host(systemd_hosts, tmp_path_factory):
+    """A booted systemd host turned into a SIMULATED GPU host by hand (no `sim up`), shared by the
+    session: the sim programs in its host folder,
+    a Hub mirror on the gateway address of its network namespace, and its inventory entry (what
+    `vllm-orch sim up --systemd` would write). Yields (HostEntry, inventory dict, host folder)."""
+    import subprocess
+    import sys
+
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.sim import manager, nspawn
+    from orchestrator.sim.inventory import SimHost
+    from tests.plugins.sim_hosts import TEST_SPEED
+
+    info = systemd_hosts(1)[0]
+    hdir = Path(info["_console_log"]).parent.parent
+    manager.prepare_host(info["_name"], hdir, speed=TEST_SPEED, scale=10000, flavour="systemd",
+                         python="/usr/bin/env python3")
+    (hdir / "hub.port").unlink(missing_ok=True)
+    repo = Path(__file__).resolve().parents[2]
+    hub = subprocess.Popen([sys.executable, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir), "--port", "0",
+                            "--bind", info["_gateway"]], cwd=str(repo), stdout=subprocess.DEVNULL,
+                           stderr=open(hdir / "hub.stderr", "wb"))
+    deadline = time.monotonic() + 15
+    while not (hdir / "hub.port").exists() or not (hdir / "hub.port").read_text().strip():
+        assert hub.poll() is None and time.monotonic() < deadline, (hdir / "hub.stderr").read_text()
+        time.sleep(0.05)
+    data = SimHost(info["_name"], hdir, "systemd", TEST_SPEED, 10000, python="", container=info).host_entry()
+    data["models_root"] = f"{nspawn.SIM_MOUNT}/models"     # the bound host folder, not the overlay tmpfs
+    data["env"] = {**data["env"], "HF_ENDPOINT": f"http://{info['_gateway']}:{(hdir / 'hub.port').read_text().strip()}"}
+    yield HostEntry(name=info["_name"], **data), data, hdir
+    hub.terminate()
+    hub.wait(10)
+
+
 def _host_dir(path: Path) -> Path:
     """A minimal host folder (the sim's layout) when the sim programs are not needed."""
     for sub in ("bin", "site-packages", "models", "state", "logs", "gpu-procs"):

@@ -11,10 +11,11 @@ import pytest
 from orchestrator.cli.views import gpu_lines, history_details, process_lines, unit_lines
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
+from orchestrator.host.modeldirs import delete_script
 from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.ops.stop import delete_script, deploy_started_at, leftovers, model_gpus, plan_gc
+from orchestrator.ops.stop import deploy_started_at, leftovers, model_gpus, plan_gc
 
 
 @pytest.mark.parametrize("active,failed,health,listed,expected", [
@@ -102,12 +103,13 @@ def test_model_gpus_from_record_then_manifest_then_processes():
 
 
 def test_plan_gc_keeps_active_and_running_and_orders_by_last_use():
-    models = {n: ModelDir(n, b, {"ok": 1} if n != "c" else None, t)
+    record = {"repo": "a/b", "files": {}, "complete": True}
+    models = {n: ModelDir(n, b, dict(record, complete=n != "c"), t)
               for n, b, t in (("a", 10, 5.0), ("b", 20, 1.0), ("c", 30, 2.0), ("d", 40, 3.0))}
     f = facts(models=models, active={"model": "a"},
               services={"d": ServiceState(active=True, main_pid=9)})
     plan = plan_gc(f)
-    assert [c.name for c in plan.delete] == ["b", "c"]
+    assert [c.name for c in plan.delete] == ["b", "c"] and [c.verified for c in plan.delete] == [True, False]
     assert plan.bytes == 50
     assert dict(plan.keep) == {"a": "the active model", "d": "its service is running"}
 
@@ -121,7 +123,8 @@ def test_delete_script_refuses_odd_names(name):
 def test_delete_script_deletes_a_child_and_refuses_symlinks_and_escapes(tmp_path: Path):
     root = tmp_path / "models"
     outside = tmp_path / "outside"
-    (root / "old").mkdir(parents=True)
+    (root / "old" / ".vllm-orch").mkdir(parents=True)
+    (root / "old" / ".vllm-orch" / "verified.json").write_text('{"repo": "a/b", "files": {}}')
     (root / "old" / "w.safetensors").write_bytes(b"x")
     outside.mkdir()
     (outside / "precious").write_text("keep")
@@ -139,7 +142,8 @@ def test_delete_script_deletes_a_child_and_refuses_symlinks_and_escapes(tmp_path
     # The models root itself reached through a symlinked root still only deletes its children.
     alias = tmp_path / "alias"
     alias.symlink_to(root)
-    (root / "n2").mkdir()
+    (root / "n2" / ".vllm-orch").mkdir(parents=True)
+    (root / "n2" / ".vllm-orch" / "verified.json").write_text('{"repo": "a/b", "files": {}}')
     assert subprocess.run(["sh", "-c", delete_script(str(alias), "n2").text]).returncode == 0
     assert not (root / "n2").exists() and root.is_dir()
 

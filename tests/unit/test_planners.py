@@ -44,13 +44,17 @@ def golden(name: str, text: str) -> None:
     assert text + "\n" == path.read_text(), f"plan text changed: review and re-run with UPDATE_GOLDEN=1 ({path})"
 
 
-def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None) -> HostFacts:
+VLLM_USER = {"vllm": {"uid": 998, "gid": 998, "home": "/var/lib/vllm-orch/home"}}
+
+
+def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None,
+          users=None) -> HostFacts:
     gpus = [Gpu(index=i, name=RTX, memory_total_mib=97887, memory_used_mib=0, uuid=f"GPU-{i}") for i in range(8)]
     return HostFacts(hostname="gpu1", disk_path="/var/lib/vllm-orch/models", disk_total=4000 * GIB,
                      disk_free=disk_free, gpus=gpus, gpu_error=None, driver_version="580.95.05",
                      cuda_version="13.0", procs=list(procs), vllm_version="0.33.0", vllm_error=None,
                      models=models or {}, active=active, installed=installed or {}, services=services or {},
-                     usage={})
+                     usage={}, users=VLLM_USER if users is None else users)
 
 
 def svc(name: str, *, installed: bool = False, serving: bool = False) -> ServiceInput:
@@ -80,9 +84,9 @@ def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: Servic
 
 
 def test_deploy_on_a_fresh_host_and_its_recovery():
-    plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(), download(547 * 10 ** 9)))
+    plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(users={}), download(547 * 10 ** 9)))
     assert plan.refusal is None and [a.step for a in plan.actions] == \
-        ["lock", "preflight", "disk", "download", "gpus", "install", "start", "ready", "perf", "record"]
+        ["lock", "preflight", "disk", "download", "gpus", "user", "install", "start", "ready", "perf", "record"]
     assert plan.recovery_for(8).actions[0].step == "stop" and plan.recovery_for(4) is None
     golden("plan-deploy-fresh-systemd.txt", plan.text())
 
@@ -109,12 +113,12 @@ def test_deploy_of_a_serving_unchanged_model_is_all_noops():
 def test_staged_swap_carries_its_rollback_branch():
     old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
     f = facts(services=running(old), active={"model": old, "gpus": list(range(8))},
-              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+              models={old: ModelDir(old, 547 * 10 ** 9, {"repo": "moonshotai/Kimi-K2.5", "files": {}}, 1.0)})
     assert old_model_name(f, new) == old
     plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
     steps = [a.step for a in plan.actions]
-    assert steps == ["lock", "preflight", "disk", "download", "install", "stop", "gpus", "start", "ready", "perf",
-                     "boot",
+    assert steps == ["lock", "preflight", "disk", "download", "user", "install", "stop", "gpus", "start", "ready",
+                     "perf", "boot",
                      "record"]
     rb = plan.recovery_for(steps.index("ready") + 1)
     assert rb is not None and rb.first == steps.index("stop") + 1 and rb.title == f"roll back to {old}"
@@ -129,7 +133,7 @@ def test_staged_swap_carries_its_rollback_branch():
 def test_swap_that_cannot_stage_is_refused_then_unstaged_with_yes():
     old, new = "kimi-k25-int4", "kimi-k25-nvfp4"
     f = facts(services=running(old), active={"model": old, "gpus": list(range(8))}, disk_free=500 * GIB,
-              models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
+              models={old: ModelDir(old, 547 * 10 ** 9, {"repo": "moonshotai/Kimi-K2.5", "files": {}}, 1.0)})
     refused = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
     assert refused.refusal is not None and "--yes" in refused.refusal.hint
     plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True), yes=True))

@@ -215,3 +215,15 @@ def test_shell_metacharacters_stay_single_argv_items(tmp_path):
     assert "'$(touch /tmp/pwned); echo'" in r.unit.text     # shell-quoted in the start script
     unit = render(load_manifest(f), SYSTEMD_HOST).unit.text
     assert '"$$(touch /tmp/pwned); echo"' in unit              # systemd-quoted, $ escaped
+
+
+def test_percent_in_inventory_paths_is_not_a_systemd_specifier(tmp_path):
+    """`%h` in a folder name would be the service user's home to systemd: every value the unit takes
+    from the inventory has `%` doubled, so the unit names the folder that was written."""
+    host = HostEntry(name="gpu1", address="gpu1.example", models_root="/data/%h/models", env_dir="/etc/v%n")
+    unit = render(MODELS["example"], host).unit.text
+    assert "WorkingDirectory=/data/%%h/models/example" in unit
+    assert "EnvironmentFile=/etc/v%%n/example.env" in unit
+    assert '"/data/%%h/models/example"' in unit or "/data/%%h/models/example " in unit    # ExecStart's model path
+    # the only specifier left is the template's own %C (the cache folder systemd makes), never a value
+    assert not [l for l in unit.splitlines() if not l.startswith("#") and "%" in l.replace("%%", "").replace("%C/", "")]

@@ -11,7 +11,7 @@ stdout carries JSON lines only (stderr is free text):
    "partial_bytes","to_fetch":[...]}                               (--plan-only stops here)
   {"event":"progress","file","done","size"}                        (<= ~4/s per file)
   {"event":"file","file","size","sha256","status":"ok|refetched|skipped"}
-  {"event":"error","kind":"auth|not_found|network|checksum|disk","message"[,"file"]}
+  {"event":"error","kind":"auth|not_found|network|checksum|disk|unsafe","message"[,"file"]}
   {"event":"done","verified":true,"bytes","seconds","files","total_bytes","commit"}
 Exit status: 0 done, 1 error (an error event was printed), 2 bad arguments.
 
@@ -26,6 +26,13 @@ partial file resumes with a Range request, and a stall (no byte for --stall-time
 What "have" means: listed in <local_dir>/.vllm-orch/verified.json with the hub's size and sha256
 (git oid for small files) and the file's current size and mtime. Such files are never read again.
 Partial data lives in <local_dir>/.cache/huggingface/download/<file>.<etag>.incomplete.
+
+File names from the Hub are untrusted (a compromised mirror behind HF_ENDPOINT is enough, and this
+runs as root): a listing with an absolute name, a `..`, `.` or empty part, a backslash, a control
+character, or a name inside our bookkeeping folders (.vllm-orch/, .cache/) is refused before
+anything is written (kind "unsafe"). Every folder on the way to a file is created here one part at
+a time and must be a real folder inside the model folder (a symlink planted in it is refused), and
+files are opened with O_NOFOLLOW: nothing is ever written through a link.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -51,6 +59,8 @@ PROGRESS_INTERVAL = 0.25
 RECORD_DIR = ".vllm-orch"
 RECORD_FILE = "verified.json"
 PARTIAL_DIR = os.path.join(".cache", "huggingface", "download")
+BOOKKEEPING = (RECORD_DIR, ".cache")       # ours and huggingface_hub's: never a repo file's place
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 _emit_lock = threading.Lock()
 _secrets: list = []
@@ -76,6 +86,72 @@ class Fail(Exception):
 
 class Aborted(Exception):
     """Another file failed: stop this one, keep its partial data for the next run."""
+
+
+# -- names and paths: nothing outside the model folder, nothing through a link ----------------------
+def unsafe_name(name) -> str | None:
+    """Why a Hub file name cannot be written under the model folder, or None."""
+    if not isinstance(name, str) or not name:
+        return "an empty name"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "a control character"
+    if "\\" in name:
+        return "a backslash"
+    if name.startswith("/"):
+        return "an absolute name"
+    parts = name.split("/")
+    if ".." in parts:
+        return "a `..` part"
+    if "." in parts:
+        return "a `.` part"
+    if "" in parts:
+        return "an empty part"
+    if parts[0] in BOOKKEEPING:
+        return "inside the bookkeeping folder %s/" % parts[0]
+    return None
+
+
+def check_names(files: list) -> None:
+    bad = [(f["name"], unsafe_name(f["name"])) for f in files]
+    bad = [(n, why) for n, why in bad if why]
+    if bad:
+        shown = "; ".join("%r (%s)" % (n, why) for n, why in bad[:4])
+        raise Fail("unsafe", "the hub lists %d file names that would be written outside the model folder or "
+                             "over vllm-orch's records: %s%s" % (len(bad), shown, " ..." if len(bad) > 4 else ""))
+
+
+def safe_dir(local_dir: Path, rel: str) -> Path:
+    """local_dir/rel as a real folder, created one part at a time: each existing part must be a
+    folder and not a symlink, so the path cannot lead outside the model folder. The model folder
+    itself may be a link (an admin's choice, e.g. onto another disk)."""
+    os.makedirs(str(local_dir), 0o755, exist_ok=True)
+    path = local_dir
+    for part in [p for p in rel.split("/") if p]:
+        path = path / part
+        try:
+            st = os.lstat(str(path))
+        except FileNotFoundError:
+            try:
+                os.mkdir(str(path), 0o755)
+            except FileExistsError:
+                pass
+            st = os.lstat(str(path))
+        except OSError as exc:
+            raise Fail("disk", "cannot read %s: %s" % (path, exc))
+        if stat.S_ISLNK(st.st_mode):
+            raise Fail("unsafe", "%s is a symlink: refusing to write through it (who planted it?)" % path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise Fail("unsafe", "%s is not a folder" % path)
+    return path
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644):
+    """os.open that never follows a symlink at the last part (ELOOP instead)."""
+    return os.open(str(path), flags | NOFOLLOW, mode)
+
+
+def parent_of(name: str) -> str:
+    return name.rsplit("/", 1)[0] if "/" in name else ""
 
 
 # -- metadata --------------------------------------------------------------------------------------
@@ -168,7 +244,9 @@ class Record:
         self.lock = threading.Lock()
         data = {}
         try:
-            data = json.loads(self.path.read_text())
+            fd = open_nofollow(self.path, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
+                data = json.loads(f.read().decode())
         except (OSError, ValueError):
             pass
         files = data.get("files") if isinstance(data, dict) and data.get("repo") == repo else None
@@ -186,14 +264,18 @@ class Record:
         elif f["blob_id"] and entry.get("blob_id") != f["blob_id"]:
             return False
         try:
-            st = (local_dir / f["name"]).stat()
+            st = os.lstat(str(local_dir / f["name"]))
         except OSError:
             return False
-        return st.st_size == f["size"] and st.st_mtime_ns == entry.get("mtime_ns")
+        return stat.S_ISREG(st.st_mode) and st.st_size == f["size"] and st.st_mtime_ns == entry.get("mtime_ns")
 
     def add(self, name: str, entry: dict) -> None:
         with self.lock:
             self.data["files"][name] = entry
+            self._save()
+
+    def save(self) -> None:
+        with self.lock:
             self._save()
 
     def finish(self, selected: list) -> None:
@@ -204,9 +286,15 @@ class Record:
             self._save()
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(".%s.%d.tmp" % (RECORD_FILE, os.getpid()))
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+        folder = safe_dir(self.path.parent.parent, RECORD_DIR)
+        tmp = folder / (".%s.%d.tmp" % (RECORD_FILE, os.getpid()))
+        try:
+            os.unlink(str(tmp))                   # a leftover of a killed run with our PID
+        except FileNotFoundError:
+            pass
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
         os.replace(str(tmp), str(self.path))
 
 
@@ -254,7 +342,11 @@ class Downloader:
     def run_file(self, f: dict) -> str:
         """Download, verify and install one file; returns its status (ok|refetched)."""
         final = self.local_dir / f["name"]
-        if final.is_file() and final.stat().st_size == f["size"]:
+        try:
+            st = os.lstat(str(final))
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == f["size"]:
             digest = self._hash_existing(final, f)   # e.g. left by `hf download`: reading beats fetching
             if digest is not None:
                 self._install(f, None, digest)
@@ -276,7 +368,11 @@ class Downloader:
 
     def _hash_existing(self, path: Path, f: dict) -> str | None:
         h = Hashers(f)
-        with open(path, "rb") as fh:
+        try:
+            fh = os.fdopen(open_nofollow(path, os.O_RDONLY), "rb")
+        except OSError:
+            return None
+        with fh:
             for block in iter(lambda: fh.read(CHUNK), b""):
                 h.update(block)
         return self._check(f, h)
@@ -294,13 +390,14 @@ class Downloader:
         """Hashers primed with the partial prefix (read once), and its length."""
         h = Hashers(f)
         try:
-            size = part.stat().st_size
+            st = os.lstat(str(part))
         except OSError:
             return h, 0
-        if size > f["size"]:
+        size = st.st_size
+        if size > f["size"] or not stat.S_ISREG(st.st_mode):
             part.unlink()
             return h, 0
-        with open(part, "rb") as fh:
+        with os.fdopen(open_nofollow(part, os.O_RDONLY), "rb") as fh:
             for block in iter(lambda: fh.read(CHUNK), b""):
                 h.update(block)
         return h, size
@@ -308,11 +405,11 @@ class Downloader:
     def _stream(self, f: dict, part: Path, h: Hashers, have: int) -> None:
         url = self.hf_hub_url(self.args.repo, f["name"], revision=self.commit, endpoint=self.args.endpoint)
         try:
-            part.parent.mkdir(parents=True, exist_ok=True)
+            safe_dir(self.local_dir, os.path.join(PARTIAL_DIR, parent_of(f["name"])))
         except OSError as exc:
             raise Fail("disk", "cannot create %s: %s" % (part.parent, exc), f["name"])
         if f["size"] == 0:
-            part.write_bytes(b"")
+            os.close(open_nofollow(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
             return
         attempts = 0
         last_emit = 0.0
@@ -329,11 +426,9 @@ class Downloader:
                 with resp:
                     if have and resp.status == 200:      # server ignored the Range: start over
                         h, have = Hashers(f), 0
-                        mode = "wb"
-                    else:
-                        mode = "ab" if have else "wb"
+                    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if have else os.O_TRUNC)
                     try:
-                        out = open(part, mode)
+                        out = os.fdopen(open_nofollow(part, flags), "ab" if have else "wb")
                     except OSError as exc:
                         raise Fail("disk", "cannot write %s: %s" % (part, exc), f["name"])
                     with out:
@@ -393,10 +488,10 @@ class Downloader:
     def _install(self, f: dict, part: Path | None, sha256: str) -> None:
         final = self.local_dir / f["name"]
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            safe_dir(self.local_dir, parent_of(f["name"]))
             if part is not None:
-                os.replace(str(part), str(final))
-            st = final.stat()
+                os.replace(str(part), str(final))    # rename: a symlink at `final` is replaced, not followed
+            st = os.lstat(str(final))
         except OSError as exc:
             raise Fail("disk", "cannot install %s: %s" % (final, exc), f["name"])
         entry = {"size": f["size"], "sha256": sha256, "lfs": f["lfs"], "mtime_ns": st.st_mtime_ns}
@@ -408,7 +503,10 @@ class Downloader:
     def _write_hf_metadata(self, f: dict) -> None:
         """Also tell huggingface_hub the file is current (its .cache/huggingface/download/*.metadata),
         so a later hf_hub_download(local_dir=...) does not fetch it again. Best effort: private API."""
+        meta = self.local_dir / PARTIAL_DIR / (f["name"] + ".metadata")
         try:
+            if os.path.islink(str(meta)):             # it opens without O_NOFOLLOW: never through a link
+                os.unlink(str(meta))
             from huggingface_hub._local_folder import write_download_metadata
             write_download_metadata(local_dir=self.local_dir, filename=f["name"], commit_hash=self.commit,
                                     etag=f["sha256"] or f["blob_id"])
@@ -462,7 +560,7 @@ def plan(args, record: Record, commit: str, selected: list) -> tuple:
     partial = 0
     for f in fetch:
         try:
-            partial += partial_path(local_dir, f).stat().st_size
+            partial += os.lstat(str(partial_path(local_dir, f))).st_size
         except OSError:
             pass
     emit("plan", repo=args.repo, revision=args.revision, commit=commit, files=len(selected),
@@ -474,6 +572,9 @@ def plan(args, record: Record, commit: str, selected: list) -> tuple:
 
 def main(argv: list | None = None) -> int:
     args = parse_args(argv)
+    # Weights are not secret and the service reads them as its own unprivileged user: folders 0755,
+    # files 0644 whatever the umask of the SSH session (a 077 umask made them root-only).
+    os.umask(0o022)
     started = time.monotonic()
     try:
         token = load_token(args)
@@ -481,12 +582,16 @@ def main(argv: list | None = None) -> int:
         missing = [f["name"] for f in files if f["size"] is None]
         if missing:
             raise Fail("network", "the hub gave no size for %d files (e.g. %s)" % (len(missing), missing[0]))
+        check_names(files)
         selected = select(files, args.allow, args.ignore)
         local_dir = Path(args.local_dir)
         record = Record(local_dir, args.repo, args.revision, commit)
         have, fetch = plan(args, record, commit, selected)
         if args.plan_only:
             return 0
+        # The folder carries our record from the start (before the first byte of a shard), so vllm-orch
+        # knows it made it even when this run is interrupted: only such folders are ever deleted.
+        record.save()
         for f in have:
             emit("file", file=f["name"], size=f["size"], sha256=record.data["files"][f["name"]].get("sha256"),
                  status="skipped")

@@ -272,6 +272,19 @@ def process_state(pidfile, boot_id):
             "PGID": str(pid), "StartedAt": str(started)}
 
 
+def users(names):
+    """{name: {"uid", "gid", "home"} or None}: whether the service user exists (the plan creates it)."""
+    import pwd
+    out = {}  # type: dict
+    for name in names:
+        try:
+            entry = pwd.getpwnam(name)
+            out[name] = {"uid": entry.pw_uid, "gid": entry.pw_gid, "home": entry.pw_dir}
+        except KeyError:
+            out[name] = None
+    return out
+
+
 def main():
     args = json.loads(sys.argv[1])
     state_dir = args["state_dir"]
@@ -302,6 +315,7 @@ def main():
         facts["vllm"]["version"] = lines[-1].strip() if r["rc"] == 0 and lines else None
         facts["vllm"]["error"] = None if r["rc"] == 0 else (r["err"] or r["out"])[-500:]
     facts["models"] = models(args["models_root"])
+    facts["users"] = users(args.get("users", []))
     facts["active"] = read_json(os.path.join(state_dir, "active.json"))
     facts["swap"] = read_json(os.path.join(state_dir, "swap.json"))
     facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}

@@ -6,4 +6,17 @@ set -a
 . /srv/vllm-orch/units/vllm-example.env
 set +a
 cd /srv/models/example || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/example --served-model-name qwen3-8b --host 0.0.0.0 --port 8001 --tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.9 --kv-cache-dtype auto --tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3 --max-num-seqs 256 --enable-prefix-caching --shutdown-timeout 30
+set -- /srv/venv/bin/vllm serve /srv/models/example --served-model-name qwen3-8b --host 0.0.0.0 --port 8001 --tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.9 --kv-cache-dtype auto --tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3 --max-num-seqs 256 --enable-prefix-caching --shutdown-timeout 30
+# Run as the service user vllm (least privilege): root drops to it after reading the
+# 0600 env file above; anyone else must be that user already.
+if [ "$(id -un)" != vllm ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
+        exit 1
+    fi
+    HOME=$(getent passwd vllm | cut -d: -f6)
+    export HOME
+    exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
+        --init-groups --no-new-privs -- "$@"
+fi
+exec "$@"

@@ -6,4 +6,17 @@ set -a
 . /srv/vllm-orch/units/vllm-minimax-m25-ep.env
 set +a
 cd /srv/models/minimax-m25-ep || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/minimax-m25-ep --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --shutdown-timeout 30 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'
+set -- /srv/venv/bin/vllm serve /srv/models/minimax-m25-ep --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --shutdown-timeout 30 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'
+# Run as the service user vllm (least privilege): root drops to it after reading the
+# 0600 env file above; anyone else must be that user already.
+if [ "$(id -un)" != vllm ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
+        exit 1
+    fi
+    HOME=$(getent passwd vllm | cut -d: -f6)
+    export HOME
+    exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
+        --init-groups --no-new-privs -- "$@"
+fi
+exec "$@"

@@ -6,4 +6,17 @@ set -a
 . /srv/vllm-orch/units/vllm-tiny-llama-b.env
 set +a
 cd /srv/models/tiny-llama-b || exit 1
-exec /srv/venv/bin/vllm serve /srv/models/tiny-llama-b --served-model-name tiny-llama-b --host 127.0.0.1 --port 8101 --tensor-parallel-size 1 --max-model-len 1024 --gpu-memory-utilization 0.1 --shutdown-timeout 30 --enforce-eager
+set -- /srv/venv/bin/vllm serve /srv/models/tiny-llama-b --served-model-name tiny-llama-b --host 127.0.0.1 --port 8101 --tensor-parallel-size 1 --max-model-len 1024 --gpu-memory-utilization 0.1 --shutdown-timeout 30 --enforce-eager
+# Run as the service user vllm (least privilege): root drops to it after reading the
+# 0600 env file above; anyone else must be that user already.
+if [ "$(id -un)" != vllm ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
+        exit 1
+    fi
+    HOME=$(getent passwd vllm | cut -d: -f6)
+    export HOME
+    exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
+        --init-groups --no-new-privs -- "$@"
+fi
+exec "$@"

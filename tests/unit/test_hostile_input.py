@@ -1,0 +1,233 @@
+"""Hostile input, refused at the door: every case below is a manifest or an inventory that a
+careless or malicious author could write. Each must end `vllm-orch deploy` with exit 2 and ONE clear
+line naming the file (and line) and the field, with no traceback, and before anything is written on
+the host (the host here is this machine, `address: local`, with every folder inside tmp_path).
+
+The table of inputs and results in docs/security.md is this list.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli.main import main
+
+MODEL = {
+    "description": "a small model",
+    "source": {"repo": "vllm-orch-sim/tiny-random-3shard", "revision": "main"},
+    "serving": {"port": 8123, "gpus": 1},
+    "vllm": {"tensor_parallel_size": 1},
+    "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+}
+
+
+def host(root: Path) -> dict:
+    return {"address": "local", "service_manager": "process", "models_root": str(root / "models"),
+            "units_dir": str(root / "units"), "state_dir": str(root / "state"),
+            "vllm": str(root / "bin" / "vllm"), "python": "python3", "service_user": "root"}
+
+
+def deep_merge(base: dict, change: dict) -> dict:
+    out = dict(base)
+    for k, v in change.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# (id, what is changed, the text the one error line must contain)
+# what is changed: a dict merged into the manifest ("m") or the host entry ("h"), or raw YAML bytes
+# for the whole manifest ("m-raw") or inventory ("h-raw") file.
+HOSTILE = [
+    # -- manifest: variables vllm-orch sets and relies on ---------------------------------------
+    ("env-cuda-visible-devices", "m", {"env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, "env.CUDA_VISIBLE_DEVICES"),
+    ("env-hf-hub-offline", "m", {"env": {"HF_HUB_OFFLINE": "0"}}, "env.HF_HUB_OFFLINE"),
+    ("env-ready-timeout", "m", {"env": {"VLLM_ENGINE_READY_TIMEOUT_S": "1"}}, "env.VLLM_ENGINE_READY_TIMEOUT_S"),
+    ("env-ld-preload", "m", {"env": {"LD_PRELOAD": "/tmp/evil.so"}}, "env.LD_PRELOAD"),
+    ("env-path", "m", {"env": {"PATH": "/tmp/evil:/usr/bin"}}, "env.PATH"),
+    ("secret-env-path", "m", {"serving": {"secret_env": ["PATH"]}}, "serving.secret_env"),
+    ("env-newline-unit-line", "m", {"env": {"NCCL_DEBUG": "INFO\nExecStartPre=/bin/sh -c id"}}, "env.NCCL_DEBUG"),
+    ("env-secret-name", "m", {"env": {"HF_TOKEN": "hf_abc"}}, "env.HF_TOKEN"),
+    # -- manifest: secrets where they would leak (unit, records, ps) ----------------------------
+    ("extra-args-api-key", "m", {"vllm": {"extra_args": ["--api-key", "sk-123"]}}, "vllm.extra_args[0]"),
+    ("extra-args-api-key-eq", "m", {"vllm": {"extra_args": ["--seed", "0", "--api-key=sk-123"]}},
+     "vllm.extra_args[2]"),
+    ("extra-args-hf-token", "m", {"vllm": {"extra_args": ["--hf-token", "hf_abc"]}}, "vllm.extra_args[0]"),
+    ("extra-args-newline", "m", {"vllm": {"extra_args": ["--seed\nExecStartPre=/bin/id"]}}, "vllm.extra_args[0]"),
+    # -- manifest: numbers that are not numbers --------------------------------------------------
+    ("port-true", "m", {"serving": {"port": True}}, "serving.port"),
+    ("gpus-true", "m", {"serving": {"gpus": True}}, "serving.gpus"),
+    ("gpu-ids-bool", "m", {"serving": {"gpu_ids": [True]}}, "serving.gpu_ids"),
+    ("reserve-inf", "m-raw", None, "requires.disk_reserve_gib"),
+    ("gpu-util-nan", "m-raw", None, "vllm.gpu_memory_utilization"),
+    ("budget-true", "m", {"startup": {"budget_seconds": True}}, "startup.budget_seconds"),
+    # -- manifest: markup and odd text -------------------------------------------------------------
+    ("served-name-markup", "m", {"serving": {"served_model_name": "[/x]"}}, "serving.served_model_name"),
+    ("repo-dotdot", "m", {"source": {"repo": "../../etc"}}, "source.repo"),
+    # -- manifest: YAML itself ---------------------------------------------------------------------
+    ("yaml-not-utf8", "m-raw", b"description: caf\xe9\nsource: {repo: a/b}\n", ":1"),
+    ("yaml-nul", "m-raw", b"description: ok\nsource: {repo: a/b\x00}\n", ":2"),
+    ("yaml-control-char", "m-raw", b"description: ok\n\nsource: {repo: a/b\x1b[31m}\n", ":3"),
+    ("yaml-unhashable-key", "m-raw", b"source: {repo: a/b}\nenv:\n  ? [a, b]\n  : x\n", ":3"),
+    ("yaml-deep-nesting", "m-raw", b"source: {repo: a/b}\nvllm:\n  compilation_config: " + b"[" * 5000
+     + b"]" * 5000 + b"\n", ":3"),
+    ("yaml-alias-bomb", "m-raw", None, "expanding aliases"),
+    ("yaml-too-big", "m-raw", b"source: {repo: a/b}\n" + b"# padding\n" * 200_000, "larger than"),
+    ("yaml-duplicate-key", "m-raw", b"source: {repo: a/b}\nserving: {port: 1}\nserving: {port: 2}\n", ":3"),
+    # -- inventory: what reaches a unit file or a command -----------------------------------------
+    ("service-user-newline", "h", {"service_user": "root\nExecStartPre=/bin/sh -c id"}, "service_user"),
+    ("service-user-space", "h", {"service_user": "bad user"}, "service_user"),
+    ("service-user-percent", "h", {"service_user": "a%n"}, "service_user"),
+    ("vllm-plus-prefix", "h", {"vllm": "+/opt/vllm/bin/vllm"}, "vllm"),
+    ("vllm-minus-prefix", "h", {"vllm": "-/opt/vllm/bin/vllm"}, "vllm"),
+    ("vllm-at-prefix", "h", {"vllm": "@/opt/vllm/bin/vllm"}, "vllm"),
+    ("vllm-bang-prefix", "h", {"vllm": "!!/opt/vllm/bin/vllm"}, "vllm"),
+    ("vllm-colon-prefix", "h", {"vllm": ":/opt/vllm/bin/vllm"}, "vllm"),
+    ("python-newline", "h", {"python": "python3\nrm -rf /"}, "python"),
+    ("user-newline", "h", {"user": "root\nProxyCommand x"}, "user"),
+    ("identity-file-escape", "h", {"identity_file": "~/.ssh/id\x1b[2J"}, "identity_file"),
+    ("known-hosts-newline", "h", {"known_hosts_file": "/tmp/kh\n"}, "known_hosts_file"),
+    ("env-dir-control", "h", {"env_dir": "/etc/vllm-orch\r"}, "env_dir"),
+    ("log-dir-newline", "h", {"log_dir": "/var/log\nx"}, "log_dir"),
+    ("models-root-dotdot", "h", {"models_root": "/data/models/../../etc"}, "models_root"),
+    ("models-root-slash", "h", {"models_root": "/"}, "models_root"),
+    ("models-root-etc", "h", {"models_root": "/etc"}, "models_root"),
+    ("models-root-inside-etc", "h", {"models_root": "/etc/vllm-models"}, "models_root"),
+    ("models-root-var-lib", "h", {"models_root": "/var/lib"}, "models_root"),
+    ("models-root-boot", "h", {"models_root": "/boot/"}, "models_root"),
+    ("models-root-home", "h", {"models_root": "/home/alice"}, "models_root"),
+    ("models-root-root-home", "h", {"models_root": "/root"}, "models_root"),
+    ("models-root-double-slash", "h", {"models_root": "//usr"}, "models_root"),
+    ("state-dir-dotdot", "h", {"state_dir": "/var/lib/vllm-orch/../../../etc"}, "state_dir"),
+    ("units-dir-relative", "h", {"units_dir": "etc/systemd/system"}, "units_dir"),
+    ("inventory-env-hf-token", "h", {"env": {"HF_TOKEN": "hf_abc"}}, "env.HF_TOKEN"),
+    ("inventory-env-api-key", "h", {"env": {"OPENAI_API_KEY": "sk-1"}}, "env.OPENAI_API_KEY"),
+    ("inventory-port-true", "h", {"port": True}, "port"),
+    ("connect-timeout-nan", "h-raw", None, "connect_timeout"),
+    ("disk-reserve-inf", "h-raw", None, "disk_reserve_gib"),
+    ("inventory-yaml-nul", "h-raw", b"hosts:\n  h: {address: local\x00}\n", ":2"),
+    ("inventory-alias-bomb", "h-raw", None, "expanding aliases"),
+]
+
+RAW = {
+    "reserve-inf": lambda: yaml.safe_dump(deep_merge(MODEL, {"requires": {"disk_reserve_gib": 1}}))
+    .replace("disk_reserve_gib: 1", "disk_reserve_gib: .inf").encode(),
+    "gpu-util-nan": lambda: yaml.safe_dump(deep_merge(MODEL, {"vllm": {"gpu_memory_utilization": 0.5}}))
+    .replace("gpu_memory_utilization: 0.5", "gpu_memory_utilization: .nan").encode(),
+    "yaml-alias-bomb": lambda: ("source: {repo: a/b}\nx0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+                                + "".join(f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n"
+                                          for i in range(1, 10))).encode(),
+}
+
+
+def hosts_raw(name: str, root: Path) -> bytes:
+    entry = yaml.safe_dump({"hosts": {"h": host(root)}})
+    if name == "connect-timeout-nan":
+        return (entry + "    connect_timeout: .nan\n").encode()
+    if name == "disk-reserve-inf":
+        return (entry + "    disk_reserve_gib: .inf\n").encode()
+    if name == "inventory-alias-bomb":
+        return (entry + "x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+                + "".join(f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10))).encode()
+    raise KeyError(name)
+
+
+def snapshot(root: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in root.rglob("*")}
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "controller-state"))
+    monkeypatch.delenv("VLLM_ORCH_MODELS", raising=False)
+    monkeypatch.delenv("VLLM_ORCH_INVENTORY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "host"
+    for sub in ("models", "units", "state", "bin"):
+        (root / sub).mkdir(parents=True)
+    (tmp_path / "models").mkdir()
+    return tmp_path, root
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """vllm-orch in this process: (exit code, stdout + stderr)."""
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_input_is_refused_with_exit_2_and_one_clear_line(case, place, capsys):
+    name, kind, change, expect = case
+    tmp, root = place
+    manifest_path = tmp / "models" / "tiny.yaml"
+    inventory_path = tmp / "hosts.yaml"
+    manifest, entry = dict(MODEL), host(root)
+    if kind == "m":
+        manifest = deep_merge(MODEL, change)
+    if kind == "h":
+        entry = {**entry, **change}
+    if kind == "m-raw":
+        manifest_path.write_bytes(change if change is not None else RAW[name]())
+    else:
+        manifest_path.write_text(yaml.safe_dump(manifest))
+    if kind == "h-raw":
+        inventory_path.write_bytes(change if change is not None else hosts_raw(name, root))
+    else:
+        inventory_path.write_text(yaml.safe_dump({"hosts": {"h": entry}}))
+    before = snapshot(root)
+
+    code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(inventory_path),
+                            "deploy", "tiny", "--host", "h"], capsys)
+
+    assert code == 2, output
+    assert "Traceback" not in output and "internal error" not in output, output
+    first = output.splitlines()[0]
+    file = "tiny.yaml" if kind.startswith("m") else "hosts.yaml"
+    assert first.startswith("error: ") and file in first and expect in first, output
+    assert snapshot(root) == before                     # nothing written on the host
+    assert not (tmp / "controller-state").exists() or not any((tmp / "controller-state").rglob("*.lock"))
+
+
+def test_at_least_thirty_hostile_inputs_cover_both_files():
+    assert len(HOSTILE) >= 30
+    assert sum(1 for c in HOSTILE if c[1].startswith("m")) >= 15
+    assert sum(1 for c in HOSTILE if c[1].startswith("h")) >= 15
+
+
+def test_user_text_is_never_read_as_markup(place, capsys):
+    """A description, a label or a config error holding rich markup is printed as it is."""
+    tmp, root = place
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump({**MODEL, "description": "[/x] [bold]not bold[/bold] [/]"}))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {**host(root), "label": "[/y]"}}}))
+    argv = ["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml")]
+    code, output = run_cli([*argv, "models"], capsys)
+    assert code == 0 and "[/x] [bold]not bold[/bold] [/]" in output, output
+    code, output = run_cli([*argv, "hosts"], capsys)
+    assert code == 0 and "[/y]" in output, output
+    code, output = run_cli([*argv, "render", "tiny", "--host", "h"], capsys)
+    assert code == 0 and "Traceback" not in output, output
+    bad = tmp / "models" / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**MODEL, "serving": {"gpus": 1, "served_model_name": "[/x]"}}))
+    code, output = run_cli([*argv, "validate", str(bad)], capsys)
+    assert code == 2 and "'[/x]'" in output and "Traceback" not in output, output
+    code, output = run_cli([*argv, "render", "bad"], capsys)
+    assert code == 2 and "'[/x]'" in output, output
+
+
+def test_the_size_limit_does_not_read_the_whole_file(place, capsys):
+    """A huge (here: sparse) file is refused by its size, not read into memory first."""
+    tmp, root = place
+    huge = tmp / "models" / "huge.yaml"
+    with open(huge, "wb") as f:
+        f.truncate(8 << 30)                  # 8 GiB, sparse
+    code, output = run_cli(["--models", str(tmp / "models"), "validate", str(huge)], capsys)
+    assert code == 2 and "larger than" in output, output
+    assert os.path.getsize(huge) == 8 << 30

@@ -1,0 +1,42 @@
+"""Plan diffs of an installed env file show no secret: every value whose key is not one vllm-orch
+knows to be harmless (the ones it writes itself, the manifest's env) is masked, including a secret
+that has since been removed from serving.secret_env (regen --dry-run printed it in clear)."""
+
+from __future__ import annotations
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import load_all
+from orchestrator.paths import shipped_dir
+from orchestrator.plan.inputs import ServiceInput
+from orchestrator.plan.service import install_action
+from orchestrator.render.artifacts import render
+
+MODELS, _ = load_all(shipped_dir("models"))
+ENTRY = HostEntry(name="gpu1", address="gpu1.example")
+
+
+def test_a_secret_dropped_from_secret_env_is_masked_in_the_diff():
+    m = MODELS["kimi-k25-int4"]                   # lists no secret_env now
+    r = render(m, ENTRY, {})
+    installed = ("# Managed by vllm-orch: an older env file\nCUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7\n"
+                 "HF_TOKEN=hf_StillOnDiskFromLastYear\nVLLM_API_KEY='sk-old key'\nVLLM_WORKER_MULTIPROC_METHOD=fork\n"
+                 "export SNEAKY=hunter2\nnot even an assignment hunter3\n")
+    svc = ServiceInput(manifest=m, rendered=r, installed_files={r.env_file.path: installed.encode(),
+                                                                r.unit.path: r.unit.data()})
+    action = install_action(ENTRY, svc)
+    text = "\n".join(action.details)
+    for secret in ("hf_StillOnDiskFromLastYear", "sk-old key", "hunter2", "hunter3"):
+        assert secret not in text, text
+    assert "-HF_TOKEN=***" in text and "-VLLM_API_KEY=***" in text
+    assert "-VLLM_WORKER_MULTIPROC_METHOD=fork" in text    # a key of the manifest's env: harmless, shown
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in text or "CUDA_VISIBLE_DEVICES" not in text
+
+
+def test_the_keys_shown_in_clear_are_exactly_what_the_template_writes():
+    from orchestrator.render.artifacts import ORCH_ENV
+    from orchestrator.secret import Secret
+
+    for m in MODELS.values():
+        r = render(m, ENTRY, {k: Secret("s") for k in m.serving.secret_env})
+        keys = {line.split("=", 1)[0] for line in r.env_file.text.splitlines() if line and not line.startswith("#")}
+        assert keys == set(ORCH_ENV) | set(m.env) | set(m.serving.secret_env), m.name
