@@ -154,7 +154,8 @@ class HostEntry(Strict):
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
     env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
                                          "units_dir (process).")
-    state_dir: str = Field("/var/lib/vllm-orch/state", description="vllm-orch's records on the host: lock, active model, history.")
+    state_dir: str = Field("/var/lib/vllm-orch/state",
+                           description="vllm-orch's records on the host: lock, active model, history.")
     log_dir: str = Field("", description="Service logs for `process` hosts. Default (empty): state_dir/../logs.")
     service_user: str = Field(
         "vllm", description="The unprivileged user the service runs as (User= of the unit; on `process` hosts the "

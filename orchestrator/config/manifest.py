@@ -255,31 +255,44 @@ class VllmArgs(Strict):
     """`vllm serve` arguments. Typed fields for the common ones; `extra_args` for the rest."""
 
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="`--tensor-parallel-size`: GPUs that split every layer.")
-    pipeline_parallel_size: int = Field(1, ge=1, le=64, description="`--pipeline-parallel-size`: GPUs that split the layer stack.")
-    data_parallel_size: int = Field(1, ge=1, le=64, description="`--data-parallel-size`: independent replicas (with expert parallel: attention DP).")
-    enable_expert_parallel: bool = Field(False, description="`--enable-expert-parallel`: shard MoE experts across TP x DP GPUs (EP size = TP x DP).")
+    pipeline_parallel_size: int = Field(1, ge=1, le=64,
+                                        description="`--pipeline-parallel-size`: GPUs that split the layer stack.")
+    data_parallel_size: int = Field(1, ge=1, le=64, description="`--data-parallel-size`: independent replicas (with expert "
+                                                                "parallel: attention DP).")
+    enable_expert_parallel: bool = Field(False, description="`--enable-expert-parallel`: shard MoE experts across TP x DP GPUs "
+                                                            "(EP size = TP x DP).")
     decode_context_parallel_size: int = Field(
         1, ge=1, le=64,
         description="`--decode-context-parallel-size`: split the KV cache of long contexts across the TP "
                     "GPUs (must divide tensor_parallel_size). DCP=8 takes Kimi-K2.5 FP8 KV from ~450K to ~3.6M tokens.")
-    max_model_len: int | None = Field(None, ge=128, description="`--max-model-len`: longest context in tokens. Default: the model's.")
+    max_model_len: int | None = Field(None, ge=128, description="`--max-model-len`: longest context in tokens. Default: the "
+                                                                "model's.")
     gpu_memory_utilization: float = Field(
         DEFAULT_GPU_MEMORY_UTILIZATION, gt=0.0, le=0.99,
         description="`--gpu-memory-utilization`: fraction of each GPU's memory vLLM may take.")
     kv_cache_dtype: str | None = Field(None, description="`--kv-cache-dtype`, e.g. `fp8` (halves KV memory).")
-    attention_backend: str | None = Field(None, description="`--attention-backend`, e.g. `TRITON_MLA` (SM120 MLA with FP8 KV). Replaces the VLLM_ATTENTION_BACKEND env var that vLLM >= 0.26 ignores.")
-    moe_backend: str | None = Field(None, description="`--moe-backend`, e.g. `marlin`, `triton`, `flashinfer_cutlass`. Replaces VLLM_FLASHINFER_MOE_BACKEND.")
-    trust_remote_code: bool = Field(False, description="`--trust-remote-code`: run the repo's model code. Kimi-K2.5 and MiniMax-M2.5 need it.")
+    attention_backend: str | None = Field(None, description="`--attention-backend`, e.g. `TRITON_MLA` (SM120 MLA with FP8 KV). "
+                                                            "Replaces the VLLM_ATTENTION_BACKEND env var that vLLM >= 0.26 "
+                                                            "ignores.")
+    moe_backend: str | None = Field(None, description="`--moe-backend`, e.g. `marlin`, `triton`, `flashinfer_cutlass`. Replaces "
+                                                      "VLLM_FLASHINFER_MOE_BACKEND.")
+    trust_remote_code: bool = Field(False, description="`--trust-remote-code`: run the repo's model code. Kimi-K2.5 and "
+                                                       "MiniMax-M2.5 need it.")
     tool_call_parser: str | None = Field(None, description="`--tool-call-parser`, e.g. `kimi_k2`, `minimax_m2`.")
-    reasoning_parser: str | None = Field(None, description="`--reasoning-parser`, e.g. `kimi_k2`, `minimax_m2`: thinking goes to `reasoning_content`.")
+    reasoning_parser: str | None = Field(None, description="`--reasoning-parser`, e.g. `kimi_k2`, `minimax_m2`: thinking goes to "
+                                                           "`reasoning_content`.")
     enable_auto_tool_choice: bool = Field(False, description="`--enable-auto-tool-choice` (needs tool_call_parser).")
     compilation_config: dict[str, Any] | None = Field(
         None, description="`--compilation-config` as a mapping, passed as JSON, e.g. `{cudagraph_mode: PIECEWISE}`.")
     max_num_seqs: int | None = Field(None, ge=1, description="`--max-num-seqs`: most sequences in one batch.")
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="`--max-num-batched-tokens`: token budget per scheduler step.")
-    enable_prefix_caching: bool | None = Field(None, description="`--enable-prefix-caching` / `--no-enable-prefix-caching`. Default: vLLM's.")
-    load_format: str | None = Field(None, description="`--load-format`, e.g. `fastsafetensors` (needs that package on the host: preflight checks).")
-    mm_encoder_tp_mode: str | None = Field(None, description="`--mm-encoder-tp-mode`, e.g. `data` (vision encoder data-parallel). Not with language_model_only.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="`--max-num-batched-tokens`: token budget per scheduler "
+                                                                       "step.")
+    enable_prefix_caching: bool | None = Field(None, description="`--enable-prefix-caching` / `--no-enable-prefix-caching`. "
+                                                                 "Default: vLLM's.")
+    load_format: str | None = Field(None, description="`--load-format`, e.g. `fastsafetensors` (needs that package on the host: "
+                                                      "preflight checks).")
+    mm_encoder_tp_mode: str | None = Field(None, description="`--mm-encoder-tp-mode`, e.g. `data` (vision encoder "
+                                                             "data-parallel). Not with language_model_only.")
     language_model_only: bool = Field(False, description="`--language-model-only`: skip the vision encoder to free VRAM.")
     async_scheduling: bool | None = Field(None, description="`--async-scheduling` / `--no-async-scheduling`. Default: vLLM's.")
     shutdown_timeout: int = Field(
@@ -317,7 +330,8 @@ class VllmArgs(Strict):
                 f"decode_context_parallel_size ({self.decode_context_parallel_size}) must divide "
                 f"tensor_parallel_size ({self.tensor_parallel_size})")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
-            raise at("enable_auto_tool_choice", "enable_auto_tool_choice needs tool_call_parser (vLLM refuses to start without it)")
+            raise at("enable_auto_tool_choice", "enable_auto_tool_choice needs tool_call_parser (vLLM refuses to start without "
+                                                "it)")
         if self.language_model_only and self.mm_encoder_tp_mode:
             raise at("language_model_only", "language_model_only cannot be combined with mm_encoder_tp_mode "
                              "(there is no vision encoder to place)")
