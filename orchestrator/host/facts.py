@@ -26,6 +26,15 @@ class ModelDir:
     last_used: float
 
 
+@dataclass(frozen=True)
+class Memory:
+    """The host's RAM (bytes): MemTotal and MemAvailable (None when the kernel has no such line)."""
+
+    total: int
+    available: int | None
+    source: str = "/proc/meminfo"
+
+
 @dataclass
 class HostFacts:
     hostname: str
@@ -45,6 +54,7 @@ class HostFacts:
     services: dict[str, ServiceState]
     usage: dict[str, float]
     ports: dict[int, list[Proc]] = field(default_factory=dict)   # port -> processes bound to it
+    memory: Memory | None = None          # None when the memory file could not be read
     raw: dict = field(repr=False, default_factory=dict)
 
     def running(self) -> list[str]:
@@ -56,7 +66,8 @@ class HostFacts:
 
 def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
            ports: list[int] | None = None) -> HostFacts:
-    args = {"ports": ports or [],"models_root": entry.models_root, "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
+    args = {"ports": ports or [], "meminfo": entry.meminfo, "models_root": entry.models_root,
+            "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
             "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [],
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
@@ -99,7 +110,15 @@ def parse(raw: dict) -> HostFacts:
         disk_free=raw["disk"]["free"], gpus=gpus, gpu_error=gpu_error, driver_version=driver,
         cuda_version=cuda, procs=procs, vllm_version=raw["vllm"].get("version"),
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
-        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports, raw=raw)
+        installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
+        memory=_memory(raw.get("memory")), raw=raw)
+
+
+def _memory(raw: dict | None) -> Memory | None:
+    if not raw or raw.get("total") is None:
+        return None
+    return Memory(int(raw["total"]), None if raw.get("available") is None else int(raw["available"]),
+                  raw.get("path") or "/proc/meminfo")
 
 
 def _proc(pid: int, info: dict, raw: dict, running: list[str], *, name: str | None = None,
