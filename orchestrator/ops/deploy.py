@@ -16,6 +16,7 @@ from orchestrator.ops.execute import Reporter, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.run import Options, RunEnv
+from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
 
 
@@ -56,6 +57,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
         record.update(failure_fields(result.error))
+        record.update(history_fields(env.record, m.name, plan.info.get("expected_start_s")))
         state.append_history(s.host, entry, record)
         result.extra["history"] = record
         return result

@@ -15,6 +15,7 @@ from orchestrator.ops.execute import Reporter, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.swap import plan_swap
+from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
 
 
@@ -55,6 +56,8 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
                   "staged": info.get("staged"), "seconds": round(result.seconds, 2), "steps": outcome.timings(),
                   "downtime_s": result.extra.get("downtime_s"), "unit_hash": inp.target.rendered.unit_hash}
         record.update(failure_fields(result.error))
+        record.update(history_fields(env.record, m.name, info.get("expected_downtime_s")))
+        result.extra.update({k: v for k, v in record.items() if k in ("warm", "weights_s")})
         if "rollback" in result.extra:
             record["rollback"] = result.extra["rollback"]
         if ready is not None:

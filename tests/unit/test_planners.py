@@ -14,13 +14,13 @@ import pytest
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
-from orchestrator.host.facts import HostFacts, ModelDir
+from orchestrator.host.facts import HostFacts, Memory, ModelDir
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import FOREIGN, LEFT, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.deploy import plan_deploy
-from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput
+from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import OK, Check
 from orchestrator.plan.regen import plan_regen
 from orchestrator.plan.run import Options
@@ -43,13 +43,27 @@ def golden(name: str, text: str) -> None:
     assert text + "\n" == path.read_text(), f"plan text changed: review and re-run with UPDATE_GOLDEN=1 ({path})"
 
 
-def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None) -> HostFacts:
+RAM = Memory(total=1536 * GIB, available=1100 * 10 ** 9)        # a typical 8-GPU server, one model serving
+
+
+def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None,
+          memory=RAM) -> HostFacts:
     gpus = [Gpu(index=i, name=RTX, memory_total_mib=97887, memory_used_mib=0, uuid=f"GPU-{i}") for i in range(8)]
     return HostFacts(hostname="gpu1", disk_path="/var/lib/vllm-orch/models", disk_total=4000 * GIB,
                      disk_free=disk_free, gpus=gpus, gpu_error=None, driver_version="580.95.05",
                      cuda_version="13.0", procs=list(procs), vllm_version="0.33.0", vllm_error=None,
                      models=models or {}, active=active, installed=installed or {}, services=services or {},
-                     usage={})
+                     usage={}, memory=memory)
+
+
+def weights(name: str, shards: int, total: int, cached: int = 0) -> WarmFacts:
+    """A model folder as the warm survey reports it: equal shards, the first `cached` bytes cached."""
+    size = total // shards
+    files, left = [], cached
+    for i in range(1, shards + 1):
+        files.append((f"model-{i:05d}-of-{shards:06d}.safetensors", size, min(size, left)))
+        left -= min(size, left)
+    return WarmFacts(f"/var/lib/vllm-orch/models/{name}", tuple(files))
 
 
 def svc(name: str, *, installed: bool = False, serving: bool = False) -> ServiceInput:
@@ -71,10 +85,10 @@ def download(to_fetch: int, total: int | None = None) -> DownloadPlan:
 
 
 def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: ServiceInput | None = None,
-        **opts) -> PlanInput:
+        survey: WarmFacts | None = None, **opts) -> PlanInput:
     lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
     return PlanInput(entry=ENTRY, facts=f, opts=Options(**opts), lock=lock, target=target, download=dl,
-                     preflight=CHECKS, old=old)
+                     preflight=CHECKS, old=old, warm=survey)
 
 
 def test_deploy_on_a_fresh_host_and_its_recovery():
@@ -109,14 +123,19 @@ def test_staged_swap_carries_its_rollback_branch():
     f = facts(services=running(old), active={"model": old, "gpus": list(range(8))},
               models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
     assert old_model_name(f, new) == old
-    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
+    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True),
+                         survey=weights(new, 119, 540 * 10 ** 9), warm=True))
     steps = [a.step for a in plan.actions]
-    assert steps == ["lock", "preflight", "disk", "download", "install", "stop", "gpus", "start", "ready", "record"]
+    assert steps == ["lock", "preflight", "disk", "download", "install", "warm", "stop", "gpus", "start", "ready",
+                     "record"]
     rb = plan.recovery_for(steps.index("ready") + 1)
     assert rb is not None and rb.first == steps.index("stop") + 1 and rb.title == f"roll back to {old}"
     assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready"]
     assert plan.recovery_for(steps.index("download") + 1) is None     # the old model still serves then
-    assert plan.info == {"from": old, "to": new, "staged": True}
+    assert plan.recovery_for(steps.index("warm") + 1) is None         # ... and during the warm-up
+    assert {k: plan.info[k] for k in ("from", "to", "staged")} == {"from": old, "to": new, "staged": True}
+    expected = plan.info["expected_downtime_s"]
+    assert expected["warm_s"] < 0.3 * expected["cold_s"]
     golden("plan-swap-staged.txt", plan.text())
 
 

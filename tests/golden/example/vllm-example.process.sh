@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of example for a host without systemd.
-# manifest sha256: 44c6022995660a67914e26dbb724f5476507640b13af30b309db21f7ddc9a17e
+# manifest sha256: a0894ed621e2f89f848426447c81593dc5c330c87b9cbedf0172fd566d36254b
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-example.env

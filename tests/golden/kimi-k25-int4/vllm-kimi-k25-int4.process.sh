@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-int4 for a host without systemd.
-# manifest sha256: a22e482711385858bc54e4cd555b269c7d362de52b5dd2cac58b68d144562e8b
+# manifest sha256: cef1dea98000faa15f5a242d069d26b6d9d9472020dcaf0dea3222352ad3e4b0
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-int4.env

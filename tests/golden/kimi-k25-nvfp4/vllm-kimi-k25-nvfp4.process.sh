@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-nvfp4 for a host without systemd.
-# manifest sha256: 343d5aa893f9c999db0d662d7ae7b06cce7cccd97f4eb9e5825e49b8ab9da2ca
+# manifest sha256: 6b2f7df3c7877add1d6407a3aba5eec9da0b03da19fdfeecd81adbc5983f6bcc
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-nvfp4.env

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of minimax-m25-ep for a host without systemd.
-# manifest sha256: fc4a78ee27bd711de81b06266c7b577daf2a373f632b48477c3037920adf521f
+# manifest sha256: 6bcb880dade011cb924c036678905afc3213217dad1466c2a106b6f181aa104f
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-minimax-m25-ep.env

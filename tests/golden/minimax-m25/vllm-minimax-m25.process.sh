@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of minimax-m25 for a host without systemd.
-# manifest sha256: 2d34c3f3f4214178ebf68f28333c36afcc25952cea62505a07c01e2a0e1224b8
+# manifest sha256: 8945ebecbf722f8fc3837815cbbfdc77a985b10d636ed10e3771f521d3a4e973
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-minimax-m25.env
