@@ -51,6 +51,7 @@ class WarmFacts:
 
     model_dir: str
     files: tuple[tuple[str, int, int], ...] = ()        # (name, bytes, cached bytes)
+    weights_bytes: int | None = None                    # the index's metadata.total_size: what loads
     error: str | None = None                            # the survey failed: why
 
     @property
@@ -63,7 +64,9 @@ class WarmFacts:
 
     @classmethod
     def from_event(cls, model_dir: str, event: Mapping) -> WarmFacts:
-        return cls(model_dir, tuple((str(n), int(s), int(c)) for n, s, c in event.get("files") or ()))
+        weights = event.get("weights_bytes")
+        return cls(model_dir, tuple((str(n), int(s), int(c)) for n, s, c in event.get("files") or ()),
+                   weights_bytes=int(weights) if weights else None)
 
 
 @dataclass(frozen=True)

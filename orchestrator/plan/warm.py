@@ -101,24 +101,29 @@ class Expected:
         other = f"{r.other_seconds:g} s of compile and graphs" if r.other_seconds else \
             "compile and graphs not declared (loading.other_seconds)"
         return (f"expected {what}: {fmt_duration(self.cold_s)} without warming, {with_warm} "
-                f"({fmt_bytes(self.total)} at {r.disk_mb_s:g} MB/s from disk or {r.cached_mb_s:g} MB/s "
+                f"({fmt_bytes(self.total)} of weights at {r.disk_mb_s:g} MB/s from disk or {r.cached_mb_s:g} MB/s "
                 f"from the page cache, + {other}; manifest loading.*)")
 
 
-def expected(m: Manifest, total: int, cached_now: int, b: Budget | None) -> Expected:
-    cold = load_seconds(m, total, cached_now)
+def expected(m: Manifest, total: int, cached_now: int, b: Budget | None, weights: int | None = None) -> Expected:
+    """Expected load times from the files' bytes (`total`, what the page cache holds) and, when the
+    index states it, the checkpoint's tensor bytes (`weights`, what vLLM loads: a simulated host's
+    index keeps the real size of its scaled files)."""
+    load = weights or total
+    share = load / total if total else 1.0
+    cold = load_seconds(m, load, int(cached_now * share))
     if b is None:
-        return Expected(cold, None, total, cached_now, None)
+        return Expected(cold, None, load, cached_now, None)
     after = min(total, max(cached_now, b.budget))
-    return Expected(cold, load_seconds(m, total, after), total, cached_now, after)
+    return Expected(cold, load_seconds(m, load, int(after * share)), load, cached_now, after)
 
 
-def model_bytes(inp: PlanInput, facts: WarmFacts | None) -> tuple[int, int]:
-    """(weight bytes, cached now): from the warm survey, else (not downloaded yet) the download's
-    total with nothing cached."""
+def model_bytes(inp: PlanInput, facts: WarmFacts | None) -> tuple[int, int, int | None]:
+    """(file bytes, cached now, tensor bytes per the index): from the warm survey, else (not
+    downloaded yet) the download's total with nothing cached."""
     if facts is not None and facts.files:
-        return facts.total_bytes, facts.cached_bytes
-    return (inp.download.total_bytes if inp.download else 0), 0
+        return facts.total_bytes, facts.cached_bytes, facts.weights_bytes
+    return (inp.download.total_bytes if inp.download else 0), 0, None
 
 
 def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downtime") -> tuple[Action, Expected]:
@@ -127,8 +132,8 @@ def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downt
     `what`: what the estimate is of ("downtime" for a swap, "start-up" for a deploy)."""
     m, entry, facts = inp.target.manifest, inp.entry, inp.warm
     b = budget_for(inp.facts.memory, m, entry)
-    total, cached_now = model_bytes(inp, facts)
-    exp = expected(m, total, cached_now, b)
+    total, cached_now, weights = model_bytes(inp, facts)
+    exp = expected(m, total, cached_now, b, weights)
     estimate = exp.text(m, what)
     if not inp.opts.warm:
         return Action("warm", f"nothing to do, because warming is off (--no-warm); {estimate}", noop=True), exp

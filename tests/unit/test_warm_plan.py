@@ -56,6 +56,12 @@ def test_expected_downtime_uses_the_manifests_rates():
     half = expected(m, 547 * GB, 0, budget_for(Memory(1536 * GIB, 500 * GB), m, ENTRY))
     assert half.cached_after is not None and 0 < half.cached_after < 547 * GB
     assert warm < half.warm_s < cold and half.cold_s == cold
+    # a simulated host's files are 1/10000 of the real ones; its index keeps the real total
+    scaled = expected(m, 547 * GB // 10000, 0, budget_for(Memory(1536 * GIB // 10000, 1100 * GB // 10000), m,
+                                                          HostEntry(name="s", address="s",
+                                                                    cpu_memory_per_gpu_gib=12 / 10000)),
+                      weights=547 * GB)
+    assert scaled.cold_s == pytest.approx(cold) and scaled.warm_s == pytest.approx(warm, rel=0.01)
 
 
 def test_a_swap_warms_what_fits_before_the_old_model_stops():

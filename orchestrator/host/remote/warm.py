@@ -8,6 +8,7 @@ stdin (orchestrator/host/scripts.py), while the model it replaces still serves.
 
 stdout carries JSON lines only:
   {"event":"plan","dir","files":[[name,size,cached],...],"total_bytes","cached_bytes",
+   "weights_bytes" (the index's metadata.total_size, or null),
    "mem_total","mem_available"}                                   (--plan-only stops here)
   {"event":"progress","file","done","size","covered","warmed","headroom"}         (<= ~4/s)
   {"event":"file","file","size","cached_before","warmed"}
@@ -145,6 +146,16 @@ def meminfo(path):
     return fields.get("MemTotal"), fields.get("MemAvailable")
 
 
+def index_total(folder):
+    """The checkpoint's tensor bytes as its index states them (metadata.total_size), or None."""
+    try:
+        with open(os.path.join(folder, INDEX)) as f:
+            total = json.load(f).get("metadata", {}).get("total_size")
+        return int(total) if total else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
 def survey(folder):
     """[(name, size, cached bytes)] in load order."""
     out = []
@@ -260,7 +271,7 @@ def main(argv=None):
                 total_ram = available = None
             emit("plan", dir=args.dir, files=[list(f) for f in files],
                  total_bytes=sum(s for _, s, _ in files), cached_bytes=sum(c for _, _, c in files),
-                 mem_total=total_ram, mem_available=available)
+                 weights_bytes=index_total(args.dir), mem_total=total_ram, mem_available=available)
             return 0
         warm(args, files)
         return 0
