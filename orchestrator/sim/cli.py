@@ -22,6 +22,7 @@ def sim():
       vllm-orch sim up            start host `sim` (and `sim-2`... with --hosts N)
       vllm-orch sim status        what is running
       vllm-orch sim fault sim hang --model kimi-k25-int4
+      vllm-orch sim memory sim --available-gib 600
       vllm-orch sim down          stop everything `up` started and remove its state
     """
 
@@ -39,11 +40,16 @@ def sim():
               help="Each host is a Debian container with real systemd and sshd (Linux, root).")
 @click.option("--vllm-python", type=click.Path(exists=True, dir_okay=False),
               help="Record this Python (with a real vLLM installed) as the hosts' python.")
-def up_cmd(hosts, speed, scale, systemd, vllm_python):
+@click.option("--ram-gib", type=click.FloatRange(min=1),
+              help="The hosts' RAM in real GiB, reported scaled like the files (default 1536, a typical "
+                   "8-GPU server; a host already up keeps its RAM).")
+@click.option("--available-gib", type=click.FloatRange(min=1),
+              help="Memory available when no simulated vLLM runs, real GiB (default: RAM - 64).")
+def up_cmd(hosts, speed, scale, systemd, vllm_python, ram_gib, available_gib):
     """Start SIMULATED hosts (idempotent) and add them to the inventory (hosts.d/sim.yaml in
     vllm-orch's state home, which every command reads)."""
     state = manager.up(hosts, speed=speed, scale=scale, systemd=systemd,
-                       vllm_python=vllm_python)
+                       vllm_python=vllm_python, ram_gib=ram_gib, available_gib=available_gib)
     home = manager.sim_home()
     click.echo(f"SIMULATED GPU hosts (home {home}):")
     for name, rec in state["hosts"].items():
@@ -91,6 +97,19 @@ def status_cmd(as_json):
             click.echo(f"    GPU {gpu}: " + ", ".join(by_gpu[gpu]))
         for f in h["faults"]:
             click.echo(f"    pending fault: {f['fault']} (model {f.get('model') or 'any'})")
+
+
+@sim.command("memory", epilog=exit_codes("0 ok, 2 unknown host or impossible sizes."))
+@click.argument("host")
+@click.option("--ram-gib", type=click.FloatRange(min=1), help="The host's RAM, real GiB.")
+@click.option("--available-gib", type=click.FloatRange(min=1),
+              help="Memory available when no simulated vLLM runs, real GiB.")
+def memory_cmd(host, ram_gib, available_gib):
+    """Change SIMULATED HOST's RAM or available memory now (e.g. to see a warm-up stop short)."""
+    info = manager.set_memory(host, ram_gib=ram_gib, available_gib=available_gib)
+    click.echo(f"SIMULATED host {host}: {info['ram_bytes'] / 2 ** 30:g} GiB RAM, "
+               f"{info['available_bytes'] / 2 ** 30:g} GiB available without vLLM (reported 1/{info['scale']} "
+               f"of that, like its files)")
 
 
 @sim.command("down", epilog=exit_codes("0 ok (also when nothing was up)."))
