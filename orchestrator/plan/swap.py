@@ -66,15 +66,17 @@ def plan_swap(inp: PlanInput) -> Plan:
     # After an interrupted swap the old model may already be stopped and the new one running:
     # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
     old_running = old is not None and bool(f.services.get(old.name) and f.services[old.name].active)
-    warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name),
-                                 before=f"{old.name} stops" if old is not None and old_running else "the start")
-    plan.add(warm_action)
-    plan.info["expected_downtime_s"] = exp.as_dict()
+    start = service.start_action(inp, unit_changed=not install.noop)
+    if not start.noop:          # a new service already running (an interrupted swap) loads nothing
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name),
+                                     before=f"{old.name} stops" if old is not None and old_running else "the start")
+        plan.add(warm_action)
+        plan.info["expected_downtime_s"] = exp.as_dict()
     stop = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True)) \
         if old is not None and old_running else None
     if plan.add_checked(*service.gpus_action(inp, stopping={old.name} if old_running and old else set())):
         return plan
-    plan.add(service.start_action(inp, unit_changed=not install.noop))
+    plan.add(start)
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
     plan.add(service.record_action(inp))
     if stop is not None and old is not None:

@@ -146,3 +146,12 @@ def test_history_keeps_what_the_warm_up_did_and_shows_the_saving():
     assert "warm-up read 500.0 GB in 28m20s, 540.0 GB of 540.0 GB cached" in line and "26m29s less" in line
     failed = {**warm, "warm": {"error": "warm-up failed: x"}}
     assert "warm-up failed (warm-up failed: x)" in history_details(failed) and warm_saving(failed, 2150.0) == ""
+
+
+def test_an_interrupted_swap_whose_new_service_runs_warms_nothing():
+    t = svc(NVFP4, installed=True)
+    f = facts(services=running(NVFP4), active={"model": KIMI, "gpus": list(range(8))})
+    plan = plan_swap(inp(t, f, download(0, 540 * GB), old=svc(KIMI, installed=True),
+                         survey=weights(NVFP4, 119, 540 * GB), warm=True))
+    steps = [a.step for a in plan.actions]
+    assert "warm" not in steps and "stop" not in steps and step(plan, "start").noop
