@@ -8,3 +8,16 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -20,10 +20,11 @@ from orchestrator.cli.options import (
 )
 
 
-def make_options(skip_checks, kill_foreign, enable=False, yes=False):
+def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False):
     from orchestrator.plan.run import Options
 
-    return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks))
+    return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks),
+                   warm=warm)
 
 
 def finish(result, as_json: bool) -> None:
@@ -57,8 +58,12 @@ def finish(result, as_json: bool) -> None:
 @click.option("--enable", is_flag=True, help="Also enable the unit so it starts at boot (systemd hosts).")
 @yes_option("delete the inactive model folders the plan frees disk with (vllm-orch's own only); without it "
             "deploy asks on a terminal and refuses without one")
+@click.option("--warm", is_flag=True,
+              help="Before starting, read the weights into the page cache as far as the host's memory allows "
+                   "(for a start after a stop: the load then reads from RAM; the plan shows the expected "
+                   "start-up with and without).")
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes):
+def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -70,6 +75,7 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
       vllm-orch deploy kimi-k25-int4 --host sim --dry-run
       vllm-orch deploy kimi-k25-int4 --host sim
       HF_TOKEN=hf_... vllm-orch deploy minimax-m25 --host gpu1 --enable
+      vllm-orch deploy kimi-k25-int4 --host gpu1 --warm
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
@@ -77,7 +83,7 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
     m = load_model(app, model)
     entry = load_host_entry(app, host_name)
     reporter = Reporter(console(), quiet=as_json)
-    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes), reporter, dry_run,
+    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm), reporter, dry_run,
                         accept_new_host_key, ask=terminal_ask(as_json))
     finish(result, as_json)
 

@@ -40,12 +40,16 @@ from orchestrator.cli.options import (
 @yes_option("delete the model folders the plan frees disk with (vllm-orch's own only), and accept an "
             "unstaged swap when the disk cannot hold both models (longer downtime, no rollback without a "
             "new download); without it deletions are asked on a terminal and an unstaged swap is refused")
+@click.option("--warm/--no-warm", default=True, show_default=True,
+              help="While the old model still serves, read the new model's weights into the page cache (in "
+                   "vLLM's load order, as far as memory allows), so its load reads from RAM.")
 @pass_app
-def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes):
+def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes, warm):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
-    both), then the old one is stopped, its GPUs are checked free, the new one starts and must pass
+    both) and its weights are read into the page cache as far as memory allows (--no-warm skips
+    that), then the old one is stopped, its GPUs are checked free, the new one starts and must pass
     the readiness gates. If it fails any gate, it is stopped and the previous model is started again
     with its previous unit; its files are never deleted. Downtime (old stopped -> new ready) is
     measured and reported. Once the new model serves it takes the old one's start at boot.
@@ -59,6 +63,7 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
       vllm-orch swap minimax-m25 --host gpu1
     """
+    from orchestrator.cli.views import warm_summary
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
@@ -67,13 +72,15 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
     entry = load_host_entry(app, host_name)
     manifests, _bad = load_all(resolved_models_dir(app))
     reporter = Reporter(console(), quiet=as_json)
-    result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes), reporter, dry_run,
-                      accept_new_host_key, ask=terminal_ask(as_json))
+    result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes, warm=warm), reporter,
+                      dry_run, accept_new_host_key, ask=terminal_ask(as_json))
     if not as_json and not dry_run:
         extra = result.extra
         if extra.get("downtime_s") is not None and result.ok:
             console().print(f"downtime: {extra['downtime_s']:.1f}s (old stopped -> new ready; the new model's "
                             f"load took {extra.get('load_s', 0):.1f}s)")
+            if extra.get("warm"):
+                console().print(f"warm-up: {warm_summary(extra['warm'])}")
         if "rollback" in extra:
             rb = extra["rollback"]
             style = "green" if rb["ok"] else "bold red"

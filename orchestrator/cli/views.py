@@ -9,7 +9,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.fmt import fmt_bytes
+from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host.ownership import gpu_list
 from orchestrator.ops.status import HostStatus
 
@@ -18,19 +18,6 @@ STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold 
 
 # The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).
 BENCH_FIGURES = {"single_stream_tok_s": "single stream", "peak_output_tok_s": "peak"}
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def fmt_ago(epoch: float | None, now: float | None = None) -> str:
@@ -209,8 +196,47 @@ def unit_lines(r: HostStatus) -> list[str]:
     return out
 
 
-def history_details(rec: dict) -> str:
-    """One line of what a history record says beyond its operation and result."""
+def warm_summary(warm: dict) -> str:
+    """What a page-cache warm-up did (its history record, orchestrator.plan.warm.WarmResult)."""
+    if warm.get("error"):
+        return f"failed ({warm['error']})"
+    return (f"read {fmt_bytes(warm.get('warmed_bytes') or 0)} in {fmt_duration(warm.get('seconds'))}, "
+            f"{fmt_bytes(warm.get('cached_bytes') or 0)} of {fmt_bytes(warm.get('total_bytes') or 0)} cached")
+
+
+def warm_saving(rec: dict, cold_before: float | None) -> str:
+    """The downtime a warmed swap saved: against the last swap to the same model on this host that
+    did not warm (both measured), else against the plan's expected downtime without warming (the
+    manifest's rates)."""
+    down, warm = rec.get("downtime_s"), rec.get("warm") or {}
+    if down is None or not warm.get("cached_bytes") or not rec.get("ok"):
+        return ""
+    if cold_before is not None:
+        return (f"{fmt_duration(max(cold_before - down, 0))} less than the last swap without warming "
+                f"({fmt_duration(cold_before)})")
+    cold = (rec.get("expected_s") or {}).get("cold_s")
+    if cold is not None:
+        return (f"~{fmt_duration(max(cold - down, 0))} less than expected without warming ({fmt_duration(cold)}, "
+                f"the manifest's rates)")
+    return ""
+
+
+def last_cold_swaps(records: list[dict]) -> list[float | None]:
+    """For each record, the downtime of the latest earlier successful swap to the same model that
+    did not warm the page cache (--no-warm, or a failed warm-up; None when there is none)."""
+    out: list[float | None] = []
+    cold: dict[str, float] = {}
+    for rec in records:
+        out.append(cold.get(rec.get("model") or ""))
+        if rec.get("operation") == "swap" and rec.get("ok") and rec.get("downtime_s") is not None \
+                and (not rec.get("warm") or rec["warm"].get("error")):
+            cold[rec.get("model") or ""] = rec["downtime_s"]
+    return out
+
+
+def history_details(rec: dict, cold_before: float | None = None) -> str:
+    """One line of what a history record says beyond its operation and result (`cold_before`: the
+    downtime of the last cold swap to the same model, to show what warming saved)."""
     op = rec.get("operation")
     if rec.get("refused"):
         return f"refused: {rec['refused']}"
@@ -246,6 +272,11 @@ def history_details(rec: dict) -> str:
     parts = []
     if rec.get("downtime_s") is not None:
         parts.append(f"downtime {rec['downtime_s']:.1f}s")
+    if rec.get("warm"):
+        parts.append(f"warm-up {warm_summary(rec['warm'])}")
+    saved = warm_saving(rec, cold_before)
+    if saved:
+        parts.append(saved)
     if rec.get("steps"):
         slow = sorted(rec["steps"].items(), key=lambda kv: -kv[1])[:3]
         parts.append("slowest: " + ", ".join(f"{k} {v:.1f}s" for k, v in slow))
@@ -278,12 +309,12 @@ def render_history(console, host: str, records: list[dict]) -> None:
     table = Table(title=f"history of {host}", title_justify="left")
     for col in ("when", "operation", "model", "result", "took", "details"):
         table.add_column(col, overflow="fold")
-    for rec in records:
+    for rec, cold_before in zip(records, last_cold_swaps(records)):
         model = rec.get("model") or (f"{rec.get('from', '?')} -> {rec.get('to', '?')}" if rec.get("to") else "-")
         secs = rec.get("seconds")
         table.add_row(fmt_at(rec.get("at")), escape(str(rec.get("operation", "?"))), escape(str(model)),
                       history_result(rec), fmt_duration(secs) if isinstance(secs, (int, float)) else "-",
-                      escape(history_details(rec)))
+                      escape(history_details(rec, cold_before)))
     console.print(table)
 
 

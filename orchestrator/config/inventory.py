@@ -129,6 +129,9 @@ class HostOverride(Strict):
         return out
 
 
+DEFAULT_CPU_MEMORY_PER_GPU_GIB = 12.0
+
+
 class HostEntry(Strict):
     """One machine."""
 
@@ -192,6 +195,18 @@ class HostEntry(Strict):
         default_factory=list,
         description="Preflight checks always skipped on this host (shown as skipped \"(host setting)\" in "
                     "plans), e.g. `[flags, env]` for a host whose Python cannot import vLLM.")
+    meminfo: str = Field(
+        "/proc/meminfo",
+        description="File the host's memory is read from (MemTotal, MemAvailable, in /proc/meminfo's "
+                    "format): it sizes the page-cache warm-up before a swap. A simulated host points it "
+                    "to its own file.")
+    cpu_memory_per_gpu_gib: float = Field(
+        DEFAULT_CPU_MEMORY_PER_GPU_GIB, ge=0,
+        description="CPU memory (GiB) a vLLM service takes on this host per GPU worker, for models whose "
+                    "manifest does not declare loading.cpu_memory_gib. The page-cache warm-up leaves this "
+                    "much free for the new service, so its start does not evict the warmed weights. "
+                    "Default 12: about 11 GB per vLLM worker process (verl-project/verl#224) and ~100 GB "
+                    "for a Llama-70B FP8 service whose weights sit on the GPUs (vllm-project/vllm#16947).")
 
     @field_validator("name")
     @classmethod
@@ -221,6 +236,14 @@ class HostEntry(Strict):
         if not v or v[0] in EXEC_PREFIXES:
             raise ValueError(f"{v!r}: the vLLM path cannot start with one of {' '.join(EXEC_PREFIXES)} "
                              f"(systemd reads them as ExecStart= prefixes)")
+        return v
+
+    @field_validator("meminfo")
+    @classmethod
+    def _meminfo(cls, v: str) -> str:
+        _check_text(v, "the value")
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} must be an absolute path")
         return v
 
     @field_validator("skip_checks")

@@ -51,6 +51,9 @@ DEFAULT_ALLOW = ["*.safetensors", "*.json", "*.py", "*.txt", "*.model", "*.tikto
 DEFAULT_SMOKE_PROMPT = "What is 2+2? Answer with one number."
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30          # drain window on stop (vLLM --shutdown-timeout)
 SHUTDOWN_TIMEOUT_SINCE = "0.18.0"        # vllm PR #34730 added --shutdown-timeout (released in v0.18.0)
+DEFAULT_DISK_MB_S = 250.0                # field report: 547 GB in 36 min (~253 MB/s, whole start-up)
+DEFAULT_CACHED_MB_S = 4000.0             # safetensors' mmap path from the page cache (InstantTensor#1)
+DEFAULT_WARM_MAX_MB_S = 1000.0
 
 
 def at(path: str, message: str) -> ValueError:
@@ -291,6 +294,13 @@ class VllmArgs(Strict):
                                                                  "Default: vLLM's.")
     load_format: str | None = Field(None, description="`--load-format`, e.g. `fastsafetensors` (needs that package on the host: "
                                                       "preflight checks).")
+    safetensors_load_strategy: Literal["lazy", "eager", "prefetch", "torchao"] | None = Field(
+        None,
+        description="`--safetensors-load-strategy` (vLLM >= 0.33). `prefetch`: vLLM reads the checkpoint "
+                    "into the page cache in background threads while it loads, i.e. after the old model "
+                    "stopped (it helps when the disk is faster than the loader, not when the disk is the "
+                    "limit); vllm-orch's warm-up reads before the stop (docs/operations.md, Warm swaps). "
+                    "Default: vLLM's (memory-mapped, prefetch only on NFS/Lustre).")
     mm_encoder_tp_mode: str | None = Field(None, description="`--mm-encoder-tp-mode`, e.g. `data` (vision encoder "
                                                              "data-parallel). Not with language_model_only.")
     language_model_only: bool = Field(False, description="`--language-model-only`: skip the vision encoder to free VRAM.")
@@ -377,6 +387,39 @@ class Startup(Strict):
         description="systemd StartLimitBurst: starts (the first one and the automatic restarts) before the "
                     "unit stays `failed`. The window is sized to this many full start-up budgets, so a "
                     "failure late in a long load cannot restart forever.")
+
+
+class Loading(Strict):
+    """How fast the weights load, and the page-cache warm-up that makes a swap's load read from RAM.
+
+    The rates size the plan's expected downtime with and without warming. Declare what you
+    measured on your host: `vllm-orch history` shows each start's downtime and what the warm-up did."""
+
+    disk_mb_s: float = Field(
+        DEFAULT_DISK_MB_S, gt=0,
+        description="MB/s (10^6 bytes) at which vLLM loads these weights when they are not in the page "
+                    "cache. Default 250: the field report's 547 GB Kimi-K2.5 start in 36 min, all of "
+                    "it counted as reading.")
+    cached_mb_s: float = Field(
+        DEFAULT_CACHED_MB_S, gt=0,
+        description="MB/s at which vLLM loads weights that are in the page cache. Default 4000: the "
+                    "safetensors mmap path from the page cache measures about 4 GB/s (scitix/InstantTensor#1); "
+                    "vLLM's multi-thread loader reached 6.2 GB/s on 2x RTX PRO 6000 "
+                    "(vllm-project/vllm-omni#4896).")
+    other_seconds: float = Field(
+        0, ge=0,
+        description="Seconds of start-up that do not depend on the page cache (torch.compile, CUDA graph "
+                    "capture, KV-cache profiling, the readiness gates). Default 0: not declared, so the "
+                    "expected downtimes cover the weights only.")
+    cpu_memory_gib: float | None = Field(
+        None, ge=0,
+        description="CPU memory (GiB) the service takes once started (worker processes, pinned buffers, "
+                    "CPU offload). The warm-up leaves it free so the start does not evict the warmed "
+                    "pages. Default: the host's cpu_memory_per_gpu_gib (12) per GPU.")
+    warm_max_mb_s: float = Field(
+        DEFAULT_WARM_MAX_MB_S, gt=0,
+        description="Fastest the warm-up reads (MB/s), so that its reads and the kernel's page reclaim do "
+                    "not compete with the serving model.")
 
 
 class Probes(Strict):
@@ -556,6 +599,8 @@ class Manifest(Strict):
         description="Environment variables for the service (NCCL_*, VLLM_*...). Not for secrets: "
                     "see serving.secret_env.")
     startup: Startup = Field(default_factory=Startup, description="Start-up budget and hang detection.")
+    loading: Loading = Field(default_factory=Loading,
+                             description="Load rates (expected downtime) and the page-cache warm-up.")
     probes: Probes = Field(default_factory=Probes, description="Readiness gates and smoke test.")
     requires: Requirements = Field(default_factory=Requirements, description="Host requirements.")
     performance: Performance = Field(

@@ -43,8 +43,9 @@ HINTS = {
 }
 
 
-def parse_event(line: str) -> dict | None:
-    """One stdout line of the script as an event dict, or None for anything else."""
+def parse_event(line: str, events: tuple[str, ...] = EVENTS) -> dict | None:
+    """One stdout line of a host-side script as an event dict (one of `events`), or None for
+    anything else (the download's events by default; the warm-up's script speaks the same way)."""
     line = line.strip()
     if not line.startswith("{"):
         return None
@@ -52,7 +53,7 @@ def parse_event(line: str) -> dict | None:
         event = json.loads(line)
     except ValueError:
         return None
-    if isinstance(event, dict) and event.get("event") in EVENTS:
+    if isinstance(event, dict) and event.get("event") in events:
         return event
     return None
 

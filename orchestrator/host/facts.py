@@ -37,6 +37,15 @@ class ModelDir:
         return self.ours and bool((self.verified or {}).get("complete"))
 
 
+@dataclass(frozen=True)
+class Memory:
+    """The host's RAM (bytes): MemTotal and MemAvailable (None when the kernel has no such line)."""
+
+    total: int
+    available: int | None
+    source: str = "/proc/meminfo"
+
+
 @dataclass
 class HostFacts:
     hostname: str
@@ -58,6 +67,7 @@ class HostFacts:
     ports: dict[int, list[Proc]] = field(default_factory=dict)   # port -> processes bound to it
     half_swap: dict | None = None   # swap.json: a swap that stopped its old model and has not ended
     users: dict[str, dict | None] = field(default_factory=dict)  # the service user: uid, gid, home (None: missing)
+    memory: Memory | None = None          # None when the memory file could not be read
     raw: dict = field(repr=False, default_factory=dict)
 
     def running(self) -> list[str]:
@@ -69,7 +79,8 @@ class HostFacts:
 
 def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
            ports: list[int] | None = None) -> HostFacts:
-    args = {"ports": ports or [],"models_root": entry.models_root, "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
+    args = {"ports": ports or [], "meminfo": entry.meminfo, "models_root": entry.models_root,
+            "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
             "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [], "users": [entry.service_user],
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
@@ -114,7 +125,14 @@ def parse(raw: dict) -> HostFacts:
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
         installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
         half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None,
-        users=raw.get("users") or {}, raw=raw)
+        users=raw.get("users") or {}, memory=_memory(raw.get("memory")), raw=raw)
+
+
+def _memory(raw: dict | None) -> Memory | None:
+    if not raw or raw.get("total") is None:
+        return None
+    return Memory(int(raw["total"]), None if raw.get("available") is None else int(raw["available"]),
+                  raw.get("path") or "/proc/meminfo")
 
 
 def _proc(pid: int, info: dict, raw: dict, running: list[str], *, name: str | None = None,

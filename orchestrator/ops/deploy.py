@@ -17,6 +17,7 @@ from orchestrator.ops.execute import Ask, Reporter, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.run import Options, RunEnv
+from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
 
 
@@ -68,6 +69,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         record.update(failure_fields(result.error))
         if isinstance(result.error, Interrupted):
             record["interrupted"] = result.error.step
+        record.update(history_fields(env.record, m.name, plan.info.get("expected_start_s")))
         if s.holds_lock():                       # without the lock, write nothing more
             state.append_history(s.host, entry, record)
         result.extra["history"] = record

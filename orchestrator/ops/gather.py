@@ -7,6 +7,7 @@ What is read, in round trips on one connection:
   installed files  the unit and env file as they are now (for the install step's diff)
   serving          /health and /v1/models when the model's service already runs
   download plan    our verified record, else the Hub's file list (the download script, plan-only)
+  warm survey      when warming: the weight files in load order and what is cached (warm script, plan-only)
 Reads that a plan cannot reach are skipped: no Hub call when preflight already refuses.
 """
 
@@ -21,15 +22,16 @@ from pathlib import Path
 from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, DeployFailed
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Result
 from orchestrator.host.download import plan_download
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.state import lock_holder
+from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import blocking_active
-from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput
+from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders
@@ -162,8 +164,22 @@ def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: L
     return _with_download(host, inp)
 
 
+def warm_facts(host: Host, entry: HostEntry, m: Manifest) -> WarmFacts:
+    """The model's weight files in vLLM's load order and how much of each is cached (no reads)."""
+    model_dir = prepare.model_path(entry, m.name)
+    try:
+        event = plan_warm(host, entry.python, model_dir, entry.meminfo)
+    except DeployFailed as err:
+        return WarmFacts(model_dir, error=err.message)
+    return WarmFacts.from_event(model_dir, event)
+
+
 def _with_download(host: Host, inp: PlanInput) -> PlanInput:
-    return replace(inp, download=download_plan(host, inp.entry, inp.target.manifest, inp.facts, inp.hf_token))
+    """The download plan, and when the run warms the page cache, the weight files' state."""
+    inp = replace(inp, download=download_plan(host, inp.entry, inp.target.manifest, inp.facts, inp.hf_token))
+    if inp.opts.warm:
+        inp = replace(inp, warm=warm_facts(host, inp.entry, inp.target.manifest))
+    return inp
 
 
 def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,

@@ -20,6 +20,7 @@ from orchestrator.ops.execute import Ask, Reporter, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.swap import plan_swap
+from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
 
 
@@ -77,6 +78,8 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             record["interrupted"] = result.error.step
         if result.extra.get("half_done"):
             record["half_done"] = True
+        record.update(history_fields(env.record, m.name, info.get("expected_downtime_s")))
+        result.extra.update({k: v for k, v in record.items() if k in ("warm", "weights_s")})
         if "rollback" in result.extra:
             record["rollback"] = result.extra["rollback"]
         if ready is not None:

@@ -1,6 +1,7 @@
 """deploy's planner, pure: from nothing (or anything) to a verified, serving model.
 
-    lock -> preflight -> disk -> download -> GPUs free -> install -> start -> ready -> perf -> record
+    lock -> preflight -> disk -> download -> GPUs free -> install -> [warm, with --warm] -> start ->
+    ready -> perf -> record
     if start, ready, perf (a floor the manifest says to fail on) or record fails: stop the service
     this run started (files kept), so a failed start cannot crash-loop while it holds the GPUs.
 
@@ -17,6 +18,7 @@ from orchestrator.plan import prepare, service
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.warm import warm_step
 
 
 def unpinned_warning(inp: PlanInput) -> list[str]:
@@ -68,7 +70,12 @@ def plan_deploy(inp: PlanInput) -> Plan:
         return plan
     plan.add(prepare.user_action(entry, f.users))
     plan.add(install)
-    start = plan.add(service.start_action(inp, unit_changed))
+    start = service.start_action(inp, unit_changed)
+    if inp.opts.warm and not start.noop:        # deploy --warm: a start after a stop reads from RAM
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name), before="the start", what="start-up")
+        plan.add(warm_action)
+        plan.info["expected_start_s"] = exp.as_dict()
+    plan.add(start)
     recorded = (f.active or {}).get("model") == m.name and (f.active or {}).get("unit_hash") == inp.target.rendered.unit_hash
     # A running service that was never recorded (a deploy killed while waiting) goes through the
     # gates again, smoke test included, before it is recorded.

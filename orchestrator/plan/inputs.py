@@ -46,6 +46,31 @@ class DownloadPlan:
 
 
 @dataclass(frozen=True)
+class WarmFacts:
+    """The new model's weight files as the warm script sees them (orchestrator/host/warm.py,
+    plan-only): in vLLM's load order, with how much of each is in the page cache now."""
+
+    model_dir: str
+    files: tuple[tuple[str, int, int], ...] = ()        # (name, bytes, cached bytes)
+    weights_bytes: int | None = None                    # the index's metadata.total_size: what loads
+    error: str | None = None                            # the survey failed: why
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, size, _ in self.files)
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(cached for _, _, cached in self.files)
+
+    @classmethod
+    def from_event(cls, model_dir: str, event: Mapping) -> WarmFacts:
+        weights = event.get("weights_bytes")
+        return cls(model_dir, tuple((str(n), int(s), int(c)) for n, s, c in event.get("files") or ()),
+                   weights_bytes=int(weights) if weights else None)
+
+
+@dataclass(frozen=True)
 class ServiceInput:
     """One model's service on the host: its manifest (as it runs there: hardware class and host
     settings applied, config/effective.py), rendered files, what is installed now."""
@@ -79,6 +104,7 @@ class PlanInput:
     preflight: list[Check] = field(default_factory=list)
     hf_token: Secret | None = None
     old: ServiceInput | None = None             # swap: the model being replaced
+    warm: WarmFacts | None = None               # the new model's page-cache state (when warming)
 
     @property
     def name(self) -> str:

@@ -34,6 +34,7 @@ class Options:
     no_progress_s: float | None = None
     poll_s: float = 0.5
     gpu_release_timeout_s: float = GPU_RELEASE_TIMEOUT_S
+    warm: bool = False                      # warm the page cache before the start (swap: on by default)
 
 
 @dataclass
@@ -45,10 +46,27 @@ class DownloadResult:
 
 
 @dataclass
+class WarmResult:
+    """What the page-cache warm-up did (orchestrator.plan.warm)."""
+
+    warmed_bytes: int = 0           # read from disk into the page cache by this run
+    cached_bytes: int = 0           # of the weight files, in the page cache when it ended
+    total_bytes: int = 0
+    seconds: float = 0.0
+    reason: str = ""                # complete | budget | memory | nofiles (host/remote/warm.py)
+    min_headroom: int | None = None     # least available memory, net of the warmed pages, it saw
+    error: str | None = None        # the warm-up failed (the swap went on, loading from disk)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
 class RunRecord:
     """What the steps of one run produced, in the order they ran."""
 
     download: DownloadResult | None = None
+    warm: WarmResult | None = None
     stopped_at: float | None = None             # monotonic time the old service was stopped (swap)
     ready_at: float | None = None               # monotonic time the new service passed its gates
     ready: dict[str, Ready] = field(default_factory=dict)         # model -> its readiness result

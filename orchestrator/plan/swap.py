@@ -1,7 +1,8 @@
 """swap's planner, pure: replace the active model with another, staged, measured, with its rollback.
 
     lock -> preflight -> disk (room for BOTH models) -> download while the old model serves ->
-    install the new unit -> stop old -> GPUs free -> start new -> ready -> perf -> boot -> record
+    install the new unit -> warm the new weights into the page cache (orchestrator.plan.warm) ->
+    stop old -> GPUs free -> start new -> ready -> perf -> boot -> record
     if a step from `stop old` on fails (a performance floor the manifest says to fail on included):
     stop the new one, wait for the GPUs, start the old one with its unchanged unit, wait for its
     gates (the rollback, printed by --dry-run like every step).
@@ -29,6 +30,7 @@ from orchestrator.plan.deploy import unpinned_warning
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.warm import warm_step
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
@@ -86,13 +88,19 @@ def plan_swap(inp: PlanInput) -> Plan:
     # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
     old_running = old is not None and bool(f.services.get(old.name) and f.services[old.name].active)
     old_enabled = old is not None and service.enabled_at_boot(f, old.name)
+    start = service.start_action(inp, unit_changed=not install.noop)
+    if not start.noop:          # a new service already running (an interrupted swap) loads nothing
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name),
+                                     before=f"{old.name} stops" if old is not None and old_running else "the start")
+        plan.add(warm_action)
+        plan.info["expected_downtime_s"] = exp.as_dict()
     stop = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True, swap_to=m.name,
                                         enabled=old_enabled)) \
         if old is not None and old_running else None
     gpus, refusal = service.gpus_action(inp, stopping={old.name} if old_running and old else set())
     if plan.add_checked(gpus, refusal):
         return plan
-    plan.add(service.start_action(inp, unit_changed=not install.noop))
+    plan.add(start)
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
     plan.add(service.perf_action(inp))
     plan.add(boot_action(inp, old_enabled))

@@ -158,7 +158,8 @@ def build_argv(m: Manifest, host: HostEntry) -> tuple[list[str], list[tuple[str,
     if v.max_model_len is not None:
         add("vllm.max_model_len", "--max-model-len", v.max_model_len)
     add("vllm.gpu_memory_utilization", "--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}")
-    for name in ("kv_cache_dtype", "attention_backend", "moe_backend", "load_format", "mm_encoder_tp_mode"):
+    for name in ("kv_cache_dtype", "attention_backend", "moe_backend", "load_format",
+                 "safetensors_load_strategy", "mm_encoder_tp_mode"):
         value = getattr(v, name)
         if value is not None:
             add(f"vllm.{name}", "--" + name.replace("_", "-"), value)

@@ -23,6 +23,7 @@ def sim():
       vllm-orch sim status        what is running
       vllm-orch sim fault sim hang --model kimi-k25-int4
       vllm-orch sim reboot sim    reboot a --systemd host (enabled units start again)
+      vllm-orch sim memory sim --available-gib 600
       vllm-orch sim down          stop everything `up` started and remove its state
     """
 
@@ -43,7 +44,12 @@ def sim():
 @click.option("--real-vllm", is_flag=True,
               help="The hosts' vLLM is the REAL one: vLLM's CPU build (built once per machine, "
                    "~2.5 min, ~3.3 GiB), serving the tiny-llama-* models. See docs/real-vllm.md.")
-def up_cmd(hosts, speed, scale, systemd, vllm_python, real_vllm):
+@click.option("--ram-gib", type=click.FloatRange(min=1),
+              help="The hosts' RAM in real GiB, reported scaled like the files (default 1536, a typical "
+                   "8-GPU server; a host already up keeps its RAM).")
+@click.option("--available-gib", type=click.FloatRange(min=1),
+              help="Memory available when no simulated vLLM runs, real GiB (default: RAM - 64).")
+def up_cmd(hosts, speed, scale, systemd, vllm_python, real_vllm, ram_gib, available_gib):
     """Start SIMULATED hosts (idempotent) and add them to the inventory (hosts.d/sim.yaml in
     vllm-orch's state home, which every command reads)."""
     if real_vllm:
@@ -52,7 +58,7 @@ def up_cmd(hosts, speed, scale, systemd, vllm_python, real_vllm):
             click.echo("building vLLM's CPU build venv (once per machine, a few minutes): "
                        f"{real_vllm_venv.venv_dir()}", err=True)
     state = manager.up(hosts, speed=speed, scale=scale, systemd=systemd,
-                       vllm_python=vllm_python, real_vllm=real_vllm)
+                       vllm_python=vllm_python, real_vllm=real_vllm, ram_gib=ram_gib, available_gib=available_gib)
     home = manager.sim_home()
     click.echo(f"SIMULATED GPU hosts (home {home}):")
     for name, rec in state["hosts"].items():
@@ -104,6 +110,19 @@ def status_cmd(as_json):
             click.echo(f"    GPU {gpu}: " + ", ".join(by_gpu[gpu]))
         for f in h["faults"]:
             click.echo(f"    pending fault: {f['fault']} (model {f.get('model') or 'any'})")
+
+
+@sim.command("memory", epilog=exit_codes("0 ok, 2 unknown host or impossible sizes."))
+@click.argument("host")
+@click.option("--ram-gib", type=click.FloatRange(min=1), help="The host's RAM, real GiB.")
+@click.option("--available-gib", type=click.FloatRange(min=1),
+              help="Memory available when no simulated vLLM runs, real GiB.")
+def memory_cmd(host, ram_gib, available_gib):
+    """Change SIMULATED HOST's RAM or available memory now (e.g. to see a warm-up stop short)."""
+    info = manager.set_memory(host, ram_gib=ram_gib, available_gib=available_gib)
+    click.echo(f"SIMULATED host {host}: {info['ram_bytes'] / 2 ** 30:g} GiB RAM, "
+               f"{info['available_bytes'] / 2 ** 30:g} GiB available without vLLM (reported 1/{info['scale']} "
+               f"of that, like its files)")
 
 
 @sim.command("down", epilog=exit_codes("0 ok (also when nothing was up)."))

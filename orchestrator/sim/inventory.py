@@ -7,6 +7,10 @@ generic host settings any real host may use:
 - `label: SIMULATED`                 shown beside the name in plans, status, hosts and bench reports;
 - `disk_reserve_gib: 20 / scale`     the hub mirror serves files 1/scale of the real size, so the
                                      free space to keep shrinks the same way;
+- `meminfo: <hostdir>/meminfo`       the host's RAM and available memory (default 1.5 TiB / 1.4 TiB),
+                                     scaled the same way, in /proc/meminfo's format (kept by the
+                                     simulated nvidia-smi's registry of live workers);
+- `cpu_memory_per_gpu_gib: 12/scale` what each simulated GPU worker takes on the CPU side, scaled;
 - `skip_checks: [flags, env]`        only when the host's Python has no real vLLM to parse the flags
                                      (`vllm-orch sim up --vllm-python PATH` gives it one);
 - `skip_checks: [torch-cuda]`        on a host whose vLLM is vLLM's CPU build (`sim up --real-vllm`):
@@ -20,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.config.inventory import HostEntry
+from orchestrator.config.inventory import DEFAULT_CPU_MEMORY_PER_GPU_GIB, HostEntry
 from orchestrator.config.manifest import Requirements
 
 LABEL = "SIMULATED"
 # The manifests' default free-space reserve (requires.disk_reserve_gib), in real GiB.
 REAL_DISK_RESERVE_GIB = float(Requirements.model_fields["disk_reserve_gib"].default)
+# The inventory's default CPU memory per GPU worker (real GiB), which the simulated vLLM uses too.
+REAL_CPU_MEMORY_PER_GPU_GIB = DEFAULT_CPU_MEMORY_PER_GPU_GIB
 # Preflight checks a host's Python cannot make without a real vLLM installed (it parses the flags).
 PARSER_CHECKS = ["flags", "env"]
 # ...and the one vLLM's CPU build fails by design (its torch is not a CUDA build).
@@ -72,6 +78,12 @@ class SimHost:
                      "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
         entry["label"] = LABEL
         entry["disk_reserve_gib"] = REAL_DISK_RESERVE_GIB / self.scale
+        if self.container:           # the host folder is bind-mounted into the container
+            from orchestrator.sim.nspawn_tree import SIM_MOUNT
+            entry["meminfo"] = f"{SIM_MOUNT}/meminfo"
+        else:
+            entry["meminfo"] = f"{self.dir}/meminfo"
+        entry["cpu_memory_per_gpu_gib"] = REAL_CPU_MEMORY_PER_GPU_GIB / self.scale
         if self.cpu_vllm:      # its venv's vllm and python, no faked packages, a CPU torch
             entry["vllm"], entry["python"] = self.cpu_vllm["vllm"], self.cpu_vllm["python"]
             entry["env"] = {k: v for k, v in entry["env"].items() if k != "PYTHONPATH"}

@@ -35,6 +35,7 @@ import yaml
 from orchestrator.config.inventory import state_home
 from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.paths import package_file
+from orchestrator.sim import nvidia_smi as smi
 from orchestrator.sim.inventory import SimHost
 
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -45,6 +46,7 @@ VLLM_VERSION = "0.33.0"
 DISTS = {"vllm": VLLM_VERSION, "torch": "2.13.0+cu130", "flashinfer-python": "0.6.14",
          "flashinfer-cubin": "0.6.14"}
 DEFAULT_SPEED = 200.0
+GIB = 1 << 30
 DEFAULT_SCALE = 10000
 HUB_START_TIMEOUT_S = 15.0
 # The mirror's faults (orchestrator/sim/hub.py documents them; it may export HUB_FAULTS instead).
@@ -141,9 +143,12 @@ def install_program(src: str, dest: Path, python: str) -> None:
 
 
 def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: str,
-                 python: str, cpu_vllm: dict | None = None) -> dict:
+                 python: str, cpu_vllm: dict | None = None, ram_gib: float | None = None,
+                 available_gib: float | None = None) -> dict:
     """Create or refresh a host folder; keeps models, state, logs, pending faults and any
-    fault-modified site-packages (so `up` twice changes nothing that matters).
+    fault-modified site-packages (so `up` twice changes nothing that matters). RAM and available
+    memory (real GiB, reported scaled like the files: orchestrator/sim/nvidia_smi.py) keep their
+    earlier values when not given.
     cpu_vllm: {"venv", "version", ...} of vLLM's CPU build when the host's vLLM is the real one."""
     for sub in ("bin", "gpu-procs", "models", "units", "state", "logs", "run"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
@@ -170,7 +175,9 @@ def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: st
         info["vllm_version"] = cpu_vllm["version"]
         root = str(hdir / "models") if flavour == "process" else CONTAINER_MODELS_ROOT
         info["real_vllm"] = {"venv": cpu_vllm["venv"], "models_roots": [root]}
+    info.update(memory_fields(old, ram_gib, available_gib))
     _write_json(hdir / "sim.json", info)
+    smi.write_meminfo(hdir)
     if flavour == "systemd":
         # The service runs as an unprivileged user (vllm-orch's default `vllm`) in the container: the
         # simulated GPU bookkeeping it writes must be writable by any user, as the real driver's is.
@@ -179,6 +186,34 @@ def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: st
         for path in (hdir / "faults.json", hdir / "faults.json.lock"):
             path.touch()
             path.chmod(0o666)
+    return info
+
+
+def memory_fields(old: dict, ram_gib: float | None, available_gib: float | None) -> dict:
+    """sim.json's ram_bytes/available_bytes (real bytes): given values, else the earlier ones, else
+    a typical 8-GPU server (1.5 TiB, 64 GiB of it used by the OS and everything but vLLM)."""
+    ram = int(ram_gib * GIB) if ram_gib is not None else int(old.get("ram_bytes") or smi.DEFAULT_RAM_BYTES)
+    if available_gib is not None:
+        available = int(available_gib * GIB)
+    elif ram_gib is not None:
+        available = ram - (smi.DEFAULT_RAM_BYTES - smi.DEFAULT_AVAILABLE_BYTES)
+    else:
+        available = int(old.get("available_bytes") or smi.DEFAULT_AVAILABLE_BYTES)
+    if not 0 < available <= ram:
+        raise ConfigError(f"available memory ({available / GIB:g} GiB) must be more than 0 and at most the "
+                          f"host's RAM ({ram / GIB:g} GiB)")
+    return {"ram_bytes": ram, "available_bytes": available}
+
+
+def set_memory(host: str, *, ram_gib: float | None = None, available_gib: float | None = None,
+               home: Path | None = None) -> dict:
+    """Change a SIMULATED host's RAM or available memory now (e.g. another process took memory
+    while a warm-up runs); its meminfo follows at once."""
+    hdir = _existing_host(host, home)
+    info = _read_json(hdir / "sim.json", {})
+    info.update(memory_fields(info, ram_gib, available_gib))
+    _write_json(hdir / "sim.json", info)
+    smi.write_meminfo(hdir)
     return info
 
 
@@ -302,11 +337,12 @@ def load_state(home: Path | None = None) -> dict:
 
 def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE,
        systemd: bool = False, vllm_python: str | None = None, real_vllm: bool = False,
-       home: Path | None = None) -> dict:
+       ram_gib: float | None = None, available_gib: float | None = None, home: Path | None = None) -> dict:
     """Create/refresh `hosts` simulated hosts and start what is not running. Idempotent: hosts
     already up keep their processes (hosts beyond `hosts` from an earlier `up` are kept too);
-    speed None keeps a host's speed (DEFAULT_SPEED for a new host). real_vllm: new hosts run
-    vLLM's CPU build instead of the simulated server (a host keeps the vLLM it was created with)."""
+    speed None keeps a host's speed (DEFAULT_SPEED for a new host), RAM and available memory
+    None keep a host's (1.5 TiB and 1.4 TiB for a new one). real_vllm: new hosts run vLLM's CPU
+    build instead of the simulated server (a host keeps the vLLM it was created with)."""
     if hosts < 1:
         raise ConfigError("--hosts must be at least 1")
     if real_vllm and vllm_python:
@@ -339,7 +375,9 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         info = prepare_host(name, hdir, speed=speed if speed and i < hosts else keep,
                             scale=scale, flavour=rec["flavour"],
                             python=sys.executable if rec["flavour"] == "process"
-                            else "/usr/bin/env python3", cpu_vllm=host_cpu)
+                            else "/usr/bin/env python3", cpu_vllm=host_cpu,
+                            ram_gib=ram_gib if i < hosts else None,
+                            available_gib=available_gib if i < hosts else None)
         rec.update({"dir": str(hdir), "speed": info["speed"], "scale": scale})
         hub = rec["processes"].get("hub")
         bind = "127.0.0.1"

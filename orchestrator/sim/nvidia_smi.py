@@ -4,7 +4,9 @@
 Self-contained, stdlib only, Python >= 3.9. Reads `<hostdir>/sim.json` (the GPUs, driver and CUDA
 versions) and `<hostdir>/gpu-procs/*.json` (processes "holding" GPU memory, written by the simulated
 vLLM server); an entry counts only while its PID is alive (not a zombie) and its start time still
-matches, so killed workers free their memory and a reused PID does not inherit it. Process facts
+matches, so killed workers free their memory and a reused PID does not inherit it. The same
+registry gives the host's CPU memory: write_meminfo() keeps `<hostdir>/meminfo` (the simulated
+/proc/meminfo) in step; the simulated vLLM server calls it when its workers come and go. Process facts
 come from psutil when the host's Python has it, else from /proc.
 
 Output formats follow real nvidia-smi 580 (see tests/fixtures/nvidia-smi/ for recorded samples):
@@ -194,6 +196,43 @@ def load_state():
         g["used"] = sum(int(p["used_mib"]) for p in mine)
         g["util"] = max([int(p.get("utilization", 0)) for p in mine] or [0])
     return sim, gpus, procs
+
+
+# -- the host's memory ---------------------------------------------------------------------------
+# A simulated host's RAM, scaled like its files: sim.json's ram_bytes and available_bytes (real
+# bytes: `vllm-orch sim up --ram-gib/--available-gib`) divided by its scale, minus the CPU memory of
+# every live simulated vLLM worker (the cpu_bytes of its gpu-procs entry, with the same liveness as
+# GPU memory: a killed worker frees it). Written to <hostdir>/meminfo in /proc/meminfo's format, the
+# file the host's inventory entry names as its `meminfo`. Like a kernel's MemAvailable, it does not
+# drop when files are read into the page cache (cache counts as available).
+DEFAULT_RAM_BYTES = 1536 * 2 ** 30           # a typical 8-GPU server: 1.5 TiB
+DEFAULT_AVAILABLE_BYTES = 1472 * 2 ** 30     # 64 GiB for the OS and everything but vLLM
+
+
+def meminfo_text(host_dir: Path) -> str:
+    sim = _read_json(host_dir / "sim.json", {})
+    scale = max(1, int(sim.get("scale") or 1))
+    total = int(sim.get("ram_bytes") or DEFAULT_RAM_BYTES) // scale
+    available = min(total, int(sim.get("available_bytes") or DEFAULT_AVAILABLE_BYTES) // scale)
+    workers: dict = {}
+    for f in (host_dir / "gpu-procs").glob("*.json"):
+        e = _read_json(f, None)
+        if e and e.get("cpu_bytes") and proc_alive(int(e["pid"]), e.get("start_time")):
+            workers[int(e["pid"])] = int(e["cpu_bytes"])
+    available = max(0, available - sum(workers.values()))
+    return (f"MemTotal:       {total // 1024:>8} kB\nMemFree:        {available // 1024:>8} kB\n"
+            f"MemAvailable:   {available // 1024:>8} kB\n")
+
+
+def write_meminfo(host_dir: Path | None = None) -> None:
+    host_dir = Path(host_dir or HOST_DIR)
+    text = meminfo_text(host_dir)
+    tmp = host_dir / f".meminfo.{os.getpid()}"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, host_dir / "meminfo")
+    except OSError:
+        pass
 
 
 def gpu_value(field: str, g: dict, sim: dict, n: int):

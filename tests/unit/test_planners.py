@@ -15,13 +15,13 @@ import pytest
 from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
-from orchestrator.host.facts import HostFacts, ModelDir
+from orchestrator.host.facts import HostFacts, Memory, ModelDir
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import FOREIGN, LEFT, Proc
 from orchestrator.host.services import ServiceState
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.deploy import plan_deploy
-from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput
+from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import OK, Check
 from orchestrator.plan.regen import plan_regen
 from orchestrator.plan.run import Options
@@ -45,16 +45,27 @@ def golden(name: str, text: str) -> None:
 
 
 VLLM_USER = {"vllm": {"uid": 998, "gid": 998, "home": "/var/lib/vllm-orch/home"}}
+RAM = Memory(total=1536 * GIB, available=1100 * 10 ** 9)        # a typical 8-GPU server, one model serving
 
 
 def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None,
-          users=None) -> HostFacts:
+          users=None, memory=RAM) -> HostFacts:
     gpus = [Gpu(index=i, name=RTX, memory_total_mib=97887, memory_used_mib=0, uuid=f"GPU-{i}") for i in range(8)]
     return HostFacts(hostname="gpu1", disk_path="/var/lib/vllm-orch/models", disk_total=4000 * GIB,
                      disk_free=disk_free, gpus=gpus, gpu_error=None, driver_version="580.95.05",
                      cuda_version="13.0", procs=list(procs), vllm_version="0.33.0", vllm_error=None,
                      models=models or {}, active=active, installed=installed or {}, services=services or {},
-                     usage={}, users=VLLM_USER if users is None else users)
+                     usage={}, users=VLLM_USER if users is None else users, memory=memory)
+
+
+def weights(name: str, shards: int, total: int, cached: int = 0) -> WarmFacts:
+    """A model folder as the warm survey reports it: equal shards, the first `cached` bytes cached."""
+    size = total // shards
+    files, left = [], cached
+    for i in range(1, shards + 1):
+        files.append((f"model-{i:05d}-of-{shards:06d}.safetensors", size, min(size, left)))
+        left -= min(size, left)
+    return WarmFacts(f"/var/lib/vllm-orch/models/{name}", tuple(files))
 
 
 def svc(name: str, *, installed: bool = False, serving: bool = False) -> ServiceInput:
@@ -77,10 +88,10 @@ def download(to_fetch: int, total: int | None = None) -> DownloadPlan:
 
 
 def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: ServiceInput | None = None,
-        **opts) -> PlanInput:
+        survey: WarmFacts | None = None, **opts) -> PlanInput:
     lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
     return PlanInput(entry=ENTRY, facts=f, opts=Options(**opts), lock=lock, target=target, download=dl,
-                     preflight=CHECKS, old=old)
+                     preflight=CHECKS, old=old, warm=survey)
 
 
 def test_deploy_on_a_fresh_host_and_its_recovery():
@@ -115,9 +126,10 @@ def test_staged_swap_carries_its_rollback_branch():
     f = facts(services=running(old), active={"model": old, "gpus": list(range(8))},
               models={old: ModelDir(old, 547 * 10 ** 9, {"repo": "moonshotai/Kimi-K2.5", "files": {}}, 1.0)})
     assert old_model_name(f, new) == old
-    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True)))
+    plan = plan_swap(inp(svc(new), f, download(593 * 10 ** 9), old=svc(old, installed=True),
+                         survey=weights(new, 119, 540 * 10 ** 9), warm=True))
     steps = [a.step for a in plan.actions]
-    assert steps == ["lock", "preflight", "disk", "download", "user", "install", "stop", "gpus", "start", "ready",
+    assert steps == ["lock", "preflight", "disk", "download", "user", "install", "warm", "stop", "gpus", "start", "ready",
                      "perf", "boot",
                      "record"]
     rb = plan.recovery_for(steps.index("ready") + 1)
@@ -126,7 +138,10 @@ def test_staged_swap_carries_its_rollback_branch():
     assert "swap.json" in rb.actions[-1].summary                          # the rollback ends the swap
     assert "swap.json" in plan.actions[steps.index("stop")].details[0]   # ... which the stop began
     assert plan.recovery_for(steps.index("download") + 1) is None     # the old model still serves then
-    assert plan.info == {"from": old, "to": new, "staged": True}
+    assert plan.recovery_for(steps.index("warm") + 1) is None         # ... and during the warm-up
+    assert {k: plan.info[k] for k in ("from", "to", "staged")} == {"from": old, "to": new, "staged": True}
+    expected = plan.info["expected_downtime_s"]
+    assert expected["warm_s"] < 0.3 * expected["cold_s"]
     golden("plan-swap-staged.txt", plan.text())
 
 

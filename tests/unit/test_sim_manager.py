@@ -84,3 +84,29 @@ def test_faults_cli(tmp_path, monkeypatch):
     down = r.invoke(sim, ["down"])
     assert down.exit_code == 0 and "SIMULATED" in down.output
     assert "none" in r.invoke(sim, ["status"]).output
+
+
+def test_ram_is_configurable_kept_across_up_and_scaled_like_the_files(tmp_path, monkeypatch):
+    import pytest
+
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
+    manager.up(1, ram_gib=2048, home=home)
+    hdir = home / "hosts" / "sim"
+    e = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    assert e["meminfo"] == str(hdir / "meminfo")
+    assert e["cpu_memory_per_gpu_gib"] == 12 / manager.DEFAULT_SCALE
+    gib, scale = 2 ** 30, manager.DEFAULT_SCALE
+    text = (hdir / "meminfo").read_text()
+    assert f"MemTotal:       {2048 * gib // scale // 1024:>8} kB" in text
+    assert f"MemAvailable:   {1984 * gib // scale // 1024:>8} kB" in text       # RAM - 64 GiB
+    manager.up(1, home=home)                                                       # kept
+    assert (hdir / "meminfo").read_text() == text
+    result = CliRunner().invoke(sim, ["memory", "sim", "--available-gib", "600"])
+    assert result.exit_code == 0 and "600 GiB available" in result.output
+    assert f"MemAvailable:   {600 * gib // scale // 1024:>8} kB" in (hdir / "meminfo").read_text()
+    with pytest.raises(ConfigError):
+        manager.set_memory("sim", available_gib=4096, home=home)
+    manager.down(home)

@@ -52,6 +52,26 @@ def disk(path):
     return {"path": probe, "total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
 
 
+def meminfo(path):
+    """The host's memory from /proc/meminfo (or a file in its format): total and available bytes.
+    MemAvailable is the kernel's estimate of what can be allocated without swapping (free memory
+    plus the reclaimable part of the page cache); psutil.virtual_memory().available reads the very
+    same field on Linux, so the file is read by hand whether or not psutil is there."""
+    fields = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                words = rest.split()
+                if words and words[0].isdigit():
+                    fields[key.strip()] = int(words[0]) * (1024 if words[1:2] == ["kB"] else 1)
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+    if "MemTotal" not in fields:
+        return {"path": path, "error": "no MemTotal line"}
+    return {"path": path, "total": fields["MemTotal"], "available": fields.get("MemAvailable")}
+
+
 def dir_bytes(path):
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -297,6 +317,7 @@ def main():
     except OSError:
         facts["boot_id"] = None
     facts["disk"] = disk(args["models_root"])
+    facts["memory"] = meminfo(args.get("meminfo") or "/proc/meminfo")
     smi = args["nvidia_smi"]
     facts["gpus_raw"] = sh(args["gpu_query"])
     facts["apps_raw"] = sh(args["apps_query"])

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-int4-dcp8 for a host without systemd.
-# manifest sha256: 513537407474ef8a3f31a6104feefc9a9a4331e2f45a6fd3851d64d3c4699bd5
+# manifest sha256: 39665d8441e8cf7a52f565fd8c84a220b8153ba2b952f50fda1caf0aca039004
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-int4-dcp8.env

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-int4 for a host without systemd.
-# manifest sha256: 54ab139abbdbaabbc4c3c84c5d676788629b9d079011809df0679360c28f3d34
+# manifest sha256: d10523c10aa5ca71e64224d35b153163661accfae8c6bc655e19c37aebb4e6e7
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-int4.env

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-nvfp4 for a host without systemd.
-# manifest sha256: 351de28d8acd2ba76c95385667d18ac0901a961f65b23b4cc64c4eff19193be2
+# manifest sha256: 95c7dac133a977eb07ddbbf5f184b92fa9e92210070282b8ad5d91905d72b462
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-nvfp4.env
