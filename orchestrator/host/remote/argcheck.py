@@ -42,6 +42,8 @@ parsing (e.g. --log-config-file, `--model` with serve), and options whose help t
 deprecated (e.g. --disable-cascade-attn, --mamba-cache-mode: vLLM warns only when building the engine).
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import io
@@ -52,6 +54,7 @@ import re
 import sys
 import time
 import warnings
+from typing import Any
 
 _DEPRECATION = re.compile(r"\bdeprecat|will be removed", re.IGNORECASE)
 
@@ -166,8 +169,8 @@ def _deprecated_used(parser, tokens, notes):
     return found
 
 
-_PARSER = {}   # built once per process: importing vLLM is the slow part (~5 s)
-_QUOTED = {}   # env name -> does vLLM's source quote it (a scan per name, once per process)
+_PARSER: dict[str, Any] = {}    # built once per process: importing vLLM is the slow part (~5 s)
+_QUOTED: dict[str, bool] = {}   # env name -> does vLLM's source quote it (a scan per name, once per process)
 
 
 def _quoted_in_vllm(names):
@@ -242,10 +245,10 @@ def check(request):
     """One request {"argv", "env"} -> the result object described at the top of this file."""
     started = time.monotonic()
     env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
-    out = {"ok": False, "stage": None, "error": None, "bad_args": [], "deprecated": [],
-           "unknown_env": [], "not_read_env": [], "vllm_version": None,
-           "python": "%d.%d.%d" % sys.version_info[:3], "target_device": None, "parser": None,
-           "seconds": None, "import_seconds": None}
+    out: dict[str, Any] = {"ok": False, "stage": None, "error": None, "bad_args": [], "deprecated": [],
+                           "unknown_env": [], "not_read_env": [], "vllm_version": None,
+                           "python": "%d.%d.%d" % sys.version_info[:3], "target_device": None, "parser": None,
+                           "seconds": None, "import_seconds": None}
     argv = request.get("argv")
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         out.update(stage="request", error="request.argv must be a list of strings")
@@ -272,7 +275,8 @@ def check(request):
         errors.append((self.prog, message))
         return original_error(self, message)
 
-    argparse.ArgumentParser.error = recording_error
+    # Hook every parser's error() (vLLM's subparsers included) to learn which parser failed and why.
+    argparse.ArgumentParser.error = recording_error  # type: ignore[method-assign]  # a deliberate monkeypatch
     parse_argv = (["serve"] + tokens) if kind == "vllm serve" else tokens
     stderr = io.StringIO()
     try:
@@ -303,7 +307,7 @@ def check(request):
         notes = [n for n in notes if _DEPRECATION.search(n)]
         out["deprecated"] = _deprecated_used(top, tokens, notes)
     finally:
-        argparse.ArgumentParser.error = original_error
+        argparse.ArgumentParser.error = original_error  # type: ignore[method-assign]  # undo the hook above
         logging.getLogger("vllm").removeHandler(recorder)
         os.environ.clear()
         os.environ.update(saved_environ)

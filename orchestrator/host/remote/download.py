@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
 from http.client import HTTPException
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 CHUNK = 1 << 20
@@ -166,7 +167,7 @@ def classify_hub_error(exc: BaseException) -> Fail | None:
             RevisionNotFoundError,
         )
     except ImportError:   # huggingface_hub < 0.24
-        from huggingface_hub.utils import (  # type: ignore
+        from huggingface_hub.utils import (
             EntryNotFoundError,
             GatedRepoError,
             HfHubHTTPError,
@@ -250,8 +251,8 @@ class Record:
         except (OSError, ValueError):
             pass
         files = data.get("files") if isinstance(data, dict) and data.get("repo") == repo else None
-        self.data = {"repo": repo, "revision": revision, "commit": commit, "complete": False,
-                     "files": files if isinstance(files, dict) else {}, "total_bytes": 0, "verified_at": None}
+        self.data: dict[str, Any] = {"repo": repo, "revision": revision, "commit": commit, "complete": False,
+                                     "files": files if isinstance(files, dict) else {}, "total_bytes": 0, "verified_at": None}
 
     def verified(self, local_dir: Path, f: dict) -> bool:
         """Present and verified: recorded with the hub's size/hash, same size and mtime on disk."""
@@ -516,6 +517,7 @@ class Downloader:
 
 # -- main ------------------------------------------------------------------------------------------
 def load_token(args) -> str | None:
+    token: str | None
     if args.token_file:
         try:
             token = Path(args.token_file).read_text().strip()
@@ -554,7 +556,8 @@ def partial_path(local_dir: Path, f: dict) -> Path:
 
 def plan(args, record: Record, commit: str, selected: list) -> tuple:
     local_dir = Path(args.local_dir)
-    have, fetch = [], []
+    have: list[dict] = []
+    fetch: list[dict] = []
     for f in selected:
         (have if record.verified(local_dir, f) else fetch).append(f)
     partial = 0

@@ -15,6 +15,8 @@ Extra package names may be given as arguments. Simulated hosts fake packages wit
 PYTHONPATH; importlib.metadata reads those exactly like real ones.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -27,7 +29,7 @@ PACKAGES = ("vllm", "torch", "flashinfer-python", "flashinfer-cubin", "flashinfe
 
 def package_versions(names):
     from importlib.metadata import PackageNotFoundError, version
-    out = {}
+    out: dict[str, str | None] = {}
     for name in names:
         try:
             out[name] = version(name)

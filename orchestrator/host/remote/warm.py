@@ -32,6 +32,8 @@ processes need, hence the check on MemAvailable minus the bytes it warmed. Reads
 --rate so the kernel's page reclaim never races the serving model.
 """
 
+from __future__ import annotations
+
 import argparse
 import ctypes
 import json
@@ -80,7 +82,7 @@ class Mapping:
     """A read-only mapping of a file, to ask mincore(2) which of its pages are in the page cache.
     Mapping reads nothing; without mincore every page counts as not cached."""
 
-    _libc = None
+    _libc: ctypes.CDLL | bool | None = None      # False: tried, and there is no usable libc
 
     def __init__(self, path, size):
         self.size, self.addr = size, None
