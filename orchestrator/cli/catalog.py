@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -52,11 +53,12 @@ def models(app, as_json):
 
     folder = resolved_models_dir(app)
     good, bad = load_all(folder)
-    rows = [{"name": m.name, "repo": m.source.repo, "revision": m.source.revision,
-             "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,
-             "parallelism": parallelism(m.vllm), "port": m.serving.port,
-             "served_model_name": m.served_name, "description": m.description}
-            for m in good.values()]
+    rows: list[dict[str, Any]] = [
+        {"name": m.name, "repo": m.source.repo, "revision": m.source.revision,
+         "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,
+         "parallelism": parallelism(m.vllm), "port": m.serving.port,
+         "served_model_name": m.served_name, "description": m.description}
+        for m in good.values()]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:

@@ -28,7 +28,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader, node, deep=False):
-    seen = {}
+    seen: dict[Any, int] = {}          # key -> its line (0-based)
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         try:

@@ -174,12 +174,14 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
             client.load_host_keys(str(kh))
         client.set_missing_host_key_policy(_HostKeyPolicy(target))
         remaining = left()
+        # The ignores below hold only where types-paramiko is installed (paramiko itself is untyped):
+        # paramiko takes a list of key files where the stubs say str; SSHClient has no slot for the hop.
         client.connect(target.hostname, port=target.port, username=target.user, sock=sock,
-                       key_filename=list(target.identity_files) or None,  # type: ignore[arg-type]
+                       key_filename=list(target.identity_files) or None,  # type: ignore[arg-type, unused-ignore]
                        timeout=remaining, banner_timeout=remaining, auth_timeout=remaining,
                        channel_timeout=remaining, allow_agent=True,
                        look_for_keys=not target.identity_files)
-        client._vllm_orch_jump = jump_client  # type: ignore[attr-defined]  # the hop lives as long as the client
+        client._vllm_orch_jump = jump_client  # type: ignore[attr-defined, unused-ignore]  # the hop lives as long as the client
         return client
     except (ConnectError, RefusedError):
         _close(client, jump_client, sock)

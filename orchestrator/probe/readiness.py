@@ -57,8 +57,8 @@ def failure_fields(err: Exception | None) -> dict:
     fields: dict[str, str | None] = {"error": str(err)}
     if isinstance(err, NotReady):
         fields.update(failure_kind=err.kind, root_cause=err.root_cause)
-    elif getattr(err, "kind", None):            # e.g. a performance floor (plan/perf.py): kind "perf"
-        fields["failure_kind"] = err.kind
+    elif kind := getattr(err, "kind", None):    # e.g. a performance floor (plan/perf.py): kind "perf"
+        fields["failure_kind"] = kind
     return fields
 
 

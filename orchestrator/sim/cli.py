@@ -103,7 +103,7 @@ def status_cmd(as_json):
                        f"{'running' if p['alive'] else 'NOT RUNNING'}")
         for s in h["vllm_servers"]:
             click.echo(f"    SIMULATED vllm serve pid {s['pid']} port {s['port']}: {s['model']}")
-        by_gpu = {}
+        by_gpu: dict[int, list[str]] = {}
         for g in h["gpu_holders"]:
             by_gpu.setdefault(g["gpu_index"], []).append(f"{g['process_name']}({g['pid']})")
         for gpu in sorted(by_gpu):

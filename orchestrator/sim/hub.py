@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from base64 import urlsafe_b64decode, urlsafe_b64encode
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -290,7 +291,11 @@ class HubHandler(BaseHTTPRequestHandler):
         extra = {}
         if start + page < len(entries):
             cursor = urlsafe_b64encode(str(start + page).encode()).decode()
-            host = self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}"
+            host = self.headers.get("Host")
+            if not host:
+                addr = self.server.server_address
+                assert isinstance(addr, tuple)      # an IP server: (host, port)
+                host = f"127.0.0.1:{addr[1]}"
             base = f"http://{host}{urlsplit(self.path).path}"
             nxt = (f"{base}?recursive={str(recursive).lower()}&expand={str(expand).lower()}"
                    f"&cursor={quote(cursor)}")
@@ -349,7 +354,7 @@ class HubHandler(BaseHTTPRequestHandler):
             headers["X-Linked-Etag"] = f'"{f.sha256}"'
             headers["X-Linked-Size"] = str(f.size)
         rng = parse_range(self.headers.get("Range"), f.size)
-        if rng == "bad":
+        if isinstance(rng, str):        # "bad"
             self._send(416, {"Content-Range": f"bytes */{f.size}", **headers})
             return
         start, end = rng if rng else (0, f.size)
@@ -405,17 +410,18 @@ class HubHandler(BaseHTTPRequestHandler):
 
 
 def _truthy(values: list[str] | None) -> bool:
-    return bool(values) and values[0].lower() in ("1", "true", "yes")
+    return values is not None and len(values) > 0 and values[0].lower() in ("1", "true", "yes")
 
 
 class HubServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
+    state: HubState   # set by make_server
 
 
 def make_server(hostdir: str | Path, *, port: int = 0, bind: str = "127.0.0.1", scale: int = DEFAULT_SCALE,
-                revisions: list[tuple[str, str]] = (), model_repos: dict[str, str] | None = None,
+                revisions: Sequence[tuple[str, str]] = (), model_repos: dict[str, str] | None = None,
                 token: str = SIM_TOKEN, page_size: int = 1000) -> HubServer:
     """A bound (not yet serving) mirror; tests may run it in a thread, `main` runs it as a process."""
     hostdir = Path(hostdir)
@@ -423,7 +429,7 @@ def make_server(hostdir: str | Path, *, port: int = 0, bind: str = "127.0.0.1", 
     state = HubState(hostdir, Catalog(scale, revisions), token, dict(model_repos or {}), page_size)
     handler = type("BoundHubHandler", (HubHandler,), {"state": state})
     server = HubServer((bind, port), handler)
-    server.state = state  # type: ignore[attr-defined]
+    server.state = state
     return server
 
 

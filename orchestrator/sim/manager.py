@@ -29,6 +29,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -361,7 +362,7 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
     flavour = "systemd" if systemd else "process"
     nspawn = _nspawn() if systemd else None
     tree = nspawn.ensure_tree(_tree_cache(nspawn)) if nspawn else None
-    inventory = {"hosts": {}}
+    inventory: dict[str, dict[str, Any]] = {"hosts": {}}
     for i in range(max(hosts, len(state["hosts"]))):
         name = host_name(i)
         rec = state["hosts"].get(name)
@@ -465,7 +466,7 @@ def _nspawn():
     if importlib.util.find_spec("orchestrator.sim.nspawn") is None:
         raise RefusedError("--systemd needs orchestrator.sim.nspawn, which is not installed "
                            "in this build", hint="use the default flavour: vllm-orch sim up")
-    from orchestrator.sim import nspawn  # type: ignore[attr-defined]
+    from orchestrator.sim import nspawn
     return nspawn
 
 
@@ -473,7 +474,7 @@ def status(home: Path | None = None) -> dict:
     """What runs, per host: mirror, containers, simulated vLLM servers and GPU holders."""
     home = home or sim_home()
     state = load_state(home)
-    out = {"simulated": True, "home": str(home), "up": bool(state.get("hosts")), "hosts": {}}
+    out: dict[str, Any] = {"simulated": True, "home": str(home), "up": bool(state.get("hosts")), "hosts": {}}
     for name, rec in (state.get("hosts") or {}).items():
         hdir = Path(rec["dir"])
         procs = {k: {"pid": p["pid"], "alive": alive(p["pid"], p.get("start_time")),
@@ -526,6 +527,7 @@ def down(home: Path | None = None) -> list:
 def fault_catalog() -> dict:
     """name -> one-line description: the simulated server's faults and the hub mirror's."""
     spec = importlib.util.spec_from_file_location("_sim_vllm", package_file("sim", "vllm_server.py"))
+    assert spec is not None and spec.loader is not None     # a .py file always has a source loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     faults = dict(mod.FAULTS)

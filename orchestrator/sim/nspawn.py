@@ -25,6 +25,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.sim.nspawn_tree import DEFAULT_CACHE_DIR, SIM_MOUNT, ensure_tree, tree_key_path  # noqa: F401
@@ -136,7 +137,7 @@ def mount_root(tree: Path, root: Path) -> Path:
 
 
 def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,
-         binds_ro: list[str] = (), timeout: float = 60.0, persistent: bool = False) -> dict:
+         binds_ro: Sequence[str] = (), timeout: float = 60.0, persistent: bool = False) -> dict:
     """Boot one container and return its inventory entry once sshd answers and systemd is up.
     binds_ro: folders of this machine bound read-only at the same path (the real vLLM's venv).
     `persistent`: its root file system keeps changes across reboots (see the module docstring)."""
@@ -217,9 +218,10 @@ def boot_many(specs: list[tuple[str, int, Path]], tree: Path, **kw) -> list[dict
     results: dict[int, dict] = {}
     errors: list[BaseException] = []
 
-    def one(i: int, spec) -> None:
+    def one(i: int, spec: tuple[str, int, Path]) -> None:
         try:
-            results[i] = boot(*spec, tree, **kw)
+            name, index, host_dir = spec
+            results[i] = boot(name, index, host_dir, tree, **kw)
         except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
             errors.append(exc)
 

@@ -8,6 +8,7 @@ quantization_config). Everything else is short, deterministic, and says it is SI
 from __future__ import annotations
 
 import json
+from typing import Any
 
 GITATTRIBUTES = "\n".join(
     f"{p} filter=lfs diff=lfs merge=lfs -text" for p in (
@@ -73,6 +74,7 @@ def kimi_small_files() -> dict[str, str]:
 
 
 def kimi_config(quant: str) -> dict:
+    qcfg: dict[str, Any]
     if quant == "int4":
         qcfg = {"quant_method": "compressed-tensors", "format": "pack-quantized",
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": {

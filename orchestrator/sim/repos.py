@@ -103,8 +103,9 @@ class Repo:
         self.commit = commit_for(spec.repo_id)
         seed = f"{spec.repo_id}@{scale}"
         if spec.exact_files is not None:
-            self.files = {path: RepoFile.from_text(path, data, seed=seed, lfs=path.endswith(".safetensors"))
-                          for path, data in sorted(spec.exact_files().items())}
+            self.files: dict[str, RepoFile] = {
+                path: RepoFile.from_text(path, data, seed=seed, lfs=path.endswith(".safetensors"))
+                for path, data in sorted(spec.exact_files().items())}
             return
         files: list[RepoFile] = []
         sizes = shard_sizes(spec.repo_id, len(spec.shard_names), spec.total_real_bytes)
@@ -126,7 +127,7 @@ class Repo:
         for path, real in spec.lfs_binary_files.items():
             files.append(RepoFile(path=path, size=scaled(real, scale), lfs=True, seed=seed, real_size=real,
                                   prefix=b"\x89PNG\r\n\x1a\n" if path.endswith(".png") else b""))
-        self.files: dict[str, RepoFile] = {f.path: f for f in sorted(files, key=lambda f: f.path)}
+        self.files = {f.path: f for f in sorted(files, key=lambda f: f.path)}
 
     @property
     def total_bytes(self) -> int:

@@ -52,7 +52,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HOST_DIR = Path(os.environ.get("VLLM_SIM_HOST_DIR") or Path(__file__).resolve().parent.parent)
 GiB = 1 << 30
@@ -99,7 +101,7 @@ SCALE = max(1, int(SIM.get("scale") or 1))     # the host's files are 1/SCALE of
 # calibrated on the rtx6kpro logs (MiniMax TP4: 23.62 GiB -> 399,424 tokens; Kimi fp8: ~449,600).
 RTX6KPRO_KIMI = "https://github.com/voipmonitor/rtx6kpro/blob/main/models/kimi-k25.md"
 RTX6KPRO_MINIMAX = "https://github.com/voipmonitor/rtx6kpro/blob/main/models/minimax-m25.md"
-PROFILES = {
+PROFILES: dict[str, dict[str, Any]] = {
     "kimi-k25-int4": {
         "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
         "kv_per_gib": 10200, "prefill": 9000.0, "custom_code": True,
@@ -1008,7 +1010,8 @@ class Server:
         self.cfg, self.engine = cfg, engine
         self.healthy = True
         self.created = int(time.time())
-        self.on_decode = None    # set when the first decode step kills the engine (a version trap)
+        # set when the first decode step kills the engine (a version trap)
+        self.on_decode: Callable[[], None] | None = None
 
     async def handle(self, reader, writer):
         try:
@@ -1052,7 +1055,7 @@ class Server:
                 pass
 
     async def respond(self, writer, status: int, body: bytes = b"",
-                      ctype: str = "application/json", extra: dict = None):
+                      ctype: str = "application/json", extra: dict | None = None):
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
                   405: "Method Not Allowed", 503: "Service Unavailable"}.get(status, "Error")
         head = [f"HTTP/1.1 {status} {reason}",
@@ -1171,15 +1174,15 @@ class Server:
         name = model
         obj = "chat.completion" if chat else "text_completion"
         n_reason = sum(1 for k, _ in seq if k == "reasoning")
-        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(seq),
-                 "completion_tokens": len(seq), "prompt_tokens_details": None,
-                 "completion_tokens_details": None}
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(seq),
+                                 "completion_tokens": len(seq), "prompt_tokens_details": None,
+                                 "completion_tokens_details": None}
         if chat and self.cfg["reasoning"]:
             usage["completion_tokens_details"] = {"reasoning_tokens": n_reason}
         if body.get("stream"):
             return await self.stream(writer, body, seq, finish, prompt_tokens, rid, created,
                                      name, obj, chat, usage)
-        parts = {"reasoning": [], "content": []}
+        parts: dict[str, list[str]] = {"reasoning": [], "content": []}
 
         async def collect(item):
             parts[item[0]].append(item[1])
@@ -1312,7 +1315,7 @@ DCP_FP8_DEATH = ([("vllm/v1/worker/gpu_model_runner.py", 3120, "execute_model",
 # --------------------------------------------------------------------------------------------
 # The host's memory: the fake nvidia-smi beside this program keeps <hostdir>/meminfo (one registry of
 # live workers for GPU and CPU memory); imported from its installed file, as both always ship together.
-_SMI = []
+_SMI: list[Any] = []    # the nvidia-smi module, once loaded
 
 
 def refresh_meminfo() -> None:
@@ -1321,7 +1324,10 @@ def refresh_meminfo() -> None:
             from importlib.machinery import SourceFileLoader
             from importlib.util import module_from_spec, spec_from_loader
             loader = SourceFileLoader("_sim_nvidia_smi", str(HOST_DIR / "bin" / "nvidia-smi"))
-            mod = module_from_spec(spec_from_loader(loader.name, loader))
+            spec = spec_from_loader(loader.name, loader)
+            if spec is None:
+                raise ImportError(f"no module spec for {loader.path}")
+            mod = module_from_spec(spec)
             loader.exec_module(mod)
             _SMI.append(mod)
         _SMI[0].write_meminfo(HOST_DIR)
@@ -1404,7 +1410,7 @@ class Piece:
 
     def __init__(self, path, start: int, end: int, cold: int):
         self.path, self.start, self.end, self.cold = path, start, end, cold
-        self.ready_at = None
+        self.ready_at: float | None = None
 
     def read(self) -> None:
         try:
@@ -1447,7 +1453,7 @@ class WeightLoad:
         self.count = len(self.pieces)
         self.disk_free = 0.0              # when the simulated disk has served every request so far
         self.clock = time.monotonic()     # where the loader is on its own schedule
-        self.prefetch = None
+        self.prefetch: asyncio.Future[None] | None = None
         self.total = served
         self.available = read_meminfo().get("MemAvailable")
 
@@ -1553,7 +1559,7 @@ class Launch:
         self.holders: list = []        # GPU holders: (Popen, title, gpu, start time)
         self.aux: list = []            # engine cores, DP coordinator, API servers (no GPU memory)
         self.engine_logs: list = []    # (log name, pid) of each engine core
-        self.sock = None
+        self.sock: socket.socket | None = None     # bound by start(), listening from serve()
         self.stopping = False
         self.tearing_down = False      # we stop our workers ourselves (a worker exit is expected)
         self.t0 = time.time()
@@ -1995,9 +2001,11 @@ class Launch:
             log(api, "INFO", "launcher.py:188", "Available routes are:")
             for path, methods in Server.ROUTES:
                 log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
-        self.sock.listen(1024)
-        self.sock.setblocking(False)
-        srv = await asyncio.start_server(server.handle, sock=self.sock, limit=1 << 22)
+        sock = self.sock
+        assert sock is not None                     # start() bound it
+        sock.listen(1024)
+        sock.setblocking(False)
+        srv = await asyncio.start_server(server.handle, sock=sock, limit=1 << 22)
         for _name, pid in apis:
             log_uvicorn(f"INFO:     Started server process [{pid}]")
             log_uvicorn("INFO:     Waiting for application startup.")
