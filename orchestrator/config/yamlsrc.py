@@ -120,7 +120,7 @@ def check_shape(text: str, display: str) -> None:
     stack: list[list] = [[None, 0]]              # [anchor, nodes so far] per open collection
     total = 0
     for event in yaml.parse(text, Loader=_UniqueKeyLoader):
-        line = event.start_mark.line + 1
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             stack.append([event.anchor, 0])
             if len(stack) - 1 > MAX_DEPTH:
@@ -137,7 +137,7 @@ def check_shape(text: str, display: str) -> None:
                 sizes[event.anchor] = 1
             stack[-1][1] += 1
         elif isinstance(event, yaml.AliasEvent):
-            stack[-1][1] += sizes.get(event.anchor, 1)
+            stack[-1][1] += sizes.get(event.anchor or "", 1)
         else:
             continue
         total = sum(frame[1] for frame in stack)
