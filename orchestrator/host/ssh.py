@@ -155,6 +155,8 @@ class SshHost(Host):
                         and not chan.recv_ready() and not chan.recv_stderr_ready():
                     return chan.recv_exit_status(), bytes(out), _strip_mark(err)[1]
                 if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    if not chan.exit_status_ready():   # sshd sends a command's exit status before it closes
+                        raise EOFError("the channel closed before the command ended")
                     return (chan.recv_exit_status() if chan.exit_status_ready() else 255,
                             bytes(out), _strip_mark(err)[1] + b"\n(connection closed)")
                 remaining = deadline - time.monotonic()
@@ -246,10 +248,17 @@ class SshHost(Host):
             raise ConnectionRefusedError(
                 f"{self.name}: {address}:{port} on the host refused the connection "
                 f"({exc.text})") from None
-        except paramiko.SSHException as exc:
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if not _alive(self._client.get_transport() if self._client else None):
+                raise ConnectError(f"lost the connection to {self.target.where}: {exc or type(exc).__name__}",
+                                   host=self.name) from None
             raise TimeoutError(f"{self.name}: tunnel to {address}:{port}: {exc}") from None
         finally:
             self._count(started)
+
+
+def _alive(t: paramiko.Transport | None) -> bool:
+    return t is not None and t.is_active()
 
 
 class _SshSpawned(Spawned):
