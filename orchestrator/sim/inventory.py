@@ -88,6 +88,10 @@ class SimHost:
             entry["vllm"], entry["python"] = self.cpu_vllm["vllm"], self.cpu_vllm["python"]
             entry["env"] = {k: v for k, v in entry["env"].items() if k != "PYTHONPATH"}
             entry["skip_checks"] = list(CPU_BUILD_CHECKS)
+            if self.container:
+                # The venv is bound at its own path on this machine, under /root (0700), which the
+                # default unprivileged service user cannot enter: the service runs as root here.
+                entry["service_user"] = "root"
         elif not self.real_vllm:
             entry["skip_checks"] = list(PARSER_CHECKS)
         HostEntry(name=self.name, **entry)      # the product must accept what we write

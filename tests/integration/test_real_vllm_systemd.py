@@ -11,7 +11,7 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.host.connect import open_host
 from orchestrator.host.services import Service
 from orchestrator.ops.status import host_status
-from orchestrator.probe.readiness import GATES
+from orchestrator.probe.readiness import GATES, UNIT_GATE
 from orchestrator.sim import manager
 from tests.plugins.real_vllm import READY_TIMEOUT
 from tests.plugins.remote_hosts import systemd_skip_reason
@@ -42,7 +42,7 @@ def test_deploy_into_a_real_systemd_container_with_the_venv_bound_read_only(real
     assert list(e.skip_checks) == ["torch-cuda"]          # the CPU build's torch; the parser is real
     r = deploy(e, SHIPPED["tiny-llama-a"], budget_s=READY_TIMEOUT, poll_s=0.5)
     assert r.ok, r.error
-    assert list(r.extra["history"]["gates"]) == list(GATES)
+    assert list(r.extra["history"]["gates"]) == [*GATES, UNIT_GATE]          # a systemd host: the unit too
     st = host_status(e)
     assert (st.state, st.active_model, st.vllm_version) == ("ready", "tiny-llama-a", "0.32.0+cpu"), st
     assert sorted(p["name"] for p in st.gpu_processes) == ["VLLM::EngineCore", "VLLM::Worker"]
