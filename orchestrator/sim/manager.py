@@ -545,7 +545,7 @@ def fault_catalog() -> dict:
 def add_fault(host: str, fault: str, model: str | None = None,
               home: Path | None = None, **extra) -> list:
     """Arm a fault; `extra` goes into its entry (`times`: starts it fires at; `after`: seconds,
-    for hang-after-ready)."""
+    for hang-after-ready; `factor`: for slow-start)."""
     hdir = _existing_host(host, home)
     catalog = fault_catalog()
     if fault not in catalog:

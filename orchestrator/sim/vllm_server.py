@@ -191,7 +191,7 @@ FAULTS = {
     "crash-no-kv-memory": "'No available memory for the cache blocks' at the end of the load (KV OOM)",
     "die-after-ready": "engine core dies a few seconds after the server became ready",
     "garbage": "serves random junk tokens instead of sensible answers",
-    "slow-start": "loading takes 5x longer",
+    "slow-start": "loading takes 5x longer (`factor`, default 5)",
     "slow-decode": "decodes at 35/81 of the layout's rate (a layout or backend change, a bad NCCL "
                    "setting: '81 tok/s expected, 35 seen')",
 }
@@ -1806,7 +1806,7 @@ class Launch:
                  "raise NotImplementedError(")],
                 "NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported")
         # loading weights: timed by the real page cache (WeightLoad), then compile and graphs
-        slow = 5.0 if self.fault == "slow-start" else 1.0
+        slow = max(1.0, float(self.fault_args.get("factor") or 5.0)) if self.fault == "slow-start" else 1.0
         other_s = cfg["size"] / LOAD_BYTES_PER_S / max(cfg["speed"], 1e-9) * slow
         compile_s, graph_s = other_s * 0.1, other_s * 0.1
         n_gpu_shards = cfg["tp"] * cfg["pp"] * (cfg["dp"] if cfg["ep"] else 1)
