@@ -55,7 +55,7 @@ class TinySpec:
     intermediate_size: int = 256
     num_hidden_layers: int = 2
     num_attention_heads: int = 2
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = 4096
 
     @property
     def head_dim(self) -> int:

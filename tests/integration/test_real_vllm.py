@@ -56,7 +56,7 @@ B = tiny("tiny-llama-b", PORT_B)
 A_BROKEN = tiny("tiny-llama-a", PORT_A, vllm={"extra_args": ["--enforce-eager", "--num-gpu-blocks-override", "4"]})
 DP = tiny("tiny-llama-a", PORT_DP, name="tiny-dp2",
           serving={"gpus": 2, "gpu_ids": [0, 1], "served_model_name": "tiny-dp2"},
-          vllm={"data_parallel_size": 2, "gpu_memory_utilization": 0.05, "max_model_len": 2048,
+          vllm={"data_parallel_size": 2, "gpu_memory_utilization": 0.05, "max_model_len": 4096,
                 "extra_args": ["--enforce-eager", "--num-gpu-blocks-override", "64"]})
 
 
@@ -250,14 +250,15 @@ def _pgid(pid: int) -> int | None:
 
 
 def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host):
-    """One request per engine: a 1100-word prompt (its KV at once) and 900 tokens more (~6 s, longer
-    than status takes). KV usage only grows while both run, so status's figure lies between the
-    per-engine means scraped just before and just after it, which are less than 2x apart
-    ((1100 + 900) / 1100): a sum, at least twice the first, cannot."""
+    """One request per engine: a 2000-word prompt (its KV at once) and 1800 tokens more (~12 s, longer
+    than status takes while both engines keep the 2 cores busy: ~5 s measured). KV usage only grows
+    while both run, so status's figure lies between the per-engine means scraped just before and
+    just after it, which are less than 2x apart ((2000 + 1800) / 2000): a sum, at least twice the
+    first, cannot."""
     ensure_deployed(real_vllm_host, DP)
     e = entry(real_vllm_host)
     for attempt in range(4):
-        threads = _long_streams(PORT_DP, "tiny-dp2", 2, 900, prompt_words=1100)
+        threads = _long_streams(PORT_DP, "tiny-dp2", 2, 1800, prompt_words=2000)
         try:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and set(_engine_series(
