@@ -249,34 +249,43 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host):
-    """One request per engine: a 2000-word prompt (its KV at once) and 1800 tokens more (~12 s, longer
-    than status takes while both engines keep the 2 cores busy: ~5 s measured). KV usage only grows
-    while both run, so status's figure lies between the per-engine means scraped just before and
-    just after it, which are less than 2x apart ((2000 + 1800) / 2000): a sum, at least twice the
-    first, cannot."""
+def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host, monkeypatch):
+    """Status's own /metrics scrape happens while one request runs on each engine: when status asks
+    for /metrics, the test starts them (a 2000-word prompt, 1800 tokens more) and waits until both
+    run with their KV allocated. KV usage only grows while both run, so the figure status reports
+    lies between the per-engine means scraped just before and just after its scrape, which are less
+    than 2x apart ((2000 + 1800) / 2000): a sum, at least twice the first, cannot. (Holding requests
+    for the whole of status did not work on a busy machine: with both CPU engines holding the 2
+    cores, status took ~5 s and the requests ended first.)"""
+    from orchestrator.probe import api as probe_api
+
     ensure_deployed(real_vllm_host, DP)
     e = entry(real_vllm_host)
-    for attempt in range(4):
-        threads = _long_streams(PORT_DP, "tiny-dp2", 2, 1800, prompt_words=2000)
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and set(_engine_series(
-                    PORT_DP, "vllm:num_requests_running").values()) != {1.0}:
-                time.sleep(0.1)
-            before = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
-            st = host_status(e)
-            after = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
-            both_ran = set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
-        finally:
-            for t in threads:
-                t.join(120)
-        if both_ran and min(before.values()) > 0:
-            break
-    else:
-        pytest.fail("could not hold one request on each engine while status ran")
+    real_fetch, seen = probe_api.fetch_metrics, {}
+
+    def fetch_while_both_run(ep, **kw):
+        seen["threads"] = _long_streams(PORT_DP, "tiny-dp2", 2, 1800, prompt_words=2000)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
+                and min(_engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0):
+            time.sleep(0.05)
+        seen["before"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+        snap = real_fetch(ep, **kw)
+        seen["after"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+        seen["running"] = _engine_series(PORT_DP, "vllm:num_requests_running")
+        return snap
+
+    monkeypatch.setattr(probe_api, "fetch_metrics", fetch_while_both_run)
+    try:
+        st = host_status(e)
+    finally:
+        for t in seen.get("threads", []):
+            t.join(120)
+    before, after = seen["before"], seen["after"]
+    assert set(seen["running"].values()) == {1.0} and min(before.values()) > 0, seen
     low, high = sum(before.values()) / 2, sum(after.values()) / 2
-    assert low - 1e-9 <= st.kv_cache_usage <= high + 1e-9, (st.kv_cache_usage, before, after)
+    assert st.engines == 2 and low - 1e-9 <= st.kv_cache_usage <= high + 1e-9, (st.kv_cache_usage, before, after)
 
 
 # -- a keyed model ----------------------------------------------------------------------------------
