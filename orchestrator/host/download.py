@@ -10,7 +10,6 @@ environment).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -41,21 +40,6 @@ HINTS = {
     "unsafe": "the Hub (or the mirror in HF_ENDPOINT) lists file names that point outside the model folder, "
               "or someone planted a symlink in it: check the repo and the host's HF_ENDPOINT",
 }
-
-
-def parse_event(line: str, events: tuple[str, ...] = EVENTS) -> dict | None:
-    """One stdout line of a host-side script as an event dict (one of `events`), or None for
-    anything else (the download's events by default; the warm-up's script speaks the same way)."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(event, dict) and event.get("event") in events:
-        return event
-    return None
 
 
 def download_args(repo: str, revision: str, local_dir: str, *, allow: Iterable[str] = (),
@@ -107,21 +91,11 @@ class _TokenFile:
 def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,
                 env, *, state_dir: str, token, token_file, workers: int, plan_only: bool,
                 extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None):
-    events: list[dict] = []
-
-    def on_line(line: str) -> None:
-        event = parse_event(line)
-        if event is None:
-            return
-        if event["event"] != "progress":
-            events.append(event)
-        if on_event is not None:
-            on_event(event)
-
     with _TokenFile(host, state_dir, token, token_file) as tf:
         args = download_args(repo, revision, local_dir, allow=allow, ignore=ignore, workers=workers,
                              plan_only=plan_only, token_file=tf, extra=extra)
-        result = scripts.stream(host, python, SCRIPT, args, on_line=on_line, timeout=timeout, env=env)
+        events, result = scripts.stream_events(host, python, SCRIPT, args, EVENTS, on_event=on_event,
+                                               timeout=timeout, env=env)
     errors = [e for e in events if e["event"] == "error"]
     if errors:
         raise failure(host, errors[0], result.stderr)

@@ -4,9 +4,10 @@
 
 Nothing is uploaded (a dry run leaves no file behind, and there is no remote path to keep in step
 with the controller's version), the process list shows `python - --repo ...` rather than the whole
-program, and the same command runs (`run`, one JSON answer) or streams (`stream`, JSON lines as they
-come, for the download's progress). Arguments are plain argv words (JSON for structured requests);
-secrets never go on a command line: the download reads its token from a 0600 file.
+program, and the same command runs (`run`, one JSON answer) or streams (`stream`, lines as they come;
+`stream_events`, the JSON-line events of the download and the warm-up). Arguments are plain argv
+words (JSON for structured requests); secrets never go on a command line: the download reads its
+token from a 0600 file.
 """
 
 from __future__ import annotations
@@ -57,3 +58,37 @@ def stream(host: Host, python: str, name: str, args: Sequence[str], *, on_line: 
     """Run a script, calling on_line for each stdout line as it arrives."""
     return host.stream(command(python, name, args), input=source(name), on_line=on_line, timeout=timeout,
                        env=env)
+
+
+def parse_event(line: str, kinds: Sequence[str]) -> dict | None:
+    """One stdout line of a streaming script as an event dict ({"event": KIND, ...} with KIND in
+    `kinds`), or None for anything else (log lines, other JSON)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(event, dict) and event.get("event") in kinds:
+        return event
+    return None
+
+
+def stream_events(host: Host, python: str, name: str, args: Sequence[str], kinds: Sequence[str], *,
+                  on_event: Callable[[dict], None] | None = None, timeout: float = 3600.0,
+                  env: Mapping[str, str] | None = None) -> tuple[list[dict], Result]:
+    """Run a script that speaks JSON-line events: each goes to on_event as it arrives; returns the
+    events other than "progress" (plan, file, error, done...) and the Result."""
+    events: list[dict] = []
+
+    def on_line(line: str) -> None:
+        event = parse_event(line, kinds)
+        if event is None:
+            return
+        if event["event"] != "progress":
+            events.append(event)
+        if on_event is not None:
+            on_event(event)
+
+    return events, stream(host, python, name, args, on_line=on_line, timeout=timeout, env=env)

@@ -24,7 +24,6 @@ from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host import scripts
 from orchestrator.host.base import Host
-from orchestrator.host.download import parse_event
 
 SCRIPT = "warm.py"
 EVENTS = ("plan", "progress", "file", "done", "error")
@@ -53,18 +52,7 @@ def warm_args(model_dir: str, *, meminfo: str, budget: int | None = None, floor:
 
 def _events(host: Host, python: str, args: list[str], *, timeout: float,
             on_event: Callable[[dict], None] | None) -> list[dict]:
-    events: list[dict] = []
-
-    def on_line(line: str) -> None:
-        event = parse_event(line, EVENTS)
-        if event is None:
-            return
-        if event["event"] != "progress":
-            events.append(event)
-        if on_event is not None:
-            on_event(event)
-
-    result = scripts.stream(host, python, SCRIPT, args, on_line=on_line, timeout=timeout)
+    events, result = scripts.stream_events(host, python, SCRIPT, args, EVENTS, on_event=on_event, timeout=timeout)
     errors = [e for e in events if e["event"] == "error"]
     if errors or result.exit_code != 0:
         message = errors[0].get("message") if errors else f"the warm script exited {result.exit_code}"

@@ -4,17 +4,18 @@ import ast
 
 from rich.console import Console
 
-from orchestrator.host.download import DownloadProgress, download_args, parse_event
+from orchestrator.host.download import EVENTS, DownloadProgress, download_args
+from orchestrator.host.scripts import parse_event
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 
 
 def test_parse_event_accepts_only_known_json_events():
-    assert parse_event('{"event":"done","verified":true,"bytes":3}') == {"event": "done", "verified": True,
+    assert parse_event('{"event":"done","verified":true,"bytes":3}', EVENTS) == {"event": "done", "verified": True,
                                                                          "bytes": 3}
-    assert parse_event("  {\"event\": \"plan\", \"files\": 1}\n")["files"] == 1
+    assert parse_event("  {\"event\": \"plan\", \"files\": 1}\n", EVENTS)["files"] == 1
     for line in ("", "retry 1/5 ...", "{not json", '{"event":"other"}', "[1,2]", '{"kind":"x"}'):
-        assert parse_event(line) is None
+        assert parse_event(line, EVENTS) is None
 
 
 def test_progress_renders_bytes_files_and_summary():
