@@ -227,8 +227,7 @@ def test_data_parallel_service_two_engines_every_process_is_the_services(real_vl
     assert facts.procs and all(p.owner == "tiny-dp2" for p in facts.procs)
     assert facts.ports[PORT_DP] and all(p.owner == "tiny-dp2" for p in facts.ports[PORT_DP])
     leader = facts.services["tiny-dp2"].main_pid
-    group = [open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0].decode()
-             for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == leader]
+    group = [_cmd(int(d)) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == leader]
     assert "VLLM::DPCoordinator" in group and "VLLM::APIServer_0" in group, group
 
     result = bench(real_vllm_host, DP, tmp_path / "bench", "2", 3)
@@ -250,18 +249,24 @@ def _pgid(pid: int) -> int | None:
 
 
 def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host, monkeypatch):
-    """Status's own /metrics scrape happens while one request runs on each engine: when status asks
-    for /metrics, the test starts them (a 2000-word prompt, 1800 tokens more) and waits until both
-    run with their KV allocated. KV usage only grows while both run, so the figure status reports
-    lies between the per-engine means scraped just before and just after its scrape, which are less
-    than 2x apart ((2000 + 1800) / 2000): a sum, at least twice the first, cannot. (Holding requests
-    for the whole of status did not work on a busy machine: with both CPU engines holding the 2
-    cores, status took ~5 s and the requests ended first.)"""
+    """Status's own /metrics scrape happens while one request runs on each engine, and the engines are
+    frozen (SIGSTOP) for the length of it: when status asks for /metrics, the test starts two requests
+    (a 2000-word prompt each), waits until both engines run one with its KV allocated, stops the two
+    EngineCore processes, and lets status scrape. The API server still answers /metrics with the last
+    figures the engines sent, so the per-engine series scraped just before and just after status's
+    scrape are equal, and status must report their mean, not their sum. (Timing real requests against
+    the scrape did not hold: on CI's faster machine 1800 tokens ended inside the scrape; on a busy one
+    status outlived them.)"""
     from orchestrator.probe import api as probe_api
 
     ensure_deployed(real_vllm_host, DP)
     e = entry(real_vllm_host)
+    leader = gather(real_vllm_host.host, e, ["tiny-dp2"], ports=[PORT_DP]).services["tiny-dp2"].main_pid
     real_fetch, seen = probe_api.fetch_metrics, {}
+
+    def engine_cores() -> list[int]:
+        return [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == leader
+                and _cmd(int(d)).startswith("VLLM::EngineCore_DP")]
 
     def fetch_while_both_run(ep, **kw):
         seen["threads"] = _long_streams(PORT_DP, "tiny-dp2", 2, 1800, prompt_words=2000)
@@ -270,10 +275,17 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
                 set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
                 and min(_engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0):
             time.sleep(0.05)
-        seen["before"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
-        snap = real_fetch(ep, **kw)
-        seen["after"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
-        seen["running"] = _engine_series(PORT_DP, "vllm:num_requests_running")
+        seen["frozen"] = engine_cores()
+        for pid in seen["frozen"]:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            seen["before"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+            snap = real_fetch(ep, **kw)
+            seen["after"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+            seen["running"] = _engine_series(PORT_DP, "vllm:num_requests_running")
+        finally:
+            for pid in seen["frozen"]:
+                os.kill(pid, signal.SIGCONT)
         return snap
 
     monkeypatch.setattr(probe_api, "fetch_metrics", fetch_while_both_run)
@@ -282,10 +294,18 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
     finally:
         for t in seen.get("threads", []):
             t.join(120)
+    assert len(seen["frozen"]) == 2, seen
     before, after = seen["before"], seen["after"]
-    assert set(seen["running"].values()) == {1.0} and min(before.values()) > 0, seen
-    low, high = sum(before.values()) / 2, sum(after.values()) / 2
-    assert st.engines == 2 and low - 1e-9 <= st.kv_cache_usage <= high + 1e-9, (st.kv_cache_usage, before, after)
+    assert set(seen["running"].values()) == {1.0} and min(before.values()) > 0 and before == after, seen
+    mean = sum(before.values()) / 2
+    assert st.engines == 2 and abs(st.kv_cache_usage - mean) < 1e-9, (st.kv_cache_usage, before)
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
 
 
 # -- a keyed model ----------------------------------------------------------------------------------
