@@ -104,6 +104,9 @@ class Host(ABC):
     name: str
     sudo: bool = False
     env: Mapping[str, str]
+    # Connections opened so far (SshHost: 1 per run, one more after each drop; LocalHost: 0). A
+    # rise across a wait says the connection dropped meanwhile, even when no command failed.
+    connects: int = 0
 
     def __init__(self, name: str, *, sudo: bool = False, env: Mapping[str, str] | None = None):
         self.name = name

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.errors import CommandFailed
 from orchestrator.host.base import Command, Host, Script
 
 
@@ -148,6 +149,10 @@ class SystemdService(Service):
     def state(self) -> ServiceState:
         r = self.host.run(["systemctl", "show", self.unit, "-p", ",".join(SYSTEMD_PROPERTIES)])
         raw = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        if not r.ok or "ActiveState" not in raw:
+            # systemctl shows even an unknown unit (inactive, not-found): no answer is not "stopped".
+            r.check(self.entry.name, f"systemctl show {self.unit}")
+            raise CommandFailed(f"systemctl show {self.unit} printed no ActiveState", host=self.entry.name)
         return ServiceState.from_facts(raw)
 
     def wait_started(self, timeout: float = 60.0, poll: float = 0.2) -> ServiceState:

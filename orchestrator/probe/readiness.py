@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.config.manifest import Manifest
-from orchestrator.errors import DeployFailed
+from orchestrator.errors import ConnectError, DeployFailed
 from orchestrator.host.base import Host
 from orchestrator.host.services import Service
 from orchestrator.probe import api as probes
@@ -86,7 +86,15 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
 
     cursor_box = [cursor]
     smoke_result: probes.SmokeResult | None = None
+    connects = host.connects
     while True:
+        if host.connects != connects:
+            # A command that was cut raises ConnectError itself; one that ran after a cut between
+            # polls reconnected without a word. Either way the deploy lock's connection is gone:
+            # end the wait the same way, so the run re-proves its lock and rolls back.
+            raise ConnectError(f"lost the connection to {host.name} during the readiness wait "
+                               "(it reconnected, but the deploy lock went with the old connection)",
+                               host=service.entry.name, step="ready")
         now = time.monotonic()
         elapsed = now - start
         lines, cursor_box[0] = service.read_log(cursor_box[0])

@@ -271,6 +271,18 @@ def test_reconnects_once_when_the_connection_died(ssh_host):
     assert ssh_host.connects == 2
 
 
+def test_a_connection_cut_under_a_running_command_is_a_lost_connection_not_an_exit_code(ssh_host):
+    """paramiko closes the channels of a dead transport and then reports their exit status as ready
+    (-1): the command must not look as if it ended (readiness read that as "the service exited")."""
+    for _ in range(3):
+        assert ssh_host.run(["true"]).ok
+        sock = ssh_host.transport().sock
+        threading.Timer(0.3, sock.shutdown, args=(socket.SHUT_RDWR,)).start()
+        with pytest.raises(ConnectError, match="lost the connection"):
+            ssh_host.run(["sleep", "5"], timeout=20)
+    assert ssh_host.run(["echo", "again"]).stdout == "again\n"
+
+
 # -- ~/.ssh/config -----------------------------------------------------------------------------------
 def _ssh_config(tmp_path: Path, info, extra: str = "") -> Path:
     cfg = tmp_path / "ssh_config"

@@ -18,6 +18,7 @@ import pytest
 from orchestrator.bench.client import Endpoint as BenchEndpoint
 from orchestrator.bench.loadgen import scrape
 from orchestrator.config.manifest import Manifest
+from orchestrator.errors import ConnectError
 from orchestrator.host.local import LocalHost
 from orchestrator.host.services import Service
 from orchestrator.ops.execute import Reporter
@@ -120,6 +121,27 @@ def test_readiness_with_a_wrong_key_fails_at_once(keyed):
     assert time.monotonic() - t0 < 60                 # not the start-up budget
     ready = wait_ready(host, svc, m, svc.log_cursor(), budget_s=60, poll_s=0.1, api_key=Secret(KEY))
     assert ready.smoke.ok
+
+
+def test_a_reconnect_between_two_polls_ends_the_readiness_wait(keyed):
+    """SshHost reconnects without a word when a command finds its connection gone (its `connects`
+    rises): the wait must end as a lost connection then, as it does when the cut hits a command, for
+    the deploy lock went with the old connection. (The real cut over SSH, which lands either way:
+    tests/integration/test_systemd_interrupts.py.)"""
+    e, m, _ = keyed
+    host = LocalHost("sim", env=e.env)
+    svc = Service.for_host(host, e, m.name)
+    events: list[str] = []
+
+    def reconnect_after_the_first_gate(kind: str, text: str) -> None:
+        events.append(text)
+        if kind == "gate":
+            host.connects += 1
+
+    with pytest.raises(ConnectError, match="lost the connection to sim during the readiness wait"):
+        wait_ready(host, svc, m, svc.log_cursor(), budget_s=60, poll_s=0.1, api_key=Secret(KEY),
+                   on_event=reconnect_after_the_first_gate)
+    assert events[-1] == "process alive", events
 
 
 def test_status_of_a_keyed_service(keyed, sim_host):
