@@ -67,6 +67,7 @@ class HostFacts:
     ports: dict[int, list[Proc]] = field(default_factory=dict)   # port -> processes bound to it
     half_swap: dict | None = None   # swap.json: a swap that stopped its old model and has not ended
     users: dict[str, dict | None] = field(default_factory=dict)  # the service user: uid, gid, home (None: missing)
+    service_reach: dict | None = None     # can the service user run vllm (facts_script.service_reach)
     memory: Memory | None = None          # None when the memory file could not be read
     raw: dict = field(repr=False, default_factory=dict)
 
@@ -125,7 +126,8 @@ def parse(raw: dict) -> HostFacts:
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
         installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
         half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None,
-        users=raw.get("users") or {}, memory=_memory(raw.get("memory")), raw=raw)
+        users=raw.get("users") or {}, service_reach=raw.get("service_reach"),
+        memory=_memory(raw.get("memory")), raw=raw)
 
 
 def _memory(raw: dict | None) -> Memory | None:

@@ -27,7 +27,7 @@ from orchestrator.plan.versions import public_version, version_key
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 
-CHECK_NAMES = ("flags", "env", "vllm-version", "version-traps", "package-pairs", "torch-cuda",
+CHECK_NAMES = ("flags", "env", "service-user", "vllm-version", "version-traps", "package-pairs", "torch-cuda",
                "required-packages", "gpus", "foreign-gpu-processes")
 
 
@@ -65,6 +65,31 @@ def skippable(name: str) -> Callable:
 
 
 # -- versions ---------------------------------------------------------------------------------------
+@skippable("service-user")
+def check_service_user(reach: Mapping[str, Any] | None, vllm: str) -> Check:
+    """The service user must be able to run the vllm executable: a venv in a private home (/root,
+    /home/alice, both 0700) works for whoever installed it and fails only when the unit starts -
+    after the download. `reach`: the host facts' answer (facts_script.service_reach)."""
+    name = "service-user"
+    if reach is None:
+        return Check(name, OK, "not checked (the host facts do not say who runs the service)")
+    user = reach.get("user", "?")
+    if user == "root":
+        return Check(name, OK, f"the service runs as root: it can run {vllm}")
+    problems, unchecked = list(reach.get("problems") or []), list(reach.get("unchecked") or [])
+    who = user if reach.get("exists") else f"{user} (to be created: judged by the 'other' permission bits)"
+    if problems:
+        return Check(name, FAIL, f"the service user {who} cannot run {vllm}: {problems[0]}",
+                     details=problems + [f"not checked: {u}" for u in unchecked],
+                     fix=f"install vLLM where {user} can reach it (e.g. /opt/vllm), let it through "
+                         f"(`chmod o+x` on the folders, `chmod o+rx` on the file), or set the "
+                         f"inventory's `service_user` to the user that owns the venv")
+    if unchecked:
+        return Check(name, WARN, f"could not check that {who} can run {vllm}: {unchecked[0]}",
+                     details=[f"not checked: {u}" for u in unchecked])
+    return Check(name, OK, f"{who} can run {vllm}")
+
+
 @skippable("vllm-version")
 def check_vllm_version(installed: str | None, minimum: str | None, *, python: str = "",
                        field: str = "requires.min_vllm_version") -> Check:
@@ -459,6 +484,8 @@ class PreflightFacts:
     packages: HostAnswer | None
     argcheck: HostAnswer | None
     gpus: list[Gpu] | None                      # None: nvidia-smi failed (gpu_error says why)
+    vllm: str = ""                              # the vllm executable (the inventory's `vllm:`)
+    service_reach: dict | None = None           # can the service user run it (host facts)
     gpu_error: str | None = None
     driver_version: str | None = None
     driver_cuda: str | None = None
@@ -495,8 +522,8 @@ def _timed(check: Check, seconds: float | None) -> Check:
 
 def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
              kill_foreign: bool = False, skip: Collection[str] = ()) -> list[Check]:
-    """Every preflight check, in plan order: flags, env, vllm-version, version-traps, package-pairs,
-    torch-cuda, required-packages, gpus, foreign-gpu-processes. Pure: pf holds what the host answered.
+    """Every preflight check, in plan order: flags, env, service-user, vllm-version, version-traps,
+    package-pairs, torch-cuda, required-packages, gpus, foreign-gpu-processes. Pure: pf holds what the host answered.
     `held`: the target GPUs' processes (None: the GPU checks are not made)."""
     skip = set(skip)
     checks: list[Check] = []
@@ -511,6 +538,7 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
                                        env_fields=needs.env_fields, skip=skip,
                                        not_read=pf.argcheck.value.get("not_read_env") or ()),
                              pf.argcheck.seconds))
+    checks.append(check_service_user(pf.service_reach, pf.vllm or "vllm", skip=skip))
     if pf.packages is None or pf.packages.value is None:
         if pf.packages is not None:
             checks.append(_broken("vllm-version", "inspect_env.py", pf.python, pf.packages))

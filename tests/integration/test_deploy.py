@@ -109,6 +109,20 @@ def test_package_mismatch_is_refused_by_preflight_before_any_download(sim_host):
     assert not (sim_host.dir / "models" / m.name).exists()
 
 
+def test_a_service_user_that_cannot_reach_vllm_is_refused_by_preflight(sim_host):
+    """The simulated host's vllm sits under pytest's 0700 temp folder, as a venv under /root does:
+    the unprivileged `nobody` cannot run it, and deploy refuses before any download (the start
+    would fail only after it). The simulator runs its services as whoever runs it."""
+    m = on_port("minimax-m25")
+    refused = deploy(entry(sim_host, service_user="nobody"), m, dry_run=True).plan.refusal
+    assert refused is not None and refused.step == "preflight", refused
+    assert f"the service user nobody cannot run {sim_host.entry['vllm']}" in str(refused)
+    assert "does not let nobody in" in str(refused)
+    plan = deploy(entry(sim_host), m, dry_run=True).plan
+    assert plan.refusal is None
+    assert any(d.startswith("ok      service-user: ") for a in plan.actions for d in a.details), plan.actions
+
+
 def test_hang_fails_after_the_no_progress_window(sim_host):
     e, m = entry(sim_host), on_port("minimax-m25")
     manager.add_fault("sim", "hang", model=m.name, home=sim_host.home)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,52 @@ def test_a_stale_record_names_no_process_group(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+# -- service_reach: can the service user run vllm (preflight check service-user) -----------------------
+@pytest.fixture
+def open_dir():
+    """A world-enterable folder in /tmp (pytest's own tmp_path sits under a 0700 folder)."""
+    import shutil
+    import tempfile
+    path = tempfile.mkdtemp(prefix="vllm-orch-reach-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield Path(path)
+    shutil.rmtree(path)
+
+
+def _venv(base, folder_mode: int, script_mode: int = 0o755):
+    """base/private/venv/bin/vllm: a #! script naming the venv's python (a link to /bin/sh here:
+    only its path and permissions are read)."""
+    bin_dir = base / "private" / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to("/bin/sh")
+    vllm = bin_dir / "vllm"
+    vllm.write_text(f"#!{bin_dir / 'python'}\nimport sys\n")
+    vllm.chmod(script_mode)
+    os.chmod(base / "private", folder_mode)
+    return vllm
+
+
+def test_service_reach_walks_every_folder_and_the_interpreter(tmp_path, open_dir):
+    def service_reach(vllm: str, user: str) -> dict:
+        args = {"ports": [], "models_root": str(tmp_path / "models"), "state_dir": str(tmp_path / "state"),
+                "nvidia_smi": "nvidia-smi-absent", "vllm": vllm, "manager": "process", "models": [],
+                "users": [user], "gpu_query": ["nvidia-smi-absent"], "apps_query": ["nvidia-smi-absent"]}
+        out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(args)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["service_reach"]
+
+    vllm = _venv(open_dir, 0o700)          # like a venv under /root: only its owner gets in
+    ghost = "vllm-orch-no-such-user"       # deploy would create it: judged by the 'other' bits
+    reach = service_reach(str(vllm), ghost)
+    assert reach["exists"] is False and reach["problems"], reach
+    assert reach["problems"][0].startswith(f"{open_dir / 'private'} (drwx------ ") and \
+        reach["problems"][0].endswith(f"does not let {ghost} in"), reach
+    assert service_reach(str(vllm), "root")["problems"] == []
+    (open_dir / "private").chmod(0o755)
+    assert service_reach(str(vllm), ghost)["problems"] == []
+    vllm.chmod(0o711)                      # a script must be readable too, not only executable
+    assert service_reach(str(vllm), ghost)["problems"] == [
+        f"{vllm} (-rwx--x--x {vllm.owner()}) is not readable and executable by {ghost}"]

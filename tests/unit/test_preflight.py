@@ -235,8 +235,10 @@ def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp
                            skip={"flags", "env"}, gpu_list=gpus(2), procs=[leftover], min_vllm="0.19.1",
                            gpu_needs=GpuNeeds(8, "RTX PRO 6000"))
     by = {c.name: c for c in checks}
-    assert [c.name for c in checks] == ["flags", "env", "vllm-version", "version-traps", "package-pairs",
-                                        "torch-cuda", "required-packages", "gpus", "foreign-gpu-processes"]
+    assert [c.name for c in checks] == ["flags", "env", "service-user", "vllm-version", "version-traps",
+                                        "package-pairs", "torch-cuda", "required-packages", "gpus",
+                                        "foreign-gpu-processes"]
+    assert by["service-user"].status == OK and "not checked" in by["service-user"].summary   # no host facts
     assert by["version-traps"].status == OK
     assert by["flags"].status == SKIPPED and by["env"].status == SKIPPED
     assert by["vllm-version"].status == FAIL and "0.18.0" in by["vllm-version"].summary
@@ -246,7 +248,7 @@ def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp
     assert by["gpus"].status == FAIL and by["gpus"].summary == "2 GPUs available, 8 needed"
     assert by["foreign-gpu-processes"].status == WARN        # the leftover VLLM::Worker_TP0 on GPU 0
     assert all(c.seconds is not None for c in checks if c.status not in (SKIPPED,) and c.name not in
-               ("gpus", "foreign-gpu-processes"))
+               ("service-user", "gpus", "foreign-gpu-processes"))
 
 
 def test_run_preflight_with_a_python_lacking_vllm_fails_the_flag_check(tmp_path):
@@ -256,3 +258,21 @@ def test_run_preflight_with_a_python_lacking_vllm_fails_the_flag_check(tmp_path)
     assert "could not build vLLM's argument parser" in flags.summary
     missing = run_preflight(LocalHost("t"), str(tmp_path / "no-python"), ["serve", "m"])
     assert missing[0].status == FAIL and "exit 127" in missing[0].summary
+
+
+# -- service-user: can the unprivileged service user run vllm? (the host side: test_facts_script.py) ----
+def test_check_service_user_fails_with_the_folder_and_the_fix():
+    from orchestrator.plan.preflight import check_service_user
+
+    bad = {"user": "vllm", "exists": True, "problems": ["/root (drwx------ root) does not let vllm in"],
+           "unchecked": []}
+    c = check_service_user(bad, "/root/venv/bin/vllm")
+    assert c.status == FAIL and c.summary == ("the service user vllm cannot run /root/venv/bin/vllm: "
+                                              "/root (drwx------ root) does not let vllm in")
+    assert "service_user" in c.fix and "/opt/vllm" in c.fix
+    assert check_service_user(bad, "x", skip={"service-user"}).status == SKIPPED
+    assert check_service_user({"user": "root"}, "/root/venv/bin/vllm").status == OK
+    ok = check_service_user({"user": "vllm", "exists": False, "problems": [], "unchecked": []}, "/opt/vllm/bin/vllm")
+    assert ok.status == OK and "to be created" in ok.summary
+    unsure = {"user": "vllm", "exists": True, "problems": [], "unchecked": ["/srv/x: Permission denied"]}
+    assert check_service_user(unsure, "/srv/x/vllm").status == WARN

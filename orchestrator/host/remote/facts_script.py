@@ -305,6 +305,75 @@ def users(names):
     return out
 
 
+def service_reach(path, user):
+    """Can `user` (the service user) run `path` (the vllm executable, and the interpreter its #! line
+    names)? {"user", "exists", "problems": [...], "unchecked": [...]}; no problems = yes. Every folder
+    on the way needs search (x) permission, a script r+x, a binary x. A user deploy is about to create
+    (a system user with its own group) is judged by the "other" bits. ACLs are not read."""
+    import pwd
+    import stat as st_mod
+    try:
+        pw = pwd.getpwnam(user)
+        uid, gids = pw.pw_uid, set(os.getgrouplist(user, pw.pw_gid))
+    except KeyError:
+        uid, gids = None, set()
+    out = {"user": user, "exists": uid is not None, "problems": [], "unchecked": []}  # type: dict
+    if uid == 0:
+        return out
+    if "/" not in path:
+        out["unchecked"].append("%s: found through PATH, not a path" % path)
+        return out
+
+    def owner(s):
+        try:
+            name = pwd.getpwuid(s.st_uid).pw_name
+        except KeyError:
+            name = str(s.st_uid)
+        return "%s %s" % (st_mod.filemode(s.st_mode), name)
+
+    def allows(s, bits):
+        shift = 6 if s.st_uid == uid else 3 if s.st_gid in gids else 0
+        return (s.st_mode >> shift) & bits == bits
+
+    def look(p, bits, what):
+        try:
+            s = os.stat(p)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            out["unchecked"].append("%s: %s" % (p, exc.strerror or exc))
+            return None
+        if not allows(s, bits):
+            line = "%s (%s) %s" % (p, owner(s), what)
+            if line not in out["problems"]:
+                out["problems"].append(line)
+        return s
+
+    def reach(p, depth=0):
+        absolute = os.path.abspath(p)
+        real = os.path.realpath(absolute)
+        for chain in (absolute, real):
+            parts = chain.split("/")[1:-1]
+            for i in range(len(parts)):
+                look("/" + "/".join(parts[:i + 1]), 1, "does not let %s in" % user)
+        try:
+            with open(real, "rb") as f:
+                head = f.read(256)
+        except OSError:
+            head = b""
+        script = head.startswith(b"#!")
+        if look(real, 5 if script else 1, "is not %s by %s" % ("readable and executable" if script
+                                                                else "executable", user)) is None:
+            return
+        if script and depth == 0:
+            words = head[2:].split(b"\n")[0].split()
+            if words and not words[0].endswith(b"/env"):
+                reach(words[0].decode(errors="replace"), 1)
+
+    reach(path)
+    return out
+
+
 def main():
     args = json.loads(sys.argv[1])
     state_dir = args["state_dir"]
@@ -337,6 +406,7 @@ def main():
         facts["vllm"]["error"] = None if r["rc"] == 0 else (r["err"] or r["out"])[-500:]
     facts["models"] = models(args["models_root"])
     facts["users"] = users(args.get("users", []))
+    facts["service_reach"] = service_reach(args["vllm"], args["users"][0]) if args.get("users") else None
     facts["active"] = read_json(os.path.join(state_dir, "active.json"))
     facts["swap"] = read_json(os.path.join(state_dir, "swap.json"))
     facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}
