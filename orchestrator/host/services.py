@@ -81,7 +81,13 @@ class Service:
     def start_commands(self) -> list[Command]:
         raise NotImplementedError
 
-    def stop_commands(self) -> list[Command]:
+    # A service that never served has nothing to drain: a stop after a failed or interrupted start
+    # (drain=False) gives vLLM this long to end, then kills it. Real vLLM's API server, SIGTERMed
+    # while it handles its engine's start-up failure, hangs for good (vLLM 0.32 CPU build, seen by
+    # the real tier): the whole drain window was added to every rollback's downtime.
+    ABORT_WAIT_S = 10
+
+    def stop_commands(self, drain: bool = True) -> list[Command]:
         raise NotImplementedError
 
     def enable_commands(self) -> list[Command]:
@@ -137,8 +143,16 @@ class SystemdService(Service):
         # load (ExecStartPost= waits until it serves); the readiness gates watch it instead.
         return [Script(f"systemctl reset-failed {self.unit} 2>/dev/null; systemctl start --no-block {self.unit}")]
 
-    def stop_commands(self) -> list[Command]:
-        return [["systemctl", "stop", self.unit]]
+    def stop_commands(self, drain: bool = True) -> list[Command]:
+        if drain:
+            return [["systemctl", "stop", self.unit]]
+        # The stop job outlives a timed-out client; SIGKILL to the unit's processes ends it, and the
+        # second `systemctl stop` waits for it to finish.
+        u = shlex.quote(self.unit)
+        return [Script(f"timeout {self.ABORT_WAIT_S} systemctl stop {u} || "
+                       f"{{ systemctl kill --signal=SIGKILL {u}; systemctl stop {u}; }}",
+                       display=f"systemctl stop {u}  (SIGKILL after {self.ABORT_WAIT_S} s: it never served, "
+                               f"nothing to drain)")]
 
     def enable_commands(self) -> list[Command]:
         return [["systemctl", "enable", self.unit]]
@@ -255,12 +269,13 @@ class ProcessService(Service):
             display=f"setsid {q(self.script)} >> {q(self.logfile)} 2>&1 < /dev/null &  (its process group, "
                     f"the boot id and its start time into {q(self.pidfile)})")]
 
-    def stop_commands(self) -> list[Command]:
+    def stop_commands(self, drain: bool = True) -> list[Command]:
         """Like the units' KillMode=mixed: SIGTERM to vLLM's main process only (it drains and stops
         its workers itself; workers signalled directly die at once and fail the requests in flight),
-        the whole process group after STOP_WAIT_S. A main process already gone leaves orphans: the
-        group gets SIGTERM at once."""
+        the whole process group after STOP_WAIT_S (ABORT_WAIT_S without a drain). A main process
+        already gone leaves orphans: the group gets SIGTERM at once."""
         q = shlex.quote
+        wait_s = self.STOP_WAIT_S if drain else self.ABORT_WAIT_S
         # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
         main_alive = "S=$(ps -o stat= -p $P 2>/dev/null) && [ -n \"$S\" ] && [ \"${S#Z}\" = \"$S\" ]"
@@ -269,7 +284,7 @@ class ProcessService(Service):
         return [Script(
             _verified_record(self.pidfile, stale) +
             f"if {main_alive}; then kill -TERM $P; else pkill -TERM -g $P; fi; i=0; "
-            f"while {group_alive} && [ $i -lt {self.STOP_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
+            f"while {group_alive} && [ $i -lt {wait_s * 10} ]; do sleep 0.1; i=$((i+1)); done; "
             f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
             f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
             f"rm -f {q(self.pidfile)}",

@@ -89,5 +89,6 @@ def plan_deploy(inp: PlanInput) -> Plan:
         plan.add(service.record_action(inp, enabled=inp.opts.enable or service.enabled_at_boot(f, m.name)))
     if not start.noop:
         plan.recover(start, f"stop {m.name} so a failed start cannot hold the GPUs (model files kept)",
-                     [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True)])
+                     [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True,
+                                          drain=False)])
     return plan

@@ -237,10 +237,13 @@ def start_service_action(entry: HostEntry, model: str, *, restart: bool = False,
 
 
 def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool = False,
-                only_if_started: bool = False, swap_to: str | None = None, enabled: bool = False) -> Action:
+                only_if_started: bool = False, swap_to: str | None = None, enabled: bool = False,
+                drain: bool = True) -> Action:
     """Stop a service. `swap_to`: the stop begins a swap, so the host first records the swap as half
     done (state_dir/swap.json, with whether `model` starts at boot) for whoever comes next if this
-    run is killed or loses its connection before the swap ends."""
+    run is killed or loses its connection before the swap ends. `drain=False`: the service never
+    served (its start failed or was interrupted), so it is killed after a short wait instead of
+    being given vLLM's drain window (Service.ABORT_WAIT_S)."""
     shown = Service.for_host(None, entry, model)
 
     def run(env: RunEnv) -> str:
@@ -250,12 +253,12 @@ def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool
             state.write_swap(env.host, env.entry, model, swap_to, enabled)
         if downtime_starts:
             env.record.stopped_at = time.monotonic()
-        service_of(env, model).run_all(shown.stop_commands(), f"stop {model}", timeout=600)
+        service_of(env, model).run_all(shown.stop_commands(drain), f"stop {model}", timeout=600)
         env.record.started.discard(model)
         return f"stopped {model}"
 
     details = [f"first records the swap to {swap_to} as under way in {entry.state_dir}/swap.json"] if swap_to else []
-    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(), run=run, details=details)
+    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(drain), run=run, details=details)
 
 
 def boot_action(entry: HostEntry, enable: str | None, disable: list[str], summary: str) -> Action:

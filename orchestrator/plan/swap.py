@@ -137,7 +137,8 @@ def rollback_actions(inp: PlanInput, new_started_before: bool = False) -> list[A
     half = f.half_swap or {}
     old_enabled = bool(half.get("from_enabled")) if half.get("from") == old.name \
         else service.enabled_at_boot(f, old.name)
-    actions = [service.stop_action(entry, new.name, "the swap failed", only_if_started=not new_started_before),
+    actions = [service.stop_action(entry, new.name, "the swap failed", only_if_started=not new_started_before,
+                                   drain=False),
                service.release_action(old.manifest.serving.visible_devices, f"for {old.name}"),
                service.start_service_action(entry, old.name, summary=f"start {old.name} with its previous unit"),
                service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
@@ -203,5 +204,6 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
     plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
     plan.recover(start, f"stop {m.name} (no rollback: {old.name} was deleted to make room)",
-                 [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True)])
+                 [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True,
+                                      drain=False)])
     return plan

@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.host.facts import gather
-from orchestrator.host.services import Service
+from orchestrator.host.services import ProcessService, Service
 from orchestrator.host.state import read_history
 from orchestrator.ops.status import host_status
 from orchestrator.probe import logsig
@@ -189,6 +189,10 @@ def test_swap_between_the_tiny_models_then_rollback_when_the_new_one_fails(real_
     assert failed["ok"] is False and failed.get("failure_kind") == "fatal-log", failed
     assert "To serve at least one request with the model's max seq len (1024)" in failed["root_cause"]
     assert history[-1]["operation"] == "rollback" and history[-1]["ok"] is True, history[-1]
+    # Real vLLM's API server, SIGTERMed while it handles its engine's start-up failure, hangs: the
+    # rollback's stop of a model that never served does not wait out the drain window for it.
+    stop = r.outcome.recovery.as_dict()["steps"][0]
+    assert stop["step"] == "stop" and stop["seconds"] < ProcessService.STOP_WAIT_S / 2, stop
 
 
 # -- data parallel ---------------------------------------------------------------------------------------
