@@ -129,7 +129,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
     return PreflightFacts(python=python, packages=packages, argcheck=argcheck,
                           gpus=facts.gpus if not facts.gpu_error else None, gpu_error=facts.gpu_error,
                           driver_version=facts.driver_version, driver_cuda=facts.cuda_version,
-                          vllm=str(facts.raw.get("vllm", {}).get("path") or ""), service_reach=facts.service_reach)
+                          service_reach=facts.service_reach)
 
 
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,

@@ -64,16 +64,16 @@ def skippable(name: str) -> Callable:
     return wrap
 
 
-# -- versions ---------------------------------------------------------------------------------------
+# -- the service user -----------------------------------------------------------------------------
 @skippable("service-user")
-def check_service_user(reach: Mapping[str, Any] | None, vllm: str) -> Check:
+def check_service_user(reach: Mapping[str, Any] | None) -> Check:
     """The service user must be able to run the vllm executable: a venv in a private home (/root,
     /home/alice, both 0700) works for whoever installed it and fails only when the unit starts -
     after the download. `reach`: the host facts' answer (facts_script.service_reach)."""
     name = "service-user"
     if reach is None:
         return Check(name, OK, "not checked (the host facts do not say who runs the service)")
-    user = reach.get("user", "?")
+    user, vllm = reach.get("user", "?"), reach.get("path", "vllm")
     if user == "root":
         return Check(name, OK, f"the service runs as root: it can run {vllm}")
     problems, unchecked = list(reach.get("problems") or []), list(reach.get("unchecked") or [])
@@ -90,6 +90,7 @@ def check_service_user(reach: Mapping[str, Any] | None, vllm: str) -> Check:
     return Check(name, OK, f"{who} can run {vllm}")
 
 
+# -- versions ---------------------------------------------------------------------------------------
 @skippable("vllm-version")
 def check_vllm_version(installed: str | None, minimum: str | None, *, python: str = "",
                        field: str = "requires.min_vllm_version") -> Check:
@@ -484,8 +485,7 @@ class PreflightFacts:
     packages: HostAnswer | None
     argcheck: HostAnswer | None
     gpus: list[Gpu] | None                      # None: nvidia-smi failed (gpu_error says why)
-    vllm: str = ""                              # the vllm executable (the inventory's `vllm:`)
-    service_reach: dict | None = None           # can the service user run it (host facts)
+    service_reach: dict | None = None           # can the service user run vllm (host facts)
     gpu_error: str | None = None
     driver_version: str | None = None
     driver_cuda: str | None = None
@@ -538,7 +538,7 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
                                        env_fields=needs.env_fields, skip=skip,
                                        not_read=pf.argcheck.value.get("not_read_env") or ()),
                              pf.argcheck.seconds))
-    checks.append(check_service_user(pf.service_reach, pf.vllm or "vllm", skip=skip))
+    checks.append(check_service_user(pf.service_reach, skip=skip))
     if pf.packages is None or pf.packages.value is None:
         if pf.packages is not None:
             checks.append(_broken("vllm-version", "inspect_env.py", pf.python, pf.packages))

@@ -264,15 +264,18 @@ def test_run_preflight_with_a_python_lacking_vllm_fails_the_flag_check(tmp_path)
 def test_check_service_user_fails_with_the_folder_and_the_fix():
     from orchestrator.plan.preflight import check_service_user
 
-    bad = {"user": "vllm", "exists": True, "problems": ["/root (drwx------ root) does not let vllm in"],
-           "unchecked": []}
-    c = check_service_user(bad, "/root/venv/bin/vllm")
+    bad = {"user": "vllm", "path": "/root/venv/bin/vllm", "exists": True,
+           "problems": ["/root (drwx------ root) does not let vllm in"], "unchecked": []}
+    c = check_service_user(bad)
     assert c.status == FAIL and c.summary == ("the service user vllm cannot run /root/venv/bin/vllm: "
                                               "/root (drwx------ root) does not let vllm in")
     assert "service_user" in c.fix and "/opt/vllm" in c.fix
-    assert check_service_user(bad, "x", skip={"service-user"}).status == SKIPPED
-    assert check_service_user({"user": "root"}, "/root/venv/bin/vllm").status == OK
-    ok = check_service_user({"user": "vllm", "exists": False, "problems": [], "unchecked": []}, "/opt/vllm/bin/vllm")
-    assert ok.status == OK and "to be created" in ok.summary
-    unsure = {"user": "vllm", "exists": True, "problems": [], "unchecked": ["/srv/x: Permission denied"]}
-    assert check_service_user(unsure, "/srv/x/vllm").status == WARN
+    assert check_service_user(bad, skip={"service-user"}).status == SKIPPED
+    assert check_service_user({"user": "root", "path": "/root/venv/bin/vllm"}).status == OK
+    ok = check_service_user({"user": "vllm", "path": "/opt/vllm/bin/vllm", "exists": False, "problems": [],
+                             "unchecked": []})
+    assert ok.status == OK and ok.summary == ("vllm (to be created: judged by the 'other' permission bits) "
+                                              "can run /opt/vllm/bin/vllm")
+    unsure = {"user": "vllm", "path": "/srv/x/vllm", "exists": True, "problems": [],
+              "unchecked": ["/srv/x: Permission denied"]}
+    assert check_service_user(unsure).status == WARN

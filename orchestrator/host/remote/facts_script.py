@@ -307,7 +307,7 @@ def users(names):
 
 def service_reach(path, user):
     """Can `user` (the service user) run `path` (the vllm executable, and the interpreter its #! line
-    names)? {"user", "exists", "problems": [...], "unchecked": [...]}; no problems = yes. Every folder
+    names)? {"user", "path", "exists", "problems": [...], "unchecked": [...]}; no problems = yes. Every folder
     on the way needs search (x) permission, a script r+x, a binary x. A user deploy is about to create
     (a system user with its own group) is judged by the "other" bits. ACLs are not read."""
     import pwd
@@ -317,7 +317,7 @@ def service_reach(path, user):
         uid, gids = pw.pw_uid, set(os.getgrouplist(user, pw.pw_gid))
     except KeyError:
         uid, gids = None, set()
-    out = {"user": user, "exists": uid is not None, "problems": [], "unchecked": []}  # type: dict
+    out = {"user": user, "path": path, "exists": uid is not None, "problems": [], "unchecked": []}  # type: dict
     if uid == 0:
         return out
     if "/" not in path:
