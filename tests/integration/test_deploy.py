@@ -54,6 +54,7 @@ def _normalise(text: str, sim_host, port: int) -> str:
     text = re.sub(r"(?m)^(\s+)\$ (\S*python\S*) ", r"\1$ <PYTHON> ", text)
     # The SIMULATED process host runs services as whoever runs the tests (root or not).
     text = re.sub(r"(?m)^(\s+\d+\. user\s+- nothing to do, because ).*$", r"\1<the simulator's user>", text)
+    text = re.sub(r"(?m)^(\s+ok\s+service-user: ).*$", r"\1<the simulator's user can run <SIM>/bin/vllm>", text)
     return text
 
 
