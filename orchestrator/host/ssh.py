@@ -154,15 +154,12 @@ class SshHost(Host):
                 if chan.exit_status_ready() and chan.eof_received \
                         and not chan.recv_ready() and not chan.recv_stderr_ready():
                     return chan.recv_exit_status(), bytes(out), _strip_mark(err)[1]
-                if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    # sshd sends EOF (then the exit status) before it closes a command's channel. A
-                    # channel closed without EOF was closed by paramiko when the connection died, and
-                    # paramiko then reports the exit status as ready (-1): never read that as the
-                    # command's own ending.
-                    if not chan.eof_received:
-                        raise EOFError("the channel closed before the command ended")
-                    return (chan.recv_exit_status() if chan.exit_status_ready() else 255,
-                            bytes(out), _strip_mark(err)[1] + b"\n(connection closed)")
+                if chan.closed and not chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    # sshd sends EOF (then the exit status) before it closes a command's channel, so
+                    # a closed channel with EOF ends above (paramiko counts a closed channel's exit
+                    # status as ready). One closed without EOF was closed by paramiko when the
+                    # connection died, with exit status -1: never read that as the command's own end.
+                    raise EOFError("the channel closed before the command ended")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     pgid, errors = _strip_mark(err)
