@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from orchestrator.errors import ConnectError
 from orchestrator.host.base import Script
 from orchestrator.host.ssh import SshHost
 
@@ -19,7 +20,15 @@ def connect(sshd_local) -> SshHost:
 
 def test_a_command_ends_with_its_budget_when_the_controller_is_gone(sshd_local):
     gone = connect(sshd_local)
-    t = threading.Thread(target=lambda: gone.run(Script("sleep 47.31; true"), timeout=2), daemon=True)
+    raised: list[BaseException] = []
+
+    def run_until_cut() -> None:
+        try:
+            gone.run(Script("sleep 47.31; true"), timeout=2)
+        except ConnectError as exc:            # the controller's side: the cut link is a lost connection
+            raised.append(exc)
+
+    t = threading.Thread(target=run_until_cut, daemon=True)
     t.start()
     with connect(sshd_local) as probe:
         deadline = time.monotonic() + 10
@@ -31,3 +40,5 @@ def test_a_command_ends_with_its_budget_when_the_controller_is_gone(sshd_local):
         while probe.run(["pgrep", "-f", "^sleep 47.31"]).exit_code == 0:
             assert time.monotonic() - started < 25, "the command outlived its budget with nobody to stop it"
             time.sleep(0.2)
+    t.join(timeout=60)
+    assert raised and "lost the connection" in str(raised[0]), raised
