@@ -228,9 +228,13 @@ class SshHost(Host):
         """Run cmd on its own channel; its stdin stays open until close(). If this process dies the
         connection drops, the remote command reads EOF and exits (that releases the lock)."""
         started = time.monotonic()
-        chan = self.transport().open_session()
+        chan = self._session(self.target.connect_timeout)   # a dead link: ConnectError, not paramiko's own
         chan.set_combine_stderr(True)
-        chan.exec_command(self.wrap(cmd, env, sudo))
+        try:
+            chan.exec_command(self.wrap(cmd, env, sudo))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectError(f"lost the connection to {self.target.where}: {exc or type(exc).__name__}",
+                               host=self.name) from None
         self._count(started)
         return _SshSpawned(chan)
 

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from orchestrator.errors import ConnectError, RefusedError
@@ -409,3 +410,19 @@ def test_from_inventory_entry(sshd_local):
     entry = {**sshd_local.inventory(), "service_manager": "process", "env": {"X": "1"}}
     with SshHost.from_inventory("inv", entry) as h:
         assert h.run(Script("echo $X")).stdout == "1\n"
+
+
+def test_a_channel_that_cannot_open_on_a_silent_link_is_a_lost_connection(ssh_host, monkeypatch):
+    """On a link that died without a reset paramiko's open_session times out with its own
+    SSHException("Timeout opening channel"); the lock's spawn must raise ConnectError like run() does
+    (HostLock.ensure handles ours and let paramiko's escape the run's recovery)."""
+    transport = ssh_host.transport()
+
+    def silent(*args, **kwargs):
+        raise paramiko.SSHException("Timeout opening channel.")
+
+    monkeypatch.setattr(transport, "open_session", silent)
+    with pytest.raises(ConnectError, match="lost the connection.*Timeout opening channel"):
+        ssh_host.spawn(["cat"])
+    with pytest.raises(ConnectError, match="lost the connection"):
+        ssh_host.run(["true"])
