@@ -20,11 +20,32 @@ from orchestrator.cli.options import (
 )
 
 
-def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False):
+def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False, replace=None):
     from orchestrator.plan.run import Options
 
     return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks),
-                   warm=warm)
+                   warm=warm, replace=replace)
+
+
+def placement_options(f):
+    """--gpus and --port: place a model on a host without copying its manifest (they win over the
+    inventory's overrides; `render --host` and --dry-run name where each value came from)."""
+    f = click.option("--port", type=click.IntRange(1, 65535), default=None,
+                     help="The service's HTTP port on this host (default: the inventory's override, else "
+                          "the manifest's).")(f)
+    return click.option("--gpus", "gpus", default=None, metavar="IDS",
+                        help="The GPUs the service takes, e.g. 4-7 or 4,5,6,7: as many as the manifest's "
+                             "tensor x data parallel layout (default: the inventory's, else the manifest's).")(f)
+
+
+def placed(entry, m, gpus: str | None, port: int | None):
+    """The host entry for a run that places `m` on the GPUs / port given on the command line."""
+    if gpus is None and port is None:
+        return entry
+    from orchestrator.config.inventory import ServingOverride
+    from orchestrator.config.placement import parse_gpus
+
+    return entry.with_command_line(m.name, ServingOverride(gpu_ids=parse_gpus(gpus) if gpus else None, port=port))
 
 
 def finish(result, as_json: bool) -> None:
@@ -62,8 +83,10 @@ def finish(result, as_json: bool) -> None:
               help="Before starting, read the weights into the page cache as far as the host's memory allows "
                    "(for a start after a stop: the load then reads from RAM; the plan shows the expected "
                    "start-up with and without).")
+@placement_options
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm):
+def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm,
+           gpus, port):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -76,12 +99,16 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
       vllm-orch deploy kimi-k25-int4 --host sim
       HF_TOKEN=hf_... vllm-orch deploy minimax-m25 --host gpu1 --enable
       vllm-orch deploy kimi-k25-int4 --host gpu1 --warm
+      vllm-orch deploy minimax-m25 --host gpu1 --gpus 4-7 --port 8001
+
+    A host runs several services on disjoint GPUs and ports; a placement that takes another
+    service's GPUs or port is refused (exit 3, naming it).
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
 
     m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
+    entry = placed(load_host_entry(app, host_name), m, gpus, port)
     reporter = Reporter(console(), quiet=as_json)
     result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm), reporter, dry_run,
                         accept_new_host_key, ask=terminal_ask(as_json))

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.config.effective import effective
-from orchestrator.config.inventory import HostEntry
+from orchestrator.config.inventory import HostEntry, ServingOverride
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConfigError, DeployFailed
 from orchestrator.host import scripts
@@ -30,7 +30,7 @@ from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.state import lock_holder
 from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
-from orchestrator.plan.deploy import blocking_active
+from orchestrator.plan.deploy import placement_refusal
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
@@ -93,6 +93,19 @@ def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts) -
     serving = bool(st and st.active) and serving_now(host, m, secrets.get("VLLM_API_KEY"))
     return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving,
                         effective=eff)
+
+
+def with_recorded_placement(entry: HostEntry, name: str, facts: HostFacts) -> HostEntry:
+    """A service placed on the command line (deploy --gpus/--port) stays there: its installed
+    record keeps what the command line chose, and a later deploy, swap or regen without those
+    options re-applies it (a command line that gives them wins)."""
+    placed = (facts.installed.get(name) or {}).get("placed")
+    if entry.command_line_for(name) is not None or not isinstance(placed, dict):
+        return entry
+    try:
+        return entry.with_command_line(name, ServingOverride.model_validate(placed))
+    except ValueError:
+        return entry                    # a hand-edited record: the inventory and manifest decide
 
 
 def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
@@ -160,7 +173,7 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: Lo
 
 def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
     inp = for_check(host, entry, m, opts, lock)
-    if _refused(inp.preflight) or blocking_active(inp):
+    if _refused(inp.preflight) or placement_refusal(inp):
         return inp
     return _with_download(host, inp)
 
@@ -186,7 +199,11 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
 def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
              lock: LockFacts) -> PlanInput:
     facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
-    old_name = old_model_name(facts, m.name)
+    old_name = old_model_name(facts, m.name, entry.name, opts.replace)
+    if opts.replace and old_name and old_name != m.name:
+        entry = takes_place_of(entry, m, facts.record(old_name) or facts.installed.get(old_name) or {})
+        if service_port(m, entry) not in facts.ports:
+            facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
     old = None
     if old_name and old_name != m.name:
         if old_name not in manifests:
@@ -201,6 +218,19 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Man
     checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set())
     inp = replace(inp, preflight=checks)
     return inp if _refused(checks) else _with_download(host, inp)
+
+
+def takes_place_of(entry: HostEntry, m: Manifest, old: Mapping) -> HostEntry:
+    """`swap NEW --replace OLD`: NEW takes OLD's GPUs (when it needs as many) and port, unless the
+    command line placed it (--gpus / --port win)."""
+    given = entry.command_line_for(m.name)
+    gpus = [int(i) for i in old.get("gpus") or []]
+    port = old.get("port")
+    serving = ServingOverride(
+        gpu_ids=given.gpu_ids if given and given.gpu_ids is not None else
+        (gpus if len(gpus) == m.serving.gpus else None),
+        port=given.port if given and given.port is not None else (int(port) if port else None))
+    return entry.with_command_line(m.name, serving)
 
 
 def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts: Options, lock: LockFacts,

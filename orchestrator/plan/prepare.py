@@ -122,9 +122,10 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
     if need <= available:
         return Action("disk", f"nothing to do, because {fmt_bytes(need)} fits: {fmt_bytes(available)} "
                               f"available ({limit_txt})", noop=True), None
+    # Never a model another service on the host uses: running ones, and recorded ones (stopped by
+    # a crash, or by the swap under way) come back with their files.
     protected = set(keep) | {inp.name} | set(f.running())
-    if f.active and f.active.get("model"):
-        protected.add(f.active["model"])
+    protected |= {str(r.get("model") or n) for n, r in f.records.items()}
     candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
                         key=lambda d: d.last_used)
     theirs = not_ours(f.models, protected)

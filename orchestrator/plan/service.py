@@ -141,15 +141,39 @@ def _mask_env(text: str, shown_keys: set[str]) -> str:
     return "".join(out)
 
 
-def installed_record(r: Rendered) -> dict:
+def installed_record(r: Rendered, placed: dict | None = None) -> dict:
+    """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
+    `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
+    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is."""
     return {"model": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
-            "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash}
+            "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
+            "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
+            **({"placed": placed} if placed else {})}
+
+
+def command_line_placement(svc: ServiceInput) -> dict:
+    """{gpu_ids, port} as far as the command line (now or recorded) chose them."""
+    origins = svc.effective.origins if svc.effective is not None else {}
+    s = svc.manifest.serving
+    return {k: v for k, v, path in (("gpu_ids", s.visible_devices, "serving.gpu_ids"), ("port", s.port, "serving.port"))
+            if origins.get(path, "").startswith("command line")}
+
+
+def placement_lines(svc: ServiceInput) -> list[str]:
+    """Where the service's GPUs and port come from, when not from its manifest (the inventory's
+    override, the command line): the plan shows it like `render --host` does."""
+    origins = svc.effective.origins if svc.effective is not None else {}
+    s = svc.manifest.serving
+    parts = [f"{label} {value} <- {origins[path]}" for label, value, path in
+             (("GPUs", ",".join(map(str, s.visible_devices)), "serving.gpu_ids"), ("port", s.port, "serving.port"))
+             if path in origins]
+    return [f"placement: {'; '.join(parts)}"] if parts else []
 
 
 def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -> Action:
     """Write the rendered unit and env file where they differ from what is installed, daemon-reload."""
     r, name = svc.rendered, svc.name
-    changed, details = [], []
+    changed, details = [], placement_lines(svc)
     for f in r.files:
         current = svc.installed_files.get(f.path)
         if current == f.data():
@@ -161,13 +185,14 @@ def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -
         details += _diff(old, f.text, f.path)
 
     def record(env: RunEnv) -> None:
-        state.write_installed(env.host, env.entry, name, {**installed_record(r), "installed_at": state.now_iso()})
+        state.write_installed(env.host, env.entry, name, {**installed_record(r, command_line_placement(svc)),
+                                                          "installed_at": state.now_iso()})
 
     if not changed:
         def bookkeeping(env: RunEnv) -> None:
             record(env)
         return Action(step, f"nothing to do, because {r.unit.path} and {r.env_file.path} are up to date",
-                      noop=True, run=bookkeeping)
+                      noop=True, run=bookkeeping, details=details)
 
     def run(env: RunEnv) -> str:
         for f in changed:
@@ -311,9 +336,8 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
 # -- performance floor -----------------------------------------------------------------------------
 
 def previous_measurement(inp: PlanInput) -> dict | None:
-    """The active record of this same model (its last measurement, argv and vLLM version), if any."""
-    active = inp.facts.active or {}
-    return active if active.get("model") == inp.name else None
+    """The record of this same service (its last measurement, argv and vLLM version), if any."""
+    return inp.facts.record(inp.name)
 
 
 def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
@@ -374,19 +398,25 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
             "perf": env.record.perf.get(m.name)}
 
 
-def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False) -> Action:
-    """active.json names the model (and whether it starts at boot); a swap's record also ends the
-    swap (its swap.json goes)."""
+def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,
+                  replaces: str | None = None) -> Action:
+    """services/NAME.json records the service (and whether it starts at boot); a swap's record
+    also removes the record of the service it replaced and ends the swap (its swap.json goes)."""
+    gone = replaces if replaces and replaces != inp.name else None
+
     def run(env: RunEnv) -> str:
-        state.write_active(env.host, env.entry, active_record(inp, env, enabled))
+        state.write_record(env.host, env.entry, inp.name, active_record(inp, env, enabled))
+        if gone:
+            state.write_record(env.host, env.entry, gone, None)
         if ends_swap:
             state.clear_swap(env.host, env.entry)
-        return f"recorded {inp.name} as active in {env.entry.state_dir}/active.json"
+        return f"recorded {inp.name} as serving in {state.record_path(env.entry, inp.name)}" + \
+            (f"; removed {gone}'s record" if gone else "")
 
     boot = ", enabled at boot" if enabled else ""
     return Action("record", f"record {inp.name} as the active model{boot}, the hashes, timings and smoke "
-                            f"result in {inp.entry.state_dir}" + ("; the swap has ended" if ends_swap else ""),
-                  run=run)
+                            f"result in {inp.entry.state_dir}" + (f"; {gone}'s record goes" if gone else "")
+                  + ("; the swap has ended" if ends_swap else ""), run=run)
 
 
 def forget_swap_action(entry: HostEntry, why: str) -> Action:
@@ -403,5 +433,4 @@ def enabled_at_boot(facts: HostFacts, model: str) -> bool:
     st = facts.services.get(model)
     if st is not None and st.enabled is not None:
         return st.enabled
-    active = facts.active or {}
-    return bool(active.get("model") == model and active.get("enabled"))
+    return bool((facts.record(model) or {}).get("enabled"))

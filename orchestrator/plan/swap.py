@@ -1,4 +1,6 @@
 """swap's planner, pure: replace the active model with another, staged, measured, with its rollback.
+On a host with several services, `--replace OLD` names the one replaced; the others keep serving
+(the new model takes OLD's GPUs and port unless given, ops/gather.for_swap).
 
     lock -> preflight -> disk (room for BOTH models) -> download while the old model serves ->
     install the new unit -> warm the new weights into the page cache (orchestrator.plan.warm) ->
@@ -22,7 +24,7 @@ deleted before the download (no rollback is possible then: the plan says so).
 
 from __future__ import annotations
 
-from orchestrator.errors import RefusedError
+from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan import prepare, service
@@ -30,31 +32,42 @@ from orchestrator.plan.deploy import unpinned_warning
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.placements import clash_refusal, service_names
 from orchestrator.plan.warm import warm_step
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
 
-def old_model_name(facts: HostFacts, target: str) -> str | None:
-    """The model a swap to `target` replaces: the other side of a half-done swap; else the recorded
-    active one while it runs, else a running managed model, else the recorded one (stopped)."""
+def old_model_name(facts: HostFacts, target: str, host: str = "", replace: str | None = None) -> str | None:
+    """The service a swap to `target` replaces: the other side of a half-done swap; else `replace`
+    (`swap NEW --replace OLD`); else, on a host with one service, that one (running, else recorded).
+    A host with several services asks for --replace (ConfigError, exit 2, naming them)."""
     half = facts.half_swap or {}
     if target == half.get("to") and half.get("from"):
         return half["from"]
     if target == half.get("from") and half.get("to"):
         return half["to"]
-    active = (facts.active or {}).get("model")
-    if active and facts.services.get(active) and facts.services[active].active:
-        return active
+    names = service_names(facts)
+    if replace is not None:
+        if replace not in names:
+            raise ConfigError(f"--replace {replace}: {host or 'the host'} runs no such service"
+                              + (f" (it runs {', '.join(names)})" if names else " (it runs none)"))
+        return replace
+    others = [n for n in names if n != target]
+    if len(names) > 1 and others:
+        raise ConfigError(f"{host or 'the host'} runs several services ({', '.join(names)}): say which one "
+                          f"{target} replaces with --replace NAME")
     running = [n for n in facts.running() if n != target]
-    return running[0] if running else active
+    if running:
+        return running[0]
+    return names[0] if names else None
 
 
 def already_done(inp: PlanInput) -> bool:
     """Swapping to the active, healthy, unchanged model does nothing."""
     f, t = inp.facts, inp.target
     st = f.services.get(t.name)
-    return bool(st and st.active and t.serving and (f.active or {}).get("unit_hash") == t.rendered.unit_hash)
+    return bool(st and st.active and t.serving and (f.record(t.name) or {}).get("unit_hash") == t.rendered.unit_hash)
 
 
 def plan_swap(inp: PlanInput) -> Plan:
@@ -65,7 +78,7 @@ def plan_swap(inp: PlanInput) -> Plan:
         plan = Plan("swap", entry.describe(), title, info={"from": old.name if old else None, "to": m.name})
         return plan.refuse(Action("swap", half[0]), RefusedError(
             f"{half[0]}: finish or undo it before swapping to {m.name}", host=entry.name, step="swap", hint=half[1]))
-    if old is None and not half and (f.active or {}).get("model") == m.name and already_done(inp):
+    if old is None and not half and f.record(m.name) is not None and already_done(inp):
         plan = Plan("swap", entry.describe(), f"{m.name} -> {m.name}",
                     info={"from": m.name, "to": m.name, "staged": True, "noop": True})
         plan.add(Action("swap", f"nothing to do, because {m.name} is already active and healthy", noop=True))
@@ -73,6 +86,9 @@ def plan_swap(inp: PlanInput) -> Plan:
     plan = Plan("swap", entry.describe(), title, warnings=unpinned_warning(inp),
                 info={"from": old.name if old else None, "to": m.name, "staged": True})
     plan.add(prepare.lock_action(inp.lock))
+    clash = clash_refusal(f, m, entry.name, replacing={old.name} if old else set())
+    if clash:
+        return plan.refuse(Action("placement", clash.message), clash)
     if plan.add_checked(*prepare.preflight_action(inp)):
         return plan
     keep = {old.name} if old else set()
@@ -105,7 +121,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     plan.add(service.perf_action(inp))
     plan.add(boot_action(inp, old_enabled))
     enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
-    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
+    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True, replaces=old.name if old else None))
     # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
     # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
     # its rollback stops the new service although the run that was cut short started it.
@@ -202,7 +218,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     plan.add(service.perf_action(inp))
     plan.add(boot_action(inp, old_enabled))
     enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
-    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
+    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True, replaces=old.name if old else None))
     plan.recover(start, f"stop {m.name} (no rollback: {old.name} was deleted to make room)",
                  [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True,
                                       drain=False)])
