@@ -108,6 +108,15 @@ def read_records(host: Host, entry: HostEntry) -> dict[str, dict]:
     return out
 
 
+def read_active(host: Host, entry: HostEntry) -> dict | None:
+    """The record of the host's service when it runs one (None: none); on a host with several, the
+    one deployed last. For callers that think of a host as serving one model (bench, fleet views)."""
+    records = read_records(host, entry)
+    if not records:
+        return None
+    return max(records.values(), key=lambda r: str(r.get("deployed_at") or ""))
+
+
 def update_record(host: Host, entry: HostEntry, name: str, **fields) -> bool:
     """Change some fields of NAME's record (False: NAME has none)."""
     record = read_json(host, record_path(entry, name))

@@ -14,6 +14,7 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
+from orchestrator.host.ownership import gpu_list
 
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
@@ -44,9 +45,10 @@ def clash_refusal(facts: HostFacts, m: Manifest, host: str, replacing: Collectio
             continue
         what = want.clash(other)
         if what:
+            named = other.name if other.model == other.name else f"{other.name} ({other.model})"
             return RefusedError(
-                f"{other.name} ({other.model}) already takes {what} on {host}: {m.name} needs "
-                f"GPUs {','.join(map(str, want.gpus))} and port {want.port}", host=host, step="placement",
+                f"{named} already takes {what} on {host}: {m.name} needs {gpu_list(want.gpus)} and "
+                f"port {want.port}", host=host, step="placement",
                 hint=f"place {m.name} elsewhere (--gpus, --port), `vllm-orch swap {m.name} --replace "
                      f"{other.name} --host {host}`, or `vllm-orch stop {other.name} --host {host}` first")
     return None

@@ -35,9 +35,10 @@ def service_of(env: RunEnv, model: str) -> Service:
 
 
 def placement_holders(facts: HostFacts, m: Manifest, stopping: Collection[str] = ()) -> Holders:
-    """The processes on the manifest's GPUs and port, by the one ownership rule."""
+    """The processes on the manifest's GPUs and port, by the one ownership rule; the host's other
+    services (recorded or running) are never ours to kill."""
     return holders(facts.procs, facts.ports.get(m.serving.port, []), m.name, m.serving.visible_devices,
-                   stopping)
+                   stopping, protected=set(facts.records) | set(facts.running()))
 
 
 # -- GPUs free -------------------------------------------------------------------------------------
