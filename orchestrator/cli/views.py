@@ -380,7 +380,7 @@ def render_stop_plan(console, entry, res, holder: dict | None, release_timeout: 
         if res.disabled:
             steps.append("disable its unit at boot (it is enabled; a stopped model must not come back at reboot)")
         if res.cleared_active:
-            steps.append(f"clear the active record ({res.model} is the active model)")
+            steps.append(f"remove {res.model}'s record (services/{res.model}.json)")
         lines += [f"  {i}. {text}" for i, text in enumerate(steps, 1)]
     lines.append("Dry run: nothing changed.")
     for line in lines:

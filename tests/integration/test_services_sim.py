@@ -80,13 +80,13 @@ def two(sim_host):
 def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     e, a, b, pb = two
     records = read_records(sim_host.host, e)
-    assert sorted(records) == ["mm-b", MM]
+    assert sorted(records) == sorted(["mm-b", MM])
     assert records["mm-b"]["gpus"] == [4, 5, 6, 7] and records["mm-b"]["port"] == pb
     assert records[MM]["gpus"] == [0, 1, 2, 3]
 
     st = host_status(e)
     rows = {s.name: s for s in st.services}
-    assert sorted(rows) == ["mm-b", MM] and all(s.state == "ready" for s in rows.values()), \
+    assert sorted(rows) == sorted(["mm-b", MM]) and all(s.state == "ready" for s in rows.values()), \
         [(s.name, s.state, s.state_reason) for s in st.services]
     assert rows["mm-b"].port == pb and rows["mm-b"].gpus == [4, 5, 6, 7]
 
@@ -108,7 +108,7 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     assert res.ok, res.error
     assert loop.ok > 5 and loop.failed == [], loop.failed[:3]
     records = read_records(sim_host.host, e)
-    assert sorted(records) == ["mm-c", MM]
+    assert sorted(records) == sorted(["mm-c", MM])
     assert records["mm-c"]["gpus"] == [4, 5, 6, 7] and records["mm-c"]["port"] == pb
     assert health(Endpoint(sim_host.host, pb)) == 200
     last = read_history(sim_host.host, e)[-1]
