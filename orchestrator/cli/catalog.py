@@ -154,7 +154,7 @@ def _looks_like_inventory(path: Path) -> bool:
               help="Write the unit, env file and argv.json into this folder instead of printing.")
 @placement_options
 @pass_app
-def render(app, model, host_name, hardware, out_dir, gpus, port):
+def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     """Show what a model becomes on a host: the systemd unit (or start script), the env file
     (secrets masked), the vLLM argv, and where each value comes from (the manifest, its
     requires.hardware entry for the class, or the host's service_env and overrides). Nothing is
@@ -175,7 +175,7 @@ def render(app, model, host_name, hardware, out_dir, gpus, port):
 
     manifest, _ = get_manifest(model, resolved_models_dir(app))
     host = load_host_entry(app, host_name) if host_name else HostEntry(name="example-host", address="gpu-host")
-    host = placed(host, manifest, gpus, port)
+    host, manifest = placed(host, manifest, gpus, port, service_name)
     eff = effective(manifest, host, hardware=hardware)
     r = do_render(eff.manifest, host)
     if out_dir:

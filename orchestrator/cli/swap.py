@@ -49,7 +49,7 @@ from orchestrator.cli.options import (
 @placement_options
 @pass_app
 def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes, warm,
-         replace, gpus, port):
+         replace, service_name, gpus, port):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
@@ -74,8 +74,7 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
 
-    m = load_model(app, model)
-    entry = placed(load_host_entry(app, host_name), m, gpus, port)
+    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
     manifests, _bad = load_all(resolved_models_dir(app))
     reporter = Reporter(console(), quiet=as_json)
     result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace),

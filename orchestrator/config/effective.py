@@ -87,7 +87,7 @@ def effective(m: Manifest, entry: HostEntry, gpu_names: Mapping[int, str] | None
               hardware: str | None = None) -> Effective:
     """The manifest for this host. `gpu_names`: nvidia-smi's names by index (None: not read, e.g.
     `render` offline); `hardware`: a class chosen explicitly (`render --hardware`)."""
-    overrides = entry.override_for(m.name)
+    overrides = entry.override_for(m.model_name)        # the inventory names models, not services
     cli = entry.command_line_for(m.name)
     gpu_ids = list(m.serving.visible_devices)
     for _, ov in overrides:
@@ -145,6 +145,7 @@ def effective(m: Manifest, entry: HostEntry, gpu_names: Mapping[int, str] | None
         origins[f"serving.{path}"] = COMMAND_LINE.get(f"serving.{path}", f"command line serving.{path}")
     try:
         result = Manifest.model_validate(data)
+        result._model = m._model
     except ValidationError as exc:
         err = exc.errors()[0]
         msg = err["msg"].removeprefix("Value error, ")

@@ -111,11 +111,11 @@ def with_recorded_placement(entry: HostEntry, name: str, facts: HostFacts) -> Ho
 def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
                   token: Secret | None) -> DownloadPlan:
     src = m.source
-    folder = facts.models.get(m.name)
+    folder = facts.models.get(m.model_name)
     known = prepare.download_from_record(folder.verified if folder else None, src.repo, src.revision, src.pinned)
     if known is not None:
         return known
-    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.name),
+    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.model_name),
                           src.allow_patterns, src.ignore_patterns, state_dir=entry.state_dir, token=token)
     return DownloadPlan.from_event(event)
 
@@ -148,7 +148,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
               stopping: Collection[str] = ()) -> list[Check]:
     m, r = svc.manifest, svc.rendered
-    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml", effective=svc.effective)
+    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.model_name}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
@@ -180,7 +180,7 @@ def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: L
 
 def warm_facts(host: Host, entry: HostEntry, m: Manifest) -> WarmFacts:
     """The model's weight files in vLLM's load order and how much of each is cached (no reads)."""
-    model_dir = prepare.model_path(entry, m.name)
+    model_dir = prepare.model_path(entry, m.model_name)
     try:
         event = plan_warm(host, entry.python, model_dir, entry.meminfo)
     except DeployFailed as err:
@@ -206,11 +206,12 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Man
             facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
     old = None
     if old_name and old_name != m.name:
-        if old_name not in manifests:
+        old_m = service_manifest(old_name, facts, manifests)
+        if old_m is None:
             raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
                               f"could not be rolled back to", host=entry.name,
                               hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
-        old = service_input(host, entry, manifests[old_name], facts)
+        old = service_input(host, entry, old_m, facts)
     target = service_input(host, entry, m, facts)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and old_name == m.name and target.serving:
@@ -237,6 +238,15 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
               restart: bool) -> RegenInput:
     facts = gather(host, entry)
     installed = sorted(facts.installed)
-    services = [service_input(host, entry, manifests[n], facts) for n in installed if n in manifests]
+    found = {n: service_manifest(n, facts, manifests) for n in installed}
+    services = [service_input(host, entry, m, facts) for m in found.values() if m is not None]
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
-                      orphaned=[n for n in installed if n not in manifests], restart=restart)
+                      orphaned=[n for n, m in found.items() if m is None], restart=restart)
+
+
+def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:
+    """The manifest of the service NAME on this host: its model's (as its records name it: a
+    service deployed with --name runs a model under another name), as that service."""
+    model = (facts.record(name) or facts.installed.get(name) or {}).get("model") or name
+    m = manifests.get(model) or manifests.get(name)
+    return m.as_service(name) if m is not None else None

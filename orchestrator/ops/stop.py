@@ -152,7 +152,9 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active \
         and not res.disabled
     res.seconds = round(time.monotonic() - t0, 3)
-    state.append_history(host, entry, {"operation": "stop", "model": model, "ok": res.ok, "disabled": res.disabled,
+    state.append_history(host, entry, {"operation": "stop", "service": model,
+                                       "model": (facts.record(model) or facts.installed.get(model) or {}).get("model") or model,
+                                       "ok": res.ok, "disabled": res.disabled,
                                        "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
                                        "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
                                        "foreign": res.foreign,
@@ -247,7 +249,7 @@ def deploy_started_at(history: list[dict], model: str) -> float | None:
 
     for rec in reversed(history):
         if rec.get("operation") in ("deploy", "swap", "rollback") and model in (
-                rec.get("model"), rec.get("to"), rec.get("rolled_back_to")):
+                rec.get("service") or rec.get("model"), rec.get("to"), rec.get("rolled_back_to")):
             try:
                 at = datetime.fromisoformat(rec["at"]).timestamp()
             except (KeyError, ValueError):

@@ -33,7 +33,7 @@ def service_names(facts: HostFacts) -> list[str]:
 
 def placement_of(m: Manifest, host: str) -> Placement:
     """The placement a manifest (as it runs on the host: config/effective.py) asks for."""
-    return Placement(m.name, m.name, host, tuple(m.serving.visible_devices), m.serving.port)
+    return Placement(m.name, m.model_name, host, tuple(m.serving.visible_devices), m.serving.port)
 
 
 def clash_refusal(facts: HostFacts, m: Manifest, host: str, replacing: Collection[str] = ()) -> RefusedError | None:

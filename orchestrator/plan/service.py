@@ -146,7 +146,7 @@ def installed_record(r: Rendered, placed: dict | None = None) -> dict:
     """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
     `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
     runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is."""
-    return {"model": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
+    return {"model": r.manifest.model_name, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
             "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
             **({"placed": placed} if placed else {})}
@@ -326,7 +326,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()
-        state.touch_usage(env.host, env.entry, m.name)
+        state.touch_usage(env.host, env.entry, m.model_name)        # by folder: disk eviction reads it
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
@@ -391,7 +391,7 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
-    return {"model": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
+    return {"model": m.model_name, "service": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
             "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
             "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,

@@ -91,7 +91,7 @@ def plan_swap(inp: PlanInput) -> Plan:
         return plan.refuse(Action("placement", clash.message), clash)
     if plan.add_checked(*prepare.preflight_action(inp)):
         return plan
-    keep = {old.name} if old else set()
+    keep = {old.name, old.manifest.model_name} if old else set()
     disk, err = prepare.disk_action(inp, keep=keep)
     if err is not None and old is not None:
         return _unstaged(plan, inp, err)
@@ -106,7 +106,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     old_enabled = old is not None and service.enabled_at_boot(f, old.name)
     start = service.start_action(inp, unit_changed=not install.noop)
     if not start.noop:          # a new service already running (an interrupted swap) loads nothing
-        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name),
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.model_name),
                                      before=f"{old.name} stops" if old is not None and old_running else "the start")
         plan.add(warm_action)
         plan.info["expected_downtime_s"] = exp.as_dict()
@@ -170,16 +170,23 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     """The disk cannot hold both models: stop the old one and delete its folder first (--yes)."""
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     assert old is not None and inp.download is not None
+    folder = old.manifest.model_name
+    sharing = sorted(n for n, r in f.records.items() if n != old.name and (r.get("model") or n) == folder)
+    if sharing:
+        return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} is used by {', '.join(sharing)}"),
+                           RefusedError(f"the disk cannot stage {m.name} next to {old.name}, and {old.name}'s "
+                                        f"weights are also {', '.join(sharing)}'s: they are not deleted",
+                                        host=entry.name, step="disk", hint="free space on the models disk first"))
     need = inp.download.to_fetch_bytes
-    extra = f.models[old.name].bytes if old.name in f.models else 0
+    extra = f.models[folder].bytes if folder in f.models else 0
     minutes = need / FIELD_DOWNLOAD_RATE / 60
     plan.info["staged"] = False
     available, limit_txt = prepare.disk_available(inp)
-    old_dir = f.models.get(old.name)
+    old_dir = f.models.get(folder)
     if old_dir is not None and not old_dir.ours:
-        return plan.refuse(Action("disk", f"{prepare.model_path(entry, old.name)} was not made by vllm-orch"),
+        return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} was not made by vllm-orch"),
                            RefusedError(
-            f"the disk cannot stage {m.name} next to {old.name}, and {prepare.model_path(entry, old.name)} "
+            f"the disk cannot stage {m.name} next to {old.name}, and {prepare.model_path(entry, folder)} "
             f"has no .vllm-orch/verified.json: vllm-orch only deletes folders it made", host=entry.name,
             step="disk", hint="free space on the models disk yourself, then swap again"))
     # What the unstaged plan deletes: the old model's folder (the staged check above already counted
@@ -206,9 +213,9 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     if old_running:
         plan.add(service.stop_action(entry, old.name, "downtime starts; not staged", downtime_starts=True,
                                      swap_to=m.name, enabled=old_enabled))
-    plan.add(Action("disk", f"delete {prepare.model_path(entry, old.name)} to make room (accepted with --yes)",
-                    commands=[prepare.delete_command(entry, old.name)],
-                    confirm=f"delete {prepare.model_path(entry, old.name)} on {entry.name} ({fmt_bytes(extra)})"))
+    plan.add(Action("disk", f"delete {prepare.model_path(entry, folder)} to make room (accepted with --yes)",
+                    commands=[prepare.delete_command(entry, folder)],
+                    confirm=f"delete {prepare.model_path(entry, folder)} on {entry.name} ({fmt_bytes(extra)})"))
     plan.add(prepare.download_action(inp))
     plan.add(prepare.user_action(entry, f.users))
     plan.add(service.install_action(entry, inp.target))

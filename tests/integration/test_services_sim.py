@@ -65,15 +65,16 @@ class ProbeLoop(threading.Thread):
 
 @pytest.fixture
 def two(sim_host):
-    """minimax-m25 on GPUs 0-3 and mm-b (the same weights) placed on GPUs 4-7 by the command line."""
+    """minimax-m25 on GPUs 0-3, and the same model again as the service mm-b on GPUs 4-7
+    (`deploy minimax-m25 --name mm-b --gpus 4-7 --port PB`): one weights folder, two services."""
     e = entry(sim_host)
     a = copy_of(MM, MM, free_port())
-    b = copy_of(MM, "mm-b", free_port())
+    b = a.as_service("mm-b")
     assert deploy(e, a).ok
     pb = free_port()
-    eb = placed(e, b, [4, 5, 6, 7], pb)
-    res = deploy(eb, b)
+    res = deploy(placed(e, b, [4, 5, 6, 7], pb), b)
     assert res.ok, res.error
+    assert [d.name for d in (sim_host.dir / "models").iterdir()] == [MM]      # one folder for both
     return e, a, b, pb
 
 
@@ -82,7 +83,10 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     records = read_records(sim_host.host, e)
     assert sorted(records) == sorted(["mm-b", MM])
     assert records["mm-b"]["gpus"] == [4, 5, 6, 7] and records["mm-b"]["port"] == pb
+    assert records["mm-b"]["model"] == MM and records["mm-b"]["service"] == "mm-b"
     assert records[MM]["gpus"] == [0, 1, 2, 3]
+    installed = json.loads((Path(e.state_dir) / "installed" / "mm-b.json").read_text())
+    assert installed["model"] == MM and installed["placed"] == {"gpu_ids": [4, 5, 6, 7], "port": pb}
 
     st = host_status(e)
     rows = {s.name: s for s in st.services}
@@ -96,12 +100,13 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     assert not refused.ok and refused.error.exit_code == 3 and "takes GPU" in refused.error.message
     assert "mm-c" not in read_records(sim_host.host, e)
 
-    # Swap mm-b for mm-c (it takes mm-b's GPUs and port) while a probe loop hits minimax-m25.
+    # Swap mm-b for mm-c (another model: it takes mm-b's GPUs and port) while a probe loop hits
+    # minimax-m25; mm-b's record is rebuilt from its model's manifest and its recorded placement.
     loop = ProbeLoop(Endpoint(sim_host.host, a.serving.port), a.served_name)
     loop.start()
     try:
         time.sleep(0.3)
-        res = swap(e, c, {a.name: a, b.name: b, c.name: c}, replace="mm-b")
+        res = swap(e, c, {a.name: a, c.name: c}, replace="mm-b")
         time.sleep(0.3)
     finally:
         loop.stop()
@@ -116,7 +121,7 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
 
     # Without --replace on a host with several services: asked for it, nothing touched.
     with pytest.raises(Exception) as err:
-        swap(e, b, {a.name: a, b.name: b, c.name: c})
+        swap(e, b, {a.name: a, c.name: c})
     assert getattr(err.value, "exit_code", None) == 2 and "--replace" in str(err.value)
 
     # Stop one: the other still serves, and its processes were not touched.

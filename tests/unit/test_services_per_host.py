@@ -208,3 +208,55 @@ def test_history_records_carry_the_service(tmp_path):
     state.append_history(host, entry, {"operation": "deploy", "model": MM})
     assert state.read_history(host, entry)[-1]["service"] == MM
 
+
+
+def test_a_service_under_another_name_keeps_its_models_weights_served_name_and_inventory_settings():
+    entry = HostEntry.model_validate({"name": "gpu1", "address": "gpu1.example",
+                                      "overrides": {MM: {"vllm": {"max_num_seqs": 7}}}})
+    b = MODELS[MM].as_service("mm-b")
+    assert (b.name, b.model_name, b.served_name, b.unit_name) == ("mm-b", MM, MODELS[MM].served_name,
+                                                                  "vllm-mm-b.service")
+    assert MODELS[MM].as_service(MM) is MODELS[MM] and MODELS[MM].as_service(None) is MODELS[MM]
+    placed_entry = entry.with_command_line("mm-b", ServingOverride(gpu_ids=[4, 5, 6, 7], port=8001))
+    eff = effective(b, placed_entry)
+    assert eff.manifest.model_name == MM and eff.manifest.vllm.max_num_seqs == 7       # the model's override
+    assert eff.manifest.serving.visible_devices == [4, 5, 6, 7]                        # the service's placement
+    r = render(eff.manifest, placed_entry, {})
+    assert f"{placed_entry.models_root}/{MM}" in r.argv and r.unit.path.endswith("vllm-mm-b.service")
+    assert effective(MODELS[MM], placed_entry).manifest.serving.visible_devices == [0, 1, 2, 3]   # not the model's
+
+
+def test_gather_finds_a_renamed_services_manifest_by_its_record():
+    from orchestrator.ops.gather import service_manifest
+
+    f = facts(installed={"mm-b": {"model": MM, "gpus": [4, 5, 6, 7]}})
+    m = service_manifest("mm-b", f, MODELS)
+    assert m is not None and (m.name, m.model_name) == ("mm-b", MM)
+    assert service_manifest(MM, f, MODELS).name == MM
+    assert service_manifest("nothing", f, MODELS) is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["render", MM, "--gpus", "4-6"], "3 GPUs, but minimax-m25 runs on 4"),
+    (["render", MM, "--gpus", "4-x"], "'4-x' is not a GPU index"),
+    (["render", MM, "--name", "Bad_Name"], "not a service name"),
+])
+def test_placement_options_fail_in_one_line_with_exit_2(args, says):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and says in r.stderr, r.stdout + r.stderr
+    assert len([line for line in r.stderr.splitlines() if line.strip()]) <= 2, r.stderr    # error (+ hint)
+
+
+def test_render_shows_the_command_lines_placement():
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["render", MM, "--gpus", "4,5,6,7", "--port", "8001", "--name", "mm-b"])
+    assert r.exit_code == 0, r.output
+    assert "vllm-mm-b.service" in r.output and "CUDA_VISIBLE_DEVICES=4,5,6,7" in r.output
+    assert "<- command line --gpus" in r.output and "<- command line --port" in r.output
