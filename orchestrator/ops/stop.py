@@ -189,6 +189,7 @@ def plan_gc(facts: HostFacts) -> GcPlan:
     record stay."""
     active = {str(r.get("model") or n) for n, r in facts.records.items()}
     running = set(facts.running())
+    running |= {str(r.get("model") or n) for n, r in facts.installed.items() if n in running}   # --name services
     delete, keep = [], []
     for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
         if not d.ours:

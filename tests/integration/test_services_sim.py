@@ -6,6 +6,8 @@ keeps working and is upgraded in place."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ from orchestrator.ops.status import host_status
 from orchestrator.ops.stop import stop_model
 from orchestrator.probe.api import Endpoint, health, served_models
 
-from .deployhelp import SHIPPED, deploy, entry, free_port, swap
+from .deployhelp import SHIPPED, cli_env, deploy, entry, free_port, swap, write_models
 
 MM = "minimax-m25"             # TP4: GPUs 0-3 by its manifest
 
@@ -93,6 +95,20 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     assert sorted(rows) == sorted(["mm-b", MM]) and all(s.state == "ready" for s in rows.values()), \
         [(s.name, s.state, s.state_reason) for s in st.services]
     assert rows["mm-b"].port == pb and rows["mm-b"].gpus == [4, 5, 6, 7]
+
+    # Per-service commands ask which service on a host with several (exit 2, naming them).
+    env = cli_env(sim_host, write_models(sim_host.dir.parent / "models-cli", [a]))
+    for args in (["stop", "--host", "sim", "--dry-run"], ["logs", "--host", "sim", "-n", "1"],
+                 ["history", "--host", "sim"], ["bench", "--host", "sim", "--duration", "1"]):
+        r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and "(minimax-m25, mm-b)" in r.stderr, (args, r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "history", "mm-b", "--host", "sim", "--json"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and {rec["service"] for rec in json.loads(r.stdout)} == {"mm-b"}, r.stderr
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "status", "--host", "sim"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "mm-b" in r.stdout and "GPUs 4-7" in r.stdout, r.stdout + r.stderr
 
     # A third placement on a taken GPU is refused before anything, naming the service.
     c = copy_of(MM, "mm-c", free_port())
