@@ -1,4 +1,6 @@
-"""`vllm-orch status`: what each host serves now, read in as few round trips as possible.
+"""`vllm-orch status`: what each host serves now, read in as few round trips as possible. A host
+that runs several services (disjoint GPUs and ports) has one ServiceStatus per service, each
+decided and probed on its own; the host's own fields are those of its first service.
 
 Per host: one facts round trip (orchestrator/facts.py), one for the history tail and the host's
 uptime clock, and up to three HTTP probes through the host (/health, /v1/models, /metrics) when a
