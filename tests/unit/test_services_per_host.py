@@ -260,3 +260,19 @@ def test_render_shows_the_command_lines_placement():
     assert r.exit_code == 0, r.output
     assert "vllm-mm-b.service" in r.output and "CUDA_VISIBLE_DEVICES=4,5,6,7" in r.output
     assert "<- command line --gpus" in r.output and "<- command line --port" in r.output
+
+
+def test_freeing_disk_never_deletes_a_model_another_service_uses():
+    from orchestrator.host.facts import ModelDir
+    from orchestrator.plan import prepare
+
+    verified = {"repo": "r", "files": {}, "complete": True}
+    models = {MM: ModelDir(MM, 300 * 10 ** 9, verified, 1.0),                 # the oldest: first to go...
+              "old-x": ModelDir("old-x", 300 * 10 ** 9, verified, 2.0)}
+    f = facts(models=models, disk_free=400 * 1024 ** 3)
+    f.records = {"mm-b": {"model": MM, "gpus": [4, 5, 6, 7], "port": 8001}}     # ...but mm-b (stopped) runs it
+    action, refusal = prepare.disk_action(inp(placed_svc("kimi-k25-int4"), f, download(547 * 10 ** 9)), keep=set())
+    assert refusal is None and action.confirm == "delete 1 model folder on gpu1 (old-x 300.0 GB)", action
+    f.records = {}
+    action, _ = prepare.disk_action(inp(placed_svc("kimi-k25-int4"), f, download(547 * 10 ** 9)), keep=set())
+    assert f"{MM} 300.0 GB" in (action.confirm or "")              # with no service using it, it may go
