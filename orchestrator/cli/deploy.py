@@ -135,8 +135,9 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
 @host_options
 @skip_check_option
 @json_option("Print the checks as JSON.")
+@placement_options
 @pass_app
-def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
+def check(app, model, host_name, accept_new_host_key, skip_checks, as_json, service_name, gpus, port):
     """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
     version (and, where the host's vLLM can parse them, the rendered flags).
 
@@ -148,8 +149,7 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
     from orchestrator.ops.session import session
     from orchestrator.plan.prepare import preflight_action
 
-    m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
+    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
     with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
         action, refusal = preflight_action(for_check(s.host, entry, m, make_options(skip_checks, False), s.lock))
     if as_json:
