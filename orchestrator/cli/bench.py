@@ -353,24 +353,33 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
     """Endpoint of the active deployment on an inventory host, forwarded over SSH when needed.
 
     Contract with the deployment side (lead): orchestrator.config.inventory gives the host entry and a
-    connected Host; orchestrator.host.state.read_active(host, entry) -> {"model", "served_name", "port",
-    ...metadata} | None; orchestrator.host.state.append_history(host, entry_dict).
+    connected Host; orchestrator.host.state.read_records(host, entry) -> {service: {"model",
+    "served_name", "port", ...metadata}}; orchestrator.host.state.append_history(host, entry_dict).
+    MODEL names the service (or its model / served name) on a host that runs several.
     """
     from orchestrator.config.inventory import get_host, load_inventory
+    from orchestrator.config.placement import choose_service
     from orchestrator.host import state
     from orchestrator.host.connect import open_host
 
     entry = get_host(load_inventory(getattr(app, "inventory_path", None)), host_name)
     host = open_host(entry, accept_new_host_key)
-    active = state.read_active(host, entry)
-    if not active:
+    records = state.read_records(host, entry)
+    if not records:
         host.close()
         raise ConfigError(f"{host_name}: no active deployment to benchmark",
                           hint=f"vllm-orch deploy MODEL --host {host_name}")
-    if model and model not in (active.get("model"), active.get("served_name")):
+    match = [n for n, r in records.items() if model in (n, r.get("model"), r.get("served_name"))] if model else []
+    if model and not match:
         host.close()
-        raise ConfigError(f"{host_name} serves {active.get('model')!r}, not {model!r}",
+        raise ConfigError(f"{host_name} serves {', '.join(sorted(records))}, not {model!r}",
                           hint=f"vllm-orch swap {model} --host {host_name}")
+    try:
+        name = match[0] if match else choose_service(records, None, host_name, f"bench --host {host_name} SERVICE")
+    except ConfigError:
+        host.close()
+        raise
+    active = records[name or ""]
     port = int(active["port"])
     address = "127.0.0.1" if entry.is_local else entry.address
     closers = [host.close]

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.common import console, load_host_entry, pass_app, resolved_models_dir
+from orchestrator.cli.deploy import placed, placement_options
 from orchestrator.cli.options import exit_codes, host_option, json_option, model_argument
 from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.errors import ConfigError
@@ -151,8 +152,9 @@ def _looks_like_inventory(path: Path) -> bool:
               help="Render for this hardware class (on a deploy the host's GPUs pick it).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
               help="Write the unit, env file and argv.json into this folder instead of printing.")
+@placement_options
 @pass_app
-def render(app, model, host_name, hardware, out_dir):
+def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     """Show what a model becomes on a host: the systemd unit (or start script), the env file
     (secrets masked), the vLLM argv, and where each value comes from (the manifest, its
     requires.hardware entry for the class, or the host's service_env and overrides). Nothing is
@@ -163,6 +165,7 @@ def render(app, model, host_name, hardware, out_dir):
       vllm-orch render kimi-k25-int4
       vllm-orch render minimax-m25 --host gpu1 --hardware rtx-pro-6000
       vllm-orch render minimax-m25 --host gpu1 --out ./rendered
+      vllm-orch render minimax-m25 --host gpu1 --gpus 4-7 --port 8001
     """
     from orchestrator.config.effective import effective
     from orchestrator.config.inventory import HostEntry
@@ -172,6 +175,7 @@ def render(app, model, host_name, hardware, out_dir):
 
     manifest, _ = get_manifest(model, resolved_models_dir(app))
     host = load_host_entry(app, host_name) if host_name else HostEntry(name="example-host", address="gpu-host")
+    host, manifest = placed(host, manifest, gpus, port, service_name)
     eff = effective(manifest, host, hardware=hardware)
     r = do_render(eff.manifest, host)
     if out_dir:

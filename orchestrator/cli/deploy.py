@@ -20,11 +20,47 @@ from orchestrator.cli.options import (
 )
 
 
-def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False):
+def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False, replace=None):
     from orchestrator.plan.run import Options
 
     return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks),
-                   warm=warm)
+                   warm=warm, replace=replace)
+
+
+def placement_options(f):
+    """--name, --gpus and --port: place a model on a host without copying its manifest (they win
+    over the inventory's overrides; `render --host` and --dry-run name where each value came from)."""
+    f = click.option("--name", "service_name", default=None, metavar="NAME", callback=_slug,
+                     help="The service's name on the host (its unit vllm-NAME.service, records, history): "
+                          "default the model's. Lets one host run the same model twice.")(f)
+    f = click.option("--port", type=click.IntRange(1, 65535), default=None,
+                     help="The service's HTTP port on this host (default: the inventory's override, else "
+                          "the manifest's).")(f)
+    return click.option("--gpus", "gpus", default=None, metavar="IDS",
+                        help="The GPUs the service takes, e.g. 4-7 or 4,5,6,7: as many as the manifest's "
+                             "tensor x data parallel layout (default: the inventory's, else the manifest's).")(f)
+
+
+def _slug(_ctx, _param, value):
+    from orchestrator.config.manifest import SLUG
+    from orchestrator.errors import ConfigError
+
+    if value is not None and not SLUG.match(value):
+        raise ConfigError(f"--name {value}: not a service name like mm-b (lowercase letters, digits and -)")
+    return value
+
+
+def placed(entry, m, gpus: str | None, port: int | None, name: str | None = None):
+    """(host entry, manifest) for a run that places `m` as the service NAME on the GPUs / port given
+    on the command line."""
+    m = m.as_service(name)
+    if gpus is None and port is None:
+        return entry, m
+    from orchestrator.config.inventory import ServingOverride
+    from orchestrator.config.placement import parse_gpus
+
+    return entry.with_command_line(m.name, ServingOverride(gpu_ids=parse_gpus(gpus) if gpus else None,
+                                                           port=port)), m
 
 
 def finish(result, as_json: bool) -> None:
@@ -62,8 +98,10 @@ def finish(result, as_json: bool) -> None:
               help="Before starting, read the weights into the page cache as far as the host's memory allows "
                    "(for a start after a stop: the load then reads from RAM; the plan shows the expected "
                    "start-up with and without).")
+@placement_options
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm):
+def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm,
+           service_name, gpus, port):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -76,12 +114,15 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
       vllm-orch deploy kimi-k25-int4 --host sim
       HF_TOKEN=hf_... vllm-orch deploy minimax-m25 --host gpu1 --enable
       vllm-orch deploy kimi-k25-int4 --host gpu1 --warm
+      vllm-orch deploy minimax-m25 --host gpu1 --gpus 4-7 --port 8001 --name mm-b
+
+    A host runs several services on disjoint GPUs and ports; a placement that takes another
+    service's GPUs or port is refused (exit 3, naming it).
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
 
-    m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
+    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
     reporter = Reporter(console(), quiet=as_json)
     result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm), reporter, dry_run,
                         accept_new_host_key, ask=terminal_ask(as_json))
@@ -94,8 +135,9 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
 @host_options
 @skip_check_option
 @json_option("Print the checks as JSON.")
+@placement_options
 @pass_app
-def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
+def check(app, model, host_name, accept_new_host_key, skip_checks, as_json, service_name, gpus, port):
     """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
     version (and, where the host's vLLM can parse them, the rendered flags).
 
@@ -107,8 +149,7 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
     from orchestrator.ops.session import session
     from orchestrator.plan.prepare import preflight_action
 
-    m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
+    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
     with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
         action, refusal = preflight_action(for_check(s.host, entry, m, make_options(skip_checks, False), s.lock))
     if as_json:

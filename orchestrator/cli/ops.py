@@ -103,31 +103,39 @@ def status(app, host_names, accept_new_host_key, as_json):
 
 # -- history ---------------------------------------------------------------------------------------
 
-@click.command(epilog=exit_codes("0 ok, 1 the host could not be reached, 2 bad input."))
+@click.command(epilog=exit_codes("0 ok, 1 the host could not be reached, 2 bad input (a host with several "
+                                  "services and none named)."))
+@model_argument(required=False, metavar="[SERVICE]")
 @host_options
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=30, show_default=True,
               help="Show the last N records.")
-@click.option("--model", "model", default=None, help="Only records about this model.",
+@click.option("--model", "model_opt", default=None, help="Only records about this model (or service).",
               shell_complete=complete_models)
 @json_option("Print the records as a JSON list.")
 @pass_app
-def history(app, host_name, accept_new_host_key, limit, model, as_json):
+def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_json):
     """Show every deploy, swap, rollback, stop, gc and bench on a host, with timings and results
-    (from history.jsonl in the host's state_dir).
+    (from history.jsonl in the host's state_dir). On a host that runs several services, name the
+    one (SERVICE) whose records to show.
 
     \b
     Example:
       vllm-orch history --host sim
+      vllm-orch history minimax-m25 --host gpu1
     """
     from orchestrator.cli.views import render_history
+    from orchestrator.config.placement import choose_service
     from orchestrator.host.connect import open_host
-    from orchestrator.host.state import read_history
+    from orchestrator.host.state import read_history, read_records
 
     entry = load_host_entry(app, host_name)
+    model = model or model_opt
     with open_host(entry, accept_new_host_key) as host:
+        if model is None:
+            choose_service(read_records(host, entry), None, entry.name, f"history SERVICE --host {entry.name}")
         records = read_history(host, entry)
     if model:
-        records = [r for r in records if model in (r.get("model"), r.get("to"), r.get("from"))]
+        records = [r for r in records if model in (r.get("service"), r.get("model"), r.get("to"), r.get("from"))]
     records = records[-limit:]
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
@@ -138,8 +146,9 @@ def history(app, host_name, accept_new_host_key, limit, model, as_json):
 # -- logs ------------------------------------------------------------------------------------------
 
 @click.command(epilog=exit_codes("0 ok, 1 the host could not be reached or its log could not be read, "
-                                  "2 bad input (no service of MODEL installed)."))
-@model_argument()
+                                  "2 bad input (no service of MODEL installed, or a host with several "
+                                  "services and none named)."))
+@model_argument(required=False, metavar="[SERVICE]")
 @host_options
 @click.option("--since-deploy", is_flag=True,
               help="From the start of the last deploy/swap of MODEL (process hosts: its last start).")
@@ -149,21 +158,27 @@ def history(app, host_name, accept_new_host_key, limit, model, as_json):
 @pass_app
 def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines):
     """Show a model service's log: journalctl -u vllm-MODEL on systemd hosts, the service's log
-    file on process hosts. Streamed as it is read; -f follows until Ctrl-C.
+    file on process hosts. Streamed as it is read; -f follows until Ctrl-C. The service may be
+    left out on a host that runs one.
 
     \b
     Examples:
       vllm-orch logs kimi-k25-int4 --host sim --since-deploy
       vllm-orch logs kimi-k25-int4 --host gpu1 -f
     """
+    from orchestrator.config.placement import choose_service
     from orchestrator.errors import ConfigError
     from orchestrator.host.connect import open_host
     from orchestrator.host.services import Service
-    from orchestrator.host.state import read_history, read_json
+    from orchestrator.host.state import read_history, read_json, read_records
     from orchestrator.ops.stop import deploy_started_at
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
+        if model is None:
+            model = choose_service(read_records(host, entry), None, entry.name, f"logs SERVICE --host {entry.name}")
+            if model is None:
+                raise ConfigError(f"{entry.name} runs no recorded service: name one", hint="vllm-orch status")
         if read_json(host, f"{entry.state_dir}/installed/{model}.json") is None:
             listing = host.run(["ls", f"{entry.state_dir}/installed"])
             names = sorted(n[:-5] for n in listing.stdout.split() if n.endswith(".json"))
@@ -194,9 +209,9 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
 # -- stop ------------------------------------------------------------------------------------------
 
 @click.command(epilog=exit_codes("0 stopped (or already stopped; with --dry-run: the plan was shown), "
-                                  "1 GPUs not released, 2 bad input, 3 refused (lock held, MODEL not "
-                                  "installed)."))
-@model_argument()
+                                  "1 GPUs not released, 2 bad input (a host with several services and none "
+                                  "named), 3 refused (lock held, MODEL not installed)."))
+@model_argument(required=False, metavar="[SERVICE]")
 @host_options
 @dry_run_option("Show what would be stopped and killed, and change nothing on the host.")
 @json_option("Print the result as JSON.")
@@ -206,8 +221,9 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
 def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeout):
     """Stop MODEL's service, then make sure its GPUs are really free: leftover VLLM::Worker
     processes of that model on its GPUs are killed (SIGTERM, then SIGKILL) and nvidia-smi is polled
-    until their memory is released. Clears the active record if MODEL was active. Takes the host
-    lock. Stopping a stopped model does nothing and says so.
+    until their memory is released. Clears the service's record. Takes the host lock. Stopping a
+    stopped model does nothing and says so. On a host that runs several services, name the one
+    (the others keep serving); on a host with one it may be left out.
 
     \b
     Examples:
@@ -219,6 +235,16 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
     from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
     entry = load_host_entry(app, host_name)
+    if model is None:
+        from orchestrator.config.placement import choose_service
+        from orchestrator.errors import ConfigError
+        from orchestrator.host.connect import open_host
+        from orchestrator.host.state import read_records
+
+        with open_host(entry, accept_new_host_key) as host:
+            model = choose_service(read_records(host, entry), None, entry.name, f"stop SERVICE --host {entry.name}")
+        if model is None:
+            raise ConfigError(f"{entry.name} runs no recorded service: name the one to stop", hint="vllm-orch status")
     manifest_gpus = None
     try:
         from orchestrator.cli.common import resolved_models_dir
@@ -229,7 +255,7 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
         m = effective(get_manifest(model, resolved_models_dir(app))[0], entry).manifest
         manifest_gpus = m.serving.visible_devices
     except Exception:
-        pass    # a manifest removed since the deploy: the active record or the processes say
+        pass    # a manifest removed since the deploy: the service's record or the processes say
     say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))
     timeout = gpu_timeout or GPU_RELEASE_TIMEOUT_S
     with session(entry, f"stop {model}", dry_run, accept_new_host_key) as s:
@@ -253,7 +279,7 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
         c.print(f"  {len(res.orphans)} processes of {model} outlived its main process: "
                 + ", ".join(f"{o['pid']} {o['name']}" for o in res.orphans), markup=False)
     if res.cleared_active:
-        c.print(f"  cleared the active record ({model} was the active model)", markup=False)
+        c.print(f"  cleared {model}'s record (services/{model}.json)", markup=False)
     if not res.ok:
         from orchestrator.errors import DeployFailed
 

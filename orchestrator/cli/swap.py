@@ -13,7 +13,7 @@ from orchestrator.cli.common import (
     resolved_models_dir,
     terminal_ask,
 )
-from orchestrator.cli.deploy import finish, make_options
+from orchestrator.cli.deploy import finish, make_options, placed, placement_options
 from orchestrator.cli.options import (
     DEFAULT_EXIT_CODES,
     dry_run_option,
@@ -43,8 +43,13 @@ from orchestrator.cli.options import (
 @click.option("--warm/--no-warm", default=True, show_default=True,
               help="While the old model still serves, read the new model's weights into the page cache (in "
                    "vLLM's load order, as far as memory allows), so its load reads from RAM.")
+@click.option("--replace", "replace", default=None, metavar="SERVICE",
+              help="The service MODEL replaces, on a host that runs several; the others keep serving. MODEL "
+                   "takes its GPUs and port unless --gpus / --port say otherwise.")
+@placement_options
 @pass_app
-def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes, warm):
+def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes, warm,
+         replace, service_name, gpus, port):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
@@ -62,17 +67,18 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
     Examples:
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
       vllm-orch swap minimax-m25 --host gpu1
+      vllm-orch swap kimi-k25-int4 --replace minimax-m25 --host gpu1
     """
     from orchestrator.cli.views import warm_summary
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
 
-    m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
+    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
     manifests, _bad = load_all(resolved_models_dir(app))
     reporter = Reporter(console(), quiet=as_json)
-    result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes, warm=warm), reporter,
+    result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace),
+                      reporter,
                       dry_run, accept_new_host_key, ask=terminal_ask(as_json))
     if not as_json and not dry_run:
         extra = result.extra

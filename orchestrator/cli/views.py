@@ -11,7 +11,7 @@ from rich.table import Table
 
 from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host.ownership import gpu_list
-from orchestrator.ops.status import HostStatus
+from orchestrator.ops.status import HostStatus, ServiceStatus
 
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red"}
@@ -77,7 +77,8 @@ def _num(value: float | None) -> str:
 def render_status(console, results: list[HostStatus]) -> None:
     """One row per host (fits 80 columns), then a few detail lines per host."""
     table = Table(title="vllm-orch status", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    widest = max([len(r.active_model or "-") for r in results] + [5])
+    widest = max([len(r.active_model or "-") for r in results] + [len(v.name) for r in results for v in r.services]
+                 + [5])
     for col in ("host", "model", "state", "up", "GPU mem", "KV", "run/wait", "disk free"):
         table.add_column(col, overflow="fold", min_width=widest if col == "model" else None)
     for r in results:
@@ -92,6 +93,11 @@ def render_status(console, results: list[HostStatus]) -> None:
                       gpu_summary(r.gpus) if not r.gpu_error else "[red]error[/]",
                       _pct(r.kv_cache_usage), run_wait,
                       fmt_bytes(r.disk.get("free", 0)) if r.disk else "-")
+        for v in r.services[1:]:                # a host with several services: one row each
+            vrw = "-" if v.requests_running is None else f"{_num(v.requests_running)}/{_num(v.requests_waiting)}"
+            table.add_row("", escape(v.name), f"[{STATE_STYLE.get(v.state, '')}]{v.state}[/]",
+                          fmt_duration(v.uptime_s), gpu_list(v.gpus) if v.gpus else "", _pct(v.kv_cache_usage),
+                          vrw, "")
     console.print(table)
     for r in results:
         if r.reachable:
@@ -131,7 +137,18 @@ def render_host_details(console, r: HostStatus) -> None:
            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/] - {escape(r.state_reason)}"
     if r.port:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
+    if len(r.services) > 1:
+        head += escape(f" [GPUs {','.join(map(str, r.services[0].gpus))}]") if r.services[0].gpus else ""
     console.print(head)
+    for v in r.services[1:]:
+        line = f"  + {escape(v.name)} [{STATE_STYLE.get(v.state, '')}]{v.state}[/] - {escape(v.state_reason)}"
+        if v.port:
+            line += f" (port {v.port}" + (f", PID {v.main_pid}" if v.main_pid else "") + ")"
+        if v.gpus:
+            line += escape(f" [GPUs {','.join(map(str, v.gpus))}]")
+        console.print(line)
+        for extra in unit_lines(v):
+            console.print(f"    {extra}", markup=False)
     if r.interrupted_swap:
         console.print(f"  [bold red]half-done swap[/]: {escape(r.interrupted_swap['text'])}")
         console.print(f"  [yellow]hint:[/] {escape(r.interrupted_swap['hint'])}")
@@ -174,7 +191,7 @@ def render_host_details(console, r: HostStatus) -> None:
                       markup=False)
 
 
-def unit_lines(r: HostStatus) -> list[str]:
+def unit_lines(r: HostStatus | ServiceStatus) -> list[str]:
     """The unit (systemd): its state and start at boot, the root cause of a failure, the health timer."""
     out = []
     if r.unit_state:
@@ -363,7 +380,7 @@ def render_stop_plan(console, entry, res, holder: dict | None, release_timeout: 
         if res.disabled:
             steps.append("disable its unit at boot (it is enabled; a stopped model must not come back at reboot)")
         if res.cleared_active:
-            steps.append(f"clear the active record ({res.model} is the active model)")
+            steps.append(f"remove {res.model}'s record (services/{res.model}.json)")
         lines += [f"  {i}. {text}" for i, text in enumerate(steps, 1)]
     lines.append("Dry run: nothing changed.")
     for line in lines:

@@ -60,7 +60,7 @@ class HostFacts:
     vllm_version: str | None
     vllm_error: str | None
     models: dict[str, ModelDir]
-    active: dict | None
+    active: dict | None           # a legacy active.json (a host from before services/NAME.json)
     installed: dict[str, dict]
     services: dict[str, ServiceState]
     usage: dict[str, float]
@@ -70,6 +70,18 @@ class HostFacts:
     service_reach: dict | None = None     # can the service user run vllm (facts_script.service_reach)
     memory: Memory | None = None          # None when the memory file could not be read
     raw: dict = field(repr=False, default_factory=dict)
+    records: dict[str, dict] = field(default_factory=dict)   # services/NAME.json by service name
+
+    def __post_init__(self) -> None:
+        """A legacy active.json reads as its model's record (the first locked operation moves it,
+        host/state.upgrade_records); a record under services/ wins over it."""
+        legacy = self.active if isinstance(self.active, dict) else None
+        if legacy and isinstance(legacy.get("model"), str) and legacy["model"] not in self.records:
+            self.records = {**self.records, legacy["model"]: legacy}
+
+    def record(self, name: str) -> dict | None:
+        """The record of the service NAME (None: vllm-orch never recorded it serving)."""
+        return self.records.get(name)
 
     def running(self) -> list[str]:
         return [name for name, st in self.services.items() if st.active]
@@ -127,7 +139,8 @@ def parse(raw: dict) -> HostFacts:
         installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
         half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None,
         users=raw.get("users") or {}, service_reach=raw.get("service_reach"),
-        memory=_memory(raw.get("memory")), raw=raw)
+        memory=_memory(raw.get("memory")), raw=raw,
+        records={n: r for n, r in (raw.get("records") or {}).items() if isinstance(r, dict)})
 
 
 def _memory(raw: dict | None) -> Memory | None:

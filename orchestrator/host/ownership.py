@@ -16,7 +16,9 @@ Every process that holds one of the GPUs (or the service port) is exactly one of
 
 Killed without --kill-foreign: what a dead managed service left, abandoned engines and workers on
 the service's own GPUs, and the service's own processes once its stop did not take them. Never
-killed: a running managed service's processes (deploy refuses; swap stops that service first), and
+killed: a running managed service's processes (deploy refuses; swap stops that service first), the
+processes of another service of the host (several services share a host on disjoint GPUs; one that
+is recorded but between two starts still owns what it left), and
 a process bound to the service port that is not provably left by a managed service. Right before
 killing, the list is read again (a 28-minute download lies between planning and the GPU step) and
 each PID is signalled only while it still has the start time it had when it was classified.
@@ -139,10 +141,13 @@ class Holders:
 
 
 def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, gpus: Iterable[int],
-            stopping: Iterable[str] = ()) -> Holders:
+            stopping: Iterable[str] = (), protected: Iterable[str] = ()) -> Holders:
     """Sort the processes on `gpus` (and those bound to the service port) for the service `model`;
-    `stopping`: managed services this operation stops first (a swap's old model)."""
+    `stopping`: managed services this operation stops first (a swap's old model); `protected`: the
+    other services of the host (recorded or running): what one of them left between two of its
+    starts (systemd restarting it) is theirs, never ours to kill."""
     want, mine = set(gpus), {model, *stopping}
+    theirs = set(protected) - mine
     gpu_list = list(gpu_procs)
     on_gpu = {p.pid for p in gpu_list}
     out = Holders()
@@ -152,6 +157,8 @@ def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, g
             continue                                   # never touch processes on other GPUs
         if p.kind == SERVICE:
             (out.ours if p.model in mine else out.others).append(p)
+        elif p.kind == LEFT and p.model in theirs:
+            out.others.append(p)
         elif p.pid and (p.kind == LEFT or (p.kind == ABANDONED and not on_port)):
             out.kill.append(p)
         else:

@@ -1,6 +1,10 @@
 """vllm-orch's records on each host (under the inventory's state_dir), and the host lock.
 
-  active.json          the model that serves now: name, served name, port, hashes, vLLM version
+  services/NAME.json   one record per service that vllm-orch started and proved serving: model,
+                       served name, port, GPUs, hashes, vLLM version (NAME: the service, which is
+                       its model's name). A host from before several services per host has one
+                       `active.json` instead: it is read as its model's record, and the first
+                       locked operation moves it to services/MODEL.json (upgrade_records)
   installed/NAME.json  each model whose unit vllm-orch installed (regen re-renders these)
   usage.json           last time each model was started (least-recently-used disk eviction)
   history.jsonl        one line per deploy / swap / rollback / stop / gc / bench, with timings, and
@@ -58,24 +62,84 @@ def write_json(host: Host, path: str, value, mode: int = 0o644) -> None:
     host.put(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode(), mode)
 
 
-def read_active(host: Host, entry: HostEntry) -> dict | None:
-    return read_json(host, _path(entry, "active.json"))
+LEGACY_ACTIVE = "active.json"      # the one record of a host before several services per host
 
 
-def write_active(host: Host, entry: HostEntry, record: dict | None) -> None:
+def record_path(entry: HostEntry, name: str) -> str:
+    return _path(entry, "services", f"{name}.json")
+
+
+def write_record(host: Host, entry: HostEntry, name: str, record: dict | None) -> None:
+    """The record of the service NAME (None: it no longer serves, the record goes)."""
     if record is None:
-        host.run(["rm", "-f", _path(entry, "active.json")]).check(entry.name, "clear active record")
+        host.run(["rm", "-f", record_path(entry, name)]).check(entry.name, f"clear {name}'s record")
     else:
-        write_json(host, _path(entry, "active.json"), record)
+        write_json(host, record_path(entry, name), record)
 
 
-def update_active(host: Host, entry: HostEntry, model: str, **fields) -> bool:
-    """Change some fields of active.json when MODEL is the active one (False when it is not)."""
-    record = read_active(host, entry)
-    if not isinstance(record, dict) or record.get("model") != model:
+_REC_MARK = "@@vllm-orch-record "
+
+
+def read_records(host: Host, entry: HostEntry) -> dict[str, dict]:
+    """Every service's record, by name, in one round trip (a legacy active.json reads as its
+    model's record unless services/ has one): for commands that do not read the host's facts."""
+    d = shlex.quote(entry.state_dir)
+    r = host.run(Script(f"for f in {d}/services/*.json {d}/{LEGACY_ACTIVE}; do [ -f \"$f\" ] && "
+                        f"printf '{_REC_MARK}%s ' \"$(basename \"$f\" .json)\" && tr -d '\\n' < \"$f\" && echo; "
+                        f"done 2>/dev/null; true"), timeout=30)
+    out: dict[str, dict] = {}
+    legacy = None
+    for line in r.stdout.splitlines():
+        if not line.startswith(_REC_MARK):
+            continue
+        name, _, text = line[len(_REC_MARK):].partition(" ")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        if name == LEGACY_ACTIVE[:-5]:
+            legacy = value
+        else:
+            out[name] = value
+    if legacy and isinstance(legacy.get("model"), str) and legacy["model"] not in out:
+        out[legacy["model"]] = legacy
+    return out
+
+
+def read_active(host: Host, entry: HostEntry) -> dict | None:
+    """The record of the host's service when it runs one (None: none); on a host with several, the
+    one deployed last. For callers that think of a host as serving one model (bench, fleet views)."""
+    records = read_records(host, entry)
+    if not records:
+        return None
+    return max(records.values(), key=lambda r: str(r.get("deployed_at") or ""))
+
+
+def update_record(host: Host, entry: HostEntry, name: str, **fields) -> bool:
+    """Change some fields of NAME's record (False: NAME has none)."""
+    record = read_json(host, record_path(entry, name))
+    if not isinstance(record, dict):
         return False
-    write_active(host, entry, {**record, **fields})
+    write_record(host, entry, name, {**record, **fields})
     return True
+
+
+def upgrade_records(host: Host, entry: HostEntry) -> str | None:
+    """Move a host's legacy active.json to services/MODEL.json (in place: the same content), once,
+    under the host lock. A record already under services/ for that model wins (the legacy file is
+    then stale) and the legacy file goes either way. Says what it did (None: nothing to do)."""
+    legacy = read_json(host, _path(entry, LEGACY_ACTIVE))
+    if legacy is None and host.get(_path(entry, LEGACY_ACTIVE)) is None:
+        return None
+    model = legacy.get("model") if isinstance(legacy, dict) else None
+    moved = None
+    if isinstance(model, str) and model and host.get(record_path(entry, model)) is None:
+        write_json(host, record_path(entry, model), legacy)
+        moved = f"moved {entry.state_dir}/{LEGACY_ACTIVE} to services/{model}.json"
+    host.run(["rm", "-f", _path(entry, LEGACY_ACTIVE)]).check(entry.name, "remove the legacy active record")
+    return moved or f"removed a stale {entry.state_dir}/{LEGACY_ACTIVE}"
 
 
 def write_swap(host: Host, entry: HostEntry, old: str, new: str, old_enabled: bool) -> None:
@@ -93,7 +157,10 @@ def write_installed(host: Host, entry: HostEntry, model: str, record: dict) -> N
 
 
 def append_history(host: Host, entry: HostEntry, record: dict) -> None:
-    line = json.dumps({"at": now_iso(), **record}, sort_keys=True)
+    """One line per operation; it names its service (`history SERVICE` filters on it), which is
+    the model's name unless the record says otherwise."""
+    named = {"service": record["model"]} if record.get("model") and "service" not in record else {}
+    line = json.dumps({"at": now_iso(), **named, **record}, sort_keys=True)
     path = _path(entry, "history.jsonl")
     host.run(Script(f"mkdir -p {shlex.quote(entry.state_dir)} && "
                     f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}")).check(entry.name, "append history")

@@ -38,8 +38,8 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         if plan.refusal:
             result.error = plan.refusal
             if not dry_run:
-                state.append_history(s.host, entry, {"operation": "deploy", "model": m.name, "ok": False,
-                                                     "refused": str(plan.refusal)})
+                state.append_history(s.host, entry, {"operation": "deploy", "model": m.model_name, "service": m.name,
+                                                     "ok": False, "refused": str(plan.refusal)})
             result.seconds = time.monotonic() - t0
             return result
         if dry_run:
@@ -52,7 +52,8 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
         ready = env.record.ready.get(m.name)
-        record = {"operation": "deploy", "model": m.name, "ok": outcome.ok, "seconds": round(result.seconds, 2),
+        record = {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": outcome.ok,
+                  "seconds": round(result.seconds, 2),
                   "steps": outcome.timings(), "manifest_hash": inp.target.rendered.manifest_hash,
                   "unit_hash": inp.target.rendered.unit_hash, "vllm_version": inp.facts.vllm_version,
                   "noop": not plan.changes}

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.config.effective import effective
-from orchestrator.config.inventory import HostEntry
+from orchestrator.config.inventory import HostEntry, ServingOverride
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConfigError, DeployFailed
 from orchestrator.host import scripts
@@ -30,7 +30,7 @@ from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.state import lock_holder
 from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
-from orchestrator.plan.deploy import blocking_active
+from orchestrator.plan.deploy import placement_refusal
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
@@ -95,14 +95,27 @@ def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts) -
                         effective=eff)
 
 
+def with_recorded_placement(entry: HostEntry, name: str, facts: HostFacts) -> HostEntry:
+    """A service placed on the command line (deploy --gpus/--port) stays there: its installed
+    record keeps what the command line chose, and a later deploy, swap or regen without those
+    options re-applies it (a command line that gives them wins)."""
+    placed = (facts.installed.get(name) or {}).get("placed")
+    if entry.command_line_for(name) is not None or not isinstance(placed, dict):
+        return entry
+    try:
+        return entry.with_command_line(name, ServingOverride.model_validate(placed))
+    except ValueError:
+        return entry                    # a hand-edited record: the inventory and manifest decide
+
+
 def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
                   token: Secret | None) -> DownloadPlan:
     src = m.source
-    folder = facts.models.get(m.name)
+    folder = facts.models.get(m.model_name)
     known = prepare.download_from_record(folder.verified if folder else None, src.repo, src.revision, src.pinned)
     if known is not None:
         return known
-    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.name),
+    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.model_name),
                           src.allow_patterns, src.ignore_patterns, state_dir=entry.state_dir, token=token)
     return DownloadPlan.from_event(event)
 
@@ -135,7 +148,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
               stopping: Collection[str] = ()) -> list[Check]:
     m, r = svc.manifest, svc.rendered
-    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.name}.yaml", effective=svc.effective)
+    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.model_name}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
@@ -160,14 +173,14 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: Lo
 
 def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
     inp = for_check(host, entry, m, opts, lock)
-    if _refused(inp.preflight) or blocking_active(inp):
+    if _refused(inp.preflight) or placement_refusal(inp):
         return inp
     return _with_download(host, inp)
 
 
 def warm_facts(host: Host, entry: HostEntry, m: Manifest) -> WarmFacts:
     """The model's weight files in vLLM's load order and how much of each is cached (no reads)."""
-    model_dir = prepare.model_path(entry, m.name)
+    model_dir = prepare.model_path(entry, m.model_name)
     try:
         event = plan_warm(host, entry.python, model_dir, entry.meminfo)
     except DeployFailed as err:
@@ -186,14 +199,19 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
 def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
              lock: LockFacts) -> PlanInput:
     facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
-    old_name = old_model_name(facts, m.name)
+    old_name = old_model_name(facts, m.name, entry.name, opts.replace)
+    if opts.replace and old_name and old_name != m.name:
+        entry = takes_place_of(entry, m, facts.record(old_name) or facts.installed.get(old_name) or {})
+        if service_port(m, entry) not in facts.ports:
+            facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
     old = None
     if old_name and old_name != m.name:
-        if old_name not in manifests:
+        old_m = service_manifest(old_name, facts, manifests)
+        if old_m is None:
             raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
                               f"could not be rolled back to", host=entry.name,
                               hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
-        old = service_input(host, entry, manifests[old_name], facts)
+        old = service_input(host, entry, old_m, facts)
     target = service_input(host, entry, m, facts)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and old_name == m.name and target.serving:
@@ -203,10 +221,32 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Man
     return inp if _refused(checks) else _with_download(host, inp)
 
 
+def takes_place_of(entry: HostEntry, m: Manifest, old: Mapping) -> HostEntry:
+    """`swap NEW --replace OLD`: NEW takes OLD's GPUs (when it needs as many) and port, unless the
+    command line placed it (--gpus / --port win)."""
+    given = entry.command_line_for(m.name)
+    gpus = [int(i) for i in old.get("gpus") or []]
+    port = old.get("port")
+    serving = ServingOverride(
+        gpu_ids=given.gpu_ids if given and given.gpu_ids is not None else
+        (gpus if len(gpus) == m.serving.gpus else None),
+        port=given.port if given and given.port is not None else (int(port) if port else None))
+    return entry.with_command_line(m.name, serving)
+
+
 def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts: Options, lock: LockFacts,
               restart: bool) -> RegenInput:
     facts = gather(host, entry)
     installed = sorted(facts.installed)
-    services = [service_input(host, entry, manifests[n], facts) for n in installed if n in manifests]
+    found = {n: service_manifest(n, facts, manifests) for n in installed}
+    services = [service_input(host, entry, m, facts) for m in found.values() if m is not None]
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
-                      orphaned=[n for n in installed if n not in manifests], restart=restart)
+                      orphaned=[n for n, m in found.items() if m is None], restart=restart)
+
+
+def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:
+    """The manifest of the service NAME on this host: its model's (as its records name it: a
+    service deployed with --name runs a model under another name), as that service."""
+    model = (facts.record(name) or facts.installed.get(name) or {}).get("model") or name
+    m = manifests.get(model) or manifests.get(name)
+    return m.as_service(name) if m is not None else None

@@ -81,6 +81,7 @@ def session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key
         if not dry_run:
             lock = state.HostLock(host, entry, operation)
             lock.acquire()
+            state.upgrade_records(host, entry)      # a host's legacy active.json -> services/MODEL.json
         yield Session(host, entry, lock_facts(host, entry, held=not dry_run), lock)
     finally:
         if lock is not None:

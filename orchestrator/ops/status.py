@@ -1,4 +1,6 @@
-"""`vllm-orch status`: what each host serves now, read in as few round trips as possible.
+"""`vllm-orch status`: what each host serves now, read in as few round trips as possible. A host
+that runs several services (disjoint GPUs and ports) has one ServiceStatus per service, each
+decided and probed on its own; the host's own fields are those of its first service.
 
 Per host: one facts round trip (orchestrator/facts.py), one for the history tail and the host's
 uptime clock, and up to three HTTP probes through the host (/health, /v1/models, /metrics) when a
@@ -51,6 +53,38 @@ RESULT_WORDS = {"timeout": "not ready within its start-up budget (TimeoutStartSe
 
 
 @dataclass
+class ServiceStatus:
+    """One service on a host (a host runs several on disjoint GPUs and ports): its own row."""
+
+    name: str
+    model: str | None = None
+    served_name: str | None = None
+    port: int | None = None
+    gpus: list[int] = field(default_factory=list)
+    state: str = "unknown"
+    state_reason: str = ""
+    uptime_s: float | None = None
+    main_pid: int | None = None
+    kv_cache_usage: float | None = None
+    kv_cache_usage_max: float | None = None
+    engines: int | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    unit_state: str | None = None
+    enabled: bool | None = None
+    restarts: int | None = None
+    root_cause: str | None = None
+    health: dict | None = None
+    last_health_restart: dict | None = None
+
+
+# The fields a host's row copies from its first service (the one a single-service host has).
+PRIMARY_FIELDS = ("served_name", "port", "state", "state_reason", "uptime_s", "main_pid", "kv_cache_usage",
+                  "kv_cache_usage_max", "engines", "requests_running", "requests_waiting", "unit_state",
+                  "enabled", "restarts", "root_cause", "health", "last_health_restart")
+
+
+@dataclass
 class HostStatus:
     host: str
     reachable: bool = True
@@ -85,6 +119,7 @@ class HostStatus:
     interrupted_swap: dict | None = None         # swap.json: from, to, since, by, text, hint
     lock: dict | None = None
     vllm_version: str | None = None
+    services: list[ServiceStatus] = field(default_factory=list)   # one per service; the host's fields: the first's
     round_trips: int = 0
     seconds: float = 0.0
 
@@ -263,6 +298,15 @@ def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = 
     return st
 
 
+def service_list(records: dict[str, dict], running: list[str]) -> list[str]:
+    """The services status shows, every recorded and every running one; the first is the one a
+    single-service host's row is about (pick_model), the others follow by name."""
+    names = sorted(set(records) | set(running))
+    first = pick_model(next(iter(records.values())) if len(records) == 1 else None, running) \
+        if len(records) <= 1 else None
+    return ([first] if first else []) + [n for n in names if n != first]
+
+
 def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of, api_key_of) -> None:
     from orchestrator.host.facts import gather
 
@@ -270,46 +314,19 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
     ports = [int(active["port"])] if active and active.get("port") else []
     facts = gather(host, entry, [active["model"]] if active and active.get("model") else [], ports=ports)
     running = facts.running()
-    model = pick_model(facts.active, running)
-    st.active_model, st.running_models = model, running
+    names = service_list(facts.records, running)
+    st.active_model, st.running_models = (names[0] if names else None), running
     st.vllm_version, st.lock = facts.vllm_version, lock_holder
-    rec = facts.active if (facts.active or {}).get("model") == model else None
-    st.port = int(rec["port"]) if rec and rec.get("port") else (port_of(model) if model else None)
-    st.served_name = (rec or {}).get("served_name") or (served_name_of(model) if model else None)
-
-    svc = facts.services.get(model) if model else None
-    health = listed = auth_problem = None
-    if svc is not None and svc.active:
-        st.main_pid = svc.main_pid
-        st.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
-        if st.port:
-            health, listed, auth_problem = _probe(st, probes.Endpoint(host, st.port, api_key_of(model)))
-    raw = (svc.raw or {}) if svc is not None else {}
-    restarting = raw.get("SubState") == "auto-restart"
-    st.state, st.state_reason = decide_state(bool(svc and svc.active), bool(svc and svc.failed),
-                                             health, listed, svc.ready if svc else None, restarting)
-    if svc is not None and svc.ready is not None:
-        st.unit_state, st.enabled = svc.describe(), svc.enabled
-        st.restarts = svc.restarts
-    if model and svc is not None and (svc.failed or restarting):
-        from orchestrator.host.services import Service
-
-        tail = Service.for_host(host, entry, model).tail(JOURNAL_TAIL)
-        _sig, st.root_cause = logsig.root_cause(tail)
-        if svc.ready is not None and raw.get("Result"):
-            limit_hit = svc.failed and any(START_LIMIT_LINE in line for line in tail[-20:])
-            st.state_reason = f"{'restarting' if restarting else 'failed'}: {failure_words(raw, limit_hit)}"
-    if model:
-        st.health = checks.get(model)
-        st.last_health_restart = next((rec for rec in reversed(history) if rec.get("operation") == "health-restart"
-                                       and rec.get("model") == model), None)
+    st.services = [_service(ServiceStatus(name), host, entry, facts, history, checks, host_uptime,
+                            port_of, served_name_of, api_key_of) for name in names]
+    if st.services:
+        for name in PRIMARY_FIELDS:
+            setattr(st, name, getattr(st.services[0], name))
+    else:
+        st.state, st.state_reason = decide_state(False, False, None, None, None, False)
     half = half_done(facts, entry.name)
     if half:
         st.interrupted_swap = {**(facts.half_swap or {}), "text": half[0], "hint": half[1]}
-    if auth_problem:
-        st.state_reason += f"; {auth_problem}"
-    if st.state == "loading" and not st.port:
-        st.state_reason += " (port unknown: no manifest and no active record)"
 
     st.gpus = [{"index": g.index, "name": g.name, "memory_used_mib": g.memory_used_mib,
                 "memory_total_mib": g.memory_total_mib, "utilization_pct": g.utilization_pct}
@@ -318,15 +335,57 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
     st.gpu_processes = [{**p.as_dict(), "owner": p.owner, "left_by": p.left_by}
                         for p in facts.procs]
     st.disk = {"path": facts.disk_path, "total": facts.disk_total, "free": facts.disk_free}
+    recorded = {str(r.get("model") or n) for n, r in facts.records.items()}
     st.models = [{"name": d.name, "bytes": d.bytes, "last_used": d.last_used,
-                  "verified": d.complete, "ours": d.ours, "active": d.name == (facts.active or {}).get("model"),
+                  "verified": d.complete, "ours": d.ours, "active": d.name in recorded,
                   "running": d.name in running}
                  for d in sorted(facts.models.values(), key=lambda d: d.name)]
     st.last_deploy = deploy_summary(last_record(history, DEPLOY_OPS))
     st.last_bench = bench_summary(last_record(history, ("bench",)))
 
 
-def _probe(st: HostStatus, ep: probes.Endpoint) -> tuple[int | None, bool | None, str | None]:
+def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: list[dict], checks: dict[str, dict],
+             host_uptime: float | None, port_of, served_name_of, api_key_of) -> ServiceStatus:
+    """One service's row: its state (decide_state), probes at its port, unit, health timer."""
+    name = row.name
+    rec = facts.record(name) or {}
+    row.model = rec.get("model") or name
+    row.port = int(rec["port"]) if rec.get("port") else port_of(name)
+    row.served_name = rec.get("served_name") or served_name_of(name)
+    row.gpus = [int(i) for i in rec.get("gpus") or (facts.installed.get(name) or {}).get("gpus") or []]
+    svc = facts.services.get(name)
+    health = listed = auth_problem = None
+    if svc is not None and svc.active:
+        row.main_pid = svc.main_pid
+        row.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
+        if row.port:
+            health, listed, auth_problem = _probe(row, probes.Endpoint(host, row.port, api_key_of(name)))
+    raw = (svc.raw or {}) if svc is not None else {}
+    restarting = raw.get("SubState") == "auto-restart"
+    row.state, row.state_reason = decide_state(bool(svc and svc.active), bool(svc and svc.failed),
+                                               health, listed, svc.ready if svc else None, restarting)
+    if svc is not None and svc.ready is not None:
+        row.unit_state, row.enabled = svc.describe(), svc.enabled
+        row.restarts = svc.restarts
+    if svc is not None and (svc.failed or restarting):
+        from orchestrator.host.services import Service
+
+        tail = Service.for_host(host, entry, name).tail(JOURNAL_TAIL)
+        _sig, row.root_cause = logsig.root_cause(tail)
+        if svc.ready is not None and raw.get("Result"):
+            limit_hit = svc.failed and any(START_LIMIT_LINE in line for line in tail[-20:])
+            row.state_reason = f"{'restarting' if restarting else 'failed'}: {failure_words(raw, limit_hit)}"
+    row.health = checks.get(name)
+    row.last_health_restart = next((r for r in reversed(history) if r.get("operation") == "health-restart"
+                                    and (r.get("service") or r.get("model")) == name), None)
+    if auth_problem:
+        row.state_reason += f"; {auth_problem}"
+    if row.state == "loading" and not row.port:
+        row.state_reason += " (port unknown: no manifest and no active record)"
+    return row
+
+
+def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | None, str | None]:
     """(/health status, served name listed?, why /v1/models could not be read), and the /metrics
     figures into `st`."""
     health = probes.health(ep, timeout=PROBE_TIMEOUT_S)

@@ -57,11 +57,11 @@ class StopResult:
 
 
 def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) -> list[int]:
-    """The GPUs a model uses: its active record, else its manifest, else the GPUs its own
-    processes sit on."""
-    active = facts.active or {}
-    if active.get("model") == model and active.get("gpus"):
-        return sorted(int(i) for i in active["gpus"])
+    """The GPUs a service uses: its record, else its installed record, else its manifest, else the
+    GPUs its own processes sit on."""
+    for rec in (facts.record(model), facts.installed.get(model)):
+        if isinstance(rec, dict) and rec.get("gpus"):
+            return sorted(int(i) for i in rec["gpus"])
     if manifest_gpus:
         return sorted(manifest_gpus)
     return sorted({p.gpu_index for p in facts.procs
@@ -87,7 +87,7 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     res = StopResult(entry.name, model)
     facts = gather(host, entry, [model])
     svc_state = facts.services.get(model)
-    installed = model in facts.installed or model in facts.models or (facts.active or {}).get("model") == model
+    installed = model in facts.installed or model in facts.models or facts.record(model) is not None
     if not installed and not (svc_state and (svc_state.active or svc_state.failed)):
         raise RefusedError(f"{model} is not installed on {entry.name}", host=entry.name, step="stop",
                            hint=f"installed: {', '.join(sorted(facts.installed)) or 'none'}")
@@ -101,7 +101,7 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     if dry_run:
         res.dry_run = True
         res.leftovers = _rows(before)
-        res.cleared_active = (facts.active or {}).get("model") == model
+        res.cleared_active = facts.record(model) is not None
         res.disabled = bool(svc_state and svc_state.enabled)
         res.nothing_to_do = res.was == "stopped" and not before and not res.cleared_active and not res.disabled
         return res
@@ -146,13 +146,15 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
                 res.gpus_free = wait_released(host, entry, res.gpus, release_timeout, poll, ignore=held.foreign)
             except DeployFailed as exc:
                 res.ok, res.error = False, str(exc.message)
-    if (facts.active or {}).get("model") == model:
-        state.write_active(host, entry, None)
+    if facts.record(model) is not None:
+        state.write_record(host, entry, model, None)
         res.cleared_active = True
     res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active \
         and not res.disabled
     res.seconds = round(time.monotonic() - t0, 3)
-    state.append_history(host, entry, {"operation": "stop", "model": model, "ok": res.ok, "disabled": res.disabled,
+    state.append_history(host, entry, {"operation": "stop", "service": model,
+                                       "model": (facts.record(model) or facts.installed.get(model) or {}).get("model") or model,
+                                       "ok": res.ok, "disabled": res.disabled,
                                        "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
                                        "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
                                        "foreign": res.foreign,
@@ -182,15 +184,17 @@ class GcPlan:
 
 
 def plan_gc(facts: HostFacts) -> GcPlan:
-    """Inactive, not running folders that vllm-orch made go; the active model, running services and
-    folders without vllm-orch's record stay."""
-    active = (facts.active or {}).get("model")
+    """Inactive, not running folders that vllm-orch made go; the models of recorded services (on a
+    host with several services, every one of them), running services and folders without vllm-orch's
+    record stay."""
+    active = {str(r.get("model") or n) for n, r in facts.records.items()}
     running = set(facts.running())
+    running |= {str(r.get("model") or n) for n, r in facts.installed.items() if n in running}   # --name services
     delete, keep = [], []
     for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
         if not d.ours:
             keep.append((d.name, "not made by vllm-orch (no .vllm-orch/verified.json), never deleted"))
-        elif d.name == active:
+        elif d.name in active:
             keep.append((d.name, "the active model"))
         elif d.name in running:
             keep.append((d.name, "its service is running"))
@@ -246,7 +250,7 @@ def deploy_started_at(history: list[dict], model: str) -> float | None:
 
     for rec in reversed(history):
         if rec.get("operation") in ("deploy", "swap", "rollback") and model in (
-                rec.get("model"), rec.get("to"), rec.get("rolled_back_to")):
+                rec.get("service") or rec.get("model"), rec.get("to"), rec.get("rolled_back_to")):
             try:
                 at = datetime.fromisoformat(rec["at"]).timestamp()
             except (KeyError, ValueError):

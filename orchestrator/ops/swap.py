@@ -70,7 +70,8 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             if result.error is not None and result.error.details:
                 result.error.details[-1] = f"rollback: {text}"     # the executor's line, with the smoke answer
         result.seconds = time.monotonic() - t0
-        record = {"operation": "swap", "from": info.get("from"), "model": m.name, "ok": outcome.ok,
+        record = {"operation": "swap", "from": info.get("from"), "model": m.model_name, "service": m.name,
+                  "ok": outcome.ok,
                   "staged": info.get("staged"), "seconds": round(result.seconds, 2), "steps": outcome.timings(),
                   "downtime_s": result.extra.get("downtime_s"), "unit_hash": inp.target.rendered.unit_hash}
         record.update(failure_fields(result.error))

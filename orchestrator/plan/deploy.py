@@ -7,7 +7,9 @@
 
 A refused safety check ends the plan before anything changes (exit 3), and so does a swap left half
 done on the host (it says which swap to run). `--enable` (or a unit that already starts at boot)
-is recorded in active.json; a swap hands it on to the new model.
+is recorded in the service's record (state_dir/services/NAME.json); a swap hands it on to the new
+model. A placement whose GPUs or port another service on the host takes is refused first (exit 3,
+naming it): several services share a host on disjoint GPUs and ports.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from orchestrator.plan import prepare, service
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.placements import clash_refusal
 from orchestrator.plan.warm import warm_step
 
 
@@ -29,15 +32,9 @@ def unpinned_warning(inp: PlanInput) -> list[str]:
             f"downloads (the resolved commit is recorded)"]
 
 
-def blocking_active(inp: PlanInput) -> str | None:
-    """Another managed model, recorded as active and running, on the GPUs this one needs."""
-    f, m = inp.facts, inp.target.manifest
-    active = f.active or {}
-    other = active.get("model")
-    if other and other != m.name and f.services.get(other) and f.services[other].active \
-            and set(active.get("gpus") or []) & set(m.serving.visible_devices):
-        return other
-    return None
+def placement_refusal(inp: PlanInput) -> RefusedError | None:
+    """Another service on the host takes this placement's GPUs or port (plan/placements.py)."""
+    return clash_refusal(inp.facts, inp.target.manifest, inp.entry.name)
 
 
 def plan_deploy(inp: PlanInput) -> Plan:
@@ -49,13 +46,11 @@ def plan_deploy(inp: PlanInput) -> Plan:
         return plan.refuse(Action("swap", half[0]), RefusedError(
             f"{half[0]}: deploy does not start anything while a swap is half done", host=entry.name,
             step="swap", hint=half[1]))
+    clash = placement_refusal(inp)
+    if clash:
+        return plan.refuse(Action("placement", clash.message), clash)
     if plan.add_checked(*prepare.preflight_action(inp)):
         return plan
-    other = blocking_active(inp)
-    if other:
-        return plan.refuse(Action("start", f"{other} serves on {gpu_list(m.serving.visible_devices)}"), RefusedError(
-            f"{other} is the active model and serves on the GPUs {m.name} needs", host=entry.name, step="start",
-            hint=f"use `vllm-orch swap {m.name} --host {entry.name}` to replace it with rollback"))
     if plan.add_checked(*prepare.disk_action(inp, keep=set())):
         return plan
     plan.add(prepare.download_action(inp))
@@ -72,11 +67,11 @@ def plan_deploy(inp: PlanInput) -> Plan:
     plan.add(install)
     start = service.start_action(inp, unit_changed)
     if inp.opts.warm and not start.noop:        # deploy --warm: a start after a stop reads from RAM
-        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name), before="the start", what="start-up")
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.model_name), before="the start", what="start-up")
         plan.add(warm_action)
         plan.info["expected_start_s"] = exp.as_dict()
     plan.add(start)
-    recorded = (f.active or {}).get("model") == m.name and (f.active or {}).get("unit_hash") == inp.target.rendered.unit_hash
+    recorded = (f.record(m.name) or {}).get("unit_hash") == inp.target.rendered.unit_hash
     # A running service that was never recorded (a deploy killed while waiting) goes through the
     # gates again, smoke test included, before it is recorded.
     serving = running and not unit_changed and recorded and inp.target.serving

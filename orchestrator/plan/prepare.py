@@ -122,9 +122,11 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
     if need <= available:
         return Action("disk", f"nothing to do, because {fmt_bytes(need)} fits: {fmt_bytes(available)} "
                               f"available ({limit_txt})", noop=True), None
-    protected = set(keep) | {inp.name} | set(f.running())
-    if f.active and f.active.get("model"):
-        protected.add(f.active["model"])
+    # Never a model another service on the host uses: running ones, and recorded ones (stopped by
+    # a crash, or by the swap under way) come back with their files.
+    protected = set(keep) | {inp.name, inp.target.manifest.model_name} | set(f.running())
+    protected |= {str(r.get("model") or n) for n, r in f.installed.items() if n in f.running()}
+    protected |= {str(r.get("model") or n) for n, r in f.records.items()}
     candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
                         key=lambda d: d.last_used)
     theirs = not_ours(f.models, protected)
@@ -185,7 +187,7 @@ def user_action(entry: HostEntry, users: dict) -> Action:
 # -- download --------------------------------------------------------------------------------------
 
 def download_action(inp: PlanInput) -> Action:
-    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.name
+    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.manifest.model_name
     assert dl is not None
     commit = dl.commit or src.revision
     where = f"{src.repo}@{commit[:12]}"

@@ -15,16 +15,16 @@ from orchestrator.plan.run import RunEnv
 
 
 def record_hashes_action(svc: ServiceInput) -> Action:
-    """After a restart with new files, active.json names the new hashes; its revision and deploy time
-    stay (regen changes how the model runs, not which weights it serves)."""
+    """After a restart with new files, the service's record names the new hashes; its revision and
+    deploy time stay (regen changes how the model runs, not which weights it serves)."""
     r = svc.rendered
 
     def run(env: RunEnv) -> str:
-        if state.update_active(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash):
-            return f"active.json: {svc.name}'s unit hash updated"
-        return f"{svc.name} is not the recorded active model: active.json unchanged"
+        if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash):
+            return f"services/{svc.name}.json: its unit hash updated"
+        return f"{svc.name} has no record (it was never recorded serving): nothing to update"
 
-    return Action(f"record {svc.name}", f"update {svc.name}'s unit and manifest hashes in active.json "
+    return Action(f"record {svc.name}", f"update {svc.name}'s unit and manifest hashes in its record "
                                         f"(its revision and deploy time stay)", run=run)
 
 

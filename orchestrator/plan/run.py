@@ -35,6 +35,7 @@ class Options:
     poll_s: float = 0.5
     gpu_release_timeout_s: float = GPU_RELEASE_TIMEOUT_S
     warm: bool = False                      # warm the page cache before the start (swap: on by default)
+    replace: str | None = None              # swap --replace: the service the new model replaces
 
 
 @dataclass

@@ -35,9 +35,10 @@ def service_of(env: RunEnv, model: str) -> Service:
 
 
 def placement_holders(facts: HostFacts, m: Manifest, stopping: Collection[str] = ()) -> Holders:
-    """The processes on the manifest's GPUs and port, by the one ownership rule."""
+    """The processes on the manifest's GPUs and port, by the one ownership rule; the host's other
+    services (recorded or running) are never ours to kill."""
     return holders(facts.procs, facts.ports.get(m.serving.port, []), m.name, m.serving.visible_devices,
-                   stopping)
+                   stopping, protected=set(facts.records) | set(facts.running()))
 
 
 # -- GPUs free -------------------------------------------------------------------------------------
@@ -141,15 +142,39 @@ def _mask_env(text: str, shown_keys: set[str]) -> str:
     return "".join(out)
 
 
-def installed_record(r: Rendered) -> dict:
-    return {"model": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
-            "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash}
+def installed_record(r: Rendered, placed: dict | None = None) -> dict:
+    """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
+    `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
+    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is."""
+    return {"model": r.manifest.model_name, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
+            "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
+            "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
+            **({"placed": placed} if placed else {})}
+
+
+def command_line_placement(svc: ServiceInput) -> dict:
+    """{gpu_ids, port} as far as the command line (now or recorded) chose them."""
+    origins = svc.effective.origins if svc.effective is not None else {}
+    s = svc.manifest.serving
+    return {k: v for k, v, path in (("gpu_ids", s.visible_devices, "serving.gpu_ids"), ("port", s.port, "serving.port"))
+            if origins.get(path, "").startswith("command line")}
+
+
+def placement_lines(svc: ServiceInput) -> list[str]:
+    """Where the service's GPUs and port come from, when not from its manifest (the inventory's
+    override, the command line): the plan shows it like `render --host` does."""
+    origins = svc.effective.origins if svc.effective is not None else {}
+    s = svc.manifest.serving
+    parts = [f"{label} {value} <- {origins[path]}" for label, value, path in
+             (("GPUs", ",".join(map(str, s.visible_devices)), "serving.gpu_ids"), ("port", s.port, "serving.port"))
+             if path in origins]
+    return [f"placement: {'; '.join(parts)}"] if parts else []
 
 
 def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -> Action:
     """Write the rendered unit and env file where they differ from what is installed, daemon-reload."""
     r, name = svc.rendered, svc.name
-    changed, details = [], []
+    changed, details = [], placement_lines(svc)
     for f in r.files:
         current = svc.installed_files.get(f.path)
         if current == f.data():
@@ -161,13 +186,14 @@ def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -
         details += _diff(old, f.text, f.path)
 
     def record(env: RunEnv) -> None:
-        state.write_installed(env.host, env.entry, name, {**installed_record(r), "installed_at": state.now_iso()})
+        state.write_installed(env.host, env.entry, name, {**installed_record(r, command_line_placement(svc)),
+                                                          "installed_at": state.now_iso()})
 
     if not changed:
         def bookkeeping(env: RunEnv) -> None:
             record(env)
         return Action(step, f"nothing to do, because {r.unit.path} and {r.env_file.path} are up to date",
-                      noop=True, run=bookkeeping)
+                      noop=True, run=bookkeeping, details=details)
 
     def run(env: RunEnv) -> str:
         for f in changed:
@@ -300,7 +326,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()
-        state.touch_usage(env.host, env.entry, m.name)
+        state.touch_usage(env.host, env.entry, m.model_name)        # by folder: disk eviction reads it
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
@@ -311,9 +337,8 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
 # -- performance floor -----------------------------------------------------------------------------
 
 def previous_measurement(inp: PlanInput) -> dict | None:
-    """The active record of this same model (its last measurement, argv and vLLM version), if any."""
-    active = inp.facts.active or {}
-    return active if active.get("model") == inp.name else None
+    """The record of this same service (its last measurement, argv and vLLM version), if any."""
+    return inp.facts.record(inp.name)
 
 
 def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
@@ -366,7 +391,7 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
-    return {"model": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
+    return {"model": m.model_name, "service": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
             "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
             "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,
@@ -374,19 +399,25 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
             "perf": env.record.perf.get(m.name)}
 
 
-def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False) -> Action:
-    """active.json names the model (and whether it starts at boot); a swap's record also ends the
-    swap (its swap.json goes)."""
+def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,
+                  replaces: str | None = None) -> Action:
+    """services/NAME.json records the service (and whether it starts at boot); a swap's record
+    also removes the record of the service it replaced and ends the swap (its swap.json goes)."""
+    gone = replaces if replaces and replaces != inp.name else None
+
     def run(env: RunEnv) -> str:
-        state.write_active(env.host, env.entry, active_record(inp, env, enabled))
+        state.write_record(env.host, env.entry, inp.name, active_record(inp, env, enabled))
+        if gone:
+            state.write_record(env.host, env.entry, gone, None)
         if ends_swap:
             state.clear_swap(env.host, env.entry)
-        return f"recorded {inp.name} as active in {env.entry.state_dir}/active.json"
+        return f"recorded {inp.name} as serving in {state.record_path(env.entry, inp.name)}" + \
+            (f"; removed {gone}'s record" if gone else "")
 
     boot = ", enabled at boot" if enabled else ""
     return Action("record", f"record {inp.name} as the active model{boot}, the hashes, timings and smoke "
-                            f"result in {inp.entry.state_dir}" + ("; the swap has ended" if ends_swap else ""),
-                  run=run)
+                            f"result in {inp.entry.state_dir}" + (f"; {gone}'s record goes" if gone else "")
+                  + ("; the swap has ended" if ends_swap else ""), run=run)
 
 
 def forget_swap_action(entry: HostEntry, why: str) -> Action:
@@ -403,5 +434,4 @@ def enabled_at_boot(facts: HostFacts, model: str) -> bool:
     st = facts.services.get(model)
     if st is not None and st.enabled is not None:
         return st.enabled
-    active = facts.active or {}
-    return bool(active.get("model") == model and active.get("enabled"))
+    return bool((facts.record(model) or {}).get("enabled"))

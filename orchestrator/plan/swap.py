@@ -1,4 +1,6 @@
 """swap's planner, pure: replace the active model with another, staged, measured, with its rollback.
+On a host with several services, `--replace OLD` names the one replaced; the others keep serving
+(the new model takes OLD's GPUs and port unless given, ops/gather.for_swap).
 
     lock -> preflight -> disk (room for BOTH models) -> download while the old model serves ->
     install the new unit -> warm the new weights into the page cache (orchestrator.plan.warm) ->
@@ -22,7 +24,7 @@ deleted before the download (no rollback is possible then: the plan says so).
 
 from __future__ import annotations
 
-from orchestrator.errors import RefusedError
+from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan import prepare, service
@@ -30,31 +32,42 @@ from orchestrator.plan.deploy import unpinned_warning
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.placements import clash_refusal, service_names
 from orchestrator.plan.warm import warm_step
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
 
-def old_model_name(facts: HostFacts, target: str) -> str | None:
-    """The model a swap to `target` replaces: the other side of a half-done swap; else the recorded
-    active one while it runs, else a running managed model, else the recorded one (stopped)."""
+def old_model_name(facts: HostFacts, target: str, host: str = "", replace: str | None = None) -> str | None:
+    """The service a swap to `target` replaces: the other side of a half-done swap; else `replace`
+    (`swap NEW --replace OLD`); else, on a host with one service, that one (running, else recorded).
+    A host with several services asks for --replace (ConfigError, exit 2, naming them)."""
     half = facts.half_swap or {}
     if target == half.get("to") and half.get("from"):
         return half["from"]
     if target == half.get("from") and half.get("to"):
         return half["to"]
-    active = (facts.active or {}).get("model")
-    if active and facts.services.get(active) and facts.services[active].active:
-        return active
+    names = service_names(facts)
+    if replace is not None:
+        if replace not in names:
+            raise ConfigError(f"--replace {replace}: {host or 'the host'} runs no such service"
+                              + (f" (it runs {', '.join(names)})" if names else " (it runs none)"))
+        return replace
+    others = [n for n in names if n != target]
+    if len(names) > 1 and others:
+        raise ConfigError(f"{host or 'the host'} runs several services ({', '.join(names)}): say which one "
+                          f"{target} replaces with --replace NAME")
     running = [n for n in facts.running() if n != target]
-    return running[0] if running else active
+    if running:
+        return running[0]
+    return names[0] if names else None
 
 
 def already_done(inp: PlanInput) -> bool:
     """Swapping to the active, healthy, unchanged model does nothing."""
     f, t = inp.facts, inp.target
     st = f.services.get(t.name)
-    return bool(st and st.active and t.serving and (f.active or {}).get("unit_hash") == t.rendered.unit_hash)
+    return bool(st and st.active and t.serving and (f.record(t.name) or {}).get("unit_hash") == t.rendered.unit_hash)
 
 
 def plan_swap(inp: PlanInput) -> Plan:
@@ -65,7 +78,7 @@ def plan_swap(inp: PlanInput) -> Plan:
         plan = Plan("swap", entry.describe(), title, info={"from": old.name if old else None, "to": m.name})
         return plan.refuse(Action("swap", half[0]), RefusedError(
             f"{half[0]}: finish or undo it before swapping to {m.name}", host=entry.name, step="swap", hint=half[1]))
-    if old is None and not half and (f.active or {}).get("model") == m.name and already_done(inp):
+    if old is None and not half and f.record(m.name) is not None and already_done(inp):
         plan = Plan("swap", entry.describe(), f"{m.name} -> {m.name}",
                     info={"from": m.name, "to": m.name, "staged": True, "noop": True})
         plan.add(Action("swap", f"nothing to do, because {m.name} is already active and healthy", noop=True))
@@ -73,9 +86,12 @@ def plan_swap(inp: PlanInput) -> Plan:
     plan = Plan("swap", entry.describe(), title, warnings=unpinned_warning(inp),
                 info={"from": old.name if old else None, "to": m.name, "staged": True})
     plan.add(prepare.lock_action(inp.lock))
+    clash = clash_refusal(f, m, entry.name, replacing={old.name} if old else set())
+    if clash:
+        return plan.refuse(Action("placement", clash.message), clash)
     if plan.add_checked(*prepare.preflight_action(inp)):
         return plan
-    keep = {old.name} if old else set()
+    keep = {old.name, old.manifest.model_name} if old else set()
     disk, err = prepare.disk_action(inp, keep=keep)
     if err is not None and old is not None:
         return _unstaged(plan, inp, err)
@@ -90,7 +106,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     old_enabled = old is not None and service.enabled_at_boot(f, old.name)
     start = service.start_action(inp, unit_changed=not install.noop)
     if not start.noop:          # a new service already running (an interrupted swap) loads nothing
-        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.name),
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.model_name),
                                      before=f"{old.name} stops" if old is not None and old_running else "the start")
         plan.add(warm_action)
         plan.info["expected_downtime_s"] = exp.as_dict()
@@ -105,7 +121,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     plan.add(service.perf_action(inp))
     plan.add(boot_action(inp, old_enabled))
     enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
-    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
+    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True, replaces=old.name if old else None))
     # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
     # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
     # its rollback stops the new service although the run that was cut short started it.
@@ -154,16 +170,23 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     """The disk cannot hold both models: stop the old one and delete its folder first (--yes)."""
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     assert old is not None and inp.download is not None
+    folder = old.manifest.model_name
+    sharing = sorted(n for n, r in f.records.items() if n != old.name and (r.get("model") or n) == folder)
+    if sharing:
+        return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} is used by {', '.join(sharing)}"),
+                           RefusedError(f"the disk cannot stage {m.name} next to {old.name}, and {old.name}'s "
+                                        f"weights are also {', '.join(sharing)}'s: they are not deleted",
+                                        host=entry.name, step="disk", hint="free space on the models disk first"))
     need = inp.download.to_fetch_bytes
-    extra = f.models[old.name].bytes if old.name in f.models else 0
+    extra = f.models[folder].bytes if folder in f.models else 0
     minutes = need / FIELD_DOWNLOAD_RATE / 60
     plan.info["staged"] = False
     available, limit_txt = prepare.disk_available(inp)
-    old_dir = f.models.get(old.name)
+    old_dir = f.models.get(folder)
     if old_dir is not None and not old_dir.ours:
-        return plan.refuse(Action("disk", f"{prepare.model_path(entry, old.name)} was not made by vllm-orch"),
+        return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} was not made by vllm-orch"),
                            RefusedError(
-            f"the disk cannot stage {m.name} next to {old.name}, and {prepare.model_path(entry, old.name)} "
+            f"the disk cannot stage {m.name} next to {old.name}, and {prepare.model_path(entry, folder)} "
             f"has no .vllm-orch/verified.json: vllm-orch only deletes folders it made", host=entry.name,
             step="disk", hint="free space on the models disk yourself, then swap again"))
     # What the unstaged plan deletes: the old model's folder (the staged check above already counted
@@ -190,9 +213,9 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     if old_running:
         plan.add(service.stop_action(entry, old.name, "downtime starts; not staged", downtime_starts=True,
                                      swap_to=m.name, enabled=old_enabled))
-    plan.add(Action("disk", f"delete {prepare.model_path(entry, old.name)} to make room (accepted with --yes)",
-                    commands=[prepare.delete_command(entry, old.name)],
-                    confirm=f"delete {prepare.model_path(entry, old.name)} on {entry.name} ({fmt_bytes(extra)})"))
+    plan.add(Action("disk", f"delete {prepare.model_path(entry, folder)} to make room (accepted with --yes)",
+                    commands=[prepare.delete_command(entry, folder)],
+                    confirm=f"delete {prepare.model_path(entry, folder)} on {entry.name} ({fmt_bytes(extra)})"))
     plan.add(prepare.download_action(inp))
     plan.add(prepare.user_action(entry, f.users))
     plan.add(service.install_action(entry, inp.target))
@@ -202,7 +225,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     plan.add(service.perf_action(inp))
     plan.add(boot_action(inp, old_enabled))
     enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
-    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True))
+    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True, replaces=old.name if old else None))
     plan.recover(start, f"stop {m.name} (no rollback: {old.name} was deleted to make room)",
                  [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True,
                                       drain=False)])

@@ -129,7 +129,7 @@ def manifest_hash(m: Manifest) -> str:
 
 
 def model_dir(m: Manifest, host: HostEntry) -> str:
-    return f"{host.models_root}/{m.name}"
+    return f"{host.models_root}/{m.model_name}"
 
 
 def build_argv(m: Manifest, host: HostEntry) -> tuple[list[str], list[tuple[str, str]]]:

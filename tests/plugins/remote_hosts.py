@@ -144,7 +144,8 @@ def clean_systemd_sim(systemd_sim):
         host.run(["sh", "-c", "for u in $(systemctl list-units --all --plain --no-legend 'vllm-*' | "
                               "awk '{print $1}'); do systemctl stop $u; systemctl disable $u; done; "
                               "systemctl reset-failed 'vllm-*' 2>/dev/null; "
-                              f"rm -rf {e.state_dir}/active.json {e.state_dir}/swap.json {e.state_dir}/health; "
+                              f"rm -rf {e.state_dir}/active.json {e.state_dir}/services {e.state_dir}/swap.json "
+                              f"{e.state_dir}/health; "
                               "true"], timeout=300).check(e.name)
     return home, e
 

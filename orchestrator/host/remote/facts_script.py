@@ -407,7 +407,16 @@ def main():
     facts["models"] = models(args["models_root"])
     facts["users"] = users(args.get("users", []))
     facts["service_reach"] = service_reach(args["vllm"], args["users"][0]) if args.get("users") else None
-    facts["active"] = read_json(os.path.join(state_dir, "active.json"))
+    facts["active"] = read_json(os.path.join(state_dir, "active.json"))     # a host's legacy record
+    records = {}
+    rec_dir = os.path.join(state_dir, "services")
+    if os.path.isdir(rec_dir):
+        for name in sorted(os.listdir(rec_dir)):
+            if name.endswith(".json"):
+                rec = read_json(os.path.join(rec_dir, name))
+                if isinstance(rec, dict):
+                    records[name[:-5]] = rec
+    facts["records"] = records
     facts["swap"] = read_json(os.path.join(state_dir, "swap.json"))
     facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}
     installed = {}
@@ -420,14 +429,19 @@ def main():
                     installed[name[:-5]] = rec
     facts["installed"] = installed
     services = {}
-    for name in sorted(set(installed) | set(args.get("models", []))):
+    for name in sorted(set(installed) | set(records) | set(args.get("models", []))):
         if args["manager"] == "systemd":
             services[name] = systemd_state("vllm-%s.service" % name)
         else:
             services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name),
                                            facts["boot_id"])
     facts["services"] = services
-    facts["ports"] = port_holders(args.get("ports", []))
+    # Who holds each recorded service's port too: a placement's port is checked against theirs.
+    ports = set(int(p) for p in args.get("ports", []))
+    for rec in list(records.values()) + [facts["active"]]:
+        if isinstance(rec, dict) and str(rec.get("port") or "").isdigit():
+            ports.add(int(rec["port"]))
+    facts["ports"] = port_holders(sorted(ports))
     pids = set(p for holders in facts["ports"].values() for p in holders if p)
     for line in facts["apps_raw"]["out"].splitlines():
         first = line.split(",")[0].strip()

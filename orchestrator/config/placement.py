@@ -1,0 +1,83 @@
+"""Where a service runs: a placement is (service name, model, host, GPU ids, port). Pure.
+
+A host may run several services on disjoint GPUs and ports. The service's name keys everything
+vllm-orch keeps for it on the host (unit, env file, records, history entries, health timer,
+process record); it is its model's name, so a host from before several services per host keeps its
+unit names. The GPU ids and port come from the manifest, then the inventory's per-model overrides
+(config/inventory.py ServingOverride), then the command line (`deploy --gpus 4-7 --port 8001`),
+which wins: config/effective.py applies them and says where each came from.
+
+`host` is one host today; a service that spans several hosts (issue 14) would make it a list of
+(host, GPU ids) and keep the overlap rule per host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from orchestrator.errors import ConfigError
+
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def parse_gpus(text: str) -> list[int]:
+    """`4-7`, `4,5,6,7` or a mix (`0,2-3`) -> [4, 5, 6, 7]: unique, in the order given."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        m = _RANGE.match(part)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ConfigError(f"--gpus {text}: {part} is an empty range")
+            ids = list(range(lo, hi + 1))
+        elif part.isdigit():
+            ids = [int(part)]
+        else:
+            raise ConfigError(f"--gpus {text}: {part!r} is not a GPU index or a range like 4-7")
+        for i in ids:
+            if i in out:
+                raise ConfigError(f"--gpus {text}: GPU {i} is given twice")
+            out.append(i)
+    return out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One service on one host."""
+
+    name: str                       # the service: unit vllm-NAME.service, services/NAME.json
+    model: str
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+
+    @classmethod
+    def from_record(cls, name: str, host: str, record: Mapping) -> Placement:
+        """A service as its record on the host names it (the GPUs and port it was started with)."""
+        return cls(name, str(record.get("model") or name), host,
+                   tuple(int(i) for i in record.get("gpus") or ()), int(record.get("port") or 0))
+
+    def clash(self, other: Placement) -> str | None:
+        """What `other` takes of this placement's GPUs or port (None: they can run side by side)."""
+        if other.host != self.host or other.name == self.name:
+            return None
+        shared = sorted(set(self.gpus) & set(other.gpus))
+        what = []
+        if shared:
+            what.append("GPU" + ("s " if len(shared) > 1 else " ") + ",".join(map(str, shared)))
+        if other.port and other.port == self.port:
+            what.append(f"port {self.port}")
+        return " and ".join(what) or None
+
+
+def choose_service(names: Iterable[str], given: str | None, host: str, usage: str) -> str | None:
+    """The service a per-service command (stop, logs, history, bench --host) is about: the one
+    given, else the only one on the host; with several and none given, ask for it (exit 2).
+    `usage`: the command with SERVICE where the name goes, e.g. `stop SERVICE --host gpu1`."""
+    known = sorted(set(names))
+    if given is not None or len(known) <= 1:
+        return given if given is not None else (known[0] if known else None)
+    raise ConfigError(f"{host} runs several services ({', '.join(known)}): name one, "
+                      f"e.g. `vllm-orch {usage.replace('SERVICE', known[0])}`")
