@@ -58,6 +58,7 @@ class Phases:
         self.local = threading.local()
         self.lock = threading.Lock()
         self.runs: list[dict[str, float]] = []
+        self.latest: dict[str, float] | None = None
 
     def wrap(self, module, attr: str, phase: str) -> None:
         if not hasattr(module, attr):
@@ -70,15 +71,18 @@ class Phases:
                 return inner(*a, **kw)
             finally:
                 spent = time.perf_counter() - t0
-                book = getattr(self.local, "book", None)
+                # a probe run in a helper thread counts for the host that started last (exact
+                # in the one-host breakdown, which is what reads the books)
+                book = getattr(self.local, "book", None) or self.latest
                 if book is not None:
-                    book[phase] += spent
+                    with self.lock:
+                        book[phase] += spent
         setattr(module, attr, timed)
 
     def host(self, fn):
         """Wrap the per-host function: a fresh book per call, its total as `total`."""
         def timed(*a, **kw):
-            self.local.book = defaultdict(float)
+            self.local.book = self.latest = defaultdict(float)
             t0 = time.perf_counter()
             try:
                 return fn(*a, **kw)
@@ -93,6 +97,7 @@ class Phases:
 def install_phases() -> Phases:
     from orchestrator.host import connect, facts, scripts
     from orchestrator.host.local import LocalHost
+    from orchestrator.host.ssh import SshHost
     from orchestrator.ops import status
     from orchestrator.probe import api
 
@@ -105,6 +110,7 @@ def install_phases() -> Phases:
     ph.wrap(api, "served_models", "GET /v1/models")
     ph.wrap(api, "fetch_metrics", "GET /metrics + parsing")
     ph.wrap(LocalHost, "close", "close")
+    ph.wrap(SshHost, "close", "close")
     status.host_status = ph.host(status.host_status)
     return ph
 
@@ -158,6 +164,38 @@ def host_side(entry) -> None:
             subprocess.run(argv, capture_output=True, env=env, check=False)
             spent.append(children_cpu() - k0)
         print(f"    {what:40s} {statistics.median(spent) * 1000:6.1f} ms")
+
+
+def over_ssh(hosts, port_of, ph: Phases, repeat: int, home: Path) -> None:
+    """The same hosts reached through a real sshd on loopback (one paramiko connection per host):
+    what connection setup and SSH channels cost the controller."""
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.ops import status
+    from orchestrator.sim import sshd as sshd_mod
+
+    why = sshd_mod.available()
+    if why is not None:
+        print(f"  over SSH: not measured ({why})")
+        return
+    info = sshd_mod.start(home / "sshd")
+    try:
+        entries = [HostEntry.model_validate({**e.model_dump(), **info.inventory()}) for e in hosts]
+        for n in (1, 8):
+            status.gather_status(entries[:n], port_of)
+            walls, ctl = [], []
+            ph.runs.clear()
+            for _ in range(repeat):
+                c0, t0 = time.process_time(), time.perf_counter()
+                results = status.gather_status(entries[:n], port_of)
+                walls.append(time.perf_counter() - t0)
+                ctl.append(time.process_time() - c0)
+                assert all(r.reachable for r in results), [r.error for r in results]
+            connect = statistics.median(r.get("connect", 0.0) + r.get("close", 0.0) for r in ph.runs)
+            print(f"  over SSH, {n} host{'s' if n > 1 else ' '}: {statistics.median(walls) * 1000:6.0f} ms wall, "
+                  f"controller CPU {statistics.median(ctl) / n * 1000:.0f} ms per host; connect + close "
+                  f"{connect * 1000:.0f} ms per host (wall)")
+    finally:
+        sshd_mod.stop(info)
 
 
 def main() -> None:
@@ -238,6 +276,7 @@ def main() -> None:
             print(f"    {k:28s} {v * 1000:6.1f} ms")
         print(f"    {'other (controller code)':28s} {max(0.0, total - accounted) * 1000:6.1f} ms")
         host_side(hosts[1])
+        over_ssh(hosts, port_of, ph, args.repeat, tmp)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

@@ -239,7 +239,9 @@ def port_holders(ports):
     wanted = {int(p) for p in ports}
     found = {str(p): [] for p in wanted}  # type: dict
     seen = set()  # type: set
-    psutil = ps() if wanted else None
+    if not wanted:
+        return found
+    psutil = ps()
     if psutil is not None:
         try:
             conns = psutil.net_connections(kind="tcp")
