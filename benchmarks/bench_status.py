@@ -177,6 +177,20 @@ def host_side(entry) -> None:
             subprocess.run(argv, capture_output=True, env=env, check=False)
             spent.append(children_cpu() - k0)
         print(f"    {what:40s} {statistics.median(spent) * 1000:6.1f} ms")
+    try:
+        from orchestrator.host.facts import gather_for_status
+    except ImportError:             # before the status subset existed
+        return
+    from orchestrator.host.local import LocalHost
+    no_smi = entry.model_copy(update={"nvidia_smi": "true"})
+    for what, e in (("status's facts round trip (all of it)", entry),
+                    ("  the same, nvidia-smi replaced by true", no_smi)):
+        spent = []
+        for _ in range(5):
+            k0 = children_cpu()
+            gather_for_status(LocalHost(e.name, env=e.env), e, 500)
+            spent.append(children_cpu() - k0)
+        print(f"    {what:40s} {statistics.median(spent) * 1000:6.1f} ms")
 
 
 def over_ssh(hosts, port_of, ph: Phases, repeat: int, home: Path) -> None:
