@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.errors import CommandFailed
 from orchestrator.secret import Secret, reveal
@@ -96,6 +97,8 @@ class Spawned(ABC):
 class HostStats:
     round_trips: int = 0          # commands run + files moved + tunnels opened
     seconds: float = 0.0
+    # status probes a service from two threads over one connection: counts must not be lost
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class Host(ABC):
@@ -172,8 +175,9 @@ class Host(ABC):
             display=f"install -m {mode:04o} <data> {q(path)}")
 
     def _count(self, started: float) -> None:
-        self.stats.round_trips += 1
-        self.stats.seconds += time.monotonic() - started
+        with self.stats.lock:
+            self.stats.round_trips += 1
+            self.stats.seconds += time.monotonic() - started
 
     def __enter__(self):
         return self

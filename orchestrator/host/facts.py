@@ -92,9 +92,22 @@ class HostFacts:
 
 def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
            ports: list[int] | None = None) -> HostFacts:
-    args = {"ports": ports or [], "meminfo": entry.meminfo, "models_root": entry.models_root,
+    return parse(_run(host, entry, {"ports": ports or [], "models": models or []}))
+
+
+def gather_for_status(host: Host, entry: HostEntry, history_tail: int) -> tuple[HostFacts, dict]:
+    """The facts `status` shows, and its extras (facts_script.status_extras: uptime, lock holder,
+    health checks, the last `history_tail` lines of history.jsonl), in ONE round trip. The script
+    adds the active record's model itself and leaves out what status does not show (nvidia-smi's
+    banner, the service user, port holders): a fleet's status costs every host this script's CPU."""
+    raw = _run(host, entry, {"ports": [], "models": [], "status": {"history_tail": history_tail}})
+    return parse(raw), raw.get("status") or {}
+
+
+def _run(host: Host, entry: HostEntry, request: dict) -> dict:
+    args = {**request, "meminfo": entry.meminfo, "models_root": entry.models_root,
             "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
-            "vllm": entry.vllm, "manager": entry.service_manager, "models": models or [], "users": [entry.service_user],
+            "vllm": entry.vllm, "manager": entry.service_manager, "users": [entry.service_user],
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
     r = scripts.run(host, entry.python, "facts_script.py", [json.dumps(args)], timeout=180)
@@ -105,7 +118,7 @@ def gather(host: Host, entry: HostEntry, models: list[str] | None = None,
         raise CommandFailed(f"reading host facts failed (exit {r.exit_code}): "
                             f"{(r.stderr or r.stdout).strip().splitlines()[-1:] or ''}",
                             host=entry.name, step="facts", hint=hint)
-    return parse(json.loads(r.stdout))
+    return json.loads(r.stdout)
 
 
 def parse(raw: dict) -> HostFacts:
@@ -116,7 +129,8 @@ def parse(raw: dict) -> HostFacts:
         gpus = gpu.parse_gpus(gpus_raw["out"], gpu.GPU_QUERY_FIELDS)
     else:
         gpu_error = (gpus_raw["err"] or gpus_raw["out"]).strip() or f"nvidia-smi exited {gpus_raw['rc']}"
-    info = gpu.parse_driver_info(raw["banner_raw"]["out"]) if raw["banner_raw"]["rc"] == 0 else None
+    banner = raw.get("banner_raw")          # absent in status's facts
+    info = gpu.parse_driver_info(banner["out"]) if banner and banner["rc"] == 0 else None
     driver, cuda = (info.driver_version, info.cuda_version) if info else (None, None)
     services = {name: ServiceState.from_facts(st) for name, st in raw["services"].items()}
     running = [name for name, st in services.items() if st.active]

@@ -2,11 +2,13 @@
 that runs several services (disjoint GPUs and ports) has one ServiceStatus per service, each
 decided and probed on its own; the host's own fields are those of its first service.
 
-Per host: one facts round trip (orchestrator/facts.py), one for the history tail and the host's
-uptime clock, and up to three HTTP probes through the host (/health, /v1/models, /metrics) when a
-service runs, carrying the service's API key when its manifest names one (VLLM_API_KEY in
-serving.secret_env, taken from the environment). /metrics is aggregated across vLLM's DP engines
-by probe/metrics.py: KV usage is the per-engine mean (and max), requests are sums.
+Per host: ONE round trip, the facts script asked for status's subset (orchestrator/host/facts.py
+gather_for_status: the facts, the history tail, the host's uptime clock, the lock holder, the health
+checks), and up to three HTTP probes through the host when a service runs: /health, then /v1/models
+and /metrics side by side (each probe is a round trip of its own over SSH), carrying the service's
+API key when its manifest names one (VLLM_API_KEY in serving.secret_env, taken from the environment).
+/metrics is aggregated across vLLM's DP engines by probe/metrics.py: KV usage is the per-engine mean
+(and max), requests are sums.
 Hosts are asked in parallel, one thread and one connection each; a host that cannot be reached is a
 row with its error, never a crash of the whole command.
 
@@ -27,14 +29,13 @@ timer's last check (state_dir/health/NAME.json), its restarts (history) and a sw
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.host.base import Host, Script
+from orchestrator.host.base import Host
 from orchestrator.plan.interrupted import half_done
 from orchestrator.probe import api as probes
 from orchestrator.probe import logsig
@@ -44,7 +45,6 @@ DEPLOY_OPS = ("deploy", "swap", "rollback")
 HISTORY_TAIL = 500          # lines of history.jsonl read for the last deploy / bench
 PROBE_TIMEOUT_S = 3.0
 JOURNAL_TAIL = 300          # log lines of a failed unit searched for its root cause
-HEALTH_MARK = "@@health "   # read_extras: one line per health/NAME.json
 # systemd's Result= of a failed unit, in words
 RESULT_WORDS = {"timeout": "not ready within its start-up budget (TimeoutStartSec)",
                 "exit-code": "vLLM exited with an error", "signal": "vLLM was killed by a signal",
@@ -205,41 +205,21 @@ def bench_summary(rec: dict | None) -> dict | None:
     return out
 
 
-def read_extras(host: Host, entry: HostEntry) -> tuple[dict | None, list[dict], float | None, dict | None,
-                                                       dict[str, dict]]:
-    """active.json, the history tail, the host's uptime clock (systemd start times are monotonic),
-    who holds the deploy lock (flock, so a stale holder file is not reported) and the health
-    timer's last check of each model, in one round trip, read before the facts so they can look
-    at the active port."""
-    active = shlex.quote(f"{entry.state_dir}/active.json")
-    path = shlex.quote(f"{entry.state_dir}/history.jsonl")
-    lock = shlex.quote(f"{entry.state_dir}/deploy.lock")
-    health = shlex.quote(f"{entry.state_dir}/health")
-    r = host.run(Script(f"cut -d' ' -f1 /proc/uptime 2>/dev/null || echo -; "
-                        f"if [ -e {lock} ] && ! flock -n {lock} true 2>/dev/null; then "
-                        f"{{ tr -d '\\n' < {lock}.json || printf '{{\"holder\": \"unknown\"}}'; }} 2>/dev/null; echo; "
-                        f"else echo; fi; "
-                        f"tr -d '\\n' < {active} 2>/dev/null; echo; "
-                        f"for f in {health}/*.json; do [ -f \"$f\" ] && "
-                        f"printf '{HEALTH_MARK}%s ' \"$(basename \"$f\" .json)\" && tr -d '\\n' < \"$f\" && echo; "
-                        f"done 2>/dev/null; "
-                        f"tail -n {HISTORY_TAIL} {path} 2>/dev/null; true"), timeout=30)
-    lines = r.stdout.splitlines() + ["", "", ""]
+def read_extras(extras: dict) -> tuple[list[dict], float | None, dict | None, dict[str, dict]]:
+    """The history tail, the host's uptime clock (systemd start times are monotonic), who holds
+    the deploy lock (flock, so a stale holder file is not reported) and the health timer's last
+    check of each model, from the facts script's status extras (facts_script.status_extras). The
+    host's answer is untrusted: anything not of the expected shape is left out."""
     try:
-        uptime = float(lines[0])
-    except ValueError:
+        uptime = float(extras.get("uptime"))        # type: ignore[arg-type]
+    except (TypeError, ValueError):
         uptime = None
-    lock_holder, record = _json_or_none(lines[1]), _json_or_none(lines[2])
-    checks: dict[str, dict] = {}
-    history = []
-    for line in lines[3:]:
-        if line.startswith(HEALTH_MARK):
-            name, _, text = line[len(HEALTH_MARK):].partition(" ")
-            if (value := _json_or_none(text)) is not None:
-                checks[name] = value
-        elif (rec := _json_or_none(line)) is not None:
-            history.append(rec)
-    return record, history, uptime, lock_holder, checks
+    lock = extras.get("lock")
+    checks = extras.get("health")
+    history = [rec for line in extras.get("history") or [] if isinstance(line, str)
+               and (rec := _json_or_none(line)) is not None]
+    return (history, uptime, lock if isinstance(lock, dict) else None,
+            {k: v for k, v in checks.items() if isinstance(v, dict)} if isinstance(checks, dict) else {})
 
 
 def _json_or_none(text: str) -> dict | None:
@@ -308,11 +288,10 @@ def service_list(records: dict[str, dict], running: list[str]) -> list[str]:
 
 
 def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of, api_key_of) -> None:
-    from orchestrator.host.facts import gather
+    from orchestrator.host.facts import gather_for_status
 
-    active, history, host_uptime, lock_holder, checks = read_extras(host, entry)
-    ports = [int(active["port"])] if active and active.get("port") else []
-    facts = gather(host, entry, [active["model"]] if active and active.get("model") else [], ports=ports)
+    facts, extras = gather_for_status(host, entry, HISTORY_TAIL)
+    history, host_uptime, lock_holder, checks = read_extras(extras)
     running = facts.running()
     names = service_list(facts.records, running)
     st.active_model, st.running_models = (names[0] if names else None), running
@@ -392,17 +371,19 @@ def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | N
     if health != 200:
         return health, None, None
     listed, auth_problem = None, None
-    try:
-        names = probes.served_models(ep, timeout=PROBE_TIMEOUT_S)
-        listed = st.served_name in names if st.served_name else bool(names)
-    except probes.Unauthorized as exc:
-        auth_problem = f"{exc} (export VLLM_API_KEY; the manifest lists it in serving.secret_env)"
-    except probes.HttpError:
-        listed = False
-    try:
-        snap = probes.fetch_metrics(ep, timeout=PROBE_TIMEOUT_S)
-    except (probes.HttpError, ValueError):          # MetricsError is a ValueError
-        return health, listed, auth_problem
+    with ThreadPoolExecutor(max_workers=1) as pool:     # /metrics while /v1/models is asked here
+        metrics = pool.submit(probes.fetch_metrics, ep, timeout=PROBE_TIMEOUT_S)
+        try:
+            names = probes.served_models(ep, timeout=PROBE_TIMEOUT_S)
+            listed = st.served_name in names if st.served_name else bool(names)
+        except probes.Unauthorized as exc:
+            auth_problem = f"{exc} (export VLLM_API_KEY; the manifest lists it in serving.secret_env)"
+        except probes.HttpError:
+            listed = False
+        try:
+            snap = metrics.result()
+        except (probes.HttpError, ValueError):          # MetricsError is a ValueError
+            return health, listed, auth_problem
     st.kv_cache_usage, st.kv_cache_usage_max = snap["kv_cache_usage_perc"], snap["kv_cache_usage_perc_max"]
     st.requests_running, st.requests_waiting = snap["running"], snap["waiting"]
     st.engines = int(snap["engines"]) if snap["engines"] else None
@@ -412,7 +393,8 @@ def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | N
 def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
                   accept_new_host_key: bool = False, max_workers: int = 32,
                   api_key_of: Callable[[str], Secret | None] | None = None) -> list[HostStatus]:
-    """Every host at once (one thread and one connection per host), in the order given."""
+    """Every host at once (one thread and one connection per host), in the order given.
+    host_status is safe to call from several threads: each call opens its own connection."""
     if not entries:
         return []
     with ThreadPoolExecutor(max_workers=min(max_workers, len(entries))) as pool:

@@ -8,6 +8,12 @@ Process facts (alive, parent, name, command line) and the sockets bound to the s
 from psutil when the host's Python can import it - every vLLM venv has it, and the inventory's
 `python` defaults to the vLLM venv's - else from /proc by hand (a bare python3). Both give the same
 facts; a zombie counts as dead either way. The cgroup is read from /proc (psutil has no API).
+
+What it costs the host is what `status` of a fleet costs (the CPU of every host's round trip): psutil
+is imported only when a process or a port is to be looked at (~25 ms of CPU), vLLM's version is read
+from its dist-info without importing importlib.metadata (~40 ms), and the nvidia-smi queries run
+side by side. `status` asks for its own subset ("status" in the arguments, see status_extras): no
+banner, service user or ports, and the records it shows in the same round trip.
 """
 
 import json
@@ -17,23 +23,51 @@ import subprocess
 import sys
 import time
 
-try:
-    import psutil
-    _GONE = psutil.Error            # NoSuchProcess, AccessDenied, ZombieProcess
-except ImportError:
-    psutil = None
-    _GONE = OSError
+_GONE = OSError                     # psutil.Error (NoSuchProcess, AccessDenied, ZombieProcess) once loaded
+_PSUTIL = []  # type: list  # [psutil module or None] once looked for
+
+
+def ps():
+    """psutil, imported on first use (None when the host's Python has none)."""
+    global _GONE
+    if not _PSUTIL:
+        try:
+            import psutil
+            _GONE = psutil.Error
+        except ImportError:
+            psutil = None
+        _PSUTIL.append(psutil)
+    return _PSUTIL[0]
 
 
 def sh(argv, timeout=20):
-    try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-        return {"rc": p.returncode, "out": p.stdout.decode(errors="replace"),
-                "err": p.stderr.decode(errors="replace")[-2000:]}
-    except FileNotFoundError:
-        return {"rc": 127, "out": "", "err": "%s: not found" % argv[0]}
-    except subprocess.TimeoutExpired:
-        return {"rc": 124, "out": "", "err": "%s: timed out after %ss" % (argv[0], timeout)}
+    return sh_all([argv], timeout)[0]
+
+
+def sh_all(argvs, timeout=20):
+    """Run commands side by side (nvidia-smi spends its time in the driver, not on a core):
+    [{"rc", "out", "err"}] in the order given; 127 not found, 124 timed out."""
+    procs = []  # type: list
+    for argv in argvs:
+        try:
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        except FileNotFoundError:
+            procs.append(None)
+    deadline = time.monotonic() + timeout
+    out = []  # type: list
+    for argv, p in zip(argvs, procs):
+        if p is None:
+            out.append({"rc": 127, "out": "", "err": "%s: not found" % argv[0]})
+            continue
+        try:
+            stdout, stderr = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            out.append({"rc": p.returncode, "out": stdout.decode(errors="replace"),
+                        "err": stderr.decode(errors="replace")[-2000:]})
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            out.append({"rc": 124, "out": "", "err": "%s: timed out after %ss" % (argv[0], timeout)})
+    return out
 
 
 def read_json(path):
@@ -100,6 +134,7 @@ def models(root):
 
 def alive(pid):
     """Running and not a zombie (an unreaped zombie still has a /proc entry)."""
+    psutil = ps()
     if psutil is not None:
         try:
             return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
@@ -169,6 +204,7 @@ def proc_info(pid):
     info = {"pid": pid, "alive": alive(pid)}
     if not info["alive"]:
         return info
+    psutil = ps()
     try:
         if psutil is not None:
             p = psutil.Process(pid)
@@ -203,6 +239,9 @@ def port_holders(ports):
     wanted = {int(p) for p in ports}
     found = {str(p): [] for p in wanted}  # type: dict
     seen = set()  # type: set
+    if not wanted:
+        return found
+    psutil = ps()
     if psutil is not None:
         try:
             conns = psutil.net_connections(kind="tcp")
@@ -374,12 +413,120 @@ def service_reach(path, user):
     return out
 
 
+def dist_version(name):
+    """The installed version of distribution `name` (lower case, no `-` or `_` in it), as
+    importlib.metadata.version gives it, without importing importlib.metadata (it costs the host
+    more CPU than the rest of this script): the Version: of the first `name-*.dist-info` on sys.path.
+    Anything else (an .egg-info, a zipped path) is left to importlib.metadata."""
+    for folder in sys.path:
+        try:
+            entries = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for entry in entries:
+            low = entry.lower()
+            if not low.startswith(name + "-") and not low.startswith(name + "."):
+                continue
+            if low.endswith(".dist-info"):
+                try:
+                    with open(os.path.join(folder or ".", entry, "METADATA"), encoding="utf-8",
+                              errors="replace") as f:
+                        for line in f:
+                            if not line.strip():
+                                break           # the end of the headers
+                            if line.startswith("Version:"):
+                                return line.split(":", 1)[1].strip() or None
+                except OSError:
+                    pass
+            if low.endswith((".dist-info", ".egg-info", ".egg-link")):
+                return _metadata_version(name)
+    return _metadata_version(name)
+
+
+def _metadata_version(name):
+    try:
+        from importlib import metadata
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def tail_lines(path, count, block=65536):
+    """The last `count` lines of a file (as `tail -n`), read from its end; [] when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            pos, data = f.tell(), b""
+            while pos > 0 and data.count(b"\n") <= count:
+                step = min(block, pos)
+                pos -= step
+                f.seek(pos)
+                data = f.read(step) + data
+    except OSError:
+        return []
+    return [line.decode(errors="replace") for line in data.splitlines()[-count:]] if count > 0 else []
+
+
+def lock_holder(lock):
+    """Who holds the deploy lock (`flock` on state_dir/deploy.lock), from its holder file
+    deploy.lock.json ({"holder": "unknown"} when that is unreadable); None when it is free or
+    there is no lock file, or a holder file that is not a JSON object. A lock we cannot even open
+    counts as held, as `flock -n` says."""
+    if not os.path.exists(lock):
+        return None
+    try:
+        import fcntl
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        finally:
+            os.close(fd)            # also releases the lock if we got it
+    except OSError:
+        pass
+    try:
+        with open(lock + ".json") as f:
+            text = f.read()
+    except OSError:
+        return {"holder": "unknown"}
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def status_extras(state_dir, history_tail):
+    """What `status` shows besides the facts (orchestrator/ops/status.py): the host's uptime clock
+    (systemd start times are monotonic), who holds the deploy lock, the health timer's last check
+    of each model (state_dir/health/NAME.json) and the last lines of history.jsonl (parsed by the
+    controller, like every answer)."""
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        uptime = None
+    health = {}
+    folder = os.path.join(state_dir, "health")
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        names = []
+    for name in names:
+        if name.endswith(".json"):
+            value = read_json(os.path.join(folder, name))
+            if isinstance(value, dict):
+                health[name[:-5]] = value
+    return {"uptime": uptime, "lock": lock_holder(os.path.join(state_dir, "deploy.lock")), "health": health,
+            "history": tail_lines(os.path.join(state_dir, "history.jsonl"), history_tail)}
+
+
 def main():
     args = json.loads(sys.argv[1])
     state_dir = args["state_dir"]
+    status = args.get("status")         # status's subset: {"history_tail": N}
     facts = {"hostname": socket.gethostname(), "time": time.time(),
-             "python": sys.version.split()[0],
-             "psutil": psutil.__version__ if psutil else None}  # type: dict
+             "python": sys.version.split()[0]}  # type: dict
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             facts["boot_id"] = f.read().strip()
@@ -387,16 +534,12 @@ def main():
         facts["boot_id"] = None
     facts["disk"] = disk(args["models_root"])
     facts["memory"] = meminfo(args.get("meminfo") or "/proc/meminfo")
-    smi = args["nvidia_smi"]
-    facts["gpus_raw"] = sh(args["gpu_query"])
-    facts["apps_raw"] = sh(args["apps_query"])
-    facts["banner_raw"] = sh([smi])
-    version = None
-    try:
-        from importlib import metadata
-        version = metadata.version("vllm")
-    except Exception:
-        pass
+    queries = [args["gpu_query"], args["apps_query"]] + ([] if status else [[args["nvidia_smi"]]])
+    answers = sh_all(queries)
+    facts["gpus_raw"], facts["apps_raw"] = answers[0], answers[1]
+    if not status:      # the driver and CUDA versions: status does not show them
+        facts["banner_raw"] = answers[2]
+    version = dist_version("vllm")
     facts["vllm"] = {"path": args["vllm"], "exists": os.access(args["vllm"], os.X_OK) if "/" in args["vllm"]
                      else None, "version": version}
     if version is None and facts["vllm"]["exists"] is not False:
@@ -405,8 +548,9 @@ def main():
         facts["vllm"]["version"] = lines[-1].strip() if r["rc"] == 0 and lines else None
         facts["vllm"]["error"] = None if r["rc"] == 0 else (r["err"] or r["out"])[-500:]
     facts["models"] = models(args["models_root"])
-    facts["users"] = users(args.get("users", []))
-    facts["service_reach"] = service_reach(args["vllm"], args["users"][0]) if args.get("users") else None
+    if not status:
+        facts["users"] = users(args.get("users", []))
+        facts["service_reach"] = service_reach(args["vllm"], args["users"][0]) if args.get("users") else None
     facts["active"] = read_json(os.path.join(state_dir, "active.json"))     # a host's legacy record
     records = {}
     rec_dir = os.path.join(state_dir, "services")
@@ -417,6 +561,9 @@ def main():
                 if isinstance(rec, dict):
                     records[name[:-5]] = rec
     facts["records"] = records
+    wanted = list(args.get("models", []))
+    if status and isinstance(facts["active"], dict) and isinstance(facts["active"].get("model"), str):
+        wanted.append(facts["active"]["model"])     # its service state even when nothing is installed
     facts["swap"] = read_json(os.path.join(state_dir, "swap.json"))
     facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}
     installed = {}
@@ -429,16 +576,17 @@ def main():
                     installed[name[:-5]] = rec
     facts["installed"] = installed
     services = {}
-    for name in sorted(set(installed) | set(records) | set(args.get("models", []))):
+    for name in sorted(set(installed) | set(records) | set(wanted)):
         if args["manager"] == "systemd":
             services[name] = systemd_state("vllm-%s.service" % name)
         else:
             services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name),
                                            facts["boot_id"])
     facts["services"] = services
-    # Who holds each recorded service's port too: a placement's port is checked against theirs.
+    # Who holds each recorded service's port too: a placement's port is checked against theirs
+    # (status shows no port holders, so it reads no port table).
     ports = set(int(p) for p in args.get("ports", []))
-    for rec in list(records.values()) + [facts["active"]]:
+    for rec in [] if status else list(records.values()) + [facts["active"]]:
         if isinstance(rec, dict) and str(rec.get("port") or "").isdigit():
             ports.add(int(rec["port"]))
     facts["ports"] = port_holders(sorted(ports))
@@ -451,6 +599,12 @@ def main():
         if svc.get("MainPID", "0").isdigit() and int(svc.get("MainPID", "0")):
             pids.add(int(svc["MainPID"]))
     facts["procs"] = {str(p): proc_info(p) for p in sorted(pids)}
+    if status:
+        facts["status"] = status_extras(state_dir, int(status.get("history_tail", 500)))
+    if not status:
+        ps()            # the full facts say which psutil the host has; status reads none when idle
+    psutil = _PSUTIL[0] if _PSUTIL else None
+    facts["psutil"] = psutil.__version__ if psutil else None
     print(json.dumps(facts))
 
 
