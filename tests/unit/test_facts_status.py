@@ -79,7 +79,7 @@ def test_full_facts_keep_what_status_leaves_out(host_dirs):
     facts = gather(LocalHost("h", env=entry.env), entry, ["mm-a"], ports=[1])
     assert "status" not in facts.raw and "banner_raw" in facts.raw
     assert facts.users and "root" in facts.users and facts.service_reach is not None
-    assert facts.ports == {1: []}
+    assert facts.ports == {1: [], 8001: []}      # the asked port and the recorded service's
     assert facts.vllm_version == "9.8.7"
     assert facts.raw["psutil"]            # the full facts say which psutil the host has
 
