@@ -7,11 +7,11 @@ import sys
 
 import click
 
-from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, terminal_ask
+from orchestrator.cli.common import console, load_model, pass_app, terminal_ask
 from orchestrator.cli.options import (
     dry_run_option,
     exit_codes,
-    host_options,
+    fleet_host_options,
     json_option,
     kill_foreign_option,
     model_argument,
@@ -50,7 +50,7 @@ def finish(result, as_json: bool) -> None:
 @click.command(epilog=exit_codes("0 ok, 1 failed, 2 bad input (nothing changed), 3 refused by a safety check "
                                  "or for want of --yes (nothing changed)."))
 @model_argument()
-@host_options
+@fleet_host_options
 @dry_run_option()
 @json_option()
 @skip_check_option
@@ -63,7 +63,8 @@ def finish(result, as_json: bool) -> None:
                    "(for a start after a stop: the load then reads from RAM; the plan shows the expected "
                    "start-up with and without).")
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm):
+def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes,
+           warm):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -76,41 +77,63 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
       vllm-orch deploy kimi-k25-int4 --host sim
       HF_TOKEN=hf_... vllm-orch deploy minimax-m25 --host gpu1 --enable
       vllm-orch deploy kimi-k25-int4 --host gpu1 --warm
+      vllm-orch deploy kimi-k25-int4 --group prod --parallel 4
+
+    With several hosts (--host a,b, --group, --all) they are deployed in parallel with one progress
+    line per host and a summary table; the exit code is the worst of the hosts'. Deletions the plan
+    would ask about need --yes there (there is no terminal question per host).
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
 
     m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
+    opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import fleet_op
+
+        fleet_op(f"deploy {m.name}", hosts, parallel, as_json, dry_run,
+                 lambda e, rep: run_deploy(e, m, opts, rep, dry_run, accept_new_host_key))
+    entry = hosts[0]
     reporter = Reporter(console(), quiet=as_json)
-    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm), reporter, dry_run,
-                        accept_new_host_key, ask=terminal_ask(as_json))
+    result = run_deploy(entry, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json))
     finish(result, as_json)
 
 
 @click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
                                   "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host."))
 @model_argument()
-@host_options
+@fleet_host_options
 @skip_check_option
 @json_option("Print the checks as JSON.")
 @pass_app
-def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
+def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json):
     """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
     version (and, where the host's vLLM can parse them, the rendered flags).
 
-    \b
-    Example:
-      vllm-orch check kimi-k25-int4 --host sim
-    """
-    from orchestrator.ops.gather import for_check
-    from orchestrator.ops.session import session
-    from orchestrator.plan.prepare import preflight_action
+    With several hosts they are checked in parallel, with a summary table (the root cause of each
+    failed check); the exit code is the worst of the hosts'.
 
+    \b
+    Examples:
+      vllm-orch check kimi-k25-int4 --host sim
+      vllm-orch check kimi-k25-int4 --group prod
+    """
     m = load_model(app, model)
-    entry = load_host_entry(app, host_name)
-    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
-        action, refusal = preflight_action(for_check(s.host, entry, m, make_options(skip_checks, False), s.lock))
+    opts = make_options(skip_checks, False)
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import finish_fleet, run_with_view
+        from orchestrator.ops.fleet import HostOutcome, root_cause
+
+        def one(entry, _reporter) -> HostOutcome:
+            action, refusal = preflight_on(entry, m, opts, accept_new_host_key)
+            data = {"host": entry.name, "model": m.name, "ok": refusal is None, "checks": action.details}
+            return HostOutcome(0 if refusal is None else refusal.exit_code,
+                               None if refusal is None else root_cause(refusal), action.summary, data)
+
+        finish_fleet(f"check {m.name}", run_with_view(f"check {m.name}", hosts, one, parallel, as_json),
+                     as_json, "checks")
+    entry = hosts[0]
+    action, refusal = preflight_on(entry, m, opts, accept_new_host_key)
     if as_json:
         click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
                                "checks": action.details}, indent=2))
@@ -120,3 +143,13 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json):
         console().print(f"  {line}", markup=False, soft_wrap=True)
     if refusal is not None:
         raise refusal
+
+
+def preflight_on(entry, m, opts, accept_new_host_key: bool):
+    """The preflight action of MODEL on one host and its refusal (None: every check passed)."""
+    from orchestrator.ops.gather import for_check
+    from orchestrator.ops.session import session
+    from orchestrator.plan.prepare import preflight_action
+
+    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
+        return preflight_action(for_check(s.host, entry, m, opts, s.lock))
