@@ -194,13 +194,22 @@ def run_fleet(entries: Sequence[HostEntry], per_host: PerHost, parallel: int | N
 # -- the fleet's dry run: identical per-host plans once ----------------------------------------------
 
 _TIMES = re.compile(r"\s*\(\d+(\.\d+)?\s?m?s\)")
+_PIDS = re.compile(r"\bPIDs? \d+(, \d+)*")
+_HOST_PATHS = ("models_root", "units_dir", "env_dir", "state_dir", "log_dir", "vllm", "python", "nvidia_smi",
+               "meminfo")
 
 
 def normalised_plan(text: str, entry: HostEntry) -> str:
     """A host's plan text with what always differs between hosts taken out (its name and
-    description, check timings), so equal plans compare equal."""
+    description, its own folders, PIDs, check timings), so equal plans compare equal; what is
+    left to differ (a port, a download, a refusal) is a real difference."""
     text = text.replace(entry.describe(), "<host>")
-    text = re.sub(rf"(?<![\w-]){re.escape(entry.name)}(?![\w-])", "<host>", text)
+    paths = sorted(((getattr(entry, f), f) for f in _HOST_PATHS if getattr(entry, f, "").startswith("/")),
+                   key=lambda p: -len(p[0]))
+    for value, name in paths:
+        text = re.sub(rf"{re.escape(value)}(?=/|\b|$)", f"<{name}>", text)
+    text = re.sub(rf"(?<![\w/-]){re.escape(entry.name)}(?![\w/-])", "<host>", text)
+    text = _PIDS.sub("PID <pid>", text)
     return _TIMES.sub("", text)
 
 
