@@ -159,36 +159,74 @@ def run_fleet(entries: Sequence[HostEntry], per_host: PerHost, parallel: int | N
             return pending.pop(0)
 
     def one(entry: HostEntry) -> HostRow:
-        board.set(entry.name, "connecting", start=True)
         t0 = time.monotonic()
         try:
+            board.set(entry.name, "connecting", start=True)
             out = per_host(entry, PhaseReporter(board, entry.name))
         except OrchestratorError as err:          # e.g. unreachable, lock held: this host's row
             out = HostOutcome(err.exit_code, root_cause(err))
         except Exception as err:                  # a bug on one host must not end the others' runs
             out = HostOutcome(1, root_cause(err))
-        row = HostRow(entry.name, RESULT_NAMES.get(out.code, "failed"), out.code, time.monotonic() - t0,
-                      out.cause, out.note, out.data, out.value)
-        board.set(entry.name, row.result, end=True)
-        return row
+        except KeyboardInterrupt:                 # passed on by _wait outside a plan's own handling
+            out = HostOutcome(130, "interrupted")
+        return HostRow(entry.name, RESULT_NAMES.get(out.code, "failed"), out.code, time.monotonic() - t0,
+                       out.cause, out.note, out.data, out.value)
 
     def worker() -> None:
-        while (entry := next_entry()) is not None:
-            row = one(entry)
-            with lock:
-                rows[entry.name] = row
-                if row.code != 0 and stop_on_failure:
-                    stop.set()
+        entry = None
+        try:
+            while (entry := next_entry()) is not None:
+                row = one(entry)
+                with lock:
+                    rows[entry.name] = row
+                    if row.code != 0 and stop_on_failure:
+                        stop.set()
+                board.set(entry.name, row.result, end=True)
+        except KeyboardInterrupt:                 # passed on between two hosts: no host is left half-recorded
+            if entry is not None and not rows[entry.name].ran:
+                rows[entry.name] = HostRow(entry.name, "interrupted", 130, cause="interrupted")
 
     threads = [threading.Thread(target=worker, name=f"fleet-{i}", daemon=True) for i in range(width)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    interrupted = _wait(threads, stop)
     for name, row in rows.items():
         if not row.ran:
+            row.cause = "not started: interrupted" if interrupted else row.cause
             board.set(name, "not run")
     return [rows[e.name] for e in entries]
+
+
+def _wait(threads: list[threading.Thread], stop: threading.Event) -> bool:
+    """Join the workers. Ctrl-C / SIGTERM (a KeyboardInterrupt, which only the main thread gets) is
+    passed on to every worker, so each host's run stops as it would alone: its recovery branch (a
+    swap's rollback) runs and its row says `interrupted`; no more hosts start. A second interrupt is
+    passed on too (each abandons its recovery, as on one host). True when interrupted."""
+    interrupted = False
+    try:
+        for t in threads:
+            t.start()
+    except KeyboardInterrupt:
+        interrupted = True
+        stop.set()                                # the threads started run their host, or none
+        for t in threads:
+            if t.ident is not None:
+                _raise_in(t, KeyboardInterrupt)
+    while any(t.is_alive() for t in threads):
+        try:                                      # not Thread.join: a join interrupted by Ctrl-C left a
+            time.sleep(0.1)                       # running worker reported dead here (CPython 3.11)
+        except KeyboardInterrupt:
+            interrupted = True
+            stop.set()
+            for t in threads:
+                _raise_in(t, KeyboardInterrupt)
+    return interrupted
+
+
+def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
+    """Raise exc in another thread at its next Python instruction (CPython's async exception)."""
+    import ctypes
+
+    if thread.is_alive() and thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))
 
 
 # -- the fleet's dry run: identical per-host plans once ----------------------------------------------

@@ -291,3 +291,33 @@ def test_equal_plans_are_grouped_and_differences_kept():
     groups = group_plans(texts)
     assert [g[0] for g in groups] == [["sim", "sim-3"], ["sim-2"]]
     assert "port 8001" in groups[1][1] and "<host> runs PID <pid>" in groups[1][1]
+
+
+def test_an_interrupt_reaches_every_host_in_flight_and_starts_no_more():
+    """Ctrl-C reaches only the main thread: the runner passes it on, so each host's own interrupt
+    handling (a swap's rollback) runs, and the hosts not started stay untouched."""
+    import _thread
+
+    recovered = []
+    running = threading.Semaphore(0)
+
+    def one(entry, reporter):
+        running.release()
+        try:
+            while True:                           # a long step
+                time.sleep(0.01)
+        except KeyboardInterrupt:                 # what run_plan does: recovery, then an Interrupted error
+            recovered.append(entry.name)
+            return HostOutcome(130, "ready: interrupted during ready")
+
+    def ctrl_c():                                 # once both hosts in flight are in their long step
+        running.acquire()
+        running.acquire()
+        time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    rows = run_fleet(entries(4), one, parallel=2)
+    assert sorted(recovered) == ["h1", "h2"]
+    assert [(r.result, r.code) for r in rows] == [("interrupted", 130)] * 2 + [("not run", 0)] * 2
+    assert rows[2].cause == "not started: interrupted" and worst_exit([r.code for r in rows]) == 130
