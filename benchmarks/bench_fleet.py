@@ -34,6 +34,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def machine_busy_s() -> float:
+    """CPU seconds this machine has spent busy (every process, every core) since boot: /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", default="1,4,8", help="fleet sizes to time, e.g. 1,4,8")
@@ -72,14 +79,16 @@ def main() -> None:
         opts = Options(budget_s=300)
 
         def deploy_all(entries, m=m_old):
-            t0, c0 = time.monotonic(), time.process_time()
+            t0, c0, b0 = time.monotonic(), time.process_time(), machine_busy_s()
             rows = run_fleet(entries, lambda e, rep: outcome_of(run_deploy(e, m, opts, rep, False)))
             bad = [r for r in rows if r.code]
             assert not bad, [(r.host, r.cause) for r in bad]
             cpu[len(entries)] = time.process_time() - c0       # the controller's own CPU (every thread)
+            busy[len(entries)] = machine_busy_s() - b0         # everything: hosts' servers and scripts too
             return time.monotonic() - t0, rows
 
         cpu: dict[int, float] = {}
+        busy: dict[int, float] = {}
 
         def stop_all(entries, model=OLD):
             from orchestrator.host.connect import open_host
@@ -103,7 +112,8 @@ def main() -> None:
                     timings.setdefault(size, []).append(wall)
                     per_host = sorted(r.seconds for r in rows)
                     print(f"  deploy x{size}: {wall:.2f} s wall (per host {per_host[0]:.2f}-{per_host[-1]:.2f} s; "
-                          f"controller CPU {cpu[size]:.2f} s = {cpu[size] / size:.2f} s per host)", flush=True)
+                          f"controller CPU {cpu[size]:.2f} s = {cpu[size] / size:.2f} s per host; machine busy "
+                          f"{busy[size]:.1f} CPU-s = {busy[size] / wall:.2f} of {os.cpu_count()} cores)", flush=True)
                     stop_all(hosts[:size])
             base = sorted(timings[sizes[0]])[len(timings[sizes[0]]) // 2]
             print(f"\nfleet deploy, {'systemd over SSH' if args.systemd else 'process'} hosts "

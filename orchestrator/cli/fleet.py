@@ -10,6 +10,7 @@ import json
 import sys
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 from rich.markup import escape
@@ -73,7 +74,7 @@ def summary_table(rows: Sequence[HostRow], note_header: str = "") -> Table:
     return t
 
 
-def finish_fleet(title: str, rows: Sequence[HostRow], as_json: bool, note_header: str = "") -> None:
+def finish_fleet(title: str, rows: Sequence[HostRow], as_json: bool, note_header: str = "") -> NoReturn:
     """Print the summary (or the JSON list) and exit with the worst of the hosts' codes."""
     code = worst_exit([r.code for r in rows])
     if as_json:
@@ -111,7 +112,7 @@ def show_fleet_plans(rows: Sequence[HostRow], entries: Sequence[HostEntry]) -> N
 
 
 def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_json: bool, dry_run: bool,
-             run_one, note_header: str = "", stop_on_failure: bool = False) -> None:
+             run_one, note_header: str = "", stop_on_failure: bool = False) -> NoReturn:
     """A per-host operation returning an OpResult (deploy, swap, regen) across the hosts: the view,
     the fleet plan for a dry run, the summary, the exit (never returns)."""
     from orchestrator.ops.fleet import outcome_of
@@ -124,7 +125,7 @@ def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_
 
 
 def rolling_swap(app, m, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
-                 as_json: bool, dry_run: bool, accept_new_host_key: bool) -> None:
+                 as_json: bool, dry_run: bool, accept_new_host_key: bool) -> NoReturn:
     """swap across hosts: at most max_unavailable hosts swapping at a time, in the order given; each
     host's own swap stages, gates and rolls back as on one host. The first failed host stops the
     rollout (hosts not started stay as they are) unless continue_on_failure. The summary says what
