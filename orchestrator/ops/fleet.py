@@ -119,15 +119,11 @@ class Board:
 
 class PhaseReporter(Reporter):
     """A quiet Reporter (the fleet prints no step lists) that posts each step and loading phase of
-    its host to the board, and keeps the plan text (for the fleet's dry run)."""
+    its host to the board."""
 
     def __init__(self, board: Board, host: str):
         super().__init__(None, quiet=True)
         self.board, self.host = board, host
-        self.plan_text: str | None = None
-
-    def plan(self, plan) -> None:
-        self.plan_text = plan.text()
 
     def step_start(self, index, total, action) -> None:
         self.board.set(self.host, f"[{index}/{total}] {action.step}")
