@@ -32,14 +32,7 @@ def fleet(systemd_sim_hosts, tmp_path_factory):
     inventory naming them with the groups `fleet` (all four) and `withdead` (two of them around a
     host nothing answers on). Yields (hosts, run) where run(*args) runs the CLI."""
     hosts = systemd_sim_hosts(4)
-    for e, _data, hdir in hosts:
-        fault_file.clear_faults(hdir)
-        with open_host(e) as host:               # other modules may have left services on the first one
-            host.run(["sh", "-c", "for u in $(systemctl list-units --all --plain --no-legend 'vllm-*' | "
-                                  "awk '{print $1}'); do systemctl stop $u; systemctl disable $u; done; "
-                                  "systemctl reset-failed 'vllm-*' 2>/dev/null; "
-                                  f"rm -rf {e.state_dir}/active.json {e.state_dir}/swap.json {e.state_dir}/health; "
-                                  "true"], timeout=300).check(e.name)
+    serve_nothing(hosts)                         # other modules may have left services on the first one
     tmp = tmp_path_factory.mktemp("fleet")
     models = write_models(tmp / "models", [on_port(OLD, PORT), on_port(NEW, PORT)])
     names = [e.name for e, _d, _h in hosts]
@@ -54,7 +47,20 @@ def fleet(systemd_sim_hosts, tmp_path_factory):
                                "--models", str(models), *args], capture_output=True, text=True, timeout=900,
                               cwd=str(REPO), env={**_env(), "VLLM_ORCH_STATE_HOME": str(tmp / "state")})
 
-    return hosts, run
+    yield hosts, run
+    serve_nothing(hosts)                         # the hosts are the session's: leave them as found
+
+
+def serve_nothing(hosts) -> None:
+    """Every vllm unit stopped and disabled, no pending fault, no active / swap / health records."""
+    for e, _data, hdir in hosts:
+        fault_file.clear_faults(hdir)
+        with open_host(e) as host:
+            host.run(["sh", "-c", "for u in $(systemctl list-units --all --plain --no-legend 'vllm-*' | "
+                                  "awk '{print $1}'); do systemctl stop $u; systemctl disable $u; done; "
+                                  "systemctl reset-failed 'vllm-*' 2>/dev/null; "
+                                  f"rm -rf {e.state_dir}/active.json {e.state_dir}/swap.json {e.state_dir}/health; "
+                                  "true"], timeout=300).check(e.name)
 
 
 def _env() -> dict:
