@@ -99,7 +99,7 @@ def validate(app, files):
     """
     from rich.markup import escape
 
-    from orchestrator.config.inventory import extra_inventory_files, inventory_path, load_inventory_file
+    from orchestrator.config.inventory import extra_inventory_files, inventory_path, validate_inventory_file
     from orchestrator.config.manifest import load_manifest, manifest_files
     from orchestrator.config.yamlsrc import display_path
 
@@ -118,7 +118,7 @@ def validate(app, files):
     for kind, path in targets:
         try:
             if kind == "inventory":
-                load_inventory_file(path)
+                validate_inventory_file(path)
             else:
                 load_manifest(path)
             out.print(f"[green]ok[/]      {escape(display_path(path))} ({kind})")

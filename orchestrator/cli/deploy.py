@@ -7,11 +7,11 @@ import sys
 
 import click
 
-from orchestrator.cli.common import console, load_host_entry, load_model, pass_app, terminal_ask
+from orchestrator.cli.common import console, load_model, pass_app, terminal_ask
 from orchestrator.cli.options import (
     dry_run_option,
     exit_codes,
-    host_options,
+    fleet_host_options,
     json_option,
     kill_foreign_option,
     model_argument,
@@ -86,7 +86,7 @@ def finish(result, as_json: bool) -> None:
 @click.command(epilog=exit_codes("0 ok, 1 failed, 2 bad input (nothing changed), 3 refused by a safety check "
                                  "or for want of --yes (nothing changed)."))
 @model_argument()
-@host_options
+@fleet_host_options
 @dry_run_option()
 @json_option()
 @skip_check_option
@@ -100,8 +100,8 @@ def finish(result, as_json: bool) -> None:
                    "start-up with and without).")
 @placement_options
 @pass_app
-def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes, warm,
-           service_name, gpus, port):
+def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes,
+           warm, service_name, gpus, port):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -115,43 +115,71 @@ def deploy(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_ch
       HF_TOKEN=hf_... vllm-orch deploy minimax-m25 --host gpu1 --enable
       vllm-orch deploy kimi-k25-int4 --host gpu1 --warm
       vllm-orch deploy minimax-m25 --host gpu1 --gpus 4-7 --port 8001 --name mm-b
+      vllm-orch deploy kimi-k25-int4 --group prod --parallel 4
 
     A host runs several services on disjoint GPUs and ports; a placement that takes another
     service's GPUs or port is refused (exit 3, naming it).
+
+    With several hosts (--host a,b, --group, --all) they are deployed in parallel with one progress
+    line per host and a summary table; the exit code is the worst of the hosts'. Deletions the plan
+    would ask about need --yes there (there is no terminal question per host).
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
 
-    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
+    manifest = load_model(app, model)
+    entry, m = placed(hosts[0], manifest, gpus, port, service_name)    # bad --gpus: exit 2 before any host
+    opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import fleet_op
+
+        def deploy_one(e, rep):
+            host_entry, placed_m = placed(e, manifest, gpus, port, service_name)
+            return run_deploy(host_entry, placed_m, opts, rep, dry_run, accept_new_host_key)
+
+        fleet_op(f"deploy {m.name}", hosts, parallel, as_json, dry_run, deploy_one)
     reporter = Reporter(console(), quiet=as_json)
-    result = run_deploy(entry, m, make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm), reporter, dry_run,
-                        accept_new_host_key, ask=terminal_ask(as_json))
+    result = run_deploy(entry, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json))
     finish(result, as_json)
 
 
 @click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
                                   "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host."))
 @model_argument()
-@host_options
+@fleet_host_options
 @skip_check_option
 @json_option("Print the checks as JSON.")
 @placement_options
 @pass_app
-def check(app, model, host_name, accept_new_host_key, skip_checks, as_json, service_name, gpus, port):
+def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json, service_name, gpus, port):
     """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
     version (and, where the host's vLLM can parse them, the rendered flags).
 
-    \b
-    Example:
-      vllm-orch check kimi-k25-int4 --host sim
-    """
-    from orchestrator.ops.gather import for_check
-    from orchestrator.ops.session import session
-    from orchestrator.plan.prepare import preflight_action
+    With several hosts they are checked in parallel, with a summary table (the root cause of each
+    failed check); the exit code is the worst of the hosts'.
 
-    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
-    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
-        action, refusal = preflight_action(for_check(s.host, entry, m, make_options(skip_checks, False), s.lock))
+    \b
+    Examples:
+      vllm-orch check kimi-k25-int4 --host sim
+      vllm-orch check kimi-k25-int4 --group prod
+    """
+    manifest = load_model(app, model)
+    entry, m = placed(hosts[0], manifest, gpus, port, service_name)
+    opts = make_options(skip_checks, False)
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import finish_fleet, run_with_view
+        from orchestrator.ops.fleet import HostOutcome, root_cause
+
+        def one(entry, _reporter) -> HostOutcome:
+            host_entry, placed_m = placed(entry, manifest, gpus, port, service_name)
+            action, refusal = preflight_on(host_entry, placed_m, opts, accept_new_host_key)
+            data = {"host": entry.name, "model": m.name, "ok": refusal is None, "checks": action.details}
+            return HostOutcome(0 if refusal is None else refusal.exit_code,
+                               None if refusal is None else root_cause(refusal), action.summary, data)
+
+        finish_fleet(f"check {m.name}", run_with_view(f"check {m.name}", hosts, one, parallel, as_json),
+                     as_json, "checks")
+    action, refusal = preflight_on(entry, m, opts, accept_new_host_key)
     if as_json:
         click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
                                "checks": action.details}, indent=2))
@@ -161,3 +189,13 @@ def check(app, model, host_name, accept_new_host_key, skip_checks, as_json, serv
         console().print(f"  {line}", markup=False, soft_wrap=True)
     if refusal is not None:
         raise refusal
+
+
+def preflight_on(entry, m, opts, accept_new_host_key: bool):
+    """The preflight action of MODEL on one host and its refusal (None: every check passed)."""
+    from orchestrator.ops.gather import for_check
+    from orchestrator.ops.session import session
+    from orchestrator.plan.prepare import preflight_action
+
+    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
+        return preflight_action(for_check(s.host, entry, m, opts, s.lock))

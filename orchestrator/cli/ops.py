@@ -11,12 +11,12 @@ from rich.markup import escape
 
 from orchestrator.cli.common import console, is_tty, load_host_entry, pass_app
 from orchestrator.cli.options import (
-    accept_new_host_key_option,
     complete_models,
     dry_run_option,
     exit_codes,
-    host_option,
+    fleet_host_options,
     host_options,
+    host_selection,
     json_option,
     model_argument,
     yes_option,
@@ -62,12 +62,10 @@ def _manifest_lookups(app):
 
 @click.command(epilog=exit_codes("0 every host answered, 1 a host could not be reached (shown with its "
                                   "error), 2 bad input."))
-@host_option(required=False, multiple=True,
-             help="A host to ask (repeatable). Default: every host of the inventory.")
-@accept_new_host_key_option
+@host_selection(fleet=True, default_all=True)
 @json_option("Print a list with one object per host.")
 @pass_app
-def status(app, host_names, accept_new_host_key, as_json):
+def status(app, hosts, parallel, accept_new_host_key, as_json):
     """Show, per host: the active model and its state (loading / ready / failed / stopped),
     uptime, GPUs and their memory, GPU processes (service, left behind, foreign), KV-cache usage
     and running/waiting requests, disk use per model, the last deploy and the last benchmark.
@@ -78,22 +76,14 @@ def status(app, host_names, accept_new_host_key, as_json):
     Examples:
       vllm-orch status
       vllm-orch status --host sim --host gpu1 --json
+      vllm-orch status --group prod
     """
     from orchestrator.cli.views import render_status
-    from orchestrator.config.inventory import load_inventory
     from orchestrator.ops.status import gather_status
 
-    if host_names:
-        entries = [load_host_entry(app, name) for name in dict.fromkeys(host_names)]
-    else:
-        entries = list(load_inventory(app.inventory_path).hosts.values())
-        if not entries:
-            from orchestrator.errors import ConfigError
-
-            raise ConfigError("no hosts in the inventory",
-                              hint="write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`")
     port_of, served_name_of, api_key_of = _manifest_lookups(app)
-    results = gather_status(entries, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of)
+    workers = {"max_workers": parallel} if parallel else {}
+    results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of, **workers)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
@@ -212,56 +202,46 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
                                   "1 GPUs not released, 2 bad input (a host with several services and none "
                                   "named), 3 refused (lock held, MODEL not installed)."))
 @model_argument(required=False, metavar="[SERVICE]")
-@host_options
+@fleet_host_options
 @dry_run_option("Show what would be stopped and killed, and change nothing on the host.")
 @json_option("Print the result as JSON.")
 @click.option("--gpu-timeout", type=click.FloatRange(min=0.1), default=None,
               help="Seconds to wait for GPU memory to be released (default 90).")
 @pass_app
-def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeout):
+def stop(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, gpu_timeout):
     """Stop MODEL's service, then make sure its GPUs are really free: leftover VLLM::Worker
     processes of that model on its GPUs are killed (SIGTERM, then SIGKILL) and nvidia-smi is polled
     until their memory is released. Clears the service's record. Takes the host lock. Stopping a
     stopped model does nothing and says so. On a host that runs several services, name the one
     (the others keep serving); on a host with one it may be left out.
 
+    With several hosts they are stopped in parallel, with a summary table.
+
     \b
     Examples:
       vllm-orch stop kimi-k25-int4 --host sim --dry-run
       vllm-orch stop kimi-k25-int4 --host sim
+      vllm-orch stop kimi-k25-int4 --group prod
     """
-    from orchestrator.ops.session import session
-    from orchestrator.ops.stop import stop_model
     from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
-    entry = load_host_entry(app, host_name)
-    if model is None:
-        from orchestrator.config.placement import choose_service
-        from orchestrator.errors import ConfigError
-        from orchestrator.host.connect import open_host
-        from orchestrator.host.state import read_records
-
-        with open_host(entry, accept_new_host_key) as host:
-            model = choose_service(read_records(host, entry), None, entry.name, f"stop SERVICE --host {entry.name}")
-        if model is None:
-            raise ConfigError(f"{entry.name} runs no recorded service: name the one to stop", hint="vllm-orch status")
-    manifest_gpus = None
-    try:
-        from orchestrator.cli.common import resolved_models_dir
-        from orchestrator.config.effective import effective
-        from orchestrator.config.manifest import get_manifest
-
-        # the GPUs it takes on this host (a host's overrides may move them)
-        m = effective(get_manifest(model, resolved_models_dir(app))[0], entry).manifest
-        manifest_gpus = m.serving.visible_devices
-    except Exception:
-        pass    # a manifest removed since the deploy: the service's record or the processes say
-    say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))
     timeout = gpu_timeout or GPU_RELEASE_TIMEOUT_S
-    with session(entry, f"stop {model}", dry_run, accept_new_host_key) as s:
-        res = stop_model(s.host, entry, model, manifest_gpus, release_timeout=timeout, say=say,
-                         dry_run=dry_run)
-        lock_holder = s.lock.holder
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import finish_fleet, run_with_view
+        from orchestrator.ops.fleet import HostOutcome
+
+        def one(entry, _reporter) -> HostOutcome:
+            res, _holder = _stop_on(app, entry, model, accept_new_host_key, dry_run, timeout, lambda text: None)
+            note = "already stopped" if res.nothing_to_do else (res.gpus_free or "")
+            return HostOutcome(0 if res.ok else 1, None if res.ok else f"stop: {res.error or 'GPUs not released'}",
+                               note, res.as_dict(), res)
+
+        title = f"stop {model or 'its service'}{' (dry run)' if dry_run else ''}"
+        finish_fleet(title, run_with_view(title, hosts, one, parallel, as_json), as_json, "GPUs")
+    entry = hosts[0]
+    say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))
+    res, lock_holder = _stop_on(app, entry, model, accept_new_host_key, dry_run, timeout, say)
+    model = res.model       # the host's one service when none was named
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
         sys.exit(0 if res.ok else 1)
@@ -287,6 +267,37 @@ def stop(app, model, host_name, accept_new_host_key, dry_run, as_json, gpu_timeo
                            hint="find the holders with `fuser -v /dev/nvidia*`")
     c.print(f"[bold green]stopped {model} on {entry.name}[/] ({res.seconds:.1f}s): "
             f"{escape(res.gpus_free or 'no GPUs recorded for it')}")
+
+
+def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: bool, timeout: float, say):
+    """Stop MODEL on one host (its session and lock): (the stop result, the lock holder seen)."""
+    from orchestrator.ops.session import session
+    from orchestrator.ops.stop import stop_model
+
+    if model is None:       # a host with one service: that one; with several: exit 2 naming them
+        from orchestrator.config.placement import choose_service
+        from orchestrator.errors import ConfigError
+        from orchestrator.host.connect import open_host
+        from orchestrator.host.state import read_records
+
+        with open_host(entry, accept_new_host_key) as host:
+            model = choose_service(read_records(host, entry), None, entry.name, f"stop SERVICE --host {entry.name}")
+        if model is None:
+            raise ConfigError(f"{entry.name} runs no recorded service: name the one to stop", hint="vllm-orch status")
+    manifest_gpus = None
+    try:
+        from orchestrator.cli.common import resolved_models_dir
+        from orchestrator.config.effective import effective
+        from orchestrator.config.manifest import get_manifest
+
+        # the GPUs it takes on this host (a host's overrides may move them)
+        m = effective(get_manifest(model, resolved_models_dir(app))[0], entry).manifest
+        manifest_gpus = m.serving.visible_devices
+    except Exception:
+        pass    # a manifest removed since the deploy (or a --name service): its record or the processes say
+    with session(entry, f"stop {model}", dry_run, accept_new_host_key) as s:
+        res = stop_model(s.host, entry, model, manifest_gpus, release_timeout=timeout, say=say, dry_run=dry_run)
+        return res, s.lock.holder
 
 
 # -- gc --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ command's --help ends with.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -54,6 +55,20 @@ def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) 
         names = list(load_inventory(_root_param(ctx, "inventory_path")).hosts)
     except Exception:
         return []
+    done, _, last = incomplete.rpartition(",")          # --host gpu1,g<TAB>
+    prefix = done + "," if done else ""
+    taken = set(done.split(",")) if done else set()
+    return [CompletionItem(prefix + n) for n in sorted(names) if n.startswith(last) and n not in taken]
+
+
+def complete_groups(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Group names of the inventory's `groups:`."""
+    try:
+        from orchestrator.config.inventory import load_inventory
+
+        names = list(load_inventory(_root_param(ctx, "inventory_path")).groups)
+    except Exception:
+        return []
     return [CompletionItem(n) for n in sorted(names) if n.startswith(incomplete)]
 
 
@@ -77,9 +92,76 @@ accept_new_host_key_option = click.option(
          "A changed key is always refused.")
 
 
+def host_selection(fleet: bool, default_all: bool = False, parallel: bool = True):
+    """--host a,b (repeatable), --group NAME (repeatable), --all and --accept-new-host-key, resolved
+    against the inventory into an ordered list of host entries (orchestrator.config.inventory.select_hosts).
+
+    fleet=True: the command gets `hosts` (the list) and `parallel` (--parallel N, None: the fleet
+    runner's default). fleet=False: the command works on one host and gets `host_name` as before;
+    a selection of several hosts is refused (exit 2). default_all: no selection means every host.
+    parallel=False: no --parallel (swap's rollout has its own bound, --max-unavailable)."""
+
+    def decorate(f):
+        @functools.wraps(f)
+        def wrapper(*args, host_names, group_names, all_hosts, **kwargs):
+            from orchestrator.config.inventory import load_inventory, select_hosts
+            from orchestrator.errors import ConfigError
+
+            names = [n.strip() for value in host_names for n in value.split(",") if n.strip()]
+            if not (names or group_names or all_hosts):
+                if not default_all:
+                    raise ConfigError("no host selected", hint="pass --host NAME (or --host a,b), --group NAME or --all")
+                all_hosts = True
+            app = click.get_current_context().find_root().obj
+            inventory = load_inventory(app.inventory_path if app is not None else None)
+            entries = select_hosts(inventory, names, list(group_names), all_hosts)
+            if not entries:
+                raise ConfigError("no hosts in the inventory",
+                                  hint="write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`")
+            if fleet:
+                kwargs["hosts"] = entries
+            elif len(entries) > 1:
+                command = click.get_current_context().info_name
+                raise ConfigError(f"`{command}` works on one host; {len(entries)} are selected "
+                                  f"({', '.join(e.name for e in entries)})", hint="pass one --host NAME")
+            else:
+                kwargs["host_name"] = entries[0].name
+            return f(*args, **kwargs)
+
+        for option in reversed(_selection_options(fleet, default_all, parallel)):
+            wrapper = option(wrapper)
+        return accept_new_host_key_option(wrapper)
+
+    return decorate
+
+
+def _selection_options(fleet: bool, default_all: bool, parallel: bool):
+    many = " (repeatable; or comma-separated: --host gpu1,gpu2)" if fleet else ""
+    default = " Default: every host of the inventory." if default_all else ""
+    options = [
+        click.option("--host", "host_names", multiple=True, metavar="HOST", shell_complete=complete_hosts,
+                     help=f"Inventory host name{many} (see `vllm-orch hosts`).{default}"),
+        click.option("--group", "group_names", multiple=True, metavar="GROUP", shell_complete=complete_groups,
+                     help="Every host of an inventory group (hosts.yaml `groups:`; repeatable)."),
+        click.option("--all", "all_hosts", is_flag=True, help="Every host of the inventory."),
+    ]
+    if fleet and parallel:
+        options.append(click.option(
+            "--parallel", type=click.IntRange(min=1), default=None, metavar="N",
+            help="With several hosts: work on at most N at once (default: all of them, at most 16)."))
+    return options
+
+
 def host_options(f):
-    """--host (required) and --accept-new-host-key: every command that works on one host."""
-    return host_option()(accept_new_host_key_option(f))
+    """--host/--group/--all (exactly one host) and --accept-new-host-key: every command that works on
+    one host; it gets `host_name`."""
+    return host_selection(fleet=False)(f)
+
+
+def fleet_host_options(f):
+    """--host a,b/--group/--all, --parallel and --accept-new-host-key: the commands that run on several
+    hosts at once (orchestrator.ops.fleet); they get `hosts` and `parallel`."""
+    return host_selection(fleet=True)(f)
 
 
 def dry_run_option(help: str = "Print the plan and change nothing on the host."):

@@ -7,7 +7,6 @@ from rich.markup import escape
 
 from orchestrator.cli.common import (
     console,
-    load_host_entry,
     load_model,
     pass_app,
     resolved_models_dir,
@@ -18,7 +17,8 @@ from orchestrator.cli.options import (
     DEFAULT_EXIT_CODES,
     dry_run_option,
     exit_codes,
-    host_options,
+    fleet_host_options,
+    host_selection,
     json_option,
     kill_foreign_option,
     model_argument,
@@ -32,11 +32,16 @@ from orchestrator.cli.options import (
                                  "want of --yes (nothing changed), 130 interrupted (the rollback ran: see its "
                                  "line)."))
 @model_argument()
-@host_options
+@host_selection(fleet=True, parallel=False)
 @dry_run_option()
 @json_option()
 @skip_check_option
 @kill_foreign_option
+@click.option("--max-unavailable", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
+              help="With several hosts: swap at most K hosts at a time (the others keep serving).")
+@click.option("--continue-on-failure", is_flag=True,
+              help="With several hosts: go on with the next hosts after a host's swap failed (and rolled back); "
+                   "by default the rollout stops there.")
 @yes_option("delete the model folders the plan frees disk with (vllm-orch's own only), and accept an "
             "unstaged swap when the disk cannot hold both models (longer downtime, no rollback without a "
             "new download); without it deletions are asked on a terminal and an unstaged swap is refused")
@@ -48,8 +53,8 @@ from orchestrator.cli.options import (
                    "takes its GPUs and port unless --gpus / --port say otherwise.")
 @placement_options
 @pass_app
-def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, yes, warm,
-         replace, service_name, gpus, port):
+def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, max_unavailable,
+         continue_on_failure, yes, warm, replace, service_name, gpus, port):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
@@ -63,23 +68,38 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
     rollback). A swap cut short for good is shown by `vllm-orch status`; running swap again
     finishes it.
 
+    Across several hosts (--host a,b, --group, --all) the swap is rolling: --max-unavailable hosts
+    at a time, each staged, gated and rolled back on its own as above; the first failure stops the
+    rollout (--continue-on-failure goes on), so every host serves the old or the new model. The
+    summary says which host serves what.
+
     \b
     Examples:
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
       vllm-orch swap minimax-m25 --host gpu1
       vllm-orch swap kimi-k25-int4 --replace minimax-m25 --host gpu1
+      vllm-orch swap minimax-m25 --group prod --max-unavailable 1
     """
     from orchestrator.cli.views import warm_summary
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
 
-    entry, m = placed(load_host_entry(app, host_name), load_model(app, model), gpus, port, service_name)
+    manifest = load_model(app, model)
+    entry, m = placed(hosts[0], manifest, gpus, port, service_name)     # bad --gpus: exit 2 before any host
     manifests, _bad = load_all(resolved_models_dir(app))
+    opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import rolling_swap
+
+        def swap_one(e, rep):
+            host_entry, placed_m = placed(e, manifest, gpus, port, service_name)
+            return run_swap(host_entry, placed_m, manifests, opts, rep, dry_run, accept_new_host_key)
+
+        rolling_swap(app, m, hosts, swap_one, max_unavailable, continue_on_failure, as_json, dry_run,
+                     accept_new_host_key)
     reporter = Reporter(console(), quiet=as_json)
-    result = run_swap(entry, m, manifests, make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace),
-                      reporter,
-                      dry_run, accept_new_host_key, ask=terminal_ask(as_json))
+    result = run_swap(entry, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json))
     if not as_json and not dry_run:
         extra = result.extra
         if extra.get("downtime_s") is not None and result.ok:
@@ -95,13 +115,13 @@ def swap(app, model, host_name, accept_new_host_key, dry_run, as_json, skip_chec
 
 
 @click.command(epilog=exit_codes(DEFAULT_EXIT_CODES))
-@host_options
+@fleet_host_options
 @dry_run_option("Show the diffs and change nothing on the host.")
 @json_option()
 @click.option("--restart", is_flag=True,
               help="Restart running services whose unit changed, through the readiness gates (with rollback).")
 @pass_app
-def regen(app, host_name, accept_new_host_key, dry_run, as_json, restart):
+def regen(app, hosts, parallel, accept_new_host_key, dry_run, as_json, restart):
     """Re-render the units and env files of every model installed on a host from the current
     manifests and templates: a unified diff per file, then install what changed and daemon-reload.
     Running services keep running unless --restart.
@@ -110,13 +130,22 @@ def regen(app, host_name, accept_new_host_key, dry_run, as_json, restart):
     Examples:
       vllm-orch regen --host gpu1 --dry-run
       vllm-orch regen --host gpu1 --restart
+      vllm-orch regen --group prod --dry-run
+
+    With several hosts they are regenerated in parallel, with a summary table.
     """
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.regen import run_regen
 
-    entry = load_host_entry(app, host_name)
     manifests, _bad = load_all(resolved_models_dir(app))
+    if len(hosts) > 1:
+        from orchestrator.cli.fleet import fleet_op
+
+        fleet_op("regen", hosts, parallel, as_json, dry_run,
+                 lambda e, rep: run_regen(e, manifests, make_options((), False), rep, dry_run, restart,
+                                          accept_new_host_key))
+    entry = hosts[0]
     result = run_regen(entry, manifests, make_options((), False), Reporter(console(), quiet=as_json), dry_run,
                        restart, accept_new_host_key)
     finish(result, as_json)

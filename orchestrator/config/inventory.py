@@ -349,6 +349,12 @@ class HostEntry(Strict):
 
 class Inventory(Strict):
     hosts: dict[str, HostEntry] = Field(default_factory=dict, description="Hosts by name.")
+    groups: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Named lists of hosts, e.g. `prod: [gpu1, gpu2]`, selected with `--group prod`. Each "
+                    "name must be a host of the inventory (this file, another inventory file or "
+                    "hosts.d); a group is never empty and never named like a host.")
+    _group_doc: dict[str, YamlDoc] = PrivateAttr(default_factory=dict)   # group -> the file it is written in
 
     @model_validator(mode="before")
     @classmethod
@@ -417,7 +423,38 @@ def load_inventory_file(path: Path) -> Inventory:
         raise validation_error(exc, doc, "inventory", Inventory) from None
     for entry in inv.hosts.values():
         entry._doc = doc
+    for group in inv.groups:
+        if not SLUG.match(group):
+            raise ConfigError(f"{_where(doc, ['groups', group])}: {group!r} is not a lowercase slug")
+        inv._group_doc[group] = doc
     return inv
+
+
+def _where(doc: YamlDoc | None, loc: list[Any]) -> str:
+    """`hosts.yaml:14: groups.prod[1]` (no line for a group not read from a file)."""
+    if doc is None:
+        return format_loc(loc)
+    line = doc.line_of(loc)
+    return f"{doc.display}{':' + str(line) if line else ''}: {format_loc(loc)}"
+
+
+def check_groups(inv: Inventory) -> None:
+    """Every group names known hosts, at least one, and no group is named like a host: checked once
+    the inventory files are merged (a group may list hosts.d's hosts)."""
+    for group, members in inv.groups.items():
+        doc = inv._group_doc.get(group)
+        if group in inv.hosts:
+            raise ConfigError(f"{_where(doc, ['groups', group])}: {group!r} is also a host's name",
+                              hint="give the group another name: `--group` and `--host` must not be ambiguous")
+        if not members:
+            raise ConfigError(f"{_where(doc, ['groups', group])}: the group is empty",
+                              hint="list at least one host, or remove the group")
+        for i, name in enumerate(members):
+            if name not in inv.hosts:
+                close = difflib.get_close_matches(name, sorted(inv.hosts), n=1, cutoff=0.5)
+                raise ConfigError(f"{_where(doc, ['groups', group, i])}: no host named {name!r} in the inventory",
+                                  hint=f"did you mean {close[0]!r}?" if close else
+                                  f"known hosts: {', '.join(sorted(inv.hosts)) or 'none'}")
 
 
 def load_inventory(explicit: Path | None = None) -> Inventory:
@@ -425,9 +462,17 @@ def load_inventory(explicit: Path | None = None) -> Inventory:
     defined twice is refused, naming both files."""
     hosts: dict[str, HostEntry] = {}
     origin: dict[str, Path] = {}
+    groups: dict[str, list[str]] = {}
+    group_doc: dict[str, YamlDoc] = {}
     path = inventory_path(explicit)
     for source in extra_inventory_files() + ([path] if path is not None else []):
-        for name, entry in load_inventory_file(source).hosts.items():
+        one = load_inventory_file(source)
+        for group, members in one.groups.items():
+            if group in groups:
+                raise ConfigError(f"{_where(one._group_doc[group], ['groups', group])}: group {group!r} is also "
+                                  f"defined in {group_doc[group].display}", hint="define each group once")
+            groups[group], group_doc[group] = members, one._group_doc[group]
+        for name, entry in one.hosts.items():
             if name in hosts:
                 raise ConfigError(f"{display_path(source)}: host {name!r} is also defined in "
                                   f"{display_path(origin[name])}",
@@ -435,7 +480,28 @@ def load_inventory(explicit: Path | None = None) -> Inventory:
                                        "(`vllm-orch sim down` removes the simulator's)")
             hosts[name] = entry
             origin[name] = source
-    return Inventory(hosts=hosts)
+    inv = Inventory(hosts=hosts, groups=groups)
+    inv._group_doc = group_doc
+    check_groups(inv)
+    return inv
+
+
+def validate_inventory_file(path: Path) -> Inventory:
+    """One inventory file as `vllm-orch validate` checks it: its own fields, then its groups against
+    its hosts plus those of the extra-inventory folder (where a group may find its members)."""
+    inv = load_inventory_file(path)
+    if inv.groups:
+        hosts = dict(inv.hosts)
+        for other in extra_inventory_files():
+            if other.resolve() != path.resolve():
+                try:
+                    hosts.update({k: v for k, v in load_inventory_file(other).hosts.items() if k not in hosts})
+                except ConfigError:
+                    pass                         # that file's own errors are reported on its own line
+        merged = Inventory(hosts=hosts, groups=inv.groups)
+        merged._group_doc = inv._group_doc
+        check_groups(merged)
+    return inv
 
 
 def get_host(inventory: Inventory, name: str) -> HostEntry:
@@ -452,6 +518,30 @@ def get_host(inventory: Inventory, name: str) -> HostEntry:
     else:
         hint = "no inventory found: write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`"
     raise ConfigError(f"no host named {name!r} in the inventory", hint=hint)
+
+
+def select_hosts(inventory: Inventory, names: list[str] = (), groups: list[str] = (),   # type: ignore[assignment]
+                 every: bool = False) -> list[HostEntry]:
+    """The hosts a command's selection names, in the order given (`--host a,b`, then each `--group`'s
+    members in the group's order; `--all`: the inventory's order), each once. An unknown host or group
+    is a ConfigError (exit 2) with a suggestion."""
+    picked: dict[str, HostEntry] = {}
+    if every:
+        picked.update(inventory.hosts)
+    for name in names:
+        if name not in picked:
+            picked[name] = get_host(inventory, name)
+    for group in groups:
+        if group not in inventory.groups:
+            known = sorted(inventory.groups)
+            close = difflib.get_close_matches(group, known, n=1, cutoff=0.5)
+            raise ConfigError(f"no group named {group!r} in the inventory",
+                              hint=f"did you mean {close[0]!r}?" if close else
+                              (f"known groups: {', '.join(known)}" if known else
+                               "define groups in hosts.yaml: `groups: {prod: [gpu1, gpu2]}`"))
+        for name in inventory.groups[group]:
+            picked.setdefault(name, inventory.hosts[name])
+    return list(picked.values())
 
 
 def inventory_schema() -> dict:

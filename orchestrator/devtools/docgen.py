@@ -10,7 +10,7 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from orchestrator.config.inventory import HostEntry
+from orchestrator.config.inventory import HostEntry, Inventory
 from orchestrator.config.manifest import Manifest
 
 
@@ -80,6 +80,10 @@ def reference() -> str:
     rows, sections = _table(HostEntry, "")
     lines += rows
     _sections(sections, lines)
+    lines += ["", "## Host groups (`hosts.yaml`: `groups: {NAME: [HOST, ...]}`)", "",
+              Inventory.model_fields["groups"].description or "", "",
+              "Select a group with `--group NAME` on any host command (docs/user-guide.md, \"Fleets\"); a",
+              "group, like a host, is defined once across the inventory files."]
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,8 @@ with systemd-nspawn. Both are session-scoped (started once) and stopped by PID a
     ssh_host        -> an SshHost connected to sshd_local (fresh per test, closed after)
     systemd_hosts   -> factory: systemd_hosts(n) -> list of inventory dicts (see sim/nspawn.boot),
                        booted once per session and shared by every test asking for <= n
+    systemd_sim_host, systemd_sim_hosts(n) -> (HostEntry, inventory dict, host folder) of booted
+                       systemd hosts made SIMULATED GPU hosts by hand (fleet tests ask for several)
     systemd_sim     -> (sim home, HostEntry): `vllm-orch sim up --systemd` (a SIMULATED GPU host in
                        a real-systemd container with a persistent root, its hub mirror), per module
     clean_systemd_sim -> the same, with no vllm unit running or enabled, no faults, no records
@@ -156,33 +158,70 @@ def systemd_sim_host(systemd_hosts, tmp_path_factory):
     session: the sim programs in its host folder,
     a Hub mirror on the gateway address of its network namespace, and its inventory entry (what
     `vllm-orch sim up --systemd` would write). Yields (HostEntry, inventory dict, host folder)."""
-    import subprocess
-    import sys
+    hub = _SimHubs()
+    try:
+        yield hub.prepare(systemd_hosts(1)[0])
+    finally:
+        hub.stop()
 
-    from orchestrator.config.inventory import HostEntry
-    from orchestrator.sim import manager, nspawn
-    from orchestrator.sim.inventory import SimHost
-    from tests.plugins.sim_hosts import TEST_SPEED
 
-    info = systemd_hosts(1)[0]
-    hdir = Path(info["_console_log"]).parent.parent
-    manager.prepare_host(info["_name"], hdir, speed=TEST_SPEED, scale=10000, flavour="systemd",
-                         python="/usr/bin/env python3")
-    (hdir / "hub.port").unlink(missing_ok=True)
-    repo = Path(__file__).resolve().parents[2]
-    hub = subprocess.Popen([sys.executable, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir), "--port", "0",
-                            "--bind", info["_gateway"]], cwd=str(repo), stdout=subprocess.DEVNULL,
-                           stderr=open(hdir / "hub.stderr", "wb"))
-    deadline = time.monotonic() + 15
-    while not (hdir / "hub.port").exists() or not (hdir / "hub.port").read_text().strip():
-        assert hub.poll() is None and time.monotonic() < deadline, (hdir / "hub.stderr").read_text()
-        time.sleep(0.05)
-    data = SimHost(info["_name"], hdir, "systemd", TEST_SPEED, 10000, python="", container=info).host_entry()
-    data["models_root"] = f"{nspawn.SIM_MOUNT}/models"     # the bound host folder, not the overlay tmpfs
-    data["env"] = {**data["env"], "HF_ENDPOINT": f"http://{info['_gateway']}:{(hdir / 'hub.port').read_text().strip()}"}
-    yield HostEntry(name=info["_name"], **data), data, hdir
-    hub.terminate()
-    hub.wait(10)
+@pytest.fixture(scope="session")
+def systemd_sim_hosts(systemd_hosts):
+    """systemd_sim_hosts(n): the first n booted systemd hosts (systemd_hosts) each made a SIMULATED
+    GPU host like systemd_sim_host (the first is the same host), for fleet tests. Returns a list of
+    (HostEntry, inventory dict, host folder)."""
+    hubs = _SimHubs()
+    prepared: dict[str, tuple] = {}
+
+    def factory(n: int) -> list[tuple]:
+        infos = systemd_hosts(n)
+        for info in infos:
+            if info["_name"] not in prepared:
+                prepared[info["_name"]] = hubs.prepare(info)
+        return [prepared[info["_name"]] for info in infos]
+
+    yield factory
+    hubs.stop()
+
+
+class _SimHubs:
+    """Makes booted systemd hosts SIMULATED GPU hosts, each with its Hub mirror; stops the mirrors."""
+
+    def __init__(self) -> None:
+        self.procs: list = []
+
+    def prepare(self, info: dict) -> tuple:
+        import subprocess
+        import sys
+
+        from orchestrator.config.inventory import HostEntry
+        from orchestrator.sim import manager, nspawn
+        from orchestrator.sim.inventory import SimHost
+        from tests.plugins.sim_hosts import TEST_SPEED
+
+        hdir = Path(info["_console_log"]).parent.parent
+        manager.prepare_host(info["_name"], hdir, speed=TEST_SPEED, scale=10000, flavour="systemd",
+                             python="/usr/bin/env python3")
+        port_file = hdir / "hub.port"
+        port_file.unlink(missing_ok=True)
+        repo = Path(__file__).resolve().parents[2]
+        hub = subprocess.Popen([sys.executable, "-m", "orchestrator.sim.hub", "--host-dir", str(hdir), "--port", "0",
+                                "--bind", info["_gateway"]], cwd=str(repo), stdout=subprocess.DEVNULL,
+                               stderr=open(hdir / "hub.stderr", "wb"))
+        self.procs.append(hub)
+        deadline = time.monotonic() + 15
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert hub.poll() is None and time.monotonic() < deadline, (hdir / "hub.stderr").read_text()
+            time.sleep(0.05)
+        data = SimHost(info["_name"], hdir, "systemd", TEST_SPEED, 10000, python="", container=info).host_entry()
+        data["models_root"] = f"{nspawn.SIM_MOUNT}/models"     # the bound host folder, not the overlay tmpfs
+        data["env"] = {**data["env"], "HF_ENDPOINT": f"http://{info['_gateway']}:{port_file.read_text().strip()}"}
+        return HostEntry(name=info["_name"], **data), data, hdir
+
+    def stop(self) -> None:
+        for hub in self.procs:
+            hub.terminate()
+            hub.wait(10)
 
 
 def _host_dir(path: Path) -> Path:
