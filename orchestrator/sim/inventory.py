@@ -60,6 +60,11 @@ class SimHost:
     cpu_vllm: dict | None = None
     # systemd flavour: how to reach the container (address, port, user, identity_file, paths...)
     container: dict = field(default_factory=dict)
+    # process flavour: the port every model serves on (an inventory `*` override). Process hosts share
+    # this machine's network, and vLLM binds with SO_REUSEPORT: two hosts' services on one port would
+    # both bind, and the kernel would spread each host's requests over all of them (separate machines,
+    # or the systemd flavour's network namespaces, never share a port). None: the manifests' own.
+    serving_port: int | None = None
 
     def host_entry(self) -> dict:
         """The inventory entry (a dict as in hosts.yaml), validated against the product's schema."""
@@ -77,6 +82,8 @@ class SimHost:
                      "python": self.python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
                      "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
         entry["label"] = LABEL
+        if self.serving_port and not self.container:
+            entry["overrides"] = {"*": {"serving": {"port": self.serving_port}}}
         entry["disk_reserve_gib"] = REAL_DISK_RESERVE_GIB / self.scale
         if self.container:           # the host folder is bind-mounted into the container
             from orchestrator.sim.nspawn_tree import SIM_MOUNT

@@ -50,6 +50,9 @@ DEFAULT_SPEED = 200.0
 GIB = 1 << 30
 DEFAULT_SCALE = 10000
 HUB_START_TIMEOUT_S = 15.0
+# Process hosts after the first serve on their own port (8100, 8200, ...): see SimHost.serving_port.
+PROCESS_HOST_PORT_BASE = 8000
+PROCESS_HOST_PORT_STEP = 100
 # The mirror's faults (orchestrator/sim/hub.py documents them; it may export HUB_FAULTS instead).
 HUB_FAULTS = {
     "hub-5xx": "the mirror answers one /resolve request with 503",
@@ -407,7 +410,8 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         real_python = rec.get("python") or vllm_python      # a Python with a real vLLM, if given
         sim_host = SimHost(name, hdir, rec["flavour"], info["speed"], scale,
                            python=real_python or sys.executable, real_vllm=bool(real_python),
-                           hub_port=hub_port, cpu_vllm=host_cpu)
+                           hub_port=hub_port, cpu_vllm=host_cpu,
+                           serving_port=PROCESS_HOST_PORT_BASE + PROCESS_HOST_PORT_STEP * i if i else None)
         if rec["flavour"] == "systemd":
             nspawn = nspawn or _nspawn()
             box = rec["processes"].get("nspawn")
