@@ -496,6 +496,18 @@ def lock_holder(lock):
     return holder if isinstance(holder, dict) else None
 
 
+def json_records(folder):
+    """{NAME: record} of every NAME.json in folder that holds a JSON object (services/, installed/)."""
+    out = {}
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".json"):
+                rec = read_json(os.path.join(folder, name))
+                if isinstance(rec, dict) and rec:
+                    out[name[:-5]] = rec
+    return out
+
+
 def status_extras(state_dir, history_tail):
     """What `status` shows besides the facts (orchestrator/ops/status.py): the host's uptime clock
     (systemd start times are monotonic), who holds the deploy lock, the health timer's last check
@@ -552,29 +564,13 @@ def main():
         facts["users"] = users(args.get("users", []))
         facts["service_reach"] = service_reach(args["vllm"], args["users"][0]) if args.get("users") else None
     facts["active"] = read_json(os.path.join(state_dir, "active.json"))     # a host's legacy record
-    records = {}
-    rec_dir = os.path.join(state_dir, "services")
-    if os.path.isdir(rec_dir):
-        for name in sorted(os.listdir(rec_dir)):
-            if name.endswith(".json"):
-                rec = read_json(os.path.join(rec_dir, name))
-                if isinstance(rec, dict):
-                    records[name[:-5]] = rec
-    facts["records"] = records
+    records = facts["records"] = json_records(os.path.join(state_dir, "services"))
     wanted = list(args.get("models", []))
     if status and isinstance(facts["active"], dict) and isinstance(facts["active"].get("model"), str):
         wanted.append(facts["active"]["model"])     # its service state even when nothing is installed
     facts["swap"] = read_json(os.path.join(state_dir, "swap.json"))
     facts["usage"] = read_json(os.path.join(state_dir, "usage.json")) or {}
-    installed = {}
-    inst_dir = os.path.join(state_dir, "installed")
-    if os.path.isdir(inst_dir):
-        for name in sorted(os.listdir(inst_dir)):
-            if name.endswith(".json"):
-                rec = read_json(os.path.join(inst_dir, name))
-                if rec:
-                    installed[name[:-5]] = rec
-    facts["installed"] = installed
+    installed = facts["installed"] = json_records(os.path.join(state_dir, "installed"))
     services = {}
     for name in sorted(set(installed) | set(records) | set(wanted)):
         if args["manager"] == "systemd":
