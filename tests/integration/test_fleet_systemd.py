@@ -17,6 +17,7 @@ import yaml
 from orchestrator.host.connect import open_host
 from orchestrator.probe.api import Endpoint, health
 from orchestrator.sim import fault_file
+from tests.plugins.remote_hosts import serve_nothing as serve_nothing_on
 
 from .deployhelp import on_port, write_models
 
@@ -52,15 +53,10 @@ def fleet(systemd_sim_hosts, tmp_path_factory):
 
 
 def serve_nothing(hosts) -> None:
-    """Every vllm unit stopped and disabled, no pending fault, no active / swap / health records."""
+    """Every vllm unit stopped and disabled, no pending fault, no service / swap / health records."""
     for e, _data, hdir in hosts:
         fault_file.clear_faults(hdir)
-        with open_host(e) as host:
-            host.run(["sh", "-c", "for u in $(systemctl list-units --all --plain --no-legend 'vllm-*' | "
-                                  "awk '{print $1}'); do systemctl stop $u; systemctl disable $u; done; "
-                                  "systemctl reset-failed 'vllm-*' 2>/dev/null; "
-                                  f"rm -rf {e.state_dir}/active.json {e.state_dir}/swap.json {e.state_dir}/health; "
-                                  "true"], timeout=300).check(e.name)
+        serve_nothing_on(e)
 
 
 def _env() -> dict:

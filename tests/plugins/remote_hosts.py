@@ -137,11 +137,20 @@ def systemd_sim(tmp_path_factory):
 def clean_systemd_sim(systemd_sim):
     """The module's systemd_sim with every vllm unit stopped and disabled, no pending fault and no
     active / swap / health records: each test starts from a host that serves nothing."""
-    from orchestrator.host.connect import open_host
     from orchestrator.sim import manager
 
     home, e = systemd_sim
     manager.clear_faults("sim", home=home)
+    serve_nothing(e)
+    return home, e
+
+
+def serve_nothing(e) -> None:
+    """Every vllm unit of the systemd host `e` stopped and disabled, and no service / legacy active /
+    swap / health record left: a shared host handed back serving nothing (the next test's placement
+    would otherwise be refused over a service recorded on the same GPUs)."""
+    from orchestrator.host.connect import open_host
+
     with open_host(e) as host:
         host.run(["sh", "-c", "for u in $(systemctl list-units --all --plain --no-legend 'vllm-*' | "
                               "awk '{print $1}'); do systemctl stop $u; systemctl disable $u; done; "
@@ -149,7 +158,6 @@ def clean_systemd_sim(systemd_sim):
                               f"rm -rf {e.state_dir}/active.json {e.state_dir}/services {e.state_dir}/swap.json "
                               f"{e.state_dir}/health; "
                               "true"], timeout=300).check(e.name)
-    return home, e
 
 
 @pytest.fixture(scope="session")
