@@ -153,7 +153,13 @@ class SshHost(Host):
                     err.extend(chan.recv_stderr(65536))
                 if chan.exit_status_ready() and chan.eof_received \
                         and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    return chan.recv_exit_status(), bytes(out), _strip_mark(err)[1]
+                    status = chan.recv_exit_status()
+                    if status == -1 and not _alive(chan.get_transport()):
+                        # EOF came, then the connection died before sshd's exit status: paramiko
+                        # closed the channel with -1 (a command killed by a signal also reads -1,
+                        # but on a live connection)
+                        raise EOFError("the connection died before the command's exit status")
+                    return status, bytes(out), _strip_mark(err)[1]
                 if chan.closed and not chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
                     # sshd sends EOF (then the exit status) before it closes a command's channel, so
                     # a closed channel with EOF ends above (paramiko counts a closed channel's exit
