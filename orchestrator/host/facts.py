@@ -83,6 +83,18 @@ class HostFacts:
         """The record of the service NAME (None: vllm-orch never recorded it serving)."""
         return self.records.get(name)
 
+    def model_of(self, name: str) -> str:
+        """The model the service NAME runs, as its records say (a service is named after its model
+        unless deployed with --name): its record, else its installed record, else NAME."""
+        rec = self.record(name) or self.installed.get(name) or {}
+        return str(rec.get("model") or name)
+
+    def models_in_use(self) -> set[str]:
+        """The model folders the host's services use: every recorded and every running service's
+        model (and the running services' own names). Disk freeing and gc never delete these."""
+        running = self.running()
+        return set(running) | {self.model_of(n) for n in (*self.records, *running)}
+
     def running(self) -> list[str]:
         return [name for name, st in self.services.items() if st.active]
 

@@ -247,6 +247,6 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
 def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:
     """The manifest of the service NAME on this host: its model's (as its records name it: a
     service deployed with --name runs a model under another name), as that service."""
-    model = (facts.record(name) or facts.installed.get(name) or {}).get("model") or name
+    model = facts.model_of(name)
     m = manifests.get(model) or manifests.get(name)
     return m.as_service(name) if m is not None else None

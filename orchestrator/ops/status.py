@@ -314,7 +314,7 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
     st.gpu_processes = [{**p.as_dict(), "owner": p.owner, "left_by": p.left_by}
                         for p in facts.procs]
     st.disk = {"path": facts.disk_path, "total": facts.disk_total, "free": facts.disk_free}
-    recorded = {str(r.get("model") or n) for n, r in facts.records.items()}
+    recorded = {facts.model_of(n) for n in facts.records}
     st.models = [{"name": d.name, "bytes": d.bytes, "last_used": d.last_used,
                   "verified": d.complete, "ours": d.ours, "active": d.name in recorded,
                   "running": d.name in running}

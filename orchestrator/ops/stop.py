@@ -153,7 +153,7 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
         and not res.disabled
     res.seconds = round(time.monotonic() - t0, 3)
     state.append_history(host, entry, {"operation": "stop", "service": model,
-                                       "model": (facts.record(model) or facts.installed.get(model) or {}).get("model") or model,
+                                       "model": facts.model_of(model),
                                        "ok": res.ok, "disabled": res.disabled,
                                        "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
                                        "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
@@ -187,9 +187,8 @@ def plan_gc(facts: HostFacts) -> GcPlan:
     """Inactive, not running folders that vllm-orch made go; the models of recorded services (on a
     host with several services, every one of them), running services and folders without vllm-orch's
     record stay."""
-    active = {str(r.get("model") or n) for n, r in facts.records.items()}
-    running = set(facts.running())
-    running |= {str(r.get("model") or n) for n, r in facts.installed.items() if n in running}   # --name services
+    active = {facts.model_of(n) for n in facts.records}
+    running = facts.models_in_use() - active
     delete, keep = [], []
     for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
         if not d.ours:

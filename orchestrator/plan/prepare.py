@@ -124,9 +124,7 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
                               f"available ({limit_txt})", noop=True), None
     # Never a model another service on the host uses: running ones, and recorded ones (stopped by
     # a crash, or by the swap under way) come back with their files.
-    protected = set(keep) | {inp.name, inp.target.manifest.model_name} | set(f.running())
-    protected |= {str(r.get("model") or n) for n, r in f.installed.items() if n in f.running()}
-    protected |= {str(r.get("model") or n) for n, r in f.records.items()}
+    protected = set(keep) | {inp.name, inp.target.manifest.model_name} | f.models_in_use()
     candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
                         key=lambda d: d.last_used)
     theirs = not_ours(f.models, protected)

@@ -171,7 +171,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     assert old is not None and inp.download is not None
     folder = old.manifest.model_name
-    sharing = sorted(n for n, r in f.records.items() if n != old.name and (r.get("model") or n) == folder)
+    sharing = sorted(n for n in f.records if n != old.name and f.model_of(n) == folder)
     if sharing:
         return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} is used by {', '.join(sharing)}"),
                            RefusedError(f"the disk cannot stage {m.name} next to {old.name}, and {old.name}'s "
