@@ -133,6 +133,21 @@ def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_jso
     render_history(console(), entry.name, records)
 
 
+def the_only_service(host, entry, command: str) -> str:
+    """The service a per-service command (stop, logs) means when none is named: the host's only one.
+    Several, or none recorded: exit 2 in one line (naming them, or pointing at status)."""
+    from orchestrator.config.placement import choose_service
+    from orchestrator.errors import ConfigError
+    from orchestrator.host.state import read_records
+
+    usage = f"{command} SERVICE --host {entry.name}"
+    name = choose_service(read_records(host, entry), None, entry.name, usage)
+    if name is None:
+        raise ConfigError(f"{entry.name} runs no recorded service: name one (`vllm-orch {usage}`)",
+                          hint="vllm-orch status")
+    return name
+
+
 # -- logs ------------------------------------------------------------------------------------------
 
 @click.command(epilog=exit_codes("0 ok, 1 the host could not be reached or its log could not be read, "
@@ -156,19 +171,16 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
       vllm-orch logs kimi-k25-int4 --host sim --since-deploy
       vllm-orch logs kimi-k25-int4 --host gpu1 -f
     """
-    from orchestrator.config.placement import choose_service
     from orchestrator.errors import ConfigError
     from orchestrator.host.connect import open_host
     from orchestrator.host.services import Service
-    from orchestrator.host.state import read_history, read_json, read_records
+    from orchestrator.host.state import read_history, read_json
     from orchestrator.ops.stop import deploy_started_at
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
-            model = choose_service(read_records(host, entry), None, entry.name, f"logs SERVICE --host {entry.name}")
-            if model is None:
-                raise ConfigError(f"{entry.name} runs no recorded service: name one", hint="vllm-orch status")
+            model = the_only_service(host, entry, "logs")
         if read_json(host, f"{entry.state_dir}/installed/{model}.json") is None:
             listing = host.run(["ls", f"{entry.state_dir}/installed"])
             names = sorted(n[:-5] for n in listing.stdout.split() if n.endswith(".json"))
@@ -274,16 +286,11 @@ def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: 
     from orchestrator.ops.session import session
     from orchestrator.ops.stop import stop_model
 
-    if model is None:       # a host with one service: that one; with several: exit 2 naming them
-        from orchestrator.config.placement import choose_service
-        from orchestrator.errors import ConfigError
+    if model is None:
         from orchestrator.host.connect import open_host
-        from orchestrator.host.state import read_records
 
         with open_host(entry, accept_new_host_key) as host:
-            model = choose_service(read_records(host, entry), None, entry.name, f"stop SERVICE --host {entry.name}")
-        if model is None:
-            raise ConfigError(f"{entry.name} runs no recorded service: name the one to stop", hint="vllm-orch status")
+            model = the_only_service(host, entry, "stop")
     manifest_gpus = None
     try:
         from orchestrator.cli.common import resolved_models_dir

@@ -276,3 +276,21 @@ def test_freeing_disk_never_deletes_a_model_another_service_uses():
     f.records = {}
     action, _ = prepare.disk_action(inp(placed_svc("kimi-k25-int4"), f, download(547 * 10 ** 9)), keep=set())
     assert f"{MM} 300.0 GB" in (action.confirm or "")              # with no service using it, it may go
+
+
+def test_stop_and_logs_without_a_name_take_the_hosts_only_service_else_exit_2(tmp_path):
+    from orchestrator.cli.ops import the_only_service
+
+    entry = HostEntry(name="local", address="localhost", state_dir=str(tmp_path / "state"))
+    host = LocalHost("local")
+    (tmp_path / "state").mkdir()
+    with pytest.raises(ConfigError) as err:
+        the_only_service(host, entry, "stop")
+    assert err.value.exit_code == 2 and "runs no recorded service" in err.value.message
+    assert "`vllm-orch stop SERVICE --host local`" in err.value.message
+    state.write_record(host, entry, MM, {"model": MM, "port": 8000})
+    assert the_only_service(host, entry, "logs") == MM
+    state.write_record(host, entry, "mm-b", {"model": MM, "port": 8001})
+    with pytest.raises(ConfigError) as err:
+        the_only_service(host, entry, "logs")
+    assert err.value.exit_code == 2 and "(minimax-m25, mm-b)" in err.value.message
