@@ -14,12 +14,22 @@ like on a real machine; shutdown unmounts it, `sim down` deletes it with the hos
 Addresses: host N is 10.200.N.2 inside its namespace; 10.200.N.1 is this machine's side of the
 veth pair (where the host's hub mirror must listen). Fields starting with "_" are for shutdown and
 diagnosis, not for the inventory reader.
+
+Hosts reach each other (a multi-node service's ranks connect to its head): each namespace routes
+10.200.0.0/16 through its gateway, and this machine forwards between the veths
+(net.ipv4.ip_forward=1, plus an ACCEPT rule for 10.200.0.0/16 -> 10.200.0.0/16 at the top of the
+FORWARD chain when iptables is installed - Docker sets that chain's policy to DROP). Both are
+recorded in /run/vllm-orch-forwarding.json and undone when the last test host's veth is gone.
+Reverse-path filtering (rp_filter) passes: each host's /24 is reached through its own veth.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +42,10 @@ from orchestrator.sim.nspawn_tree import DEFAULT_CACHE_DIR, SIM_MOUNT, ensure_tr
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NSPAWN_RUN = Path("/run/systemd/nspawn")
+HOSTS_NET = "10.200.0.0/16"                         # every test host's address is in it
+FORWARDING_STATE = Path("/run/vllm-orch-forwarding.json")
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+_FORWARD_RULE = ["FORWARD", "-s", HOSTS_NET, "-d", HOSTS_NET, "-j", "ACCEPT"]
 
 
 def addresses(index: int) -> tuple[str, str]:
@@ -45,8 +59,11 @@ def netns_name(name: str) -> str:
     return f"vllm-orch-{name}"
 
 
+VETH_PREFIX = "vorch"
+
+
 def _veth(index: int) -> str:
-    return f"vorch{index}"           # interface names are limited to 15 characters
+    return f"{VETH_PREFIX}{index}"   # interface names are limited to 15 characters
 
 
 def index_in_use(index: int) -> bool:
@@ -80,6 +97,8 @@ def prepare_network(name: str, index: int) -> dict:
     outside, inside = addresses(index)
     result = {"netns": ns, "veth": veth, "gateway": outside, "address": inside}
     if _has_addr([], veth, outside) and _has_addr(["-n", ns], "eth0", inside):
+        _route_hosts(ns, outside)
+        enable_forwarding()
         return result
     _cleanup_network(ns, veth)
     _ip("netns", "add", ns)
@@ -90,7 +109,64 @@ def prepare_network(name: str, index: int) -> dict:
     _ip("-n", ns, "addr", "add", f"{inside}/24", "dev", "eth0")
     _ip("-n", ns, "link", "set", "eth0", "up")
     _ip("-n", ns, "link", "set", "lo", "up")
+    _route_hosts(ns, outside)
+    enable_forwarding()
     return result
+
+
+def _route_hosts(ns: str, gateway: str) -> None:
+    """The other test hosts are reached through this machine (idempotent)."""
+    _ip("-n", ns, "route", "replace", HOSTS_NET, "via", gateway, "dev", "eth0")
+
+
+def enable_forwarding() -> dict:
+    """Let this machine forward between test hosts' veths (see the module docstring); what was
+    changed is recorded so that release_forwarding can undo exactly that. Idempotent."""
+    with _forwarding_lock():
+        state = _read_json(FORWARDING_STATE)
+        if not state:
+            state = {"ip_forward": IP_FORWARD.read_text().strip(), "iptables": None}
+        if IP_FORWARD.read_text().strip() != "1":
+            IP_FORWARD.write_text("1\n")
+        iptables = shutil.which("iptables")
+        if iptables and state.get("iptables") is None:
+            present = subprocess.run([iptables, "-w", "-C", *_FORWARD_RULE], capture_output=True)
+            if present.returncode != 0:
+                added = subprocess.run([iptables, "-w", "-I", *_FORWARD_RULE[:1], "1", *_FORWARD_RULE[1:]],
+                                       capture_output=True, text=True)
+                state["iptables"] = iptables if added.returncode == 0 else None
+                state["iptables_error"] = added.stderr.strip() or None
+        FORWARDING_STATE.write_text(json.dumps(state) + "\n")
+        return state
+
+
+def release_forwarding() -> bool:
+    """Undo enable_forwarding once no test host's veth is left; True when it did."""
+    with _forwarding_lock():
+        state = _read_json(FORWARDING_STATE)
+        if not state or any(Path("/sys/class/net").glob(f"{VETH_PREFIX}*")):
+            return False
+        if state.get("iptables"):
+            subprocess.run([state["iptables"], "-w", "-D", *_FORWARD_RULE], capture_output=True)
+        if state.get("ip_forward") == "0":
+            IP_FORWARD.write_text("0\n")
+        FORWARDING_STATE.unlink(missing_ok=True)
+        return True
+
+
+@contextlib.contextmanager
+def _forwarding_lock():
+    with open(FORWARDING_STATE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _has_addr(where: list[str], dev: str, address: str) -> bool:
@@ -267,6 +343,7 @@ def _release(info: dict, keep_network: bool = False) -> None:
         subprocess.run(["umount", info["_root"]], capture_output=True)
     if not keep_network:
         _cleanup_network(info.get("_netns", ""), info.get("_veth", ""))
+        release_forwarding()
 
 
 def shutdown(info: dict, timeout: float = 15.0) -> dict[str, float]:

@@ -197,6 +197,36 @@ def test_two_hosts_at_once_each_in_its_own_cgroup_and_network(systemd_hosts):
     assert names == {a["_name"], b["_name"]}
 
 
+_LISTENER = """
+import socket, sys
+srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
+open("/run/listener.ready", "w").close()
+conn, peer = srv.accept()
+conn.sendall(("%s %s\\n" % (socket.gethostname(), peer[0])).encode())
+conn.close()
+"""
+
+
+def test_two_hosts_reach_each_other_on_their_own_addresses(systemd_hosts):
+    """What a multi-node service needs: a rank on host B connects to the head's port on host A's
+    address, through this machine's forwarding, and A sees B's own address (no NAT)."""
+    a, b = systemd_hosts(2)
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
+    with connect(a) as ha, connect(b) as hb:
+        for h, info in ((ha, a), (hb, b)):
+            route = h.run(["ip", "-4", "route", "show", nspawn.HOSTS_NET]).stdout
+            assert f"via {info['_gateway']} dev eth0" in route, route
+        ha.put("/run/listener.py", _LISTENER.encode())
+        ha.run(Script(f"rm -f /run/listener.ready; nohup python3 /run/listener.py {a['address']} 29555 "
+                      ">/run/listener.log 2>&1 &")).check(ha.name)
+        wait_for(lambda: ha.run(["test", "-e", "/run/listener.ready"]).ok, budget=30)
+        r = hb.run(["python3", "-c", "import socket; c = socket.create_connection("
+                    f"({a['address']!r}, 29555), timeout=10); print(c.makefile().readline().strip())"],
+                   timeout=30)
+        assert r.stdout.split() == [a["_name"], b["address"]], (r.stdout, r.stderr,
+                                                                ha.run(["cat", "/run/listener.log"]).stdout)
+
+
 def test_shutdown_leaves_nothing_behind_and_boot_recovers_a_stale_network(tmp_path):
     if systemd_skip_reason():
         pytest.skip(systemd_skip_reason())
