@@ -114,6 +114,13 @@ def prepare_network(name: str, index: int) -> dict:
     return result
 
 
+def release_network(name: str, index: int) -> None:
+    """Remove what prepare_network made (for a namespace used without a container), and undo the
+    forwarding when it was the last test host."""
+    _cleanup_network(netns_name(name), _veth(index))
+    release_forwarding()
+
+
 def _route_hosts(ns: str, gateway: str) -> None:
     """The other test hosts are reached through this machine (idempotent)."""
     _ip("-n", ns, "route", "replace", HOSTS_NET, "via", gateway, "dev", "eth0")
