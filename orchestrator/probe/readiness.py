@@ -14,7 +14,7 @@ it too - that is what an NCCL hang looks like. Time is a parameter: tests pass s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.config.manifest import Manifest
@@ -62,10 +62,43 @@ def failure_fields(err: Exception | None) -> dict:
     return fields
 
 
+@dataclass
+class _Node:
+    """Another node of a multi-node service, followed during the wait: its log and its unit."""
+
+    name: str
+    service: Service
+    cursor: str
+    seen: list[str] = field(default_factory=list)
+    fresh: int = 0                      # lines read in the last poll
+
+    def failure(self, elapsed: float) -> tuple[str, str, str | None, str | None] | None:
+        """(kind, message, root-cause line, hint) when the node's new log lines hold a fatal line or
+        its unit has stopped; None while it runs."""
+        lines, self.cursor = self.service.read_log(self.cursor)
+        self.seen.extend(lines)
+        self.fresh = len(lines)
+        for line in lines:
+            sig = logsig.fatal_in(line)
+            if sig and sig.key != "engine-core-failed":
+                return ("fatal-log", f"node {self.name}: fatal log line after {elapsed:.1f}s: {sig.meaning}",
+                        logsig.clean(line), sig.fix)
+        if not self.service.state().active:
+            cause, root = logsig.root_cause(self.seen)
+            return ("crash", f"node {self.name}: its vLLM exited after {elapsed:.1f}s (its rank is gone, so the "
+                             f"service cannot serve)", root, cause.fix if cause else None)
+        return None
+
+
 def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                on_event: Callable[[str, str], None] = lambda kind, text: None,
                budget_s: float | None = None, no_progress_s: float | None = None,
-               poll_s: float = 0.5, api_key: Secret | str | None = None) -> Ready:
+               poll_s: float = 0.5, api_key: Secret | str | None = None,
+               nodes: Sequence[tuple[str, Service]] = (), node_cursors: Mapping[str, str] | None = None) -> Ready:
+    """`nodes`: a multi-node service's other nodes (name, their Service), whose logs (from
+    node_cursors, else from now) and units are read every poll too: a fatal line or a stopped unit
+    on one fails the wait naming it, before the head's own state is judged (the head dies of a lost
+    rank, the rank is the cause). Of several failing in one poll, a fatal line beats an exit."""
     budget = float(budget_s if budget_s is not None else m.startup.budget_seconds)
     quiet_limit = float(no_progress_s if no_progress_s is not None else m.startup.no_progress_seconds)
     start = time.monotonic()
@@ -84,11 +117,17 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                        last_lines=[logsig.clean(l) for l in seen[-12:]], gates=list(passed),
                        hint=hint or (sig.fix if sig else None))
 
+    others = [_Node(name, svc, (node_cursors or {}).get(name) or svc.log_cursor()) for name, svc in nodes]
+
+    def fail_node(node: _Node, kind: str, message: str, root: str | None, hint: str | None) -> None:
+        raise NotReady(message, kind=kind, root_cause=root, host=node.name,
+                       last_lines=[logsig.clean(l) for l in node.seen[-12:]], gates=list(passed), hint=hint)
+
     cursor_box = [cursor]
     smoke_result: probes.SmokeResult | None = None
-    connects = host.connects
+    connects = [h.connects for h in [host, *(n.service.host for n in others)]]
     while True:
-        if host.connects != connects:
+        if [h.connects for h in [host, *(n.service.host for n in others)]] != connects:
             # A command that was cut raises ConnectError itself; one that ran after a cut between
             # polls reconnected without a word. Either way the deploy lock's connection is gone:
             # end the wait the same way, so the run re-proves its lock and rolls back.
@@ -107,10 +146,17 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                     phases.append((phase, elapsed))
                     on_event("phase", f"{phase} (at {elapsed:.1f}s)")
                 on_event("log", logsig.clean(line))
-                sig = logsig.fatal_in(line)
-                if sig and sig.key != "engine-core-failed":
-                    fail("fatal-log", f"fatal log line after {elapsed:.1f}s: {sig.meaning}",
-                         root=logsig.clean(line), hint=sig.fix)
+        failed = [(node, found) for node in others if (found := node.failure(elapsed)) is not None]
+        if any(node.fresh for node in others):
+            last_line_at = now                  # a node's progress (joining, loading) is progress too
+        if failed:
+            node, (kind, message, root, hint) = min(failed, key=lambda f: f[1][0] != "fatal-log")
+            fail_node(node, kind, message, root, hint)
+        for line in lines:
+            sig = logsig.fatal_in(line)
+            if sig and sig.key != "engine-core-failed":
+                fail("fatal-log", f"fatal log line after {elapsed:.1f}s: {sig.meaning}",
+                     root=logsig.clean(line), hint=sig.fix)
         state = service.state()
         if not state.active:
             fail("crash", f"the service exited after {elapsed:.1f}s" +
