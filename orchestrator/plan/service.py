@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import NodeRole
 from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.host.base import Command, Script
@@ -405,13 +406,12 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
             "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,
             "hardware": inp.target.effective.hardware if inp.target.effective else None,
-            "perf": env.record.perf.get(m.name), **node_fields(r)}
+            "perf": env.record.perf.get(m.name), **node_fields(r.role)}
 
 
-def node_fields(r: Rendered) -> dict:
-    """A multi-node service's record on each node: every node (head first), this one's rank, the
-    head. Nothing for one host (a record without "nodes" is single-node)."""
-    role = r.role
+def node_fields(role: NodeRole | None) -> dict:
+    """A multi-node service's record (and history record) on each node: every node (head first),
+    this one's rank, the head. Nothing for one host (a record without "nodes" is single-node)."""
     return {} if role is None else {"nodes": list(role.nodes), "rank": role.rank, "head": role.nodes[0]}
 
 

@@ -81,12 +81,12 @@ class _Node:
         for line in lines:
             sig = logsig.fatal_in(line)
             if sig and sig.key != "engine-core-failed":
-                return ("fatal-log", f"node {self.name}: fatal log line after {elapsed:.1f}s: {sig.meaning}",
+                return ("fatal-log", f"fatal log line on node {self.name} after {elapsed:.1f}s: {sig.meaning}",
                         logsig.clean(line), sig.fix)
         if not self.service.state().active:
             cause, root = logsig.root_cause(self.seen)
-            return ("crash", f"node {self.name}: its vLLM exited after {elapsed:.1f}s (its rank is gone, so the "
-                             f"service cannot serve)", root, cause.fix if cause else None)
+            return ("crash", f"vLLM on node {self.name} exited after {elapsed:.1f}s (a rank of the service is gone: "
+                             f"it cannot serve)", root, cause.fix if cause else None)
         return None
 
 

@@ -89,8 +89,8 @@ def test_the_workers_unit_has_the_headless_argv_and_the_record_names_every_node(
     assert worker.argv[worker.argv.index("--master-addr") + 1] == "10.0.0.1"
     from orchestrator.plan.service import node_fields
 
-    assert node_fields(worker) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1"}
-    assert node_fields(render(MODELS["kimi-k25-int4"], HEAD, {})) == {}     # one host: no node fields
+    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1"}
+    assert node_fields(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
 
 
 def test_a_running_unchanged_service_on_every_node_is_all_noops():
