@@ -146,11 +146,13 @@ def _mask_env(text: str, shown_keys: set[str]) -> str:
 def installed_record(r: Rendered, placed: dict | None = None) -> dict:
     """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
     `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
-    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is."""
+    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is.
+    A node of a multi-node service: its nodes and rank too (stop finds every node from any one,
+    even after a deploy that failed before its record step)."""
     return {"model": r.manifest.model_name, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
             "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
-            **({"placed": placed} if placed else {})}
+            **({"placed": placed} if placed else {}), **node_fields(r.role)}
 
 
 def command_line_placement(svc: ServiceInput) -> dict:
