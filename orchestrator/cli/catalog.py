@@ -56,7 +56,8 @@ def models(app, as_json):
     good, bad = load_all(folder)
     rows: list[dict[str, Any]] = [
         {"name": m.name, "repo": m.source.repo, "revision": m.source.revision,
-         "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,
+         "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,       # per node
+         "nodes": m.multinode.nodes if m.multinode else 1,
          "parallelism": parallelism(m.vllm), "port": m.serving.port,
          "served_model_name": m.served_name, "description": m.description}
         for m in good.values()]
@@ -70,7 +71,8 @@ def models(app, as_json):
         for col in ("name", "repo", "size", "GPUs", "layout", "port"):
             table.add_column(col, no_wrap=True)
         for r in rows:
-            table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]), str(r["gpus"]),
+            table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]),
+                          f"{r['nodes']}x{r['gpus']}" if r["nodes"] > 1 else str(r["gpus"]),
                           r["parallelism"], str(r["port"]))
         out = console()
         out.print(table)
