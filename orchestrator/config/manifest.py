@@ -587,8 +587,10 @@ class Requirements(Strict):
 
 
 # Environment a multi-node service's env file gets per node (render/artifacts.py): from the
-# inventory's cluster settings of that host, never from the manifest (they differ per node).
-NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# inventory's cluster settings of that host, never from the manifest (it differs per node). The
+# NCCL/Gloo interface names may be set for every node (all hosts name the NIC alike) or per host
+# (hosts.NAME.cluster.interface); render refuses the two disagreeing.
+NODE_ENV = ("VLLM_HOST_IP",)
 
 
 class MultiNode(Strict):
@@ -750,7 +752,7 @@ class Manifest(Strict):
         for (where, env), name in ((e, n) for e in envs for n in NODE_ENV):
             if name in env:
                 raise at(f"{where}.{name}", f"{name} differs per node: it is written from the inventory "
-                                        "(hosts.NAME.cluster.address / cluster.interface) into each node's env file")
+                                            "(hosts.NAME.cluster.address) into each node's env file")
 
     @property
     def served_name(self) -> str:
@@ -837,6 +839,9 @@ def _did_you_mean(root: type[BaseModel], loc: list[Any]) -> str:
     while i < len(parts):
         field = model.model_fields.get(str(parts[i])) if isinstance(parts[i], str) else None
         ann = getattr(field, "annotation", None) if field else None
+        optional = [a for a in typing.get_args(ann) if a is not type(None)] if ann is not None else []
+        if len(optional) == 1 and isinstance(optional[0], type) and issubclass(optional[0], BaseModel):
+            ann = optional[0]                   # `MultiNode | None`: the section's own fields
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             model, i = ann, i + 1
             continue

@@ -357,11 +357,12 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
     out = [("VLLM_HOST_IP", address)]
     if host.cluster_interface:
         out += [("NCCL_SOCKET_IFNAME", host.cluster_interface), ("GLOO_SOCKET_IFNAME", host.cluster_interface)]
-    for key, value in out:
+    for key, value in out[1:]:
         if key in m.env and m.env[key] != value:
-            raise ConfigError(f"{host.where('service_env', key)}: {key} is written per node from "
-                              f"hosts.{host.name}.cluster ({value}); remove it from the service environment")
-    return [(k, env_value(v)) for k, v in out]
+            raise ConfigError(f"{host.where('cluster', 'interface')}: {host.name}'s interface is {value} but the "
+                              f"service environment (the manifest's env or the host's service_env) sets "
+                              f"{key}={m.env[key]}: keep one of them")
+    return [(k, env_value(v)) for k, v in out if m.env.get(k) != v]
 
 
 def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = None,
