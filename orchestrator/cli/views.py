@@ -14,7 +14,7 @@ from orchestrator.host.ownership import gpu_list
 from orchestrator.ops.status import HostStatus, ServiceStatus
 
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
-               "stopped": "dim", "unreachable": "bold red"}
+               "stopped": "dim", "unreachable": "bold red", "running": "green", "unknown": "yellow"}
 
 # The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).
 BENCH_FIGURES = {"single_stream_tok_s": "single stream", "peak_output_tok_s": "peak"}
@@ -146,7 +146,7 @@ def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
 def render_host_details(console, r: HostStatus) -> None:
     """The per-host lines under the table: why this state, GPUs, processes, models, bench."""
     head = f"[bold]{escape(r.host)}[/]{f' ({escape(r.label)})' if r.label else ''}: " \
-           f"{escape(r.active_model or 'no active model')} " \
+           f"{escape(r.active_model or node_label(r) or 'no active model')} " \
            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/] - {escape(r.state_reason)}"
     if r.port:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
