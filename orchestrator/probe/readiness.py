@@ -208,6 +208,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             if not others or not worst.consequence:
                 report(worst)
             held = held or (now, worst)
+        if held is not None:                    # waiting for the cause of what a node said
             if now - held[0] >= CONSEQUENCE_GRACE_S:
                 report(held[1])
             time.sleep(poll_s)
