@@ -31,8 +31,10 @@ TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 
-# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret.
-ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE")
+# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
+# three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
+ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
+            "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
