@@ -176,7 +176,7 @@ def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, s
     if role.head:
         out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
     else:
-        out += [("--address", "(head cluster address)"), (f"{role.head_address}:{port}", "multinode.ray_port")]
+        out += [("--address", "(head ray address)"), (f"{role.head_address}:{port}", "(head ray address)")]
     address = host.cluster_address or role.head_address
     out += [("--node-ip-address", "host.cluster.address"), (address, "host.cluster.address"),
             ("--disable-usage-stats", "(always)"), ("--block", "(always)")]
