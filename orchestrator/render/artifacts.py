@@ -177,8 +177,7 @@ def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, s
         out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
     else:
         out += [("--address", "(head ray address)"), (f"{role.head_address}:{port}", "(head ray address)")]
-    address = host.cluster_address or role.head_address
-    out += [("--node-ip-address", "host.cluster.address"), (address, "host.cluster.address"),
+    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address"),
             ("--disable-usage-stats", "(always)"), ("--block", "(always)")]
     return out
 
@@ -352,11 +351,7 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
     GLOO_SOCKET_IFNAME."""
     if role is None:
         return []
-    address = host.cluster_address
-    if address is None:
-        raise ConfigError(f"{host.where('address')}: {host.address!r} is not an IP address, and the other "
-                          f"nodes of {m.name} must reach {host.name} at one: set hosts.{host.name}.cluster.address")
-    out = [("VLLM_HOST_IP", address)]
+    out = [("VLLM_HOST_IP", host.node_address(m.name))]
     if host.cluster_interface:
         out += [("NCCL_SOCKET_IFNAME", host.cluster_interface), ("GLOO_SOCKET_IFNAME", host.cluster_interface)]
     for key, value in out[1:]:
