@@ -388,6 +388,14 @@ class HostEntry(Strict):
             return self.cluster.address
         return self.address if ip_literal(self.address) else None
 
+    def node_address(self, service: str) -> str:
+        """cluster_address, or a ConfigError (exit 2, at this host's `address`) when the host is a
+        node of the multi-node `service` and the other nodes have no IP to reach it at."""
+        if self.cluster_address is None:
+            raise ConfigError(f"{self.where('address')}: {self.address!r} is not an IP address, and the other "
+                              f"nodes of {service} must reach {self.name} at one: set hosts.{self.name}.cluster.address")
+        return self.cluster_address
+
     @property
     def cluster_interface(self) -> str | None:
         return self.cluster.interface if self.cluster is not None else None

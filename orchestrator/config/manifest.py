@@ -745,6 +745,10 @@ class Manifest(Strict):
         if v.data_parallel_size > 1 and mn.backend == "ray":
             raise at("multinode.backend", "data parallel across nodes runs on vLLM's own runtime: use "
                                           "backend mp (the ray backend spans tensor/pipeline parallel only)")
+        if mn.join_timeout_seconds >= self.startup.budget_seconds:
+            raise at("multinode.join_timeout_seconds",
+                     f"join_timeout_seconds {mn.join_timeout_seconds} must be shorter than startup.budget_seconds "
+                     f"{self.startup.budget_seconds}: the nodes join during the start-up, and the load comes after")
         for name, port in mn.ports.items():
             if port == s.port:
                 raise at(f"multinode.{name}", f"{name} {port} is also serving.port, the head's HTTP port")

@@ -122,11 +122,5 @@ def node_roles(m: Manifest, entries: Sequence[HostEntry]) -> list[NodeRole]:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"{m.name}: host {twice[0]} is given twice: every node is its own host")
-    for e in entries:
-        if e.cluster_address is None:
-            where = e.where("address")
-            raise ConfigError(f"{where}: {e.address!r} is not an IP address, and the other nodes of "
-                              f"{m.name} must reach {e.name} at one: set hosts.{e.name}.cluster.address")
-    head = entries[0].cluster_address
-    assert head is not None
+    head = [e.node_address(m.name) for e in entries][0]
     return [NodeRole(rank, tuple(names), head) for rank in range(len(names))]

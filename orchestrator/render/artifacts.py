@@ -31,8 +31,10 @@ TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 
-# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret.
-ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE")
+# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
+# three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
+ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
+            "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
@@ -174,9 +176,8 @@ def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, s
     if role.head:
         out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
     else:
-        out += [("--address", "(head cluster address)"), (f"{role.head_address}:{port}", "multinode.ray_port")]
-    address = host.cluster_address or role.head_address
-    out += [("--node-ip-address", "host.cluster.address"), (address, "host.cluster.address"),
+        out += [("--address", "(head ray address)"), (f"{role.head_address}:{port}", "(head ray address)")]
+    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address"),
             ("--disable-usage-stats", "(always)"), ("--block", "(always)")]
     return out
 
@@ -350,11 +351,7 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
     GLOO_SOCKET_IFNAME."""
     if role is None:
         return []
-    address = host.cluster_address
-    if address is None:
-        raise ConfigError(f"{host.where('address')}: {host.address!r} is not an IP address, and the other "
-                          f"nodes of {m.name} must reach {host.name} at one: set hosts.{host.name}.cluster.address")
-    out = [("VLLM_HOST_IP", address)]
+    out = [("VLLM_HOST_IP", host.node_address(m.name))]
     if host.cluster_interface:
         out += [("NCCL_SOCKET_IFNAME", host.cluster_interface), ("GLOO_SOCKET_IFNAME", host.cluster_interface)]
     for key, value in out[1:]:

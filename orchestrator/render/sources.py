@@ -9,6 +9,7 @@ from orchestrator.render.artifacts import Rendered, node_env
 # Where a multi-node service's per-node tokens come from (render/artifacts.py's provenance names).
 NODE_ORIGINS = {"(node rank)": "this node's rank (its place in --host, the head first)",
                 "(head cluster address)": "the head's cluster address (hosts.yaml cluster.address, or its address)",
+                "(head ray address)": "the head's cluster address, manifest multinode.ray_port",
                 "host.cluster.address": "this host's cluster address (hosts.yaml cluster.address, or its address)"}
 
 

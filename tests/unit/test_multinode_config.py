@@ -93,6 +93,9 @@ vllm:
     (BASE + "multinode:\n  nodes: 2\n  master_prot: 29501\n",
      "m.yaml:8: multinode.master_prot: unknown field - did you mean 'master_port'?"),
     (BASE + "multinode:\n  nodes: true\n", "m.yaml:7: multinode.nodes: expected a number, got true"),
+    (BASE + "multinode:\n  nodes: 2\n  join_timeout_seconds: 900\nstartup: {budget_seconds: 600}\n",
+     "m.yaml:8: multinode.join_timeout_seconds: join_timeout_seconds 900 must be shorter than "
+     "startup.budget_seconds 600: the nodes join during the start-up, and the load comes after"),
     (BASE + "multinode:\n  nodes: 2\nenv:\n  VLLM_HOST_IP: 10.0.0.1\n",
      "m.yaml:9: env.VLLM_HOST_IP: VLLM_HOST_IP differs per node: it is written from the inventory "
      "(hosts.NAME.cluster.address) into each node's env file"),
