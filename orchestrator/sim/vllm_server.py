@@ -33,6 +33,14 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
 - torch.compile cache: under VLLM_CACHE_ROOT (else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm) per
   configuration; a start that finds it logs vLLM's "Directly load the compiled graph(s) ... from
   the cache" and compiles in a fifth of the time.
+- multi-node (see MULTINODE_LINES for every line and its source): TP/PP across nodes
+  (--nnodes/--node-rank/--master-addr/--master-port, --headless on ranks > 0): the head's rank 0
+  listens on --master-port like torch's TCPStore, headless ranks connect with retries up to the
+  process group timeout (--distributed-timeout-seconds, else VLLM_SIM_JOIN_TIMEOUT_S, else 600 s),
+  the head loads only when all joined and serves only when every node loaded; DP across nodes
+  (--data-parallel-size-local/-start-rank/-address/-rpc-port, --headless): remote engine cores
+  handshake with the head's front end. A node that goes away takes the others down with torch's
+  / gloo's lines. Headless nodes never serve HTTP.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS); an entry with `times: N`
   fires at N starts (a failure that comes back at every restart). Each fault that takes effect is
   logged to `<hostdir>/logs/faults-fired.jsonl` (what, PID, when) for tests and benchmarks.
@@ -2596,6 +2604,7 @@ class Headless:
         self.launch, self.cfg = launch, cfg
         self.dp_mode = cfg["dp"] > 1          # else TP/PP across nodes
         self.stop = asyncio.Event()
+        self.running = False          # joined and loaded: the node now only watches
 
     def spawn(self) -> list:
         launch, cfg = self.launch, self.cfg
@@ -2641,6 +2650,8 @@ class Headless:
     async def run(self) -> int:
         cfg, launch = self.cfg, self.launch
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):     # run_headless catches both from the start
+            loop.add_signal_handler(sig, self.on_term)
         if self.dp_mode:
             where = f"tcp://{cfg['dp_address']}:{cfg['dp_rpc_port']}"
             log_bare("INFO", "serve.py:239", f"Launching {cfg['engines_local']} data parallel engine(s) in "
@@ -2697,8 +2708,7 @@ class Headless:
             link.close()
             return self.start_failed(w0, *failure)
         link.send({"loaded": True, "ready": True})
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
+        self.running = True
         stop = asyncio.ensure_future(self.stop.wait())
         dead = asyncio.ensure_future(self.watch_workers())
         done, _ = await asyncio.wait({head_gone, stop, dead}, return_when=asyncio.FIRST_COMPLETED)
@@ -2725,6 +2735,14 @@ class Headless:
         if self.dp_mode:
             log_bare("INFO", "serve.py:266", "Shutting down.")
         return 0
+
+    def on_term(self) -> None:
+        """SIGTERM / SIGINT: SystemExit in run_headless; the executor stops its workers (exit 0)."""
+        if self.running:
+            self.stop.set()
+            return
+        self.launch.stop_holders()
+        os._exit(0)
 
     def engine_config_lines(self) -> None:
         cfg = self.cfg

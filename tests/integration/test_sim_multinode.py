@@ -19,7 +19,7 @@ from orchestrator.host.local import LocalHost
 from orchestrator.probe import logsig
 from orchestrator.sim import manager
 from tests.integration import vllm_contract
-from tests.plugins.sim_hosts import TEST_SPEED, SimHost, SimServer, free_port, make_model
+from tests.plugins.sim_hosts import TEST_SPEED, SimHost, SimServer, free_port, make_model, wait_until
 
 MODEL_ARGV = ["--served-model-name", "kimi-k25", "--trust-remote-code", "--kv-cache-dtype", "fp8",
               "--max-model-len", "65536", "--gpu-memory-utilization", "0.93"]
@@ -237,3 +237,19 @@ def test_the_multinode_lines_are_vllms_and_torchs_own(vllm_parser_python, tmp_pa
     (or in torch's C++ library, for torch's messages) as installed in the real parser venv."""
     problems = vllm_contract.multinode_source_problems(vllm_parser_python)
     assert problems == []
+
+
+def test_a_headless_rank_stopped_while_it_waits_for_the_head_exits_and_frees_its_gpus(nodes):
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, free_port())) as w1:
+        w1.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
+        wait_until(lambda: len(titles(nodes[1])) == 8, 30, "eight workers registered")
+        w1.proc.send_signal(signal.SIGTERM)
+        assert w1.wait_exit(30) == 0
+        assert titles(nodes[1]) == []
+
+
+def test_the_multinode_faults_are_listed_with_their_help():
+    catalog = manager.fault_catalog()
+    assert "cannot reach the head" in catalog["unreachable-head"]
+    assert "crashes while loading" in catalog["rank-crash-loading"]
+    assert "another revision" in catalog["wrong-revision"]
