@@ -1883,6 +1883,7 @@ class Launch:
                         "packages. Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
             if self.fault in LOAD_FAULTS and i > steps // 3:
                 frames, exc = LOAD_FAULTS[self.fault]
+                fault_fired(self.fault, phase="crashed")
                 self.worker_crash(w0, ec, multi, frames, exc)
             if self.fault == "hang" and i > steps // 3:
                 while True:
@@ -2057,6 +2058,7 @@ class Launch:
         self.engine_failed(ec)
 
     def engine_failed(self, ec) -> None:
+        self.close_links()           # the failed ranks' connections to other nodes die with them
         self.stop_holders()
         log_raw(self.api, traceback_text(
             [("vllm/entrypoints/cli/serve.py", 142, "cmd", "uvloop.run(run_server(args))"),
@@ -2064,6 +2066,11 @@ class Launch:
             "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
             "proc(s): {'EngineCore_DP0': 1}"))
         raise StartupFailed(None)
+
+    def close_links(self) -> None:
+        for listener in (self.mesh, self.handshake):
+            if listener is not None:
+                listener.close()
 
     def stop_holders(self) -> None:
         self.tearing_down = True
@@ -2511,6 +2518,14 @@ class PeerLink:
             pass
 
     def close(self) -> None:
+        """Now, not at the event loop's next turn: the caller may block next (stopping workers),
+        while a dying rank's peers see its connection drop at once."""
+        sock = self.writer.get_extra_info("socket")
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.writer.close()
         except (OSError, RuntimeError):
@@ -2605,6 +2620,7 @@ class Headless:
         self.dp_mode = cfg["dp"] > 1          # else TP/PP across nodes
         self.stop = asyncio.Event()
         self.running = False          # joined and loaded: the node now only watches
+        self.link: PeerLink | None = None
 
     def spawn(self) -> list:
         launch, cfg = self.launch, self.cfg
@@ -2624,6 +2640,8 @@ class Headless:
     def start_failed(self, w0, frames: list, exc: str) -> int:
         """A worker fails before it is ready: its traceback, then the executor's, which ends
         `vllm serve` (exit 1)."""
+        if self.link is not None:      # the failed ranks' connections die with them
+            self.link.close()
         if self.dp_mode:
             ec = self.launch.engine_logs[0]
             log(ec, "ERROR", "core.py:1584", "EngineCore failed to start.")
@@ -2683,7 +2701,7 @@ class Headless:
             return self.start_failed(w0, _TORCH_RDZV, (
                 f"torch.distributed.DistNetworkError: The client socket has timed out after "
                 f"{int(timeout * 1000)}ms while trying to connect to ({addr}, {port})."))
-        link = PeerLink(reader, writer, {})
+        self.link = link = PeerLink(reader, writer, {})
         link.send({"hello": cfg["dp_start"] if self.dp_mode else cfg["node_rank"],
                    "clients": len(workers)})
         if not self.dp_mode:
@@ -2769,6 +2787,7 @@ class Headless:
         for i in range(load.count):
             await load.shard(i)
             if launch.fault in LOAD_FAULTS and i + 1 > load.count // 3:
+                fault_fired(launch.fault, phase="crashed")
                 return LOAD_FAULTS[launch.fault]
         n_gpu_shards = cfg["tp"] * cfg["pp"] * (cfg["dp"] if cfg["ep"] else 1)
         w_gib = cfg["size"] / n_gpu_shards / GiB
