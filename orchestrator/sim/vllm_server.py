@@ -1800,13 +1800,8 @@ class Launch:
             await self.rendezvous(cfg, workers)
         elif cfg["dp_remote"]:                                    # DP engines on other nodes
             await self.open_handshake(cfg)
-        for local, w in enumerate(workers):
-            i = cfg["rank0"] + local
-            if multi:
-                log(w, "INFO", "parallel_state.py:1411",
-                    f"rank {i} in world size {cfg['world']} is assigned as DP rank "
-                    f"{i // (cfg['tp'] * cfg['pp'])}, PP rank {i % (cfg['tp'] * cfg['pp']) // cfg['tp']}, "
-                    f"TP rank {i % cfg['tp']}, EP rank {i if cfg['ep'] else 'N/A'}")
+        if multi:
+            log_rank_lines(cfg, workers)
         if multi:
             log(w0, "INFO", "pynccl.py:148", "vLLM is using nccl==2.28.9")
         await asyncio.sleep(0.05)
@@ -2285,6 +2280,10 @@ MULTINODE_LINES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "world size": (
         "every worker before its groups exist (prefix 'Worker')", "vllm/distributed/parallel_state.py:1929",
         ("world_size=", " rank=", " local_rank=", " distributed_init_method=", " backend=")),
+    "rank assignment": (
+        "every worker once its groups exist", "vllm/distributed/parallel_state.py:2385",
+        ("rank %s in world size %s is assigned as ", "DP rank %s, PP rank %s, PCP rank %s, ",
+         "TP rank %s, ETP rank %s, EP rank %s, EPLB rank %s")),
     "waiting (debug)": (
         "the head's API server while engines are missing, VLLM_LOGGING_LEVEL=DEBUG only",
         "vllm/v1/engine/utils.py:1443", ("Waiting for ", " local, ", " remote core engine proc(s) to ")),
@@ -2467,6 +2466,20 @@ def log_world_lines(cfg: dict, holders: list) -> None:
         log(("Worker", p.pid), "INFO", "parallel_state.py:1929",
             f"world_size={cfg['world']} rank={cfg['rank0'] + local} local_rank={local} "
             f"distributed_init_method={init} backend=nccl")
+
+
+def log_rank_lines(cfg: dict, workers: list) -> None:
+    """Each worker's groups once initialized (parallel_state.py initialize_model_parallel): ranks
+    are global; expert TP is the TP group without expert parallel and a single rank with it."""
+    per_dp = cfg["tp"] * cfg["pp"]
+    for local, w in enumerate(workers):
+        i = cfg["rank0"] + local
+        tp_rank = i % cfg["tp"]
+        log(w, "INFO", "parallel_state.py:2385",
+            f"rank {i} in world size {cfg['world']} is assigned as DP rank {i // per_dp}, PP rank "
+            f"{i % per_dp // cfg['tp']}, PCP rank 0, TP rank {tp_rank}, ETP rank "
+            f"{0 if cfg['ep'] else tp_rank}, EP rank {i % (per_dp * cfg['dp']) if cfg['ep'] else 'N/A'}, "
+            "EPLB rank N/A")
 
 
 def c10d_warning(where: str, msg: str) -> None:
@@ -2709,12 +2722,7 @@ class Headless:
             if not go:
                 return self.start_failed(w0, _TORCH_RDZV, RECV_CLOSED)
         head_gone = asyncio.ensure_future(reader.read())      # EOF: the head is gone
-        for local, w in enumerate(workers):
-            i = cfg["rank0"] + local
-            log(w, "INFO", "parallel_state.py:1411",
-                f"rank {i} in world size {cfg['world']} is assigned as DP rank "
-                f"{i // (cfg['tp'] * cfg['pp'])}, PP rank {i % (cfg['tp'] * cfg['pp']) // cfg['tp']}, "
-                f"TP rank {i % cfg['tp']}, EP rank {i if cfg['ep'] else 'N/A'}")
+        log_rank_lines(cfg, workers)
         loading = asyncio.ensure_future(self.load(w0))
         done, _ = await asyncio.wait({loading, head_gone}, return_when=asyncio.FIRST_COMPLETED)
         if loading not in done:

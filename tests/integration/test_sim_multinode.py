@@ -112,6 +112,9 @@ def test_tp_pp_across_three_nodes_joins_then_the_head_serves(nodes):
                                  r"torch\.distributed process group\.$", log, re.M), log[:2000]
                 assert re.search(rf"^\(Worker pid=\d+\) INFO .* world_size=24 rank={rank0} local_rank=0 "
                                  rf"distributed_init_method=tcp://127\.0\.0\.1:{port} backend=nccl$", log, re.M)
+                assert re.search(rf"^\(Worker_PP{rank0 // 8}_TP0 pid=\d+\) INFO .*\] rank {rank0} in world size 24 is "
+                                 rf"assigned as DP rank 0, PP rank {rank0 // 8}, PCP rank 0, TP rank 0, ETP rank 0, "
+                                 r"EP rank N/A, EPLB rank N/A$", log, re.M)
                 assert "Loading weights took" in log
                 assert "Starting vLLM server" not in log        # headless ranks never serve HTTP
                 assert w.proc.poll() is None
@@ -130,7 +133,7 @@ def test_tp_pp_across_three_nodes_joins_then_the_head_serves(nodes):
 
 def test_the_head_waits_for_a_missing_rank_then_times_out_naming_the_count(nodes):
     port = free_port()
-    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "4", "VLLM_LOGGING_LEVEL": "DEBUG"}
+    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "4"}
     with SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port), env=env) as head:
         head.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
         time.sleep(1.0)
