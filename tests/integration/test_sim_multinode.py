@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -133,15 +132,18 @@ def test_tp_pp_across_three_nodes_joins_then_the_head_serves(nodes):
 
 def test_the_head_waits_for_a_missing_rank_then_times_out_naming_the_count(nodes):
     port = free_port()
-    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "4"}
+    # at DEBUG the API server says what it waits for, every 10 s (STARTUP_POLL_PERIOD_MS)
+    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "14", "VLLM_LOGGING_LEVEL": "DEBUG"}
     with SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port), env=env) as head:
         head.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
-        time.sleep(1.0)
+        head.wait_for("core engine proc(s) to start.", timeout=30)
+        assert re.search(r"^\(APIServer pid=\d+\) DEBUG .*\[utils\.py:1448\] Waiting for 1 local, 0 remote core "
+                         r"engine proc\(s\) to start\.$", head.log, re.M)
         assert head.proc.poll() is None and refused(head.port)
         assert "Starting to load model" not in head.log       # loads only when all have joined
         assert head.wait_exit(60) == 1
         log = head.log
-        assert "torch.distributed.DistStoreError: Timed out after 5 seconds waiting for clients. " \
+        assert "torch.distributed.DistStoreError: Timed out after 15 seconds waiting for clients. " \
                "8/16 clients joined." in log
         assert "Engine core initialization failed" in log
         sig, line = fatal(log)
