@@ -33,6 +33,14 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
 - torch.compile cache: under VLLM_CACHE_ROOT (else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm) per
   configuration; a start that finds it logs vLLM's "Directly load the compiled graph(s) ... from
   the cache" and compiles in a fifth of the time.
+- multi-node (see MULTINODE_LINES for every line and its source): TP/PP across nodes
+  (--nnodes/--node-rank/--master-addr/--master-port, --headless on ranks > 0): the head's rank 0
+  listens on --master-port like torch's TCPStore, headless ranks connect with retries up to the
+  process group timeout (--distributed-timeout-seconds, else VLLM_SIM_JOIN_TIMEOUT_S, else 600 s),
+  the head loads only when all joined and serves only when every node loaded; DP across nodes
+  (--data-parallel-size-local/-start-rank/-address/-rpc-port, --headless): remote engine cores
+  handshake with the head's front end. A node that goes away takes the others down with torch's
+  / gloo's lines. Headless nodes never serve HTTP.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS); an entry with `times: N`
   fires at N starts (a failure that comes back at every restart). Each fault that takes effect is
   logged to `<hostdir>/logs/faults-fired.jsonl` (what, PID, when) for tests and benchmarks.
@@ -1792,13 +1800,8 @@ class Launch:
             await self.rendezvous(cfg, workers)
         elif cfg["dp_remote"]:                                    # DP engines on other nodes
             await self.open_handshake(cfg)
-        for local, w in enumerate(workers):
-            i = cfg["rank0"] + local
-            if multi:
-                log(w, "INFO", "parallel_state.py:1411",
-                    f"rank {i} in world size {cfg['world']} is assigned as DP rank "
-                    f"{i // (cfg['tp'] * cfg['pp'])}, PP rank {i % (cfg['tp'] * cfg['pp']) // cfg['tp']}, "
-                    f"TP rank {i % cfg['tp']}, EP rank {i if cfg['ep'] else 'N/A'}")
+        if multi:
+            log_rank_lines(cfg, workers)
         if multi:
             log(w0, "INFO", "pynccl.py:148", "vLLM is using nccl==2.28.9")
         await asyncio.sleep(0.05)
@@ -1875,6 +1878,7 @@ class Launch:
                         "packages. Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
             if self.fault in LOAD_FAULTS and i > steps // 3:
                 frames, exc = LOAD_FAULTS[self.fault]
+                fault_fired(self.fault, phase="crashed")
                 self.worker_crash(w0, ec, multi, frames, exc)
             if self.fault == "hang" and i > steps // 3:
                 while True:
@@ -2049,6 +2053,7 @@ class Launch:
         self.engine_failed(ec)
 
     def engine_failed(self, ec) -> None:
+        self.close_links()           # the failed ranks' connections to other nodes die with them
         self.stop_holders()
         log_raw(self.api, traceback_text(
             [("vllm/entrypoints/cli/serve.py", 142, "cmd", "uvloop.run(run_server(args))"),
@@ -2056,6 +2061,11 @@ class Launch:
             "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
             "proc(s): {'EngineCore_DP0': 1}"))
         raise StartupFailed(None)
+
+    def close_links(self) -> None:
+        for listener in (self.mesh, self.handshake):
+            if listener is not None:
+                listener.close()
 
     def stop_holders(self) -> None:
         self.tearing_down = True
@@ -2270,6 +2280,10 @@ MULTINODE_LINES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "world size": (
         "every worker before its groups exist (prefix 'Worker')", "vllm/distributed/parallel_state.py:1929",
         ("world_size=", " rank=", " local_rank=", " distributed_init_method=", " backend=")),
+    "rank assignment": (
+        "every worker once its groups exist", "vllm/distributed/parallel_state.py:2385",
+        ("rank %s in world size %s is assigned as ", "DP rank %s, PP rank %s, PCP rank %s, ",
+         "TP rank %s, ETP rank %s, EP rank %s, EPLB rank %s")),
     "waiting (debug)": (
         "the head's API server while engines are missing, VLLM_LOGGING_LEVEL=DEBUG only",
         "vllm/v1/engine/utils.py:1443", ("Waiting for ", " local, ", " remote core engine proc(s) to ")),
@@ -2454,6 +2468,20 @@ def log_world_lines(cfg: dict, holders: list) -> None:
             f"distributed_init_method={init} backend=nccl")
 
 
+def log_rank_lines(cfg: dict, workers: list) -> None:
+    """Each worker's groups once initialized (parallel_state.py initialize_model_parallel): ranks
+    are global; expert TP is the TP group without expert parallel and a single rank with it."""
+    per_dp = cfg["tp"] * cfg["pp"]
+    for local, w in enumerate(workers):
+        i = cfg["rank0"] + local
+        tp_rank = i % cfg["tp"]
+        log(w, "INFO", "parallel_state.py:2385",
+            f"rank {i} in world size {cfg['world']} is assigned as DP rank {i // per_dp}, PP rank "
+            f"{i % per_dp // cfg['tp']}, PCP rank 0, TP rank {tp_rank}, ETP rank "
+            f"{0 if cfg['ep'] else tp_rank}, EP rank {i % (per_dp * cfg['dp']) if cfg['ep'] else 'N/A'}, "
+            "EPLB rank N/A")
+
+
 def c10d_warning(where: str, msg: str) -> None:
     """torch's C10D_WARNING on stderr: `[W1201 02:05:12.123456789 socket.cpp:767] [c10d] ...`."""
     t = time.time()
@@ -2503,6 +2531,14 @@ class PeerLink:
             pass
 
     def close(self) -> None:
+        """Now, not at the event loop's next turn: the caller may block next (stopping workers),
+        while a dying rank's peers see its connection drop at once."""
+        sock = self.writer.get_extra_info("socket")
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.writer.close()
         except (OSError, RuntimeError):
@@ -2596,6 +2632,8 @@ class Headless:
         self.launch, self.cfg = launch, cfg
         self.dp_mode = cfg["dp"] > 1          # else TP/PP across nodes
         self.stop = asyncio.Event()
+        self.running = False          # joined and loaded: the node now only watches
+        self.link: PeerLink | None = None
 
     def spawn(self) -> list:
         launch, cfg = self.launch, self.cfg
@@ -2615,6 +2653,8 @@ class Headless:
     def start_failed(self, w0, frames: list, exc: str) -> int:
         """A worker fails before it is ready: its traceback, then the executor's, which ends
         `vllm serve` (exit 1)."""
+        if self.link is not None:      # the failed ranks' connections die with them
+            self.link.close()
         if self.dp_mode:
             ec = self.launch.engine_logs[0]
             log(ec, "ERROR", "core.py:1584", "EngineCore failed to start.")
@@ -2641,6 +2681,8 @@ class Headless:
     async def run(self) -> int:
         cfg, launch = self.cfg, self.launch
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):     # run_headless catches both from the start
+            loop.add_signal_handler(sig, self.on_term)
         if self.dp_mode:
             where = f"tcp://{cfg['dp_address']}:{cfg['dp_rpc_port']}"
             log_bare("INFO", "serve.py:239", f"Launching {cfg['engines_local']} data parallel engine(s) in "
@@ -2672,7 +2714,7 @@ class Headless:
             return self.start_failed(w0, _TORCH_RDZV, (
                 f"torch.distributed.DistNetworkError: The client socket has timed out after "
                 f"{int(timeout * 1000)}ms while trying to connect to ({addr}, {port})."))
-        link = PeerLink(reader, writer, {})
+        self.link = link = PeerLink(reader, writer, {})
         link.send({"hello": cfg["dp_start"] if self.dp_mode else cfg["node_rank"],
                    "clients": len(workers)})
         if not self.dp_mode:
@@ -2680,12 +2722,7 @@ class Headless:
             if not go:
                 return self.start_failed(w0, _TORCH_RDZV, RECV_CLOSED)
         head_gone = asyncio.ensure_future(reader.read())      # EOF: the head is gone
-        for local, w in enumerate(workers):
-            i = cfg["rank0"] + local
-            log(w, "INFO", "parallel_state.py:1411",
-                f"rank {i} in world size {cfg['world']} is assigned as DP rank "
-                f"{i // (cfg['tp'] * cfg['pp'])}, PP rank {i % (cfg['tp'] * cfg['pp']) // cfg['tp']}, "
-                f"TP rank {i % cfg['tp']}, EP rank {i if cfg['ep'] else 'N/A'}")
+        log_rank_lines(cfg, workers)
         loading = asyncio.ensure_future(self.load(w0))
         done, _ = await asyncio.wait({loading, head_gone}, return_when=asyncio.FIRST_COMPLETED)
         if loading not in done:
@@ -2697,8 +2734,7 @@ class Headless:
             link.close()
             return self.start_failed(w0, *failure)
         link.send({"loaded": True, "ready": True})
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
+        self.running = True
         stop = asyncio.ensure_future(self.stop.wait())
         dead = asyncio.ensure_future(self.watch_workers())
         done, _ = await asyncio.wait({head_gone, stop, dead}, return_when=asyncio.FIRST_COMPLETED)
@@ -2726,6 +2762,14 @@ class Headless:
             log_bare("INFO", "serve.py:266", "Shutting down.")
         return 0
 
+    def on_term(self) -> None:
+        """SIGTERM / SIGINT: SystemExit in run_headless; the executor stops its workers (exit 0)."""
+        if self.running:
+            self.stop.set()
+            return
+        self.launch.stop_holders()
+        os._exit(0)
+
     def engine_config_lines(self) -> None:
         cfg = self.cfg
         for ec in self.launch.engine_logs:
@@ -2751,6 +2795,7 @@ class Headless:
         for i in range(load.count):
             await load.shard(i)
             if launch.fault in LOAD_FAULTS and i + 1 > load.count // 3:
+                fault_fired(launch.fault, phase="crashed")
                 return LOAD_FAULTS[launch.fault]
         n_gpu_shards = cfg["tp"] * cfg["pp"] * (cfg["dp"] if cfg["ep"] else 1)
         w_gib = cfg["size"] / n_gpu_shards / GiB

@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -19,7 +18,7 @@ from orchestrator.host.local import LocalHost
 from orchestrator.probe import logsig
 from orchestrator.sim import manager
 from tests.integration import vllm_contract
-from tests.plugins.sim_hosts import TEST_SPEED, SimHost, SimServer, free_port, make_model
+from tests.plugins.sim_hosts import TEST_SPEED, SimHost, SimServer, free_port, make_model, wait_until
 
 MODEL_ARGV = ["--served-model-name", "kimi-k25", "--trust-remote-code", "--kv-cache-dtype", "fp8",
               "--max-model-len", "65536", "--gpu-memory-utilization", "0.93"]
@@ -112,6 +111,9 @@ def test_tp_pp_across_three_nodes_joins_then_the_head_serves(nodes):
                                  r"torch\.distributed process group\.$", log, re.M), log[:2000]
                 assert re.search(rf"^\(Worker pid=\d+\) INFO .* world_size=24 rank={rank0} local_rank=0 "
                                  rf"distributed_init_method=tcp://127\.0\.0\.1:{port} backend=nccl$", log, re.M)
+                assert re.search(rf"^\(Worker_PP{rank0 // 8}_TP0 pid=\d+\) INFO .*\] rank {rank0} in world size 24 is "
+                                 rf"assigned as DP rank 0, PP rank {rank0 // 8}, PCP rank 0, TP rank 0, ETP rank 0, "
+                                 r"EP rank N/A, EPLB rank N/A$", log, re.M)
                 assert "Loading weights took" in log
                 assert "Starting vLLM server" not in log        # headless ranks never serve HTTP
                 assert w.proc.poll() is None
@@ -130,15 +132,18 @@ def test_tp_pp_across_three_nodes_joins_then_the_head_serves(nodes):
 
 def test_the_head_waits_for_a_missing_rank_then_times_out_naming_the_count(nodes):
     port = free_port()
-    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "4", "VLLM_LOGGING_LEVEL": "DEBUG"}
+    # at DEBUG the API server says what it waits for, every 10 s (STARTUP_POLL_PERIOD_MS)
+    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "14", "VLLM_LOGGING_LEVEL": "DEBUG"}
     with SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port), env=env) as head:
         head.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
-        time.sleep(1.0)
+        head.wait_for("core engine proc(s) to start.", timeout=30)
+        assert re.search(r"^\(APIServer pid=\d+\) DEBUG .*\[utils\.py:1448\] Waiting for 1 local, 0 remote core "
+                         r"engine proc\(s\) to start\.$", head.log, re.M)
         assert head.proc.poll() is None and refused(head.port)
         assert "Starting to load model" not in head.log       # loads only when all have joined
         assert head.wait_exit(60) == 1
         log = head.log
-        assert "torch.distributed.DistStoreError: Timed out after 5 seconds waiting for clients. " \
+        assert "torch.distributed.DistStoreError: Timed out after 15 seconds waiting for clients. " \
                "8/16 clients joined." in log
         assert "Engine core initialization failed" in log
         sig, line = fatal(log)
@@ -237,3 +242,19 @@ def test_the_multinode_lines_are_vllms_and_torchs_own(vllm_parser_python, tmp_pa
     (or in torch's C++ library, for torch's messages) as installed in the real parser venv."""
     problems = vllm_contract.multinode_source_problems(vllm_parser_python)
     assert problems == []
+
+
+def test_a_headless_rank_stopped_while_it_waits_for_the_head_exits_and_frees_its_gpus(nodes):
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, free_port())) as w1:
+        w1.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
+        wait_until(lambda: len(titles(nodes[1])) == 8, 30, "eight workers registered")
+        w1.proc.send_signal(signal.SIGTERM)
+        assert w1.wait_exit(30) == 0
+        assert titles(nodes[1]) == []
+
+
+def test_the_multinode_faults_are_listed_with_their_help():
+    catalog = manager.fault_catalog()
+    assert "cannot reach the head" in catalog["unreachable-head"]
+    assert "crashes while loading" in catalog["rank-crash-loading"]
+    assert "another revision" in catalog["wrong-revision"]
