@@ -56,7 +56,8 @@ def models(app, as_json):
     good, bad = load_all(folder)
     rows: list[dict[str, Any]] = [
         {"name": m.name, "repo": m.source.repo, "revision": m.source.revision,
-         "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,
+         "bytes": m.source.expected_bytes, "gpus": m.serving.gpus,       # per node
+         "nodes": m.multinode.nodes if m.multinode else 1,
          "parallelism": parallelism(m.vllm), "port": m.serving.port,
          "served_model_name": m.served_name, "description": m.description}
         for m in good.values()]
@@ -70,7 +71,8 @@ def models(app, as_json):
         for col in ("name", "repo", "size", "GPUs", "layout", "port"):
             table.add_column(col, no_wrap=True)
         for r in rows:
-            table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]), str(r["gpus"]),
+            table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]),
+                          f"{r['nodes']}x{r['gpus']}" if r["nodes"] > 1 else str(r["gpus"]),
                           r["parallelism"], str(r["port"]))
         out = console()
         out.print(table)
@@ -144,14 +146,18 @@ def _looks_like_inventory(path: Path) -> bool:
     return isinstance(data, dict) and "hosts" in data
 
 
-@click.command(epilog=exit_codes("0 ok, 2 bad input (unknown model or host, invalid manifest)."))
+@click.command(epilog=exit_codes("0 ok, 2 bad input (unknown model or host, invalid manifest, a multi-node "
+                                 "model given the wrong number of hosts)."))
 @model_argument()
-@host_option(required=False, help="Render for this inventory host (paths, service manager). Default: a "
-                                  "typical systemd host with vLLM in /opt/vllm.")
+@host_option(required=False, help="Render for this inventory host (paths, service manager); a multi-node "
+                                  "model takes one host per node, head first: --host gpu1,gpu2. Default: a "
+                                  "typical systemd host with vLLM in /opt/vllm (example nodes for a "
+                                  "multi-node model).")
 @click.option("--hardware", "hardware", type=click.Choice(CLASS_KEYS),
               help="Render for this hardware class (on a deploy the host's GPUs pick it).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path),
-              help="Write the unit, env file and argv.json into this folder instead of printing.")
+              help="Write the unit, env file and argv.json into this folder instead of printing (a "
+                   "multi-node model: one sub-folder per node, named after its host).")
 @placement_options
 @pass_app
 def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
@@ -159,6 +165,8 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     (secrets masked), the vLLM argv, and where each value comes from (the manifest, its
     requires.hardware entry for the class, or the host's service_env and overrides). Nothing is
     changed anywhere and the host is not contacted: give --hardware for a class's settings.
+    A multi-node model (`multinode:` in its manifest) shows every node's files, headed by the
+    node's host and rank.
 
     \b
     Example:
@@ -166,32 +174,70 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
       vllm-orch render minimax-m25 --host gpu1 --hardware rtx-pro-6000
       vllm-orch render minimax-m25 --host gpu1 --out ./rendered
       vllm-orch render minimax-m25 --host gpu1 --gpus 4-7 --port 8001
+      vllm-orch render kimi-k25-int4-2node --host gpu1,gpu2
     """
     from orchestrator.config.effective import effective
     from orchestrator.config.inventory import HostEntry
     from orchestrator.config.manifest import get_manifest
+    from orchestrator.config.placement import NodeRole, node_roles
     from orchestrator.render.artifacts import render as do_render
-    from orchestrator.render.sources import source_lines
 
     manifest, _ = get_manifest(model, resolved_models_dir(app))
-    host = load_host_entry(app, host_name) if host_name else HostEntry(name="example-host", address="gpu-host")
-    host, manifest = placed(host, manifest, gpus, port, service_name)
-    eff = effective(manifest, host, hardware=hardware)
-    r = do_render(eff.manifest, host)
+    names = [n.strip() for n in (host_name or "").split(",") if n.strip()]
+    mn = manifest.multinode
+    if names:
+        entries = [load_host_entry(app, n) for n in names]
+    elif mn is not None:          # documentation addresses (RFC 5737): nothing real is named
+        entries = [HostEntry(name=f"example-node{i + 1}", address=f"192.0.2.{i + 1}") for i in range(mn.nodes)]
+    else:
+        entries = [HostEntry(name="example-host", address="gpu-host")]
+    if mn is None and len(entries) > 1:
+        raise ConfigError(f"{manifest.name} runs on one host (its manifest has no multinode section) but "
+                          f"{len(entries)} hosts were given: {', '.join(names)}", hint="pass one --host NAME")
+    roles: list[NodeRole | None] = list(node_roles(manifest, entries)) if mn is not None else [None]
+    shown = []
+    for entry, role in zip(entries, roles):
+        host, m = placed(entry, manifest, gpus, port, service_name)
+        eff = effective(m, host, hardware=hardware)
+        shown.append((host, eff, do_render(eff.manifest, host, role=role)))
     if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for f in r.files:
-            target = out_dir / Path(f.path).name
-            target.write_text(f.text)   # masked text: secrets never leave the deploy path
-        (out_dir / "argv.json").write_text(json.dumps(r.argv, indent=2) + "\n")
-        console().print(f"wrote {', '.join(Path(f.path).name for f in r.files)}, argv.json to {out_dir}", markup=False)
+        for host, _eff, r in shown:
+            folder = out_dir / host.name if r.role is not None else out_dir
+            _write_rendered(r, folder)
         return
+    for host, eff, r in shown:
+        _print_rendered(host, eff, r)
+
+
+def _write_rendered(r, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in r.files:
+        (folder / Path(f.path).name).write_text(f.text)   # masked text: secrets never leave the deploy path
+    (folder / "argv.json").write_text(json.dumps(r.argv, indent=2) + "\n")
+    console().print(f"wrote {', '.join(Path(f.path).name for f in r.files)}, argv.json to {folder}", markup=False)
+
+
+def node_title(r) -> str:
+    """`node 0 (head): gpu1` / `node 1 of 2 (headless): gpu2`, for a node's rendered files."""
+    role = r.role
+    kind = "head" if role.head else ("Ray worker" if not r.runs_vllm else "headless")
+    return f"node {role.rank} of {len(role.nodes)} ({kind}): {role.host}"
+
+
+def _print_rendered(host, eff, r) -> None:
     from rich.rule import Rule
 
+    from orchestrator.render.artifacts import ray_unit_name
+    from orchestrator.render.sources import source_lines
+
     out = console()
-    for title, text in ((r.unit.path, r.unit.text),
+    if r.role is not None:
+        out.print(Rule(f"[bold]{node_title(r)}[/]", characters="=", align="left"))
+    ray = [f for f in r.extra if Path(f.path).name == ray_unit_name(r.manifest)]
+    command = "vLLM argv" if r.runs_vllm else "Ray argv (vLLM runs on the head; this node joins its Ray cluster)"
+    for title, text in ((r.unit.path, r.unit.text), *((f.path, f.text) for f in ray),
                         (f"{r.env_file.path} (mode 0600, secrets masked)", r.env_file.text),
-                        ("vLLM argv", json.dumps(r.argv, indent=1) + "\n"),
+                        (command, json.dumps(r.argv, indent=1) + "\n"),
                         (f"where the values come from on {host.name} (* = not the manifest's own)",
                          "\n".join(source_lines(r, eff)) + "\n")):
         out.print(Rule(title, align="left"))

@@ -123,6 +123,12 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     With several hosts (--host a,b, --group, --all) they are deployed in parallel with one progress
     line per host and a summary table; the exit code is the worst of the hosts'. Deletions the plan
     would ask about need --yes there (there is no terminal question per host).
+
+    A multi-node manifest (with `multinode:`) is ONE service over the selected hosts, in order: the
+    first is the head (rank 0, the API server), the others its headless ranks. It runs as one plan
+    (each step names its node; downloads in parallel, verified identical before any start; workers
+    start before the head; readiness at the head follows every node's log). Select exactly
+    multinode.nodes hosts (exit 2 otherwise): `vllm-orch deploy kimi-k25-int4-2node --host gpu1,gpu2`.
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
@@ -130,6 +136,13 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     manifest = load_model(app, model)
     entry, m = placed(hosts[0], manifest, gpus, port, service_name)    # bad --gpus: exit 2 before any host
     opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
+    if m.multinode is not None:                 # the selected hosts are its nodes, the first the head
+        from orchestrator.ops.multinode import run_deploy_nodes
+
+        nodes = [placed(e, manifest, gpus, port, service_name)[0] for e in hosts]
+        reporter = Reporter(console(), quiet=as_json)
+        finish(run_deploy_nodes(nodes, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json)),
+               as_json)
     if len(hosts) > 1:
         from orchestrator.cli.fleet import fleet_op
 
@@ -156,7 +169,8 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json
     version (and, where the host's vLLM can parse them, the rendered flags).
 
     With several hosts they are checked in parallel, with a summary table (the root cause of each
-    failed check); the exit code is the worst of the hosts'.
+    failed check); the exit code is the worst of the hosts'. A multi-node manifest is checked on
+    each of its nodes (the selected hosts, head first) with that node's own command line.
 
     \b
     Examples:
@@ -166,13 +180,18 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json
     manifest = load_model(app, model)
     entry, m = placed(hosts[0], manifest, gpus, port, service_name)
     opts = make_options(skip_checks, False)
+    roles: dict = {}
+    if m.multinode is not None:                 # every node's own argv, through its own vLLM's parser
+        from orchestrator.config.placement import node_roles
+
+        roles = {r.host: r for r in node_roles(m, hosts)}
     if len(hosts) > 1:
         from orchestrator.cli.fleet import finish_fleet, run_with_view
         from orchestrator.ops.fleet import HostOutcome, root_cause
 
         def one(entry, _reporter) -> HostOutcome:
             host_entry, placed_m = placed(entry, manifest, gpus, port, service_name)
-            action, refusal = preflight_on(host_entry, placed_m, opts, accept_new_host_key)
+            action, refusal = preflight_on(host_entry, placed_m, opts, accept_new_host_key, roles.get(entry.name))
             data = {"host": entry.name, "model": m.name, "ok": refusal is None, "checks": action.details}
             return HostOutcome(0 if refusal is None else refusal.exit_code,
                                None if refusal is None else root_cause(refusal), action.summary, data)
@@ -191,11 +210,12 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json
         raise refusal
 
 
-def preflight_on(entry, m, opts, accept_new_host_key: bool):
-    """The preflight action of MODEL on one host and its refusal (None: every check passed)."""
+def preflight_on(entry, m, opts, accept_new_host_key: bool, role=None):
+    """The preflight action of MODEL on one host (as a node of a multi-node service: `role`) and
+    its refusal (None: every check passed)."""
     from orchestrator.ops.gather import for_check
     from orchestrator.ops.session import session
     from orchestrator.plan.prepare import preflight_action
 
     with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
-        return preflight_action(for_check(s.host, entry, m, opts, s.lock))
+        return preflight_action(for_check(s.host, entry, m, opts, s.lock, role))

@@ -58,6 +58,18 @@ def _manifest_lookups(app):
     return port_of, served_name_of, api_key_of
 
 
+def _inventory_lookup(app):
+    """name -> its inventory entry, or None (the nodes of a multi-node service not selected)."""
+    from orchestrator.config.inventory import load_inventory
+
+    inventory = load_inventory(app.inventory_path)
+
+    def lookup(name: str):
+        return inventory.hosts.get(name)
+
+    return lookup
+
+
 # -- status ----------------------------------------------------------------------------------------
 
 @click.command(epilog=exit_codes("0 every host answered, 1 a host could not be reached (shown with its "
@@ -70,7 +82,9 @@ def status(app, hosts, parallel, accept_new_host_key, as_json):
     uptime, GPUs and their memory, GPU processes (service, left behind, foreign), KV-cache usage
     and running/waiting requests, disk use per model, the last deploy and the last benchmark.
 
-    Hosts are asked in parallel; an unreachable host is shown with its error (exit 1).
+    Hosts are asked in parallel; an unreachable host is shown with its error (exit 1). A service
+    across several hosts is shown once, with its head, listing every node and its state (--json:
+    the service's `nodes`; a worker host's `node_of`).
 
     \b
     Examples:
@@ -83,7 +97,8 @@ def status(app, hosts, parallel, accept_new_host_key, as_json):
 
     port_of, served_name_of, api_key_of = _manifest_lookups(app)
     workers = {"max_workers": parallel} if parallel else {}
-    results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of, **workers)
+    results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of,
+                            node_entry=_inventory_lookup(app), **workers)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
@@ -160,8 +175,11 @@ def the_only_service(host, entry, command: str) -> str:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
 @click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True,
               help="How many of the last lines to show (without --since-deploy).")
+@click.option("--nodes", "all_nodes", is_flag=True,
+              help="A service across several hosts: every node's log, merged by time, each line prefixed "
+                   "with its node (with -f: as the lines arrive).")
 @pass_app
-def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines):
+def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines, all_nodes):
     """Show a model service's log: journalctl -u vllm-MODEL on systemd hosts, the service's log
     file on process hosts. Streamed as it is read; -f follows until Ctrl-C. The service may be
     left out on a host that runs one.
@@ -170,6 +188,7 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
     Examples:
       vllm-orch logs kimi-k25-int4 --host sim --since-deploy
       vllm-orch logs kimi-k25-int4 --host gpu1 -f
+      vllm-orch logs kimi-k25-int4-2node --host gpu1 --nodes --since-deploy
     """
     from orchestrator.errors import ConfigError
     from orchestrator.host.connect import open_host
@@ -191,20 +210,80 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
             since = deploy_started_at(read_history(host, entry), model)
             if since is None:
                 since = time.time() - 24 * 3600   # no deploy on record: the last day (process: last start)
-        svc = Service.for_host(host, entry, model)
-        cmd = svc.log_command(follow=follow, since=since, lines=lines)
-        out = sys.stdout
+        nodes: list[str] = []
+        if all_nodes:
+            from orchestrator.ops.stop import recorded_nodes
 
-        def emit(line: str) -> None:
-            out.write(line + "\n")
-            out.flush()
+            nodes = recorded_nodes(host, entry, model)
+            if not nodes:
+                raise ConfigError(f"{model} on {entry.name} is not a service across several hosts: --nodes "
+                                  f"has no other node's log to merge", hint=f"vllm-orch logs {model} --host {entry.name}")
+        if not nodes:
+            svc = Service.for_host(host, entry, model)
+            cmd = svc.log_command(follow=follow, since=since, lines=lines)
+            out = sys.stdout
 
-        try:
-            r = host.stream(cmd, on_line=emit, timeout=10 ** 7 if follow else 600)
-        except KeyboardInterrupt:
-            return
+            def emit(line: str) -> None:
+                out.write(line + "\n")
+                out.flush()
+
+            try:
+                r = host.stream(cmd, on_line=emit, timeout=10 ** 7 if follow else 600)
+            except KeyboardInterrupt:
+                return
+    if nodes:
+        _node_logs(app, entry, model, nodes, accept_new_host_key, follow, since, lines)
+        return
     if not r.ok and r.stderr.strip():
         click.echo(r.stderr.strip().splitlines()[-1], err=True)
+        sys.exit(1)
+
+
+def _node_logs(app, entry, model: str, nodes: list[str], accept_new_host_key: bool, follow: bool,
+               since: float | None, lines: int) -> None:
+    """Every node's log of a multi-node service, read at once (one thread and connection per node),
+    merged by time (ops/stop.merge_logs); with follow, each line as it arrives, prefixed by its node."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.host.connect import open_host
+    from orchestrator.host.services import Service
+    from orchestrator.ops.stop import merge_logs
+
+    entries = [entry if n == entry.name else load_host_entry(app, n) for n in nodes]
+    printing = threading.Lock()
+
+    def read(e) -> tuple[str, list[str], str]:
+        got: list[str] = []
+
+        def emit(line: str) -> None:
+            if follow:
+                with printing:
+                    sys.stdout.write(f"[{e.name}] {line}\n")
+                    sys.stdout.flush()
+            else:
+                got.append(line)
+
+        with open_host(e, accept_new_host_key) as host:
+            cmd = Service.for_host(host, e, model).log_command(follow=follow, since=since, lines=lines)
+            r = host.stream(cmd, on_line=emit, timeout=10 ** 7 if follow else 600)
+        problem = r.stderr.strip().splitlines()[-1] if not r.ok and r.stderr.strip() else ""
+        return e.name, got, problem
+
+    pool = ThreadPoolExecutor(max_workers=len(entries), thread_name_prefix="logs")
+    try:
+        results = list(pool.map(read, entries))
+    except KeyboardInterrupt:
+        return
+    finally:
+        pool.shutdown(wait=not follow, cancel_futures=True)
+    for line in merge_logs([(name, got) for name, got, _ in results]):
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    problems = [f"{name}: {p}" for name, _, p in results if p]
+    for p in problems:
+        click.echo(p, err=True)
+    if problems:
         sys.exit(1)
 
 
@@ -227,7 +306,8 @@ def stop(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, gpu
     stopped model does nothing and says so. On a host that runs several services, name the one
     (the others keep serving); on a host with one it may be left out.
 
-    With several hosts they are stopped in parallel, with a summary table.
+    With several hosts they are stopped in parallel, with a summary table. A service across several
+    hosts (a multi-node manifest) is stopped on every one of its nodes, whichever node is named.
 
     \b
     Examples:
@@ -238,6 +318,8 @@ def stop(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, gpu
     from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
     timeout = gpu_timeout or GPU_RELEASE_TIMEOUT_S
+    if len(hosts) == 1:
+        model, hosts = _every_node(app, hosts[0], model, accept_new_host_key)
     if len(hosts) > 1:
         from orchestrator.cli.fleet import finish_fleet, run_with_view
         from orchestrator.ops.fleet import HostOutcome
@@ -279,6 +361,20 @@ def stop(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, gpu
                            hint="find the holders with `fuser -v /dev/nvidia*`")
     c.print(f"[bold green]stopped {model} on {entry.name}[/] ({res.seconds:.1f}s): "
             f"{escape(res.gpus_free or 'no GPUs recorded for it')}")
+
+
+def _every_node(app, entry, model: str | None, accept_new_host_key: bool):
+    """(service, hosts) for `stop [SERVICE] --host H`: every node of a multi-node service that H
+    is a node of (its records name them, head first), else H alone."""
+    from orchestrator.host.connect import open_host
+    from orchestrator.ops.stop import recorded_nodes
+
+    with open_host(entry, accept_new_host_key) as host:
+        name = model or the_only_service(host, entry, "stop")
+        nodes = recorded_nodes(host, entry, name)
+    if not nodes or nodes == [entry.name]:
+        return model, [entry]
+    return name, [entry if n == entry.name else load_host_entry(app, n) for n in nodes]
 
 
 def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: bool, timeout: float, say):

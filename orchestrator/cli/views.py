@@ -14,7 +14,7 @@ from orchestrator.host.ownership import gpu_list
 from orchestrator.ops.status import HostStatus, ServiceStatus
 
 STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
-               "stopped": "dim", "unreachable": "bold red"}
+               "stopped": "dim", "unreachable": "bold red", "running": "green", "unknown": "yellow"}
 
 # The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).
 BENCH_FIGURES = {"single_stream_tok_s": "single stream", "peak_output_tok_s": "peak"}
@@ -88,7 +88,7 @@ def render_status(console, results: list[HostStatus]) -> None:
             continue
         run_wait = "-" if r.requests_running is None else \
             f"{_num(r.requests_running)}/{_num(r.requests_waiting)}"
-        table.add_row(name, escape(r.active_model or "-"),
+        table.add_row(name, escape(r.active_model or node_label(r) or "-"),
                       f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]", fmt_duration(r.uptime_s),
                       gpu_summary(r.gpus) if not r.gpu_error else "[red]error[/]",
                       _pct(r.kv_cache_usage), run_wait,
@@ -104,6 +104,19 @@ def render_status(console, results: list[HostStatus]) -> None:
             render_host_details(console, r)
         else:
             console.print(f"[bold]{escape(r.host)}[/]: [red]unreachable[/] - {escape(r.error or '')}")
+
+
+def node_label(r: HostStatus) -> str | None:
+    """A host that only runs worker nodes of multi-node services: `kimi-k25-int4 (rank 1)`."""
+    return ", ".join(f"{n['service']} (rank {n['rank']})" for n in r.node_of) or None
+
+
+def node_lines(v) -> list[str]:
+    """A multi-node service's nodes under its head's line: host, rank, state, unit."""
+    return [f"node {n['host']} (rank {n['rank']}{', head' if n['rank'] == 0 else ''}): {n['state']}"
+            + (f" [{n['unit_state']}]" if n.get("unit_state") else "")
+            + (f" - {n['reason']}" if n["rank"] and n.get("reason") and n["state"] != "running" else "")
+            for n in v.nodes]
 
 
 def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
@@ -133,13 +146,18 @@ def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
 def render_host_details(console, r: HostStatus) -> None:
     """The per-host lines under the table: why this state, GPUs, processes, models, bench."""
     head = f"[bold]{escape(r.host)}[/]{f' ({escape(r.label)})' if r.label else ''}: " \
-           f"{escape(r.active_model or 'no active model')} " \
+           f"{escape(r.active_model or node_label(r) or 'no active model')} " \
            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/] - {escape(r.state_reason)}"
     if r.port:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
     if len(r.services) > 1:
         head += escape(f" [GPUs {','.join(map(str, r.services[0].gpus))}]") if r.services[0].gpus else ""
     console.print(head)
+    for line in node_lines(r.services[0]) if r.services else []:
+        console.print(f"  {line}", markup=False)
+    for n in r.node_of:
+        console.print(f"  node (rank {n['rank']}) of {n['service']}, shown with its head {n['head']}: {n['state']}",
+                      markup=False)
     for v in r.services[1:]:
         line = f"  + {escape(v.name)} [{STATE_STYLE.get(v.state, '')}]{v.state}[/] - {escape(v.state_reason)}"
         if v.port:
@@ -147,7 +165,7 @@ def render_host_details(console, r: HostStatus) -> None:
         if v.gpus:
             line += escape(f" [GPUs {','.join(map(str, v.gpus))}]")
         console.print(line)
-        for extra in unit_lines(v):
+        for extra in unit_lines(v) + node_lines(v):
             console.print(f"    {extra}", markup=False)
     if r.interrupted_swap:
         console.print(f"  [bold red]half-done swap[/]: {escape(r.interrupted_swap['text'])}")

@@ -10,6 +10,7 @@ machine, reached without SSH.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import posixpath
 import re
@@ -129,6 +130,49 @@ class HostOverride(Strict):
         return out
 
 
+# A network interface name as the kernel allows it (IFNAMSIZ: at most 15 characters); NCCL and Gloo
+# also read it as a prefix (`eth` matches eth0, eth1).
+IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,14}$")
+
+
+def ip_literal(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+class ClusterNetwork(Strict):
+    """How the other nodes of a multi-node service reach this host (manifests with `multinode:`)."""
+
+    address: str | None = Field(
+        None, description="The IP address the other nodes reach this host at: the head's is every "
+                          "node's `--master-addr` / `--data-parallel-address`, and each node's own is "
+                          "its VLLM_HOST_IP. Default: the host's `address` when that is an IP address; "
+                          "a host reached by a DNS name or an SSH alias needs it to serve as a node. "
+                          "Use the address of the fast (InfiniBand / RoCE / private) network.")
+    interface: str | None = Field(
+        None, description="The network interface of that address, e.g. `ens1f0` or `ib0`: written as "
+                          "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to this node's env file, so NCCL and "
+                          "Gloo do not pick a docker bridge or a management NIC (a wrong one hangs the "
+                          "start). Default: unset, the libraries choose.")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not ip_literal(v):
+            raise ValueError(f"{v!r} is not an IP address (the nodes' runtimes connect to it as is)")
+        return v
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, v: str | None) -> str | None:
+        if v is not None and not IFNAME.match(v):
+            raise ValueError(f"{v!r} is not a network interface name (letters, digits, _ . : @ -; at most 15)")
+        return v
+
+
 DEFAULT_CPU_MEMORY_PER_GPU_GIB = 12.0
 
 
@@ -207,6 +251,10 @@ class HostEntry(Strict):
                     "much free for the new service, so its start does not evict the warmed weights. "
                     "Default 12: about 11 GB per vLLM worker process (verl-project/verl#224) and ~100 GB "
                     "for a Llama-70B FP8 service whose weights sit on the GPUs (vllm-project/vllm#16947).")
+    cluster: ClusterNetwork | None = Field(
+        None, description="How the other nodes of a multi-node service reach this host: `address` (IP) "
+                          "and `interface` (NIC for NCCL/Gloo). Only read when a manifest with "
+                          "`multinode:` runs here.")
 
     @field_validator("name")
     @classmethod
@@ -331,6 +379,26 @@ class HostEntry(Strict):
         """The home vllm-orch gives the service user it creates: vLLM's caches (torch.compile, Triton,
         FlashInfer kernels) go there, beside state_dir and logs."""
         return str(Path(self.state_dir).parent / "home")
+
+    @property
+    def cluster_address(self) -> str | None:
+        """The IP the other nodes of a multi-node service reach this host at: cluster.address, else
+        `address` when it is an IP address; None when neither says."""
+        if self.cluster is not None and self.cluster.address:
+            return self.cluster.address
+        return self.address if ip_literal(self.address) else None
+
+    def node_address(self, service: str) -> str:
+        """cluster_address, or a ConfigError (exit 2, at this host's `address`) when the host is a
+        node of the multi-node `service` and the other nodes have no IP to reach it at."""
+        if self.cluster_address is None:
+            raise ConfigError(f"{self.where('address')}: {self.address!r} is not an IP address, and the other "
+                              f"nodes of {service} must reach {self.name} at one: set hosts.{self.name}.cluster.address")
+        return self.cluster_address
+
+    @property
+    def cluster_interface(self) -> str | None:
+        return self.cluster.interface if self.cluster is not None else None
 
     @property
     def is_local(self) -> bool:

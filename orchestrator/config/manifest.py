@@ -586,6 +586,62 @@ class Requirements(Strict):
         return self
 
 
+# Environment a multi-node service's env file gets per node (render/artifacts.py): from the
+# inventory's cluster settings of that host, never from the manifest (it differs per node). The
+# NCCL/Gloo interface names may be set for every node (all hosts name the NIC alike) or per host
+# (hosts.NAME.cluster.interface); render refuses the two disagreeing.
+NODE_ENV = ("VLLM_HOST_IP",)
+
+
+class MultiNode(Strict):
+    """One service across several hosts (docs/multi-node.md). The selected hosts are its nodes, in
+    order (`deploy M --host gpu1,gpu2`: gpu1 is the head, rank 0). serving.gpus stays GPUs PER NODE,
+    so tensor x pipeline x data = nodes x serving.gpus. With vllm.data_parallel_size > 1 the nodes
+    split the data-parallel ranks (vLLM's `--data-parallel-size-local` ranks each); otherwise the
+    tensor/pipeline group spans the nodes (`--nnodes`, `--node-rank`, `--master-addr`)."""
+
+    nodes: int = Field(
+        description="How many hosts the service spans (>= 2). A deploy must select exactly this many; "
+                    "the first is the head: it runs the API server, the others run headless.")
+    backend: Literal["mp", "ray"] = Field(
+        "mp", description="`mp`: vLLM's own multiprocessing runtime; the nodes meet over "
+                          "torch.distributed at the head's master_port (or data_parallel_size > 1: "
+                          "its dp_rpc_port). `ray`: a Ray cluster (the head runs `ray start --head`, "
+                          "the others `ray start --address HEAD:ray_port`, a `ray-SERVICE.service` unit "
+                          "on systemd hosts) and vLLM on the head only, with "
+                          "`--distributed-executor-backend ray`. Ray needs the `ray` executable beside "
+                          "`vllm` in every host's venv.")
+    master_port: int = Field(
+        29500, ge=1, le=65535,
+        description="mp, tensor/pipeline parallel across nodes: `--master-port`, the TCP port on the "
+                    "head that every node's torch.distributed rendezvous connects to.")
+    dp_rpc_port: int = Field(
+        13345, ge=1, le=65535,
+        description="Data parallel across nodes: `--data-parallel-rpc-port`, the head's port the "
+                    "headless data-parallel engines hand-shake with (vLLM's default 13345).")
+    ray_port: int = Field(6379, ge=1, le=65535,
+                          description="ray: the head's Ray GCS port (`ray start --head --port`).")
+    join_timeout_seconds: int = Field(
+        300, ge=10, le=86400,
+        description="How long the head waits for every other node to join before the deploy fails "
+                    "naming the nodes that did not (a firewall, a wrong cluster.address, a node that "
+                    "crashed while starting).")
+
+    @model_validator(mode="after")
+    def _ports(self) -> MultiNode:
+        ports = {"master_port": self.master_port, "dp_rpc_port": self.dp_rpc_port, "ray_port": self.ray_port}
+        seen: dict[int, str] = {}
+        for name, port in ports.items():
+            if port in seen:
+                raise at(name, f"{name} {port} is also multinode.{seen[port]}: every port needs its own number")
+            seen[port] = name
+        return self
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"master_port": self.master_port, "dp_rpc_port": self.dp_rpc_port, "ray_port": self.ray_port}
+
+
 class Manifest(Strict):
     """A deployable model: what to download, how to run vLLM, how to know it works."""
 
@@ -606,6 +662,9 @@ class Manifest(Strict):
     performance: Performance = Field(
         default_factory=Performance,
         description="Expected throughput, measured after the smoke test (a floor: warn or fail when far below).")
+    multinode: MultiNode | None = Field(
+        None, description="One service across several hosts: how many, vLLM's runtime (mp or ray) and "
+                          "the ports the nodes meet at. Absent: the service runs on one host.")
 
     @field_validator("name")
     @classmethod
@@ -624,7 +683,9 @@ class Manifest(Strict):
         s, v = self.serving, self.vllm
         if s.gpu_ids is not None and len(s.gpu_ids) != s.gpus:
             raise at("serving.gpu_ids", f"serving.gpu_ids lists {len(s.gpu_ids)} GPUs but serving.gpus is {s.gpus}")
-        if v.world_size != s.gpus:
+        if self.multinode is not None:
+            self._check_multinode()
+        elif v.world_size != s.gpus:
             raise at("vllm.tensor_parallel_size",
                 f"parallel sizes use {v.world_size} GPUs (tensor {v.tensor_parallel_size} x pipeline "
                 f"{v.pipeline_parallel_size} x data {v.data_parallel_size}) but serving.gpus is {s.gpus}")
@@ -665,6 +726,37 @@ class Manifest(Strict):
                      f"--shutdown-timeout needs vLLM >= {SHUTDOWN_TIMEOUT_SINCE} (vllm PR #34730) but "
                      f"requires.min_vllm_version is {self.requires.min_vllm_version}: raise it, or set 0")
         return self
+
+    def _check_multinode(self) -> None:
+        mn, s, v = self.multinode, self.serving, self.vllm
+        assert mn is not None
+        if mn.nodes < 2:
+            raise at("multinode.nodes", f"nodes is {mn.nodes}: a multi-node service spans at least 2 hosts "
+                                        "(remove the multinode section for one host)")
+        if v.world_size != mn.nodes * s.gpus:
+            raise at("multinode.nodes",
+                     f"parallel sizes use {v.world_size} GPUs (tensor {v.tensor_parallel_size} x pipeline "
+                     f"{v.pipeline_parallel_size} x data {v.data_parallel_size}) but nodes x serving.gpus "
+                     f"(GPUs per node) is {mn.nodes} x {s.gpus} = {mn.nodes * s.gpus}")
+        if v.data_parallel_size > 1 and v.data_parallel_size % mn.nodes:
+            raise at("multinode.nodes",
+                     f"data_parallel_size {v.data_parallel_size} does not split evenly over {mn.nodes} nodes: "
+                     "each node runs data_parallel_size / nodes data-parallel ranks")
+        if v.data_parallel_size > 1 and mn.backend == "ray":
+            raise at("multinode.backend", "data parallel across nodes runs on vLLM's own runtime: use "
+                                          "backend mp (the ray backend spans tensor/pipeline parallel only)")
+        if mn.join_timeout_seconds >= self.startup.budget_seconds:
+            raise at("multinode.join_timeout_seconds",
+                     f"join_timeout_seconds {mn.join_timeout_seconds} must be shorter than startup.budget_seconds "
+                     f"{self.startup.budget_seconds}: the nodes join during the start-up, and the load comes after")
+        for name, port in mn.ports.items():
+            if port == s.port:
+                raise at(f"multinode.{name}", f"{name} {port} is also serving.port, the head's HTTP port")
+        envs = [("env", self.env)] + [(f"requires.hardware.{k}.env", h.env) for k, h in self.requires.hardware.items()]
+        for (where, env), name in ((e, n) for e in envs for n in NODE_ENV):
+            if name in env:
+                raise at(f"{where}.{name}", f"{name} differs per node: it is written from the inventory "
+                                            "(hosts.NAME.cluster.address) into each node's env file")
 
     @property
     def served_name(self) -> str:
@@ -751,6 +843,9 @@ def _did_you_mean(root: type[BaseModel], loc: list[Any]) -> str:
     while i < len(parts):
         field = model.model_fields.get(str(parts[i])) if isinstance(parts[i], str) else None
         ann = getattr(field, "annotation", None) if field else None
+        optional = [a for a in typing.get_args(ann) if a is not type(None)] if ann is not None else []
+        if len(optional) == 1 and isinstance(optional[0], type) and issubclass(optional[0], BaseModel):
+            ann = optional[0]                   # `MultiNode | None`: the section's own fields
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             model, i = ann, i + 1
             continue

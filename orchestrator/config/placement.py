@@ -7,16 +7,19 @@ unit names. The GPU ids and port come from the manifest, then the inventory's pe
 (config/inventory.py ServingOverride), then the command line (`deploy --gpus 4-7 --port 8001`),
 which wins: config/effective.py applies them and says where each came from.
 
-`host` is one host today; a service that spans several hosts (issue 14) would make it a list of
-(host, GPU ids) and keep the overlap rule per host.
+A multi-node service (a manifest with `multinode:`) is one placement per node, each with the
+node's GPUs (serving.gpus per node) and the overlap rule per host; `node_roles` binds the selected
+hosts to its ranks (the first is the head).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConfigError
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")
@@ -81,3 +84,43 @@ def choose_service(names: Iterable[str], given: str | None, host: str, usage: st
         return given if given is not None else (known[0] if known else None)
     raise ConfigError(f"{host} runs several services ({', '.join(known)}): name one, "
                       f"e.g. `vllm-orch {usage.replace('SERVICE', known[0])}`")
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """One node of a multi-node service: its rank (0 = the head, which runs the API server) among the
+    service's hosts, and the address every node meets the head at."""
+
+    rank: int                       # 0 = head
+    nodes: tuple[str, ...]          # inventory host names, head first
+    head_address: str               # the head's cluster address (HostEntry.cluster_address)
+
+    @property
+    def head(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def host(self) -> str:
+        return self.nodes[self.rank]
+
+
+def node_roles(m: Manifest, entries: Sequence[HostEntry]) -> list[NodeRole]:
+    """The role of each selected host of a multi-node manifest, in the order selected (the first is
+    the head). Exactly multinode.nodes distinct hosts, each with a cluster address (ConfigError, exit
+    2, one line naming the setting otherwise)."""
+    mn = m.multinode
+    if mn is None:
+        raise ConfigError(f"{m.name} is not a multi-node manifest (it has no multinode section)")
+    names = [e.name for e in entries]
+    if len(names) != mn.nodes:
+        raise ConfigError(
+            f"{m.name} runs on {mn.nodes} nodes (multinode.nodes) but {len(names)} host"
+            f"{'' if len(names) == 1 else 's'} {'was' if len(names) == 1 else 'were'} given"
+            f"{': ' + ', '.join(names) if names else ''}",
+            hint=f"select {mn.nodes} hosts, the head first: `--host {','.join(names[:1] or ['gpu1'])},...` "
+                 "or `--group NAME`")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{m.name}: host {twice[0]} is given twice: every node is its own host")
+    head = [e.node_address(m.name) for e in entries][0]
+    return [NodeRole(rank, tuple(names), head) for rank in range(len(names))]

@@ -39,12 +39,26 @@ def _mapped_model(ann) -> type[BaseModel] | None:
     return None
 
 
+def _optional_model(ann) -> type[BaseModel] | None:
+    """The model of a `Model | None` field (multinode, a host's cluster): an optional section."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if len(args) == 1 and len(typing.get_args(ann)) == 2 and isinstance(args[0], type) \
+            and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
 def _rows(model: type[BaseModel], prefix: str, out: list[str], sections: list) -> None:
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             sections.append((f"{prefix}{name}", ann, field.description))
             out.append(f"| `{prefix}{name}` | section | {_default(field)} | {field.description} |")
+            continue
+        optional = _optional_model(ann)
+        if optional is not None:
+            sections.append((f"{prefix}{name}", optional, field.description))
+            out.append(f"| `{prefix}{name}` | optional section | (absent) | {field.description} |")
             continue
         mapped = _mapped_model(ann)
         if mapped is not None:

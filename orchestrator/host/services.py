@@ -204,7 +204,7 @@ class SystemdService(Service):
         return [l for l in r.stdout.splitlines() if l != "-- No entries --"]
 
     def log_command(self, follow: bool = False, since: float | None = None, lines: int = 200) -> Command:
-        argv = ["journalctl", "-u", self.unit, "--no-pager", "-o", "short-iso"]
+        argv = ["journalctl", "-u", self.unit, "--no-pager", "-o", "short-iso-precise"]
         if since is not None:
             argv.append(f"--since=@{int(since)}")
         else:

@@ -13,9 +13,11 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.errors import Interrupted
 from orchestrator.host import state
 from orchestrator.ops import gather
-from orchestrator.ops.execute import Ask, Reporter, confirmation, run_plan
+from orchestrator.ops.execute import Ask, Reporter, RunOutcome, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.deploy import plan_deploy
+from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.model import Plan
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
@@ -30,20 +32,10 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         inp = gather.for_deploy(s.host, entry, m, opts, s.lock)
         plan = plan_deploy(inp)
         result = OpResult("deploy", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan)
-        asking = not dry_run and not plan.refusal and bool(plan.confirmations()) and not opts.yes
-        if dry_run or plan.refusal or asking:
-            reporter.plan(plan)                  # a dry run, a refusal, or what the question is about
-        if asking:
-            plan.refusal = confirmation(plan, opts.yes, ask, entry.name)
-        if plan.refusal:
-            result.error = plan.refusal
-            if not dry_run:
-                state.append_history(s.host, entry, {"operation": "deploy", "model": m.model_name, "service": m.name,
-                                                     "ok": False, "refused": str(plan.refusal)})
+        if not_run(plan, result, reporter, opts, ask, entry.name):
+            if plan.refusal and not dry_run:
+                state.append_history(s.host, entry, refused_record(m, plan))
             result.seconds = time.monotonic() - t0
-            return result
-        if dry_run:
-            result.ok, result.seconds = True, time.monotonic() - t0
             return result
         if not plan.changes and all(a.noop for a in plan.actions if a.step != "lock"):
             reporter.print(f"[green]{m.name} is already deployed and serving on {entry.name}: nothing to do.[/]")
@@ -51,27 +43,55 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         outcome = run_plan(plan, env, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
-        ready = env.record.ready.get(m.name)
-        record = {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": outcome.ok,
-                  "seconds": round(result.seconds, 2),
-                  "steps": outcome.timings(), "manifest_hash": inp.target.rendered.manifest_hash,
-                  "unit_hash": inp.target.rendered.unit_hash, "vllm_version": inp.facts.vllm_version,
-                  "noop": not plan.changes}
-        if ready is not None:
-            record["smoke"] = ready.smoke.summary()
-            record["tokens_per_s"] = ready.smoke.tokens_per_s
-            record["gates"] = {g: round(t, 2) for g, t in ready.gates}
-        if m.name in env.record.perf:
-            record["perf"] = result.extra["perf"] = env.record.perf[m.name]
-        if env.record.warnings:
-            result.extra["warnings"] = list(env.record.warnings)
-        if outcome.recovery is not None:
-            record["recovery"] = outcome.recovery.as_dict()
-        record.update(failure_fields(result.error))
-        if isinstance(result.error, Interrupted):
-            record["interrupted"] = result.error.step
-        record.update(history_fields(env.record, m.name, plan.info.get("expected_start_s")))
+        record = history_record(m, inp, plan, outcome, env, result)
         if s.holds_lock():                       # without the lock, write nothing more
             state.append_history(s.host, entry, record)
         result.extra["history"] = record
         return result
+
+
+def not_run(plan: Plan, result: OpResult, reporter: Reporter, opts: Options, ask: Ask | None, host: str) -> bool:
+    """Whether the plan stops before it runs: a dry run (ok: the plan was shown), a refusal, or a
+    deletion the user did not accept (result.error: the refusal). The plan is shown for each."""
+    dry_run = result.dry_run
+    asking = not dry_run and not plan.refusal and bool(plan.confirmations()) and not opts.yes
+    if dry_run or plan.refusal or asking:
+        reporter.plan(plan)                  # a dry run, a refusal, or what the question is about
+    if asking:
+        plan.refusal = confirmation(plan, opts.yes, ask, host)
+    if plan.refusal:
+        result.error = plan.refusal
+        return True
+    result.ok = dry_run
+    return dry_run
+
+
+def refused_record(m: Manifest, plan: Plan) -> dict:
+    return {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": False,
+            "refused": str(plan.refusal)}
+
+
+def history_record(m: Manifest, inp: PlanInput, plan: Plan, outcome: RunOutcome, env: RunEnv, result: OpResult) -> dict:
+    """A deploy's line in history.jsonl (with what the result shows: perf, warnings, the record): its
+    steps and timings, hashes, gates and smoke result, recovery, failure kind."""
+    ready = env.record.ready.get(m.name)
+    record = {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": outcome.ok,
+              "seconds": round(result.seconds, 2),
+              "steps": outcome.timings(), "manifest_hash": inp.target.rendered.manifest_hash,
+              "unit_hash": inp.target.rendered.unit_hash, "vllm_version": inp.facts.vllm_version,
+              "noop": not plan.changes}
+    if ready is not None:
+        record["smoke"] = ready.smoke.summary()
+        record["tokens_per_s"] = ready.smoke.tokens_per_s
+        record["gates"] = {g: round(t, 2) for g, t in ready.gates}
+    if m.name in env.record.perf:
+        record["perf"] = result.extra["perf"] = env.record.perf[m.name]
+    if env.record.warnings:
+        result.extra["warnings"] = list(env.record.warnings)
+    if outcome.recovery is not None:
+        record["recovery"] = outcome.recovery.as_dict()
+    record.update(failure_fields(result.error))
+    if isinstance(result.error, Interrupted):
+        record["interrupted"] = result.error.step
+    record.update(history_fields(env.record, m.name, plan.info.get("expected_start_s")))
+    return record

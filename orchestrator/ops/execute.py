@@ -69,7 +69,7 @@ class Reporter:
     def step_start(self, index: int | str, total: int, action: Action) -> None:
         if self.quiet:
             return
-        self._emit(f"[bold]\\[{index}/{total}] {escape(action.step)}[/]: {escape(action.summary)}",
+        self._emit(f"[bold]\\[{index}/{total}] {escape(action.key)}[/]: {escape(action.summary)}",
                    soft_wrap=True)
         for c in action.commands:
             self._emit(f"      $ {printable(c)}", markup=False, highlight=False, soft_wrap=True)
@@ -82,7 +82,7 @@ class Reporter:
 
     def step_skip(self, index: int | str, total: int, action: Action) -> None:
         if not self.quiet:
-            self._emit(f"[dim]\\[{index}/{total}] {escape(action.step)}: {escape(action.summary)}[/]",
+            self._emit(f"[dim]\\[{index}/{total}] {escape(action.key)}: {escape(action.summary)}[/]",
                        soft_wrap=True)
 
     def step_end(self, res: StepResult) -> None:
@@ -147,16 +147,37 @@ class RunOutcome:
         return {r.step: round(r.seconds, 3) for r in self.results if r.status in ("done", "failed")}
 
 
+def node_env(env: RunEnv, action: Action) -> RunEnv:
+    """The env an action runs with: its node's (env.nodes) when it names one, else the plan's own."""
+    if action.node is None:
+        return env
+    try:
+        return env.nodes[action.node]
+    except KeyError:
+        raise OrchestratorError(f"the plan's step {action.key} names a node this run has no connection to",
+                                step=action.step, host=action.node) from None
+
+
+def _guard(env: RunEnv, action: Action) -> str | None:
+    """Prove the lock is still ours before a step: its node's lock; for a step over all nodes (a
+    multi-node plan's parallel download), every node's. A note when one was re-taken."""
+    envs = [node_env(env, action)] if action.node is not None or not env.nodes else list(env.nodes.values())
+    notes = [note for e in envs if e.guard is not None and (note := e.guard())]
+    return "; ".join(notes) or None
+
+
 def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, results: list[StepResult],
                  total: int) -> OrchestratorError | None:
-    """Run actions in order, each after env.guard() (the host lock is still ours); the first
-    OrchestratorError stops them and is returned."""
+    """Run actions in order, each after the guard of the host it runs on (the host lock is still
+    ours); an action naming a node runs with that node's env. The first OrchestratorError stops
+    them and is returned."""
     for i, action in enumerate(actions, 1):
         t0 = time.monotonic()
         try:
-            note = env.guard() if env.guard is not None else None
+            target = node_env(env, action)
+            note = _guard(env, action)
         except OrchestratorError as err:          # the lock is not ours any more: stop before the step
-            res = StepResult(action.step, "failed", action.summary, 0.0, str(err.message))
+            res = StepResult(action.key, "failed", action.summary, 0.0, str(err.message))
             results.append(res)
             reporter.step_end(res)
             return err
@@ -166,33 +187,33 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
             reporter.step_start(label(i), total, action)
         try:                     # a no-op runs only its bookkeeping `run`, which can fail or be interrupted too
             if action.noop:
-                result = action.run(env) if action.run is not None else None
+                result = action.run(target) if action.run is not None else None
             elif action.run is not None:
-                result = action.run(env)
+                result = action.run(target)
             else:
                 for cmd in action.commands:
-                    env.host.run(cmd, timeout=600).check(env.entry.name, f"{action.step}: {printable(cmd)}")
+                    target.host.run(cmd, timeout=600).check(target.entry.name, f"{action.step}: {printable(cmd)}")
                 result = None
         except OrchestratorError as err:
             err.step = err.step or action.step
-            err.host = err.host or env.entry.name
-            res = StepResult(action.step, "failed", action.summary, time.monotonic() - t0, str(err.message))
+            err.host = err.host or target.entry.name
+            res = StepResult(action.key, "failed", action.summary, time.monotonic() - t0, str(err.message))
             results.append(res)
             reporter.step_end(res)
             return err
         except KeyboardInterrupt:
-            res = StepResult(action.step, "failed", action.summary, time.monotonic() - t0, "interrupted")
+            res = StepResult(action.key, "failed", action.summary, time.monotonic() - t0, "interrupted")
             results.append(res)
             reporter.step_end(res)
-            return Interrupted(f"interrupted during {action.step}", step=action.step, host=env.entry.name)
+            return Interrupted(f"interrupted during {action.key}", step=action.step, host=target.entry.name)
         except BaseException:
             reporter.close()
             raise
         if action.noop:
-            results.append(StepResult(action.step, "skipped", action.summary, time.monotonic() - t0))
+            results.append(StepResult(action.key, "skipped", action.summary, time.monotonic() - t0))
             reporter.step_skip(label(i), total, action)
             continue
-        res = StepResult(action.step, "done", action.summary, time.monotonic() - t0, result)
+        res = StepResult(action.key, "done", action.summary, time.monotonic() - t0, result)
         results.append(res)
         reporter.step_end(res)
     return None
@@ -236,7 +257,7 @@ def run_plan(plan: Plan, env: RunEnv, reporter: Reporter) -> RunOutcome:
     t_all = time.monotonic()
     err = _run_actions(plan.actions, env, reporter, lambda i: i, outcome.results, len(plan.actions))
     for action in plan.actions[len(outcome.results):]:
-        outcome.results.append(StepResult(action.step, "not-run", action.summary))
+        outcome.results.append(StepResult(action.key, "not-run", action.summary))
     if err is not None:
         outcome.ok, outcome.error = False, err
         failed_at = next(i for i, r in enumerate(outcome.results, 1) if r.status == "failed")

@@ -22,6 +22,7 @@ from pathlib import Path
 from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry, ServingOverride
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import NodeRole
 from orchestrator.errors import ConfigError, DeployFailed
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Result
@@ -81,16 +82,19 @@ def service_port(m: Manifest, entry: HostEntry) -> int:
     return effective(m, entry).manifest.serving.port
 
 
-def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts) -> ServiceInput:
+def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
+                  role: NodeRole | None = None) -> ServiceInput:
     """The manifest as it runs on this host (its GPUs' hardware class and the host's settings
-    applied), rendered, what is installed now, and whether it already serves."""
+    applied), rendered (as this node of a multi-node service: `role`), what is installed now, and
+    whether it already serves (a worker node serves no HTTP: never asked)."""
     eff = effective(m, entry, gpu_names(facts))
     m = eff.manifest
     secrets = secrets_from_environ(m)
-    rendered = render(m, entry, secrets)
+    rendered = render(m, entry, secrets, role=role)
     installed = {f.path: host.get(f.path) for f in rendered.files}
     st = facts.services.get(m.name)
-    serving = bool(st and st.active) and serving_now(host, m, secrets.get("VLLM_API_KEY"))
+    serving = bool(st and st.active) and (role is None or role.head) and \
+        serving_now(host, m, secrets.get("VLLM_API_KEY"))
     return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving,
                         effective=eff)
 
@@ -162,17 +166,20 @@ def _refused(checks: list[Check]) -> bool:
     return any(c.status == FAIL for c in checks)
 
 
-def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
-    """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy)."""
+def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts,
+              role: NodeRole | None = None) -> PlanInput:
+    """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy); `role`:
+    this host as a node of a multi-node service (its own argv is what the parser checks)."""
     facts = gather(host, entry, [m.name], ports=[service_port(m, entry)])
-    target = service_input(host, entry, m, facts)
+    target = service_input(host, entry, m, facts, role)
     checks = preflight(host, entry, target, facts, opts)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
                      hf_token=hf_token())
 
 
-def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts) -> PlanInput:
-    inp = for_check(host, entry, m, opts, lock)
+def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts,
+               role: NodeRole | None = None) -> PlanInput:
+    inp = for_check(host, entry, m, opts, lock, role)
     if _refused(inp.preflight) or placement_refusal(inp):
         return inp
     return _with_download(host, inp)

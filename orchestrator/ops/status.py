@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -76,6 +76,11 @@ class ServiceStatus:
     root_cause: str | None = None
     health: dict | None = None
     last_health_restart: dict | None = None
+    # A multi-node service: its rank on this host (0: the head) and its nodes, head first (from its
+    # records); the head's row lists every node with its state (fold_nodes).
+    rank: int | None = None
+    node_names: list[str] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)      # head only: {host, rank, state, unit_state, reason}
 
 
 # The fields a host's row copies from its first service (the one a single-service host has).
@@ -120,6 +125,8 @@ class HostStatus:
     lock: dict | None = None
     vllm_version: str | None = None
     services: list[ServiceStatus] = field(default_factory=list)   # one per service; the host's fields: the first's
+    # multi-node services this host is a worker node of (shown with their head): {service, head, rank, state}
+    node_of: list[dict] = field(default_factory=list)
     round_trips: int = 0
     seconds: float = 0.0
 
@@ -328,12 +335,25 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
     """One service's row: its state (decide_state), probes at its port, unit, health timer."""
     name = row.name
     rec = facts.record(name) or {}
+    placed = rec if rec.get("nodes") else (facts.installed.get(name) or {})
+    if isinstance(placed.get("nodes"), list) and isinstance(placed.get("rank"), int):
+        row.node_names, row.rank = [str(n) for n in placed["nodes"]], placed["rank"]
     row.model = rec.get("model") or name
     row.port = int(rec["port"]) if rec.get("port") else port_of(name)
     row.served_name = rec.get("served_name") or served_name_of(name)
     row.gpus = [int(i) for i in rec.get("gpus") or (facts.installed.get(name) or {}).get("gpus") or []]
     svc = facts.services.get(name)
     health = listed = auth_problem = None
+    if row.rank:                                    # a worker node: no HTTP to ask, its unit says it all
+        row.state = "running" if svc is not None and svc.active else \
+            "failed" if svc is not None and svc.failed else "stopped"
+        row.state_reason = f"rank {row.rank} of {name} (headless), whose head is {row.node_names[0]}"
+        if svc is not None and svc.ready is not None:
+            row.unit_state, row.enabled, row.restarts = svc.describe(), svc.enabled, svc.restarts
+        if svc is not None and svc.active:
+            row.main_pid = svc.main_pid
+            row.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
+        return row
     if svc is not None and svc.active:
         row.main_pid = svc.main_pid
         row.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
@@ -392,12 +412,70 @@ def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | N
 
 def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
                   accept_new_host_key: bool = False, max_workers: int = 32,
-                  api_key_of: Callable[[str], Secret | None] | None = None) -> list[HostStatus]:
+                  api_key_of: Callable[[str], Secret | None] | None = None,
+                  node_entry: Callable[[str], HostEntry | None] | None = None) -> list[HostStatus]:
     """Every host at once (one thread and one connection per host), in the order given.
-    host_status is safe to call from several threads: each call opens its own connection."""
+    host_status is safe to call from several threads: each call opens its own connection. A
+    multi-node service is shown once, on its head's row, with every node's state (fold_nodes);
+    `node_entry` (a name -> inventory entry lookup) lets the nodes not selected be asked too."""
     if not entries:
         return []
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(entries))) as pool:
-        futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key, api_key_of)
-                   for e in entries]
-        return [f.result() for f in futures]
+
+    def ask(hosts: list[HostEntry]) -> list[HostStatus]:
+        with ThreadPoolExecutor(max_workers=min(max_workers, len(hosts))) as pool:
+            futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key, api_key_of)
+                       for e in hosts]
+            return [f.result() for f in futures]
+
+    results = ask(entries)
+    asked = {r.host for r in results}
+    missing = sorted({n for r in results for v in r.services if v.rank == 0 for n in v.node_names} - asked)
+    extra = [e for n in missing if node_entry is not None and (e := node_entry(n)) is not None]
+    fold_nodes(results, ask(extra) if extra else [])
+    return results
+
+
+def fold_nodes(results: list[HostStatus], others: Sequence[HostStatus] = ()) -> None:
+    """A multi-node service once: its head's service row gets every node's state (`nodes`), and
+    the workers' rows carry it in `node_of` instead of a service of their own. `others`: nodes
+    asked only for this (not selected). Pure: the statuses in, changed in place."""
+    by_host = {r.host: r for r in [*results, *others]}
+    for r in results:
+        for v in r.services:
+            if v.rank != 0 or not v.node_names:
+                continue
+            v.nodes = [{"host": v.node_names[0], "rank": 0, "state": v.state, "unit_state": v.unit_state,
+                        "reason": v.state_reason}]
+            for rank, node in enumerate(v.node_names[1:], 1):
+                hs = by_host.get(node)
+                w = next((x for x in hs.services if x.name == v.name), None) if hs is not None else None
+                if hs is None:
+                    state, reason = "unknown", "not asked (not in the inventory)"
+                elif not hs.reachable:
+                    state, reason = "unreachable", hs.error or ""
+                elif w is None:
+                    state, reason = "stopped", f"{v.name} does not run there"
+                else:
+                    state, reason = w.state, w.state_reason
+                v.nodes.append({"host": node, "rank": rank, "state": state,
+                                "unit_state": w.unit_state if w is not None else None, "reason": reason})
+            down = [n["host"] for n in v.nodes[1:] if n["state"] != "running"]
+            if down and v.state != "stopped":
+                v.state_reason += f"; node{'s' if len(down) > 1 else ''} {', '.join(down)} not running"
+    for r in results:
+        workers = [v for v in r.services if v.rank]
+        if not workers:
+            continue
+        r.node_of = [{"service": v.name, "head": v.node_names[0] if v.node_names else None, "rank": v.rank,
+                      "state": v.state, "reason": v.state_reason} for v in workers]
+        r.services = [v for v in r.services if not v.rank]
+        if r.services:
+            for name in PRIMARY_FIELDS:
+                setattr(r, name, getattr(r.services[0], name))
+            r.active_model = r.services[0].name
+        else:
+            first = workers[0]
+            r.active_model = None
+            for name in PRIMARY_FIELDS:
+                setattr(r, name, getattr(first, name))
+            r.port = r.served_name = None

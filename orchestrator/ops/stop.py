@@ -15,6 +15,7 @@ gc:    lock -> facts -> folders under models_root that vllm-orch made (its recor
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -162,6 +163,19 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     return res
 
 
+def recorded_nodes(host: Host, entry: HostEntry, name: str) -> list[str]:
+    """The nodes of the multi-node service NAME as this host's records say (services/NAME.json,
+    else installed/NAME.json: a deploy that failed before its record step), head first; [] for a
+    one-host service."""
+    for path in (state.record_path(entry, name), f"{entry.state_dir}/installed/{name}.json"):
+        rec = state.read_json(host, path)
+        if isinstance(rec, dict):
+            nodes = rec.get("nodes")
+            if isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes):
+                return list(nodes)
+    return []
+
+
 # -- gc --------------------------------------------------------------------------------------------
 
 @dataclass
@@ -256,3 +270,49 @@ def deploy_started_at(history: list[dict], model: str) -> float | None:
                 continue
             return at - float(rec.get("seconds") or 0) - 1
     return None
+
+
+# A line's time: journald's short-iso(-precise) prefix, vllm-orch's start marker of a process
+# host's log, or vLLM's own logger prefix (`INFO 12-01 02:08:38 [file.py:12]`, no year: this year).
+_JOURNAL_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d{2}:?\d{2}|Z)?\s")
+_MARKER_TS = re.compile(r"^--- vllm-orch start (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)Z")
+_VLLM_TS = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\b")
+
+
+def line_time(line: str, year: int | None = None) -> float | None:
+    """Epoch seconds a log line was written at, from the first timestamp it starts with (None: it has
+    none, e.g. a traceback's lines)."""
+    from datetime import datetime
+
+    if m := _JOURNAL_TS.match(line):
+        tz = (m.group(2) or "").replace("Z", "+00:00")
+        if tz and ":" not in tz:
+            tz = tz[:3] + ":" + tz[3:]
+        try:
+            return datetime.fromisoformat(m.group(1) + tz).timestamp()
+        except ValueError:
+            return None
+    if m := _MARKER_TS.match(line):
+        return datetime.fromisoformat(m.group(1) + "+00:00").timestamp()
+    if m := _VLLM_TS.search(line):
+        month, day, hh, mm, ss, frac = m.groups()
+        try:
+            at = datetime(year or datetime.now().year, int(month), int(day), int(hh), int(mm), int(ss))
+        except ValueError:
+            return None
+        return at.timestamp() + (float(f"0.{frac}") if frac else 0.0)
+    return None
+
+
+def merge_logs(per_node: list[tuple[str, list[str]]]) -> list[str]:
+    """The nodes' log lines in one list by time, each prefixed with its node (`[gpu2] ...`). A line
+    without a time of its own (a traceback) stays right after the line before it on its node; on
+    equal times the order of the nodes (head first) decides."""
+    keyed = []
+    for order, (node, lines) in enumerate(per_node):
+        last = float("-inf")
+        for i, line in enumerate(lines):
+            at = line_time(line)
+            last = at if at is not None else last
+            keyed.append(((last, order, i), f"[{node}] {line}"))
+    return [text for _, text in sorted(keyed, key=lambda kv: kv[0])]

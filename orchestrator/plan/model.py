@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from orchestrator.plan.run import RunEnv
 
 
+# Steps that change nothing on a host by themselves: a plan of only these (and no-ops) changes nothing.
+CHECKS_ONLY = ("lock", "preflight", "record", "verify-same")
+
+
 @dataclass
 class Action:
     step: str                                   # short key: lock, preflight, disk, download, ...
@@ -34,6 +38,12 @@ class Action:
     details: list[str] = field(default_factory=list)         # extra lines (checks, diffs, folders)
     run: Callable[[RunEnv], str | None] | None = None        # custom apply; returns a result line
     confirm: str | None = None                  # what the user must accept first (a deletion), or None
+    node: str | None = None                     # the inventory host the step runs on (None: the plan's own)
+
+    @property
+    def key(self) -> str:
+        """The step as a plan shows it: `download`, or `download[gpu2]` for a step on one node."""
+        return f"{self.step}[{self.node}]" if self.node else self.step
 
     def lines(self) -> list[str]:
         out = [self.summary]
@@ -101,14 +111,14 @@ class Plan:
 
     @property
     def changes(self) -> bool:
-        return any(not a.noop for a in self.actions if a.step not in ("lock", "preflight", "record"))
+        return any(not a.noop for a in self.actions if a.step not in CHECKS_ONLY)
 
     def text(self) -> str:
         lines = [f"Plan: {self.operation} {self.model} on {self.host_desc}"]
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         every = self.actions + [a for r in self.recoveries for a in r.actions]
-        width = max((len(a.step) for a in every), default=6)
+        width = max((len(a.key) for a in every), default=6)
         lines += _action_lines(self.actions, width, lambda i: f"{i:>2}.")
         if self.refusal:
             lines.append(f"  REFUSED: {self.refusal}")
@@ -129,6 +139,6 @@ def _action_lines(actions: list[Action], width: int, label: Callable[[int], str]
     for i, a in enumerate(actions, 1):
         first, *rest = a.lines()
         marker = "-" if a.noop else "*"
-        out.append(f"  {label(i):>3} {a.step:<{width}} {marker} {first}")
+        out.append(f"  {label(i):>3} {a.key:<{width}} {marker} {first}")
         out += [f"  {'':>3} {'':<{width}}   {r}" for r in rest]
     return out

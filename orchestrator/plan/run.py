@@ -92,6 +92,9 @@ class RunEnv:
     # Called before every step: None while the host lock is ours, a note when it was re-taken after
     # a dropped connection; raises (LockLost) when it is not ours any more. None for no lock.
     guard: Callable[[], str | None] | None = None
+    # A multi-node run (orchestrator.ops.multinode): every node's env by inventory name, this one's
+    # (the head's) included; an action naming a node runs with its env. Empty for one host.
+    nodes: dict[str, RunEnv] = field(default_factory=dict)
 
     def event(self, kind: str, text: str) -> None:
         if self.reporter is not None:

@@ -9,10 +9,11 @@ import difflib
 import re
 import shlex
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import NodeRole
 from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.host.base import Command, Script
@@ -145,11 +146,13 @@ def _mask_env(text: str, shown_keys: set[str]) -> str:
 def installed_record(r: Rendered, placed: dict | None = None) -> dict:
     """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
     `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
-    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is."""
+    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is.
+    A node of a multi-node service: its nodes and rank too (stop finds every node from any one,
+    even after a deploy that failed before its record step)."""
     return {"model": r.manifest.model_name, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
             "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
-            **({"placed": placed} if placed else {})}
+            **({"placed": placed} if placed else {}), **node_fields(r.role)}
 
 
 def command_line_placement(svc: ServiceInput) -> dict:
@@ -308,7 +311,10 @@ def boot_action(entry: HostEntry, enable: str | None, disable: list[str], summar
 # -- readiness -------------------------------------------------------------------------------------
 
 def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: bool, *,
-                 marks_ready: bool = True) -> Action:
+                 marks_ready: bool = True, workers: Sequence[str] = ()) -> Action:
+    """Wait for the gates at this host. `workers`: the other nodes of a multi-node service (their
+    envs in RunEnv.nodes), whose logs and units are followed too: a fatal line or an exit on any of
+    them fails the wait naming that node."""
     m = svc.manifest
     if already_serving:
         return Action("ready", f"nothing to do, because {m.served_name} answers /health and is listed on "
@@ -320,9 +326,12 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
     def run(env: RunEnv) -> str:
         service = service_of(env, m.name)
         cursor = env.record.log_cursors.get(m.name) or service.log_cursor()
+        nodes = [(n, service_of(env.nodes[n], m.name)) for n in workers]
         ready = wait_ready(env.host, service, m, cursor, on_event=env.event, budget_s=budget,
                            no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s,
-                           api_key=key)
+                           api_key=key, nodes=nodes,
+                           node_cursors={n: c for n in workers
+                                         if (c := env.nodes[n].record.log_cursors.get(m.name))})
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()
@@ -330,8 +339,11 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
+    also = f"; follow the logs and units of {', '.join(workers)} too (a fatal line or an exit there fails it)" \
+        if workers else ""
     return Action("ready", f"wait up to {budget:.0f}s for {m.name}: {' -> '.join(gates)}; fail on a fatal log "
-                           f"line, on exit, or after {m.startup.no_progress_seconds}s without a log line", run=run)
+                           f"line, on exit, or after {m.startup.no_progress_seconds}s without a log line{also}",
+                  run=run)
 
 
 # -- performance floor -----------------------------------------------------------------------------
@@ -396,7 +408,13 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
             "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,
             "hardware": inp.target.effective.hardware if inp.target.effective else None,
-            "perf": env.record.perf.get(m.name)}
+            "perf": env.record.perf.get(m.name), **node_fields(r.role)}
+
+
+def node_fields(role: NodeRole | None) -> dict:
+    """A multi-node service's record (and history record) on each node: every node (head first),
+    this one's rank, the head. Nothing for one host (a record without "nodes" is single-node)."""
+    return {} if role is None else {"nodes": list(role.nodes), "rank": role.rank, "head": role.nodes[0]}
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,

@@ -70,6 +70,36 @@ FATAL: list[Signature] = [
          "run vLLM >= 0.18.0 or set kv_cache_dtype auto"),
     _sig("nan-probability", r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
          "NaN in sampling (flashinfer FP4 MoE race on SM120)", "use vllm.moe_backend: marlin"),
+    # Multi-node (vLLM's own runtime over torch.distributed): the ranks meet in rank 0's TCPStore on
+    # --master-port; DP engines handshake with the head on --data-parallel-rpc-port. torch's
+    # messages (socket.cpp / TCPStore.cpp / gloo's pair.cc) and vLLM's (v1/engine/core.py).
+    _sig("head-unreachable",
+         r"The client socket has timed out after \d+ms while trying to connect to \(",
+         "this node's ranks never reached the head's rendezvous (--master-addr:--master-port) within "
+         "the process group timeout",
+         "check that the head is up and that this node can reach its cluster address and master port "
+         "(firewall, route, NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME naming the right NIC)"),
+    _sig("join-timeout", r"Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined",
+         "the head waited for every rank and some never joined (a node not started, or unable to "
+         "reach the head)", "start every node (workers before or with the head) and check the nodes "
+         "not reported as joined; their logs name the cause"),
+    _sig("dp-handshake-timeout", r"Did not receive response from front-end process within \d+ minutes",
+         "this node's data-parallel engines got no answer from the head's --data-parallel-address:"
+         "--data-parallel-rpc-port", "start the head, and check that this node reaches that address and port"),
+    _sig("weights-mismatch", r"Attempted to load weight \(.*\) into parameter \(",
+         "the checkpoint's tensor shapes do not match the model (on a multi-node service: this node "
+         "holds another revision of the weights)",
+         "download the manifest's revision on every node (the deploy verifies the files are identical "
+         "before any start)"),
+    _sig("peer-closed", r"Connection closed by peer \[",
+         "a rank on another node of this service died or went away (its node's log has the root cause)",
+         "read the other nodes' logs; restart the service on every node"),
+    _sig("head-gone", r"Failed to recv, got 0 bytes\. Connection was likely closed",
+         "the head of this multi-node service died or went away", "read the head's log; restart the service "
+         "on every node"),
+    _sig("cuda-error", r"CUDA error: (an illegal memory access|unspecified launch failure)",
+         "a GPU kernel faulted on this rank", "read the traceback; check the GPU with nvidia-smi "
+         "(Xid errors in the kernel log) and restart"),
     _sig("engine-core-failed", r"Engine core initialization failed|EngineCore failed to start",
          "the engine failed to start (the root cause is earlier in the log)", "read the log lines above"),
 ]

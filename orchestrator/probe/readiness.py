@@ -14,8 +14,9 @@ it too - that is what an NCCL hang looks like. Time is a parameter: tests pass s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConnectError, DeployFailed
@@ -62,10 +63,79 @@ def failure_fields(err: Exception | None) -> dict:
     return fields
 
 
+# A line (or an exit) that says ANOTHER node died: the head's "Connection closed by peer" when a
+# rank went away, a rank's "Failed to recv" when the head did. Not a root cause: the wait gives the
+# other nodes CONSEQUENCE_GRACE_S to show theirs before it fails on such a line.
+CONSEQUENCES = frozenset({"peer-closed", "head-gone"})
+CONSEQUENCE_GRACE_S = 2.0
+
+
+@dataclass
+class _Failure:
+    node: str | None            # None: the head (the host the wait is at)
+    kind: str                   # fatal-log | crash
+    message: str
+    root: str | None
+    hint: str | None
+    consequence: bool           # the line says another node died (CONSEQUENCES)
+
+    def rank(self) -> tuple[bool, bool, bool]:
+        """Which of several failures seen together to report: a root cause before a consequence,
+        a fatal line before an exit, another node before the head (whose death follows a rank's)."""
+        return self.consequence, self.kind != "fatal-log", self.node is None
+
+
+def _fatal(lines: list[str]) -> tuple[logsig.Signature, str] | None:
+    for line in lines:
+        sig = logsig.fatal_in(line)
+        if sig and sig.key != "engine-core-failed":
+            return sig, line
+    return None
+
+
+def _exited(seen: list[str]) -> tuple[str | None, str | None, bool]:
+    """(root-cause line, hint, is it a consequence) of a process that exited, from its log."""
+    cause, root = logsig.root_cause(seen)
+    return root, cause.fix if cause else None, bool(cause and cause.key in CONSEQUENCES)
+
+
+@dataclass
+class _Node:
+    """Another node of a multi-node service, followed during the wait: its log and its unit."""
+
+    name: str
+    service: Service
+    cursor: str
+    seen: list[str] = field(default_factory=list)
+    fresh: int = 0                      # lines read in the last poll
+
+    def failure(self, elapsed: float) -> _Failure | None:
+        """A fatal line among the node's new log lines, or its unit stopped; None while it runs."""
+        lines, self.cursor = self.service.read_log(self.cursor)
+        self.seen.extend(lines)
+        self.fresh = len(lines)
+        if found := _fatal(lines):
+            sig, line = found
+            return _Failure(self.name, "fatal-log", f"fatal log line on node {self.name} after {elapsed:.1f}s: "
+                                                    f"{sig.meaning}", logsig.clean(line), sig.fix, sig.key in CONSEQUENCES)
+        if not self.service.state().active:
+            root, hint, consequence = _exited(self.seen)
+            return _Failure(self.name, "crash", f"vLLM on node {self.name} exited after {elapsed:.1f}s (a rank of the "
+                                                f"service is gone: it cannot serve)", root, hint, consequence)
+        return None
+
+
 def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                on_event: Callable[[str, str], None] = lambda kind, text: None,
                budget_s: float | None = None, no_progress_s: float | None = None,
-               poll_s: float = 0.5, api_key: Secret | str | None = None) -> Ready:
+               poll_s: float = 0.5, api_key: Secret | str | None = None,
+               nodes: Sequence[tuple[str, Service]] = (), node_cursors: Mapping[str, str] | None = None) -> Ready:
+    """`nodes`: a multi-node service's other nodes (name, their Service), whose logs (from
+    node_cursors, else from now) and units are read every poll too: a fatal line or a stopped unit
+    on one fails the wait naming it. Of several failures seen together, a root cause beats a line
+    saying another node died (CONSEQUENCES: reported only when no cause shows within
+    CONSEQUENCE_GRACE_S), a fatal line beats an exit, and another node beats the head (the head dies
+    of a lost rank: the rank is the cause)."""
     budget = float(budget_s if budget_s is not None else m.startup.budget_seconds)
     quiet_limit = float(no_progress_s if no_progress_s is not None else m.startup.no_progress_seconds)
     start = time.monotonic()
@@ -76,7 +146,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
     port = m.serving.port
     ep = probes.Endpoint(host, port, Secret(api_key) if isinstance(api_key, str) else api_key)
 
-    def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> None:
+    def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> NoReturn:
         more, _ = service.read_log(cursor_box[0])
         seen.extend(more)
         sig, line = logsig.root_cause(seen)
@@ -84,11 +154,23 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                        last_lines=[logsig.clean(l) for l in seen[-12:]], gates=list(passed),
                        hint=hint or (sig.fix if sig else None))
 
+    others = [_Node(name, svc, (node_cursors or {}).get(name) or svc.log_cursor()) for name, svc in nodes]
+
+    by_name = {n.name: n for n in others}
+    held: tuple[float, _Failure] | None = None      # a consequence seen first, while the cause may follow
+
+    def report(f: _Failure) -> NoReturn:
+        if f.node is None:
+            fail(f.kind, f.message, root=f.root, hint=f.hint)
+        node = by_name[f.node]
+        raise NotReady(f.message, kind=f.kind, root_cause=f.root, host=node.name,
+                       last_lines=[logsig.clean(l) for l in node.seen[-12:]], gates=list(passed), hint=f.hint)
+
     cursor_box = [cursor]
     smoke_result: probes.SmokeResult | None = None
-    connects = host.connects
+    connects = [h.connects for h in [host, *(n.service.host for n in others)]]
     while True:
-        if host.connects != connects:
+        if [h.connects for h in [host, *(n.service.host for n in others)]] != connects:
             # A command that was cut raises ConnectError itself; one that ran after a cut between
             # polls reconnected without a word. Either way the deploy lock's connection is gone:
             # end the wait the same way, so the run re-proves its lock and rolls back.
@@ -107,14 +189,30 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                     phases.append((phase, elapsed))
                     on_event("phase", f"{phase} (at {elapsed:.1f}s)")
                 on_event("log", logsig.clean(line))
-                sig = logsig.fatal_in(line)
-                if sig and sig.key != "engine-core-failed":
-                    fail("fatal-log", f"fatal log line after {elapsed:.1f}s: {sig.meaning}",
-                         root=logsig.clean(line), hint=sig.fix)
+        failures = [f for node in others if (f := node.failure(elapsed)) is not None]
+        if any(node.fresh for node in others):
+            last_line_at = now                  # a node's progress (joining, loading) is progress too
+        if found := _fatal(lines):
+            sig, line = found
+            failures.append(_Failure(None, "fatal-log", f"fatal log line after {elapsed:.1f}s: {sig.meaning}",
+                                     logsig.clean(line), sig.fix, sig.key in CONSEQUENCES))
         state = service.state()
         if not state.active:
-            fail("crash", f"the service exited after {elapsed:.1f}s" +
-                 (" (before it served)" if len(passed) < 3 else ""))
+            root, hint, consequence = _exited(seen)
+            failures.append(_Failure(None, "crash", f"the service exited after {elapsed:.1f}s" +
+                                     (" (before it served)" if len(passed) < 3 else ""), None, None,
+                                     consequence and bool(others)))
+        if failures:
+            worst = min(failures, key=_Failure.rank)
+            # one host, or a root cause: fail now; a node that says another died: let that one speak
+            if not others or not worst.consequence:
+                report(worst)
+            held = held or (now, worst)
+        if held is not None:                    # waiting for the cause of what a node said
+            if now - held[0] >= CONSEQUENCE_GRACE_S:
+                report(held[1])
+            time.sleep(poll_s)
+            continue
         stage = len(passed)
         if stage == 0:
             passed.append((GATES[0], elapsed))

@@ -22,6 +22,8 @@ import jinja2
 from orchestrator import __version__
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import NodeRole
+from orchestrator.errors import ConfigError
 from orchestrator.paths import package_file, shipped_dir
 from orchestrator.secret import Secret, reveal
 
@@ -29,8 +31,10 @@ TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 
-# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret.
-ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE")
+# What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
+# three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
+ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
+            "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
@@ -112,6 +116,13 @@ class Rendered:
     manifest_hash: str
 
     extra: list[RenderedFile] = field(default_factory=list)   # systemd: health check units, probe
+    role: NodeRole | None = None           # a node of a multi-node service; None: a one-host service
+
+    @property
+    def runs_vllm(self) -> bool:
+        """Whether the unit runs `vllm serve` (preflight checks its argv with the host's parser): not
+        on a Ray worker node, whose unit runs `ray start --address` and vLLM reaches it through Ray."""
+        return not is_ray_worker(self.manifest, self.role)
 
     @property
     def files(self) -> list[RenderedFile]:
@@ -132,8 +143,86 @@ def model_dir(m: Manifest, host: HostEntry) -> str:
     return f"{host.models_root}/{m.model_name}"
 
 
-def build_argv(m: Manifest, host: HostEntry) -> tuple[list[str], list[tuple[str, str]]]:
-    """The `vllm serve` argv and, for each token, the manifest field that produced it."""
+def ray_executable(host: HostEntry) -> str:
+    """`ray` beside the vllm executable (the same venv: Ray's version must be the one vLLM imports)."""
+    return str(Path(host.vllm).with_name("ray")) if "/" in host.vllm else "ray"
+
+
+def ray_unit_name(m: Manifest) -> str:
+    """The head's Ray unit of a multi-node service with backend ray."""
+    return f"ray-{m.name}.service"
+
+
+def is_ray_worker(m: Manifest, role: NodeRole | None) -> bool:
+    return role is not None and not role.head and m.multinode is not None and m.multinode.backend == "ray"
+
+
+def _check_role(m: Manifest, host: HostEntry, role: NodeRole | None) -> None:
+    if role is None:
+        return
+    if m.multinode is None:
+        raise ConfigError(f"{m.name} is not a multi-node manifest: it has no node roles")
+    if len(role.nodes) != m.multinode.nodes or not 0 <= role.rank < len(role.nodes):
+        raise ConfigError(f"{m.name}: node rank {role.rank} of {len(role.nodes)} nodes does not fit "
+                          f"multinode.nodes {m.multinode.nodes}")
+
+
+def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, str]]:
+    """`ray start` of a node: the head's GCS, or a worker joining it; --block keeps it in the
+    foreground for systemd."""
+    assert m.multinode is not None
+    port = m.multinode.ray_port
+    out = [(ray_executable(host), "host.vllm"), ("start", "(command)")]
+    if role.head:
+        out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
+    else:
+        out += [("--address", "(head ray address)"), (f"{role.head_address}:{port}", "(head ray address)")]
+    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address"),
+            ("--disable-usage-stats", "(always)"), ("--block", "(always)")]
+    return out
+
+
+def ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[str]:
+    return [t for t, _ in _ray_argv(m, host, role)]
+
+
+def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
+    """The flags that make one node's `vllm serve` a rank of the multi-node service."""
+    mn, v = m.multinode, m.vllm
+    assert mn is not None
+    out: list[tuple[str, str]] = []
+
+    def add(field_path: str, *tokens: object) -> None:
+        out.extend((str(t), field_path) for t in tokens)
+
+    if mn.backend == "ray":             # the head only (workers run `ray start`): Ray places the workers
+        add("multinode.backend", "--distributed-executor-backend", "ray")
+    elif v.data_parallel_size > 1:      # data parallel across nodes: each node runs its share of DP ranks
+        local = v.data_parallel_size // mn.nodes
+        add("multinode.nodes", "--data-parallel-size-local", local)
+        add("(head cluster address)", "--data-parallel-address", role.head_address)
+        add("multinode.dp_rpc_port", "--data-parallel-rpc-port", mn.dp_rpc_port)
+        if not role.head:
+            add("(node rank)", "--data-parallel-start-rank", role.rank * local)
+            add("(node rank)", "--headless")
+    else:                               # tensor/pipeline parallel across nodes: one torch.distributed group
+        add("multinode.nodes", "--nnodes", mn.nodes)
+        add("(node rank)", "--node-rank", role.rank)
+        add("(head cluster address)", "--master-addr", role.head_address)
+        add("multinode.master_port", "--master-port", mn.master_port)
+        if not role.head:
+            add("(node rank)", "--headless")
+    return out
+
+
+def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The argv the service's unit runs and, for each token, the manifest field that produced it:
+    `vllm serve ...`; for a node of a multi-node service (role) with its rank's flags; on a Ray worker
+    node, `ray start --address HEAD:PORT` (vLLM runs on the head only)."""
+    _check_role(m, host, role)
+    if role is not None and is_ray_worker(m, role):
+        ray = _ray_argv(m, host, role)
+        return [t for t, _ in ray], ray
     out: list[tuple[str, str]] = []
 
     def add(field_path: str, *tokens: object) -> None:
@@ -155,6 +244,8 @@ def build_argv(m: Manifest, host: HostEntry) -> tuple[list[str], list[tuple[str,
         add("vllm.enable_expert_parallel", "--enable-expert-parallel")
     if v.decode_context_parallel_size != 1:
         add("vllm.decode_context_parallel_size", "--decode-context-parallel-size", v.decode_context_parallel_size)
+    if role is not None:
+        out.extend(_node_flags(m, role))
     if v.max_model_len is not None:
         add("vllm.max_model_len", "--max-model-len", v.max_model_len)
     add("vllm.gpu_memory_utilization", "--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}")
@@ -254,40 +345,73 @@ def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) 
     return {k: Secret(environ[k]) for k in m.serving.secret_env if environ.get(k)}
 
 
-def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = None) -> Rendered:
+def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[str, str]]:
+    """What a node's env file adds for a multi-node service: VLLM_HOST_IP (the address the other
+    nodes reach it at) and, when the inventory names the interface, NCCL_SOCKET_IFNAME and
+    GLOO_SOCKET_IFNAME."""
+    if role is None:
+        return []
+    out = [("VLLM_HOST_IP", host.node_address(m.name))]
+    if host.cluster_interface:
+        out += [("NCCL_SOCKET_IFNAME", host.cluster_interface), ("GLOO_SOCKET_IFNAME", host.cluster_interface)]
+    for key, value in out[1:]:
+        if key in m.env and m.env[key] != value:
+            raise ConfigError(f"{host.where('cluster', 'interface')}: {host.name}'s interface is {value} but the "
+                              f"service environment (the manifest's env or the host's service_env) sets "
+                              f"{key}={m.env[key]}: keep one of them")
+    return [(k, env_value(v)) for k, v in out if m.env.get(k) != v]
+
+
+def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = None,
+           role: NodeRole | None = None) -> Rendered:
+    """The files of the service on `host`; for a node of a multi-node service (`role`), that
+    node's: its rank's argv, its own address and interfaces in the env file, and on a worker node
+    (rank > 0) a unit without the readiness probe and the health timer (it serves no HTTP)."""
     secrets = dict(secrets or {})
-    argv, provenance = build_argv(m, host)
+    argv, provenance = build_argv(m, host, role)
     mdir = model_dir(m, host)
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
                   manifest_hash=mhash, protect_home=protect_home(host))
+    ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
+    if ray and host.service_manager != "systemd":
+        raise ConfigError(f"{host.where('service_manager')}: {m.name} runs on Ray (multinode.backend ray), whose "
+                          f"nodes are systemd units; {host.name} is a `{host.service_manager}` host: use backend mp")
 
     env_pairs = [(k, env_value(v)) for k, v in m.env.items()]
     missing = [k for k in m.serving.secret_env if k not in secrets]
     env_tpl = _template("vllm.env.j2")
-    env_args = dict(common, env=env_pairs, missing_secrets=missing,
+    env_args = dict(common, env=env_pairs, missing_secrets=missing, role=role, node_env=node_env(m, host, role),
                     cuda_visible_devices=",".join(str(i) for i in m.serving.visible_devices))
     masked = env_tpl.render(**env_args, secrets=[(k, "***") for k in secrets])
     revealed = env_tpl.render(**env_args, secrets=[(k, env_value(reveal(v))) for k, v in secrets.items()])
     env_file = RenderedFile(epath, masked, 0o600, revealed if secrets else None)
 
     extra: list[RenderedFile] = []
+    worker = role is not None and not role.head
     if host.service_manager == "systemd":
         health_service, health_timer = health_unit_names(m)
-        units = dict(common, health_timer=health_timer)
+        units = dict(common, health_timer="" if worker else health_timer, role=role,
+                     ray_worker=is_ray_worker(m, role), ray_unit=ray_unit_name(m) if ray and not worker else "",
+                     ray_address=f"{role.head_address}:{m.multinode.ray_port}" if ray and role and m.multinode else "")
         text = _template("vllm.service.j2").render(
-            **units, exec_start=exec_start(argv), ready_probe=probe_command(m, host, "ready"),
+            **units, exec_start=exec_start(argv), ready_probe="" if worker else probe_command(m, host, "ready"),
             start_limit_interval=start_limit_interval(m), stop_timeout=stop_timeout(m))
         unit = RenderedFile(unit_path(m, host), text, 0o644)
-        check_timeout = m.probes.health_timeout_seconds * 2 + 30    # /metrics twice, /health, the completion
-        extra = [
-            RenderedFile(f"{host.units_dir}/{health_service}", _template("vllm-health.service.j2").render(
-                **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout), 0o644),
-            RenderedFile(f"{host.units_dir}/{health_timer}", _template("vllm-health.timer.j2").render(**units),
-                         0o644),
-            RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
+        if not worker:
+            check_timeout = m.probes.health_timeout_seconds * 2 + 30    # /metrics twice, /health, the completion
+            extra = [
+                RenderedFile(f"{host.units_dir}/{health_service}", _template("vllm-health.service.j2").render(
+                    **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout),
+                    0o644),
+                RenderedFile(f"{host.units_dir}/{health_timer}", _template("vllm-health.timer.j2").render(**units),
+                             0o644),
+                RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
+        if ray and role is not None and role.head:
+            extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(
+                **common, role=role, exec_start=exec_start(ray_argv(m, host, role))), 0o644))
     else:
         text = _template("vllm-process.sh.j2").render(**common, argv=argv)
         unit = RenderedFile(unit_path(m, host), text, 0o755)
-    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra)
+    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role)

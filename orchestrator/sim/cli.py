@@ -153,7 +153,10 @@ def reboot_cmd(host):
 @click.option("--list", "list_", is_flag=True, help="List the faults that can be injected.")
 @click.option("--clear", is_flag=True, help="Remove HOST's pending faults and restore its packages.")
 def fault_cmd(host, fault, model, times, list_, clear):
-    """Inject FAULT into SIMULATED HOST: it applies to the next start of the model (or any)."""
+    """Inject FAULT into SIMULATED HOST: it applies to the next start of the model (or any).
+
+    On a multi-node service each node is its own host: `vllm-orch sim fault sim-2 unreachable-head`
+    makes that node's ranks fail to reach the head; the other nodes then fail as vLLM's do."""
     if list_:
         for name, doc in manager.fault_catalog().items():
             click.echo(f"{name:<26} {doc}")

@@ -77,7 +77,10 @@ class SimHost:
                 env["HF_ENDPOINT"] = f"http://127.0.0.1:{self.hub_port}"
             # A process host on this machine runs its services as whoever runs the simulator (a
             # process host can switch users only as root, and must not create one here).
+            # Process hosts share this machine's network: the nodes of a multi-node service meet at
+            # 127.0.0.1 (cluster.address; a name like "local" is no address a rank can connect to).
             entry = {"address": "local", "service_manager": "process", "service_user": _me(),
+                     "cluster": {"address": "127.0.0.1"},
                      "models_root": str(hdir / "models"), "vllm": str(hdir / "bin" / "vllm"),
                      "python": self.python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
                      "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}

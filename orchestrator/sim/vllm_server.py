@@ -33,6 +33,14 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
 - torch.compile cache: under VLLM_CACHE_ROOT (else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm) per
   configuration; a start that finds it logs vLLM's "Directly load the compiled graph(s) ... from
   the cache" and compiles in a fifth of the time.
+- multi-node (see MULTINODE_LINES for every line and its source): TP/PP across nodes
+  (--nnodes/--node-rank/--master-addr/--master-port, --headless on ranks > 0): the head's rank 0
+  listens on --master-port like torch's TCPStore, headless ranks connect with retries up to the
+  process group timeout (--distributed-timeout-seconds, else VLLM_SIM_JOIN_TIMEOUT_S, else 600 s),
+  the head loads only when all joined and serves only when every node loaded; DP across nodes
+  (--data-parallel-size-local/-start-rank/-address/-rpc-port, --headless): remote engine cores
+  handshake with the head's front end. A node that goes away takes the others down with torch's
+  / gloo's lines. Headless nodes never serve HTTP.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS); an entry with `times: N`
   fires at N starts (a failure that comes back at every restart). Each fault that takes effect is
   logged to `<hostdir>/logs/faults-fired.jsonl` (what, PID, when) for tests and benchmarks.
@@ -194,6 +202,14 @@ FAULTS = {
     "slow-start": "loading takes 5x longer (`factor`, default 5)",
     "slow-decode": "decodes at 35/81 of the layout's rate (a layout or backend change, a bad NCCL "
                    "setting: '81 tok/s expected, 35 seen')",
+    "unreachable-head": "multi-node: this node's ranks cannot reach the head (--master-addr or "
+                        "--data-parallel-address): they retry, then fail with torch's 'The client "
+                        "socket has timed out after ...ms' (DP: 'Did not receive response from "
+                        "front-end process within 5 minutes')",
+    "rank-crash-loading": "multi-node: a rank on this node crashes while loading weights (CUDA "
+                          "illegal memory access); the other nodes die with it",
+    "wrong-revision": "multi-node: this node holds another revision of the weights: loading fails "
+                      "with 'Attempted to load weight (...) into parameter (...)'; the others die",
 }
 
 
@@ -1562,6 +1578,8 @@ class Launch:
         self.sock: socket.socket | None = None     # bound by start(), listening from serve()
         self.stopping = False
         self.tearing_down = False      # we stop our workers ourselves (a worker exit is expected)
+        self.mesh: HeadListener | None = None        # TP/PP across nodes: the head's TCPStore
+        self.handshake: HeadListener | None = None      # DP across nodes: the engines' handshake
         self.t0 = time.time()
         if fault:
             fault_fired(fault, **{k: v for k, v in self.fault_args.items() if k not in ("fault", "pid", "at")})
@@ -1621,6 +1639,13 @@ class Launch:
             api_servers = int(a.data_parallel_size_local or 1)
         else:
             api_servers = dp
+        if a.headless:
+            if a.api_server_count is not None and int(a.api_server_count) > 0:
+                raise StartupFailed(
+                    f"ValueError: --api-server-count={a.api_server_count} cannot be used with "
+                    "--headless (no API servers are started in headless mode).")
+            api_servers = 0
+        nodes = multinode_layout(a, tp, pp, dp)
         return {
             "model": model, "model_dir": mpath if mpath.is_dir() else None, "ident": ident,
             "profile": key, "size": size, "tp": tp, "pp": pp, "dp": dp, "dcp": dcp, "ep": ep,
@@ -1637,6 +1662,7 @@ class Launch:
             "strategy": a.safetensors_load_strategy,
             "prefetch_threads": int(a.safetensors_prefetch_num_threads or 8),
             "prefetch_block": int(a.safetensors_prefetch_block_size or 16 * MiB),
+            **nodes,
         }
 
     # -- start-up --------------------------------------------------------------------------------
@@ -1677,10 +1703,25 @@ class Launch:
         if hasattr(socket, "SO_REUSEPORT"):
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self.sock.bind((cfg["host"] or "0.0.0.0", cfg["port"]))
-        await self.start_engine(cfg)
+        engine = asyncio.ensure_future(self.start_engine(cfg))
+        lost = asyncio.ensure_future(self.peer_lost())
+        done, _ = await asyncio.wait({engine, lost}, return_when=asyncio.FIRST_COMPLETED)
+        lost.cancel()
+        if engine not in done:                 # another node's rank died while this one started
+            engine.cancel()
+            peer = lost.result()
+            self.worker_crash(self.w0, self.ec, True, GLOO_FRAMES, gloo_closed(peer))
+        engine.result()
+
+    async def peer_lost(self) -> tuple:
+        """(address, port) of the first other node whose connection dropped (waits forever on a
+        single node, and for DP: the head's handshake does not watch remote engines)."""
+        while self.mesh is None:
+            await asyncio.sleep(0.05)
+        return await asyncio.shield(self.mesh.lost)     # cancelling this must not cancel `lost`
 
     def gpus(self, cfg: dict) -> list:
-        world = cfg["tp"] * cfg["pp"] * cfg["dp"]
+        world = cfg["local_world"]        # this node's ranks (all of them on a single node)
         n_host = len(SIM.get("gpus") or []) or 8
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
         visible = ([int(x) for x in cvd.split(",") if x.strip().isdigit()] if cvd is not None
@@ -1717,25 +1758,12 @@ class Launch:
         ec_name = "EngineCore_DP0" if dp > 1 else "EngineCore"
         gpus = self.gpus(cfg)
         multi = cfg["tp"] * cfg["pp"] * dp > 1
-        titles = []
-        for rank, gpu in enumerate(gpus):
-            d, rest = divmod(rank, cfg["tp"] * cfg["pp"])
-            p, t = divmod(rest, cfg["tp"])
-            if multi:
-                name = "Worker"
-                name += f"_DP{d}" if dp > 1 else ""
-                name += f"_PP{p}" if cfg["pp"] > 1 else ""
-                name += f"_TP{t}" if cfg["tp"] > 1 else ""
-                name += f"_DCP{t % cfg['dcp']}" if cfg["dcp"] > 1 else ""
-                name += f"_EP{rank}" if cfg["ep"] else ""
-            else:
-                name = "EngineCore"
-            titles.append((name, gpu))
+        titles = worker_titles(cfg, gpus)
         if multi:
             cores = [spawn_holder(f"VLLM::EngineCore_DP{d}" if dp > 1 else "VLLM::EngineCore",
-                                  exit_with_parent=True) for d in range(dp)]
+                                  exit_with_parent=True) for d in cfg["engines"]]
             self.engine_logs = [(f"EngineCore_DP{d}" if dp > 1 else "EngineCore", c.pid)
-                                for d, c in enumerate(cores)]
+                                for d, c in zip(cfg["engines"], cores)]
             self.aux += cores
             if dp > 1:
                 self.aux.append(spawn_holder("VLLM::DPCoordinator", exit_with_parent=True))
@@ -1767,12 +1795,13 @@ class Launch:
         for (p, title, gpu, st) in self.holders:
             self.register(p.pid, title, gpu, CUDA_CONTEXT_MIB, st)
         refresh_meminfo()
-        for i, w in enumerate(workers):
-            if multi:
-                log(w, "INFO", "parallel_state.py:1411",
-                    f"rank {i} in world size {len(workers)} is assigned as DP rank "
-                    f"{i // (cfg['tp'] * cfg['pp'])}, PP rank 0, TP rank {i % cfg['tp']}, "
-                    f"EP rank {i if cfg['ep'] else 'N/A'}")
+        self.w0, self.ec = w0, ec
+        if cfg["nnodes"] > 1 and cfg["engines_local"] == dp:      # TP/PP across nodes
+            await self.rendezvous(cfg, workers)
+        elif cfg["dp_remote"]:                                    # DP engines on other nodes
+            await self.open_handshake(cfg)
+        if multi:
+            log_rank_lines(cfg, workers)
         if multi:
             log(w0, "INFO", "pynccl.py:148", "vLLM is using nccl==2.28.9")
         await asyncio.sleep(0.05)
@@ -1847,6 +1876,10 @@ class Launch:
                         f"RuntimeError: flashinfer-cubin version ({cubin}) does not match "
                         f"flashinfer version ({fi}). Please install the same version of both "
                         "packages. Set FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
+            if self.fault in LOAD_FAULTS and i > steps // 3:
+                frames, exc = LOAD_FAULTS[self.fault]
+                fault_fired(self.fault, phase="crashed")
+                self.worker_crash(w0, ec, multi, frames, exc)
             if self.fault == "hang" and i > steps // 3:
                 while True:
                     await asyncio.sleep(3600)
@@ -1876,6 +1909,8 @@ class Launch:
                 f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 "
                 f"has a total capacity of {total_gib:.2f} GiB of which 1.02 GiB is free. Including "
                 f"non-PyTorch memory, this process has {total_gib - 1.02:.2f} GiB memory in use.")
+        if self.mesh is not None:       # the profile run needs every node's ranks loaded
+            await self.mesh.all_loaded()
         compile_s = await self.compile(cfg, w0, compile_s)
         log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
         kv_gib = budget_gib - w_gib - 2.4
@@ -1910,6 +1945,63 @@ class Launch:
             f"Graph capturing finished in {max(1, round(graph_s))} secs, took 0.52 GiB")
         log(ec, "INFO", "core.py:413", "init engine (profile, create kv cache, warmup model) took "
             f"{compile_s + graph_s + 0.5:.2f} s")
+        if self.handshake is not None:  # the API server waits for every remote engine's READY
+            await self.handshake.all_ready()
+
+    async def rendezvous(self, cfg: dict, workers: list) -> None:
+        """The head's side of torch.distributed's TCPStore rendezvous (rank 0 hosts the store on
+        --master-port, every other rank connects): wait for the other nodes' ranks, up to the
+        process group timeout, then let everyone go on."""
+        log(self.ec, "INFO", "multiproc_executor.py:167",
+            f"DP group leader: node_rank={cfg['node_rank']}, node_rank_within_dp=0, "
+            f"master_addr={cfg['master_addr']}, mq_connect_ip={os.environ.get('VLLM_HOST_IP') or cfg['master_addr']} "
+            f"(local), world_size={cfg['world']}, local_world_size={cfg['local_world']}")
+        log_world_lines(cfg, self.holders)
+        self.mesh = mesh = HeadListener("0.0.0.0", cfg["master_port"], cfg["nnodes"] - 1)
+        try:
+            await mesh.start()
+        except OSError as exc:
+            self.worker_crash(self.w0, self.ec, True, _TORCH_RDZV, (
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                f"network address. port: {cfg['master_port']}, useIpv6: 0, code: -{exc.errno or 98}, "
+                f"name: EADDRINUSE, message: address already in use"))
+        timeout = cfg["join_timeout"]
+        deadline = time.monotonic() + timeout
+        while not mesh.joined.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                joined = cfg["local_world"] + mesh.clients()
+                mesh.close()
+                self.worker_crash(self.w0, self.ec, True, _TORCH_RDZV, (
+                    f"torch.distributed.DistStoreError: Timed out after {int(timeout) + 1} seconds waiting "
+                    f"for clients. {joined}/{cfg['world']} clients joined."))
+            try:
+                await asyncio.wait_for(mesh.joined.wait(), timeout=min(left, 10.0))
+            except asyncio.TimeoutError:
+                if debug_logging():
+                    log(self.api, "DEBUG", "utils.py:1448",
+                        "Waiting for 1 local, 0 remote core engine proc(s) to start.")
+        mesh.send_all({"go": True})
+
+    async def open_handshake(self, cfg: dict) -> None:
+        """The front end's handshake socket for engines on other nodes (v1/engine/utils.py
+        wait_for_engine_startup): bound on --data-parallel-address:--data-parallel-rpc-port; the
+        API server waits for every remote engine's READY, with no timeout of its own."""
+        self.handshake = HeadListener(cfg["dp_address"], cfg["dp_rpc_port"], cfg["dp_remote"])
+        await self.handshake.start()
+        if debug_logging():
+            asyncio.ensure_future(self._debug_waiting(cfg))
+
+    async def _debug_waiting(self, cfg: dict) -> None:
+        hs = self.handshake
+        while hs is not None and not hs.all_done.is_set():
+            await asyncio.sleep(10.0)
+            if not hs.joined.is_set():
+                log(self.api, "DEBUG", "utils.py:1443", f"Waiting for 0 local, "
+                    f"{cfg['dp_remote'] - len(hs.links)} remote core engine proc(s) to connect.")
+            elif not hs.all_done.is_set():
+                log(self.api, "DEBUG", "utils.py:1448", f"Waiting for 0 local, "
+                    f"{cfg['dp_remote'] - len(hs.done)} remote core engine proc(s) to start.")
 
     async def compile(self, cfg: dict, w0, compile_s: float) -> float:
         """torch.compile with vLLM's cache (compilation/backends.py): a configuration compiled
@@ -1961,6 +2053,7 @@ class Launch:
         self.engine_failed(ec)
 
     def engine_failed(self, ec) -> None:
+        self.close_links()           # the failed ranks' connections to other nodes die with them
         self.stop_holders()
         log_raw(self.api, traceback_text(
             [("vllm/entrypoints/cli/serve.py", 142, "cmd", "uvloop.run(run_server(args))"),
@@ -1968,6 +2061,11 @@ class Launch:
             "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
             "proc(s): {'EngineCore_DP0': 1}"))
         raise StartupFailed(None)
+
+    def close_links(self) -> None:
+        for listener in (self.mesh, self.handshake):
+            if listener is not None:
+                listener.close()
 
     def stop_holders(self) -> None:
         self.tearing_down = True
@@ -1982,6 +2080,12 @@ class Launch:
                 p.wait(timeout=5)
             except Exception:
                 p.kill()
+        for (p, _t, _g, _s) in self.holders:     # a holder stopped before its handler was set
+            for f in (HOST_DIR / "gpu-procs").glob(f"{p.pid}-*.json"):   # leaves its entry behind
+                try:
+                    f.unlink()
+                except OSError:
+                    pass
         self.holders, self.aux = [], []
         refresh_meminfo()
 
@@ -2023,7 +2127,9 @@ class Launch:
             # fine, the first decode step kills the engine
             server.on_decode = lambda: self.die(server, DCP_FP8_DEATH)
         watcher = loop.create_task(self.watch_workers())
+        peers = loop.create_task(self.watch_peers(server))
         code = await self.ready
+        peers.cancel()
         watcher.cancel()
         refresher.cancel()
         srv.close()
@@ -2061,6 +2167,16 @@ class Launch:
                     asyncio.get_running_loop().call_later(0.5, self._finish, 1)
                     return
             await asyncio.sleep(0.2)
+
+    async def watch_peers(self, server) -> None:
+        """A node of this service that drops its connection (its rank died, or the node went
+        away) kills this engine, as the failed collective does on the real one."""
+        listeners = [x for x in (self.mesh, self.handshake) if x is not None]
+        if not listeners:
+            return
+        done, _ = await asyncio.wait([x.lost for x in listeners], return_when=asyncio.FIRST_COMPLETED)
+        if not self.stopping:
+            self.die(server, (GLOO_FRAMES, gloo_closed(next(iter(done)).result())))
 
     def die(self, server, cause: tuple = ()) -> None:
         """The engine dies while serving: `cause` is (worker, frames, exception) of the root cause
@@ -2141,6 +2257,580 @@ class Launch:
         self._finish(0)
 
 
+# --------------------------------------------------------------------------------------------
+# Multi-node: TP/PP across nodes (--nnodes/--node-rank/--master-addr/--master-port, --headless on
+# ranks > 0) and data parallel across nodes (--data-parallel-size-local/-start-rank/-address/
+# -rpc-port, --headless). MULTINODE_LINES is the table of what vLLM 0.33 and torch print for these
+# events and where: key -> (who prints it / when, source file, pieces of the line as they stand in
+# that source). vLLM paths are under the vllm package; torch's C++ messages are format strings in
+# torch/lib/libtorch_cpu.so. tests/integration/vllm_contract.py checks every piece against the real
+# files and that the simulator's lines carry them.
+MULTINODE_LINES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "headless tp/pp start": (
+        "headless TP/PP node at start, no process prefix", "vllm/entrypoints/cli/serve.py:224",
+        ("Launching vLLM (v", ") headless multiproc executor, ", "with head node address ",
+         " for torch.distributed process group.")),
+    "headless dp start": (
+        "headless DP node at start, no process prefix", "vllm/entrypoints/cli/serve.py:239",
+        ("Launching ", " data parallel engine(s) in headless mode, ", "with head node address ")),
+    "dp group leader": (
+        "the head's engine core (TP/PP across nodes)", "vllm/v1/executor/multiproc_executor.py:167",
+        ("DP group leader: node_rank=", ", node_rank_within_dp=", "master_addr=", ", mq_connect_ip=",
+         " (local), ", "world_size=", ", local_world_size=")),
+    "world size": (
+        "every worker before its groups exist (prefix 'Worker')", "vllm/distributed/parallel_state.py:1929",
+        ("world_size=", " rank=", " local_rank=", " distributed_init_method=", " backend=")),
+    "rank assignment": (
+        "every worker once its groups exist", "vllm/distributed/parallel_state.py:2385",
+        ("rank %s in world size %s is assigned as ", "DP rank %s, PP rank %s, PCP rank %s, ",
+         "TP rank %s, ETP rank %s, EP rank %s, EPLB rank %s")),
+    "waiting (debug)": (
+        "the head's API server while engines are missing, VLLM_LOGGING_LEVEL=DEBUG only",
+        "vllm/v1/engine/utils.py:1443", ("Waiting for ", " local, ", " remote core engine proc(s) to ")),
+    "connect failed": (
+        "a headless rank, failed connect attempts (stderr, [W... socket.cpp:N] [c10d] prefix)",
+        "torch/lib/libtorch_cpu.so", ("The client socket has failed to connect to ",)),
+    "connect timeout": (
+        "a headless rank that never reached the head (DistNetworkError)", "torch/lib/libtorch_cpu.so",
+        ("The client socket has timed out after ", " while trying to connect to (",)),
+    "join timeout": (
+        "the head's rank 0 when ranks are missing (DistStoreError; elapsed = timeout + 1)",
+        "torch/lib/libtorch_cpu.so", ("Timed out after ", " seconds waiting for clients. ", " clients joined.")),
+    "head gone": (
+        "a headless rank whose head went away (DistNetworkError)", "torch/lib/libtorch_cpu.so",
+        ("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?",)),
+    "peer gone": (
+        "the head when a rank on another node died (gloo, RuntimeError)", "torch/lib/libtorch_cpu.so",
+        ("Connection closed by peer ",)),
+    "worker failed to start": (
+        "a worker failing before it is ready", "vllm/v1/executor/multiproc_executor.py:1057",
+        ("WorkerProc failed to start.",)),
+    "worker failed": (
+        "a worker failing after it was ready", "vllm/v1/executor/multiproc_executor.py:1063",
+        ("WorkerProc failed.",)),
+    "executor init failed": (
+        "the executor's process after a worker failed to start", "vllm/v1/executor/multiproc_executor.py:891",
+        ("WorkerProc initialization failed due to an exception in a ", "background process. See stack trace for root cause.")),
+    "worker died": (
+        "a headless node's worker monitor", "vllm/v1/executor/multiproc_executor.py:380",
+        ("Worker proc ", " died unexpectedly (exit code: ", "shutting down executor.")),
+    "dp handshake timeout": (
+        "a remote DP engine that got no answer from the head (HANDSHAKE_TIMEOUT_MINS = 5, no knob)",
+        "vllm/v1/engine/core.py:1421", ("Did not receive response from front-end ", "process within ", "minutes")),
+    "shutting down": ("a headless DP node at exit", "vllm/entrypoints/cli/serve.py:266", ("Shutting down.",)),
+    "weights mismatch": (
+        "a rank loading another revision's weights (AssertionError)",
+        "vllm/model_executor/model_loader/weight_utils.py:1538", ("Attempted to load weight (", "into parameter (")),
+}
+# Timeouts: torch.distributed.init_process_group's timeout is ParallelConfig.distributed_timeout_seconds
+# (`--distributed-timeout-seconds`, v1/worker/gpu_worker.py:1711), else torch's default for NCCL,
+# 10 min; both the client's connect and the server's wait for clients use it. The simulator honours
+# the flag, else VLLM_SIM_JOIN_TIMEOUT_S (a simulator knob for tests and sim hosts), else 600 s.
+# VLLM_SIM_JOIN_TIMEOUT_S also shortens the DP handshake wait (vLLM's fixed 5 minutes; the line
+# still says "5 minutes", as vLLM's does).
+# Exit codes follow serve.py's run_headless: a start that fails raises (exit 1); once running, a
+# headless node whose worker or engine died returns from its monitor and exits 0.
+JOIN_TIMEOUT_ENV = "VLLM_SIM_JOIN_TIMEOUT_S"
+TORCH_NCCL_TIMEOUT_S = 600.0
+HANDSHAKE_TIMEOUT_MINS = 5
+RECV_CLOSED = ("torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
+               "closed. Did the remote server shutdown or crash?")
+WORKER_INIT_FAILED = ("Exception: WorkerProc initialization failed due to an exception in a background "
+                      "process. See stack trace for root cause.")
+_TORCH_RDZV = [("vllm/v1/executor/multiproc_executor.py", 780, "__init__", "self.worker.init_device()"),
+               ("vllm/v1/worker/gpu_worker.py", 504, "init_device", "init_worker_distributed_environment("),
+               ("vllm/v1/worker/gpu_worker.py", 1714, "init_worker_distributed_environment",
+                "init_distributed_environment("),
+               ("vllm/distributed/parallel_state.py", 1976, "init_distributed_environment",
+                "torch.distributed.init_process_group("),
+               ("torch/distributed/distributed_c10d.py", 1892, "init_process_group",
+                "store, rank, world_size = next(rendezvous_iterator)"),
+               ("torch/distributed/rendezvous.py", 232, "_tcp_rendezvous_handler", "store = _create_c10d_store("),
+               ("torch/distributed/rendezvous.py", 199, "_create_c10d_store", "return TCPStore(")]
+GLOO_FRAMES = [("vllm/v1/worker/gpu_worker.py", 700, "determine_available_memory",
+                "self.model_runner.profile_run(randomize_inputs=self.randomize_dummy_inputs)"),
+               ("vllm/distributed/parallel_state.py", 1379, "barrier", "torch.distributed.barrier(group=self.cpu_group)"),
+               ("torch/distributed/distributed_c10d.py", 5356, "barrier", "work.wait()")]
+_BUSY_LOOP = [("vllm/v1/executor/multiproc_executor.py", 1048, "worker_main", "worker.worker_busy_loop()"),
+              ("vllm/distributed/parallel_state.py", 1379, "barrier", "torch.distributed.barrier(group=self.cpu_group)"),
+              ("torch/distributed/distributed_c10d.py", 5356, "barrier", "work.wait()")]
+_LOAD = [("vllm/v1/executor/multiproc_executor.py", 788, "__init__", "self.worker.load_model()"),
+         ("vllm/v1/worker/gpu_worker.py", 601, "load_model",
+          "self.model_runner.load_model(load_dummy_weights=load_dummy_weights)"),
+         ("vllm/model_executor/model_loader/default_loader.py", 503, "load_weights",
+          "loaded_weights = model.load_weights(self.get_all_weights(model_config, model))")]
+WRONG_REVISION = (_LOAD + [("vllm/model_executor/model_loader/weight_utils.py", 1538, "default_weight_loader",
+                            "assert param.size() == loaded_weight.size(), (")],
+                  "AssertionError: Attempted to load weight (torch.Size([1792, 7168])) into parameter "
+                  "(torch.Size([2048, 7168]))")
+RANK_CRASH = (_LOAD + [("vllm/model_executor/model_loader/weight_utils.py", 1543, "default_weight_loader",
+                        "param.data.copy_(loaded_weight)")],
+              "torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
+
+
+def gloo_closed(peer: tuple) -> str:
+    return (f"RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+            f"peer [{peer[0]}]:{peer[1]}")
+
+
+def log_bare(level: str, where: str, msg: str) -> None:
+    """A line of a process vLLM does not decorate (the headless `vllm serve` itself)."""
+    sys.stdout.write(f"{level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {msg}\n")
+    sys.stdout.flush()
+
+
+def log_bare_raw(text: str) -> None:
+    sys.stdout.write(text.rstrip("\n") + "\n")
+    sys.stdout.flush()
+
+
+def debug_logging() -> bool:
+    return os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
+
+
+def multinode_layout(a, tp: int, pp: int, dp: int) -> dict:
+    """This node's share of the layout, as vLLM 0.33 derives it (engine/arg_utils.py
+    create_engine_config, config/parallel.py nnodes_within_dp): its global worker ranks, its DP
+    engines, and whom it waits for. The ValueErrors are vLLM's own."""
+    nnodes, node_rank = int(a.nnodes or 1), int(a.node_rank or 0)
+    world = tp * pp * dp
+    if nnodes > 1:
+        if world % nnodes:
+            raise StartupFailed(
+                f"ValueError: Invalid data-parallel launch options: `--nnodes {nnodes}` must evenly divide "
+                f"the total world size ({world}). Adjust `--nnodes`, `--data-parallel-size`, "
+                "`--pipeline-parallel-size`, `--tensor-parallel-size`, or `--prefill-context-parallel-size`.")
+        if not 0 <= node_rank < nnodes:
+            raise StartupFailed(
+                "ValueError: Invalid data-parallel launch options: `--node-rank` must be between 0 and "
+                f"{nnodes - 1}; got `--node-rank {node_rank}`. Set it to this node's zero-based index.")
+    inferred = (node_rank * (world // nnodes)) // (tp * pp) if nnodes > 1 else 0
+    dp_local = a.data_parallel_size_local
+    dp_local = int(dp_local) if dp_local is not None else (
+        max(world // nnodes // (tp * pp), 1) if nnodes > 1 else dp)
+    dp_start = int(a.data_parallel_start_rank) if a.data_parallel_start_rank is not None else inferred
+    nnodes_within_dp = max(1, nnodes // max(1, dp // max(dp_local, 1))) if nnodes > 1 else 1
+    local_world = tp * pp // nnodes_within_dp * dp_local
+    rank_within_dp = node_rank % nnodes_within_dp
+    if a.headless and dp_local <= 0:
+        raise StartupFailed("ValueError: data_parallel_size_local must be > 0 in headless mode")
+    if os.environ.get(JOIN_TIMEOUT_ENV):
+        sim_timeout = float(os.environ[JOIN_TIMEOUT_ENV])
+    else:
+        sim_timeout = None
+    timeout = (float(a.distributed_timeout_seconds) if a.distributed_timeout_seconds is not None
+               else sim_timeout or TORCH_NCCL_TIMEOUT_S)
+    return {
+        "nnodes": nnodes, "node_rank": node_rank, "headless": bool(a.headless),
+        "master_addr": a.master_addr or "127.0.0.1", "master_port": int(a.master_port or 29501),
+        "world": world, "local_world": local_world,
+        "rank0": dp_start * tp * pp + rank_within_dp * (tp * pp // nnodes_within_dp),
+        "engines": list(range(dp_start, dp_start + dp_local)), "engines_local": dp_local,
+        "dp_start": dp_start,
+        # the head's front end handshakes with every engine; remote ones come from other nodes
+        "dp_remote": dp - dp_local if (dp_start == 0 and not a.headless and nnodes_within_dp == 1) else 0,
+        "dp_address": a.data_parallel_address or a.master_addr or "127.0.0.1",
+        "dp_rpc_port": int(a.data_parallel_rpc_port or 29550),
+        "join_timeout": timeout,
+        "handshake_timeout": sim_timeout or HANDSHAKE_TIMEOUT_MINS * 60.0,
+    }
+
+
+def worker_titles(cfg: dict, gpus: list) -> list:
+    """(process title without VLLM::, GPU) of this node's GPU workers, named by their global rank
+    (setup_proc_title_and_log_prefix in v1/executor/multiproc_executor.py: Worker[_DP][_PP][_TP]
+    [_DCP][_EP]); at world size 1 the engine core holds the GPU."""
+    dp = cfg["dp"]
+    multi = cfg["tp"] * cfg["pp"] * dp > 1
+    out = []
+    for rank, gpu in enumerate(gpus, start=cfg["rank0"]):     # global ranks of this node
+        d, rest = divmod(rank, cfg["tp"] * cfg["pp"])
+        p, t = divmod(rest, cfg["tp"])
+        if multi:
+            name = "Worker"
+            name += f"_DP{d}" if dp > 1 else ""
+            name += f"_PP{p}" if cfg["pp"] > 1 else ""
+            name += f"_TP{t}" if cfg["tp"] > 1 else ""
+            name += f"_DCP{t % cfg['dcp']}" if cfg["dcp"] > 1 else ""
+            name += f"_EP{rank}" if cfg["ep"] else ""
+        else:
+            name = "EngineCore"
+        out.append((name, gpu))
+    return out
+
+
+def log_world_lines(cfg: dict, holders: list) -> None:
+    """Each worker's init_distributed_environment line, before its groups (and title) exist."""
+    init = f"tcp://{cfg['master_addr']}:{cfg['master_port']}"
+    for local, (p, _t, _g, _s) in enumerate(holders):
+        log(("Worker", p.pid), "INFO", "parallel_state.py:1929",
+            f"world_size={cfg['world']} rank={cfg['rank0'] + local} local_rank={local} "
+            f"distributed_init_method={init} backend=nccl")
+
+
+def log_rank_lines(cfg: dict, workers: list) -> None:
+    """Each worker's groups once initialized (parallel_state.py initialize_model_parallel): ranks
+    are global; expert TP is the TP group without expert parallel and a single rank with it."""
+    per_dp = cfg["tp"] * cfg["pp"]
+    for local, w in enumerate(workers):
+        i = cfg["rank0"] + local
+        tp_rank = i % cfg["tp"]
+        log(w, "INFO", "parallel_state.py:2385",
+            f"rank {i} in world size {cfg['world']} is assigned as DP rank {i // per_dp}, PP rank "
+            f"{i % per_dp // cfg['tp']}, PCP rank 0, TP rank {tp_rank}, ETP rank "
+            f"{0 if cfg['ep'] else tp_rank}, EP rank {i % (per_dp * cfg['dp']) if cfg['ep'] else 'N/A'}, "
+            "EPLB rank N/A")
+
+
+def c10d_warning(where: str, msg: str) -> None:
+    """torch's C10D_WARNING on stderr: `[W1201 02:05:12.123456789 socket.cpp:767] [c10d] ...`."""
+    t = time.time()
+    lt = time.localtime(t)
+    stamp = f"{lt.tm_mon}{lt.tm_mday:02d} {time.strftime('%H:%M:%S', lt)}.{int((t % 1) * 1e9):09d}"
+    sys.stderr.write(f"[W{stamp} {where}] [c10d] {msg}\n")
+    sys.stderr.flush()
+
+
+async def connect_with_retries(addr: str, port: int, timeout: float, unreachable: bool,
+                               warn: bool) -> tuple:
+    """TCPStore's client connect: retry until `timeout`; TimeoutError then. `unreachable`: the
+    packets go nowhere (a firewall, a wrong route): every attempt times out."""
+    deadline = time.monotonic() + timeout
+    next_warn, gap = time.monotonic(), 1.0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if unreachable:
+            await asyncio.sleep(min(1.0, left))
+            err = "(errno: 110 - Connection timed out)"
+        else:
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(addr, port), timeout=min(5.0, left))
+            except (OSError, asyncio.TimeoutError) as exc:
+                code = getattr(exc, "errno", None) or 110
+                err = f"(errno: {code} - {os.strerror(code)})"
+            await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        if warn and time.monotonic() >= next_warn:      # torch warns per attempt; the sim backs off
+            c10d_warning("socket.cpp:767", f"The client socket has failed to connect to [{addr}]:{port} {err}.")
+            next_warn, gap = time.monotonic() + gap, min(gap * 2, 30.0)
+
+
+class PeerLink:
+    """One other node's connection to the head: newline-delimited JSON both ways."""
+
+    def __init__(self, reader, writer, hello: dict):
+        self.reader, self.writer, self.hello = reader, writer, hello
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        self.peer = (peer[0], peer[1])
+
+    def send(self, msg: dict) -> None:
+        try:
+            self.writer.write((json.dumps(msg) + "\n").encode())
+        except (OSError, RuntimeError):
+            pass
+
+    def close(self) -> None:
+        """Now, not at the event loop's next turn: the caller may block next (stopping workers),
+        while a dying rank's peers see its connection drop at once."""
+        sock = self.writer.get_extra_info("socket")
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.writer.close()
+        except (OSError, RuntimeError):
+            pass
+
+
+class HeadListener:
+    """What the head listens with for other nodes: the TCPStore server of torch.distributed's
+    rendezvous (TP/PP across nodes) or the front end's engine handshake socket (DP across nodes).
+    A node joins with {"hello": ..., "clients": n}; says {"loaded": true} / {"ready": true}; a
+    closed connection is a dead node (`lost` resolves with its address)."""
+
+    def __init__(self, host: str, port: int, expected: int):
+        self.host, self.port, self.expected = host, port, expected
+        self.links: dict[int, PeerLink] = {}
+        self.joined = asyncio.Event()
+        self.done: set = set()
+        self.all_done = asyncio.Event()
+        self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.server: asyncio.AbstractServer | None = None
+        if expected <= 0:
+            self.joined.set()
+            self.all_done.set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self.on_conn, host=self.host, port=self.port,
+                                                 reuse_address=True)
+
+    def clients(self) -> int:
+        return sum(int(link.hello.get("clients") or 1) for link in self.links.values())
+
+    async def on_conn(self, reader, writer) -> None:
+        try:
+            hello = json.loads(await reader.readline() or b"null")
+        except (ValueError, OSError):
+            hello = None
+        if not isinstance(hello, dict) or "hello" not in hello:
+            writer.close()
+            return
+        link = PeerLink(reader, writer, hello)
+        key = int(hello["hello"])
+        self.links[key] = link
+        if len(self.links) >= self.expected:
+            self.joined.set()
+        while True:
+            try:
+                line = await reader.readline()
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                break
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("loaded") or msg.get("ready"):
+                self.done.add(key)
+                if len(self.done) >= self.expected:
+                    self.all_done.set()
+        if not self.lost.done():
+            self.lost.set_result(link.peer)
+
+    async def all_loaded(self) -> None:
+        await self.all_done.wait()
+
+    all_ready = all_loaded
+
+    def send_all(self, msg: dict) -> None:
+        for link in self.links.values():
+            link.send(msg)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for link in self.links.values():
+            link.close()
+
+
+LOAD_FAULTS = {"rank-crash-loading": RANK_CRASH, "wrong-revision": WRONG_REVISION}
+
+
+class Headless:
+    """`vllm serve ... --headless` on a node other than the head (serve.py run_headless): no API
+    server. TP/PP across nodes: a multiproc executor whose workers join the head's TCPStore
+    (--master-addr:--master-port) and then load their share. DP across nodes: engine cores that
+    handshake with the head's front end on --data-parallel-address:--data-parallel-rpc-port.
+    Either way the node lives while the head does, and the head dies when this node does (the
+    connection stands for torch.distributed's, which breaks both ways)."""
+
+    def __init__(self, launch: Launch, cfg: dict):
+        self.launch, self.cfg = launch, cfg
+        self.dp_mode = cfg["dp"] > 1          # else TP/PP across nodes
+        self.stop = asyncio.Event()
+        self.running = False          # joined and loaded: the node now only watches
+        self.link: PeerLink | None = None
+
+    def spawn(self) -> list:
+        launch, cfg = self.launch, self.cfg
+        gpus = launch.gpus(cfg)
+        if self.dp_mode:
+            cores = [spawn_holder(f"VLLM::EngineCore_DP{d}", exit_with_parent=True) for d in cfg["engines"]]
+            launch.engine_logs = [(f"EngineCore_DP{d}", c.pid) for d, c in zip(cfg["engines"], cores)]
+            launch.aux += cores
+        for name, gpu in worker_titles(cfg, gpus):
+            proc = spawn_holder(f"VLLM::{name}")
+            launch.holders.append((proc, f"VLLM::{name}", gpu, proc_start_time(proc.pid)))
+        for (p, title, gpu, st) in launch.holders:
+            launch.register(p.pid, title, gpu, CUDA_CONTEXT_MIB, st)
+        refresh_meminfo()
+        return [(t[len("VLLM::"):], p.pid) for (p, t, _g, _s) in launch.holders]
+
+    def start_failed(self, w0, frames: list, exc: str) -> int:
+        """A worker fails before it is ready: its traceback, then the executor's, which ends
+        `vllm serve` (exit 1)."""
+        if self.link is not None:      # the failed ranks' connections die with them
+            self.link.close()
+        if self.dp_mode:
+            ec = self.launch.engine_logs[0]
+            log(ec, "ERROR", "core.py:1584", "EngineCore failed to start.")
+            log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1556, "run_engine_core",
+                                         "engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)")]
+                                       + frames, exc))
+            self.launch.stop_holders()
+            log_bare("INFO", "serve.py:266", "Shutting down.")
+            return 0
+        log(w0, "ERROR", "multiproc_executor.py:1057", "WorkerProc failed to start.")
+        log_raw(w0, traceback_text([("vllm/v1/executor/multiproc_executor.py", 1023, "worker_main",
+                                     "worker = WorkerProc(*args, **kwargs)")] + frames, exc))
+        self.launch.stop_holders()
+        log_bare_raw(traceback_text(
+            [("vllm/entrypoints/cli/main.py", 112, "main", "args.dispatch_function(args)"),
+             ("vllm/entrypoints/cli/serve.py", 231, "run_headless",
+              "executor = MultiprocExecutor(vllm_config, monitor_workers=False)"),
+             ("vllm/v1/executor/multiproc_executor.py", 238, "_init_executor",
+              "self.workers = WorkerProc.wait_for_ready(unready_workers)"),
+             ("vllm/v1/executor/multiproc_executor.py", 913, "wait_for_ready", "raise e from None")],
+            WORKER_INIT_FAILED))
+        return 1
+
+    async def run(self) -> int:
+        cfg, launch = self.cfg, self.launch
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):     # run_headless catches both from the start
+            loop.add_signal_handler(sig, self.on_term)
+        if self.dp_mode:
+            where = f"tcp://{cfg['dp_address']}:{cfg['dp_rpc_port']}"
+            log_bare("INFO", "serve.py:239", f"Launching {cfg['engines_local']} data parallel engine(s) in "
+                     f"headless mode, with head node address {where}.")
+            addr, port, timeout = cfg["dp_address"], cfg["dp_rpc_port"], cfg["handshake_timeout"]
+        else:
+            log_bare("INFO", "serve.py:224", f"Launching vLLM (v{VERSION}) headless multiproc executor, "
+                     f"with head node address {cfg['master_addr']}:{cfg['master_port']} for "
+                     "torch.distributed process group.")
+            addr, port, timeout = cfg["master_addr"], cfg["master_port"], cfg["join_timeout"]
+        workers = self.spawn()
+        w0 = workers[0]
+        if self.dp_mode:
+            self.engine_config_lines()
+        else:
+            log_world_lines(cfg, launch.holders)
+        unreachable = launch.fault == "unreachable-head"
+        try:
+            reader, writer = await connect_with_retries(addr, port, timeout, unreachable,
+                                                        warn=not self.dp_mode)
+        except TimeoutError:
+            if unreachable:
+                fault_fired("unreachable-head", phase="timed out")
+            if self.dp_mode:
+                return self.start_failed(w0, [("vllm/v1/engine/core.py", 1421, "startup_handshake",
+                                               "raise RuntimeError(")],
+                                         "RuntimeError: Did not receive response from front-end process "
+                                         f"within {HANDSHAKE_TIMEOUT_MINS} minutes")
+            return self.start_failed(w0, _TORCH_RDZV, (
+                f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                f"{int(timeout * 1000)}ms while trying to connect to ({addr}, {port})."))
+        self.link = link = PeerLink(reader, writer, {})
+        link.send({"hello": cfg["dp_start"] if self.dp_mode else cfg["node_rank"],
+                   "clients": len(workers)})
+        if not self.dp_mode:
+            go = await reader.readline()          # the head lets everyone go once all joined
+            if not go:
+                return self.start_failed(w0, _TORCH_RDZV, RECV_CLOSED)
+        head_gone = asyncio.ensure_future(reader.read())      # EOF: the head is gone
+        log_rank_lines(cfg, workers)
+        loading = asyncio.ensure_future(self.load(w0))
+        done, _ = await asyncio.wait({loading, head_gone}, return_when=asyncio.FIRST_COMPLETED)
+        if loading not in done:
+            loading.cancel()
+            return self.start_failed(w0, GLOO_FRAMES, gloo_closed(link.peer)
+                                     if self.dp_mode else RECV_CLOSED)
+        failure = loading.result()
+        if failure:
+            link.close()
+            return self.start_failed(w0, *failure)
+        link.send({"loaded": True, "ready": True})
+        self.running = True
+        stop = asyncio.ensure_future(self.stop.wait())
+        dead = asyncio.ensure_future(self.watch_workers())
+        done, _ = await asyncio.wait({head_gone, stop, dead}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (stop, dead, head_gone):
+            t.cancel()
+        if head_gone in done and not self.stop.is_set():
+            if self.dp_mode:
+                ec = launch.engine_logs[0]
+                log(ec, "ERROR", "core.py:1590", "EngineCore encountered a fatal error.")
+                log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1571, "run_engine_core",
+                                             "engine_core.run_busy_loop()")] + GLOO_FRAMES[1:],
+                                           gloo_closed(link.peer)))
+            else:
+                log(w0, "ERROR", "multiproc_executor.py:1063", "WorkerProc failed.")
+                log_raw(w0, traceback_text(_BUSY_LOOP, RECV_CLOSED))
+                log_bare("ERROR", "multiproc_executor.py:380", f"Worker proc {w0[0]} died unexpectedly "
+                         "(exit code: 1), shutting down executor.")
+        elif dead in done:
+            name, code = dead.result()
+            log_bare("ERROR", "multiproc_executor.py:380", f"Worker proc {name} died unexpectedly "
+                     f"(exit code: {code}), shutting down executor.")
+        link.close()
+        launch.stop_holders()
+        if self.dp_mode:
+            log_bare("INFO", "serve.py:266", "Shutting down.")
+        return 0
+
+    def on_term(self) -> None:
+        """SIGTERM / SIGINT: SystemExit in run_headless; the executor stops its workers (exit 0)."""
+        if self.running:
+            self.stop.set()
+            return
+        self.launch.stop_holders()
+        os._exit(0)
+
+    def engine_config_lines(self) -> None:
+        cfg = self.cfg
+        for ec in self.launch.engine_logs:
+            log(ec, "INFO", "core.py:118", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+                f"model='{cfg['model']}', speculative_config=None, tokenizer='{cfg['model']}', "
+                f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+                f"trust_remote_code={cfg['trust']}, dtype=torch.bfloat16, "
+                f"max_seq_len={cfg['max_model_len']}, download_dir=None, load_format=auto, "
+                f"tensor_parallel_size={cfg['tp']}, pipeline_parallel_size={cfg['pp']}, "
+                f"data_parallel_size={cfg['dp']}, decode_context_parallel_size={cfg['dcp']}, "
+                f"enable_expert_parallel={cfg['ep']}, kv_cache_dtype={cfg['kv_dtype']}, "
+                f"device_config=cuda, served_model_name={','.join(cfg['served'])}, "
+                f"enable_prefix_caching=True, enable_chunked_prefill=True")
+
+    async def load(self, w0) -> tuple | None:
+        """This node's share of the weights, timed by its own page cache like the head's; a
+        load fault returns (frames, exception) of the failure."""
+        cfg, launch = self.cfg, self.launch
+        log(w0, "INFO", "gpu_model_runner.py:4979", f"Starting to load model {cfg['model']}...")
+        load = WeightLoad(cfg, w0, 1.0)
+        started = load.clock = time.monotonic()
+        load.start_prefetch(len(launch.holders))
+        for i in range(load.count):
+            await load.shard(i)
+            if launch.fault in LOAD_FAULTS and i + 1 > load.count // 3:
+                fault_fired(launch.fault, phase="crashed")
+                return LOAD_FAULTS[launch.fault]
+        n_gpu_shards = cfg["tp"] * cfg["pp"] * (cfg["dp"] if cfg["ep"] else 1)
+        w_gib = cfg["size"] / n_gpu_shards / GiB
+        log(w0, "INFO", "default_loader.py:507", f"Loading weights took {load.clock - started:.2f} seconds")
+        log(w0, "INFO", "gpu_model_runner.py:5089",
+            f"Model loading took {w_gib:.2f} GiB memory and {time.time() - launch.t0:.6f} seconds")
+        for (p, title, gpu, st) in launch.holders:
+            launch.register(p.pid, title, gpu, cfg["util"] * launch.total_mib(gpu) - 300, st)
+        if self.dp_mode:
+            for ec in launch.engine_logs:
+                log(ec, "INFO", "kv_cache_utils.py:1148", "GPU KV cache size: "
+                    f"{cfg['max_model_len'] * 4:,} tokens, Maximum concurrency for "
+                    f"{cfg['max_model_len']:,} tokens per request: 4.00x")
+        return None
+
+    async def watch_workers(self) -> tuple:
+        while True:
+            for (p, title, _gpu, _st) in self.launch.holders:
+                if p.poll() is not None:
+                    return title[len("VLLM::"):], p.returncode
+            await asyncio.sleep(0.2)
+
+
+async def run_headless(args, fault, fault_args=None) -> int:
+    launch = Launch(args, fault, fault_args or {})
+    try:
+        cfg = launch.configure()
+        return await Headless(launch, cfg).run()
+    except StartupFailed as exc:
+        if exc.args and exc.args[0]:
+            log_bare_raw(str(exc.args[0]))
+        launch.stop_holders()
+        return 1
+
+
 async def run_serve(args, fault, fault_args=None) -> int:
     launch = Launch(args, fault, fault_args or {})
     loop = asyncio.get_running_loop()
@@ -2194,6 +2884,8 @@ def main(argv=None) -> int:
     if fault == "crash-unrecognized-args":
         parser.error("unrecognized arguments: --enable-reasoning")
     try:
+        if args.headless:
+            return asyncio.run(run_headless(args, fault, entry))
         return asyncio.run(run_serve(args, fault, entry))
     except KeyboardInterrupt:
         return 0

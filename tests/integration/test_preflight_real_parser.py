@@ -179,8 +179,116 @@ def env_requests():
     return [{"argv": kimi_render()[1][0], "env": OLD_ENV}]
 
 
+# -- multi-node: every node's argv (issue 14) ---------------------------------------------------
+
+NODE_HOSTS = [HostEntry(name="gpu1", address="10.0.0.1", vllm="/opt/vllm/bin/vllm", models_root="/models"),
+              HostEntry(name="gpu2", address="gpu2.example", cluster={"address": "10.0.0.2"},
+                        vllm="/opt/vllm/bin/vllm", models_root="/models")]
+
+
+def _variant(m, **sections):
+    from orchestrator.config.manifest import Manifest
+
+    data = m.model_dump()
+    for section, values in sections.items():
+        data[section] = {**data[section], **values}
+    return Manifest.model_validate(data)
+
+
+@functools.cache
+def multinode_rendered():
+    """name -> Rendered, every node of: the shipped 2-node manifest (mp: TP 8 x PP 2 across the
+    nodes) as each of its hardware classes gets it; a data-parallel-across-nodes variant (4 replicas
+    of TP 4 with expert parallel, 2 per node); a Ray variant (vLLM on the head only)."""
+    from orchestrator.config.placement import node_roles
+    from orchestrator.render.artifacts import render
+
+    two = load_manifest(shipped_dir("models") / "kimi-k25-int4-2node.yaml")
+    variants = {f"mp@{cls or 'any'}": effective(two, NODE_HOSTS[0], hardware=cls).manifest
+                for cls in [None, *two.requires.hardware]}
+    variants["dp"] = _variant(two, vllm={"tensor_parallel_size": 4, "pipeline_parallel_size": 1,
+                                         "data_parallel_size": 4, "enable_expert_parallel": True})
+    variants["ray"] = _variant(two, multinode={"backend": "ray"})
+    out = {}
+    for name, m in variants.items():
+        for host, role in zip(NODE_HOSTS, node_roles(m, NODE_HOSTS)):
+            out[f"{name}/node{role.rank}"] = render(m, host, role=role)
+    return out
+
+
+def multinode_requests():
+    return [{"argv": r.argv} for r in multinode_rendered().values() if r.runs_vllm]
+
+
 ALL_REQUESTS = (shipped_requests, facts_requests, bad_requests, typed_requests, deprecated_requests,
-                env_requests, shipped_env_requests)
+                env_requests, shipped_env_requests, multinode_requests)
+
+
+def test_every_nodes_argv_passes_the_real_parser(vllm_parser_python):
+    """Each node's own argv (its rank's flags included) through vLLM 0.33.0's `vllm serve` parser and
+    its serve-time validation, as preflight runs it on that node; a Ray worker runs `ray start`,
+    not vLLM, so it has no vLLM argv to check."""
+    rendered = {k: r for k, r in multinode_rendered().items() if r.runs_vllm}
+    assert sorted(k for k, r in multinode_rendered().items() if not r.runs_vllm) == ["ray/node1"]
+    assert len(rendered) == 2 * 4 + 2 + 1            # mp on 4 classes x 2 nodes, dp x 2, ray head
+    results = argcheck_batch(vllm_parser_python, multinode_requests())
+    for (name, r), res in zip(rendered.items(), results):
+        assert res["ok"], f"{name}: {res['error']} ({r.argv})"
+        assert res["vllm_version"] == "0.33.0" and res["parser"] == "vllm serve"
+        assert check_flags(res, r.provenance, manifest=f"models/{name}").status == OK
+
+
+FIELDS_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import argcheck
+from vllm.engine.arg_utils import AsyncEngineArgs
+top, serve, kind, validate = argcheck._build_parser()
+out = []
+for argv in json.loads(sys.stdin.read()):
+    args = top.parse_args(["serve"] + argcheck._strip_prefix(argv))
+    validate(args)
+    ea = AsyncEngineArgs.from_cli_args(args)
+    out.append({k: getattr(ea, k) for k in (
+        "nnodes", "node_rank", "master_addr", "master_port", "tensor_parallel_size", "pipeline_parallel_size",
+        "data_parallel_size", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_address",
+        "data_parallel_rpc_port", "distributed_executor_backend")} | {"headless": args.headless,
+                                                                     "api_server_count": args.api_server_count})
+print(json.dumps(out))
+"""
+
+
+def test_the_node_flags_reach_vllms_engine_arguments(vllm_parser_python):
+    """Beyond "accepted": the parsed flags land in the EngineArgs fields vLLM's multi-node code reads
+    (vllm/engine/arg_utils.py create_engine_config; vllm/entrypoints/cli/serve.py run_headless): rank,
+    head address and port, the local data-parallel share and start rank; `--headless` without
+    `--api-server-count` (serve.py sets 0 itself and refuses a positive count with --headless)."""
+    import subprocess
+
+    from orchestrator.paths import package_file
+
+    rendered = {k: r for k, r in multinode_rendered().items()
+                if r.runs_vllm and (k.startswith("mp@any") or not k.startswith("mp@"))}
+    proc = subprocess.run([str(vllm_parser_python), "-c", FIELDS_SCRIPT,
+                           str(package_file("host", "remote", "argcheck.py").parent)],
+                          input=json.dumps([r.argv for r in rendered.values()]), capture_output=True, text=True,
+                          timeout=300, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = dict(zip(rendered, json.loads(proc.stdout.strip().splitlines()[-1])))
+    mp0, mp1 = got["mp@any/node0"], got["mp@any/node1"]
+    for rank, f in enumerate((mp0, mp1)):
+        assert (f["nnodes"], f["node_rank"], f["master_addr"], f["master_port"]) == (2, rank, "10.0.0.1", 29500)
+        assert (f["tensor_parallel_size"], f["pipeline_parallel_size"]) == (8, 2)
+        assert f["api_server_count"] is None and f["distributed_executor_backend"] is None
+    assert (mp0["headless"], mp1["headless"]) == (False, True)
+    dp0, dp1 = got["dp/node0"], got["dp/node1"]
+    for f in (dp0, dp1):
+        assert (f["data_parallel_size"], f["data_parallel_size_local"]) == (4, 2)
+        assert (f["data_parallel_address"], f["data_parallel_rpc_port"], f["nnodes"]) == ("10.0.0.1", 13345, 1)
+    assert (dp0["data_parallel_start_rank"], dp0["headless"]) == (None, False)
+    assert (dp1["data_parallel_start_rank"], dp1["headless"]) == (2, True)
+    ray = got["ray/node0"]
+    assert ray["distributed_executor_backend"] == "ray" and ray["nnodes"] == 1 and not ray["headless"]
 
 
 def test_every_shipped_manifest_and_facts_argv_parses(vllm_parser_python):

@@ -266,3 +266,50 @@ def diff(real: dict, sim: dict, path: str = "") -> list[str]:
     elif real != sim:
         out.append(f"{path.rstrip('.')}: real={real!r:.400} sim={sim!r:.400}")
     return out
+
+
+# -- multi-node lines: pinned to the real source files ------------------------------------------
+# A real multi-node rendezvous needs several machines; what can be checked on one is that every
+# line the simulator prints for it (orchestrator/sim/vllm_server.py MULTINODE_LINES) stands in vLLM
+# 0.33's source at the line it names, or among torch's C++ messages (libtorch_cpu.so's strings).
+
+_LOCATE = ("import importlib.util as u, json; print(json.dumps({n: list(u.find_spec(n).submodule_search_locations)[0] "
+           "for n in ('vllm', 'torch')}))")
+
+
+def multinode_source_problems(python) -> list[str]:
+    """Every MULTINODE_LINES piece missing from its source (or, for vLLM files, from the lines
+    around the one it names), as 'key: ...'. `python`: an interpreter with vLLM 0.33 and torch."""
+    import importlib.util
+    import mmap
+    import subprocess
+    from pathlib import Path
+
+    from orchestrator.paths import package_file
+
+    spec = importlib.util.spec_from_file_location("_sim_vllm_lines", package_file("sim", "vllm_server.py"))
+    assert spec is not None and spec.loader is not None
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    where = json.loads(subprocess.run([str(python), "-c", _LOCATE], capture_output=True, text=True,
+                                      check=True, timeout=120).stdout)
+    problems = []
+    for key, (_who, source, pieces) in sim.MULTINODE_LINES.items():
+        pkg, _, rest = source.partition("/")
+        path, _, line = rest.partition(":")
+        file = Path(where[pkg]) / path
+        if not file.is_file():
+            problems.append(f"{key}: {file} does not exist")
+            continue
+        if file.suffix == ".so":
+            with open(file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                problems += [f"{key}: {p!r} not in {source}" for p in pieces if data.find(p.encode()) < 0]
+            continue
+        lines = file.read_text().splitlines()
+        text = "\n".join(lines)
+        problems += [f"{key}: {p!r} not in {source}" for p in pieces if p not in text]
+        n = int(line)
+        near = "\n".join(lines[max(0, n - 3):n + 4])
+        if pieces[0] not in near:
+            problems.append(f"{key}: {pieces[0]!r} not within 3 lines of {source}")
+    return problems

@@ -69,3 +69,37 @@ def test_a_no_op_whose_bookkeeping_fails_fails_its_step():
     out = run(plan)
     assert ran == ["download", "stop", "start", "rollback"] and out.results[2].status == "failed"
     assert "journalctl exited 1" in str(out.error)
+
+
+def test_an_action_naming_a_node_runs_with_that_nodes_env_after_that_nodes_guard():
+    """A multi-node plan: `start[b]` runs with node b's env, after b's lock guard; a step over all
+    nodes (node None) proves every node's lock first; a failure names the node it ran on."""
+    guarded: list[str] = []
+    seen: list[tuple[str, str]] = []
+
+    def env_of(name: str) -> RunEnv:
+        return RunEnv(None, HostEntry(name=name, address=f"{name}.example"), Options(),
+                      guard=lambda: guarded.append(name) or None)
+
+    nodes = {"a": env_of("a"), "b": env_of("b")}
+    top = nodes["a"]
+    top.nodes = nodes
+
+    def on(step: str, node: str | None, fail: bool = False) -> Action:
+        def run(env):
+            seen.append((step, env.entry.name))
+            if fail:
+                raise CommandFailed("no such unit")
+            return None
+        return Action(step, step, run=run, node=node)
+
+    plan = Plan("deploy", "a, b", "m")
+    for a in (on("download", None), on("start", "b"), on("start", "a"), on("record", "b", fail=True)):
+        plan.add(a)
+    plan.recover(plan.actions[1], "stop on every node", [on("stop", "b"), on("stop", "a")])
+    out = run_plan(plan, top, Reporter(None, quiet=True))
+    assert seen == [("download", "a"), ("start", "b"), ("start", "a"), ("record", "b"), ("stop", "b"), ("stop", "a")]
+    assert guarded == ["a", "b", "b", "a", "b", "b", "a"]
+    assert out.error is not None and out.error.host == "b" and str(out.error).startswith("b: record:")
+    assert [r.step for r in out.results] == ["download", "start[b]", "start[a]", "record[b]"]
+    assert "start[b]" in plan.text() and " download  " in plan.text()

@@ -14,8 +14,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.paths import shipped_dir
 
 BAD = Path(__file__).parent.parent / "fixtures" / "bad-manifests"
-SHIPPED = ["example", "kimi-k25-int4", "kimi-k25-int4-dcp8", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep",
-           "tiny-llama-a", "tiny-llama-b"]
+SHIPPED = ["example", "kimi-k25-int4", "kimi-k25-int4-2node", "kimi-k25-int4-dcp8", "kimi-k25-nvfp4", "minimax-m25",
+           "minimax-m25-ep", "tiny-llama-a", "tiny-llama-b"]
 
 
 def test_shipped_manifests_load():

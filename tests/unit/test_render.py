@@ -41,7 +41,31 @@ def _golden(name: str, actual: str) -> None:
     assert actual == path.read_text(), f"{name} differs; review and re-run with UPDATE_GOLDEN=1 if intended"
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
+SINGLE = sorted(m for m in MODELS if MODELS[m].multinode is None)
+MULTI = sorted(m for m in MODELS if MODELS[m].multinode is not None)
+# The nodes of a multi-node model: the first reached by its IP address, the others by a DNS name
+# with their cluster address (and NIC) in the inventory.
+NODE_HOSTS = [HostEntry(name="gpu1", address="10.0.0.1", cluster={"interface": "ens1f0"}),
+              *(HostEntry(name=f"gpu{i}", address=f"gpu{i}.example", cluster={"address": f"10.0.0.{i}",
+                                                                                 "interface": "ens1f0"})
+                for i in range(2, 5))]
+
+
+def node_renders(model: str, process: bool = False):
+    """Every node of a multi-node model, as rendered on its host."""
+    from orchestrator.config.placement import node_roles
+
+    n = MODELS[model].multinode.nodes
+    hosts = [h.model_copy(update=dict(service_manager="process", models_root="/srv/models",
+                                      vllm="/srv/venv/bin/vllm", units_dir="/srv/vllm-orch/units",
+                                      state_dir="/srv/vllm-orch/state", env_dir="/srv/vllm-orch/units",
+                                      python="/srv/venv/bin/python"))
+             if process else h for h in NODE_HOSTS[:n]]
+    m = reference(model, hosts[0])
+    return [render(m, h, role=r) for h, r in zip(hosts, node_roles(m, hosts))]
+
+
+@pytest.mark.parametrize("model", SINGLE)
 def test_golden_systemd(model):
     r = render(reference(model, SYSTEMD_HOST), SYSTEMD_HOST)
     _golden(f"{model}/vllm-{model}.service", r.unit.text)
@@ -51,11 +75,28 @@ def test_golden_systemd(model):
     assert r.env_file.path == f"/etc/vllm-orch/{model}.env" and r.env_file.mode == 0o600
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model", MULTI)
+def test_golden_systemd_every_node(model):
+    for r in node_renders(model):
+        node = f"{model}/node{r.role.rank}"
+        _golden(f"{node}/vllm-{model}.service", r.unit.text)
+        _golden(f"{node}/{model}.env", r.env_file.text)
+        _golden(f"{node}/argv.json", json.dumps(r.argv, indent=1) + "\n")
+        assert r.unit.path == f"/etc/systemd/system/vllm-{model}.service"
+
+
+@pytest.mark.parametrize("model", SINGLE)
 def test_golden_process_host(model):
     r = render(reference(model, PROCESS_HOST), PROCESS_HOST)
     _golden(f"{model}/vllm-{model}.process.sh", r.unit.text)
     assert r.unit.mode == 0o755 and r.unit.path == f"/srv/vllm-orch/units/vllm-{model}.sh"
+
+
+@pytest.mark.parametrize("model", MULTI)
+def test_golden_process_host_every_node(model):
+    for r in node_renders(model, process=True):
+        _golden(f"{model}/node{r.role.rank}/vllm-{model}.process.sh", r.unit.text)
+        assert r.unit.mode == 0o755 and r.unit.path == f"/srv/vllm-orch/units/vllm-{model}.sh"
 
 
 def _verify(r, text: str | None = None, which: int = 0) -> tuple[bool, str]:
@@ -75,6 +116,16 @@ def _verify(r, text: str | None = None, which: int = 0) -> tuple[bool, str]:
 def test_systemd_analyze_verify_is_clean(model, which):
     ok, err = _verify(render(reference(model, SYSTEMD_HOST), SYSTEMD_HOST), which=which)
     assert ok, err
+
+
+@pytest.mark.skipif(bool(unitcheck.available()), reason=str(unitcheck.available()))
+@pytest.mark.parametrize("model", MULTI)
+def test_systemd_analyze_verify_every_node(model):
+    """The head has the service, its health check and timer; a worker node the service only."""
+    for r in node_renders(model):
+        for which in range(1 + len([f for f in r.extra if f.path.endswith((".service", ".timer"))])):
+            ok, err = _verify(r, which=which)
+            assert ok, (r.role, which, err)
 
 
 @pytest.mark.skipif(bool(unitcheck.available()), reason=str(unitcheck.available()))

@@ -33,10 +33,21 @@ def test_a_secret_dropped_from_secret_env_is_masked_in_the_diff():
 
 
 def test_the_keys_shown_in_clear_are_exactly_what_the_template_writes():
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.config.placement import node_roles
     from orchestrator.render.artifacts import ORCH_ENV
     from orchestrator.secret import Secret
 
+    node_keys = {"VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}     # a node of a multi-node service
     for m in MODELS.values():
         r = render(m, ENTRY, {k: Secret("s") for k in m.serving.secret_env})
         keys = {line.split("=", 1)[0] for line in r.env_file.text.splitlines() if line and not line.startswith("#")}
-        assert keys == set(ORCH_ENV) | set(m.env) | set(m.serving.secret_env), m.name
+        assert keys == (set(ORCH_ENV) - node_keys) | set(m.env) | set(m.serving.secret_env), m.name
+        if m.multinode is not None:
+            hosts = [HostEntry(name=f"n{i}", address=f"10.0.0.{i}", cluster={"interface": "ib0"})
+                     for i in range(m.multinode.nodes)]
+            for host, role in zip(hosts, node_roles(m, hosts)):
+                r = render(m, host, role=role)
+                keys = {line.split("=", 1)[0] for line in r.env_file.text.splitlines()
+                        if line and not line.startswith("#")}
+                assert keys == set(ORCH_ENV) | set(m.env) | set(m.serving.secret_env), (m.name, role)

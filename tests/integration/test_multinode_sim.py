@@ -1,0 +1,135 @@
+"""A service across two SIMULATED process hosts, through the CLI: the shipped 2-node manifest
+(kimi-k25-int4-2node, TP8 x PP2) deployed with `--host sim,sim-2` (the simulated vLLM's ranks meet
+over real TCP on the manifest's master port), status shows it once with both nodes, the logs merge,
+stop on the worker stops both; a rank crashing while it loads fails the deploy naming that node and
+its line, and every node is stopped again; bad selections exit 2 in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.host.local import LocalHost
+from orchestrator.host.services import Service
+from orchestrator.host.state import read_history, read_records
+from orchestrator.sim import manager
+from tests.plugins.sim_hosts import TEST_SPEED, free_port
+
+from .deployhelp import SHIPPED, write_models
+
+NAME = "kimi-k25-int4-2node"
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """Two fresh SIMULATED process hosts (sim, sim-2) and a models folder with the shipped 2-node
+    manifest on free ports (its HTTP port and master port: other tests' services must not meet it)."""
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
+    manager.up(2, speed=TEST_SPEED, home=home)
+    data = SHIPPED[NAME].model_dump()
+    data["serving"]["port"] = free_port()
+    data["multinode"]["master_port"] = free_port()
+    m = type(SHIPPED[NAME]).model_validate(data)
+    models = write_models(tmp_path / "models", [m])
+    env = {**os.environ, "VLLM_ORCH_STATE_HOME": str(tmp_path / "state"), "VLLM_ORCH_MODELS": str(models),
+           "COLUMNS": "160"}
+    inv = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]
+    entries = {n: HostEntry.model_validate({**inv[n], "name": n}) for n in ("sim", "sim-2")}
+    try:
+        yield env, entries, m
+    finally:
+        for e in entries.values():          # whatever a failed assertion left running
+            Service.for_host(LocalHost(e.name, env=e.env), e, NAME).run_all(
+                Service.for_host(None, e, NAME).stop_commands(drain=False), "stop")
+        manager.down(home)
+
+
+def cli(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(REPO))
+
+
+def running(e: HostEntry) -> bool:
+    return Service.for_host(LocalHost(e.name, env=e.env), e, NAME).state().active
+
+
+def test_deploy_status_logs_and_stop_of_a_two_node_service(cluster):
+    env, entries, m = cluster
+    dry = cli(env, "deploy", NAME, "--host", "sim,sim-2", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "start[sim-2]" in dry.stdout and "verify-same" in dry.stdout and "download " in dry.stdout
+    assert dry.stdout.index("start[sim-2]") < dry.stdout.index("start[sim] ")      # workers first
+
+    r = cli(env, "deploy", NAME, "--host", "sim,sim-2", "--json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["ok"] and out["nodes"] == ["sim", "sim-2"]
+    done = {s["step"]: s["status"] for s in out["steps"]}
+    assert done["verify-same"] == "done" and done["start[sim-2]"] == done["start[sim]"] == "done"
+    assert done["ready[sim]"] == "done" and done["record[sim-2]"] == "done"
+    for e in entries.values():                    # a record and a history line on every node
+        host = LocalHost(e.name, env=e.env)
+        rec = read_records(host, e)[NAME]
+        assert rec["nodes"] == ["sim", "sim-2"] and rec["head"] == "sim" and rec["rank"] == (e.name == "sim-2")
+        last = read_history(host, e)[-1]
+        assert last["operation"] == "deploy" and last["ok"] and last["nodes"] == ["sim", "sim-2"]
+        assert running(e)
+
+    st = cli(env, "status", "--json")
+    assert st.returncode == 0, st.stderr
+    rows = {row["host"]: row for row in json.loads(st.stdout)}
+    head = [s for s in rows["sim"]["services"] if s["name"] == NAME]
+    assert len(head) == 1 and head[0]["state"] == "ready"
+    assert [(n["host"], n["rank"], n["state"]) for n in head[0]["nodes"]] == [("sim", 0, "ready"),
+                                                                             ("sim-2", 1, "running")]
+    assert not [s for s in rows["sim-2"]["services"] if s["name"] == NAME]          # shown once
+    assert rows["sim-2"]["node_of"][0]["service"] == NAME and rows["sim-2"]["node_of"][0]["head"] == "sim"
+    text = cli(env, "status", "--host", "sim")         # the worker not selected: asked all the same
+    assert text.returncode == 0 and "node sim-2 (rank 1): running" in text.stdout, text.stdout
+
+    logs = cli(env, "logs", NAME, "--host", "sim", "--nodes", "-n", "50")
+    assert logs.returncode == 0, logs.stderr
+    lines = logs.stdout.splitlines()
+    assert any(line.startswith("[sim] ") for line in lines) and any(line.startswith("[sim-2] ") for line in lines)
+    assert any("headless" in line for line in lines if line.startswith("[sim-2] "))
+
+    stop = cli(env, "stop", NAME, "--host", "sim-2", "--json")     # the worker named: both stop
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert sorted(row["host"] for row in json.loads(stop.stdout)) == ["sim", "sim-2"]
+    for e in entries.values():
+        host = LocalHost(e.name, env=e.env)
+        assert not running(e) and NAME not in read_records(host, e)
+
+
+def test_a_rank_crashing_while_loading_fails_the_deploy_naming_its_node(cluster):
+    env, entries, _m = cluster
+    assert cli(env, "sim", "fault", "sim-2", "rank-crash-loading").returncode == 0
+    r = cli(env, "deploy", NAME, "--host", "sim,sim-2")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "error: sim-2: ready:" in r.stderr and "on node sim-2" in r.stderr
+    assert "root cause:" in r.stderr and "illegal memory access" in r.stderr
+    for e in entries.values():                    # the recovery stopped every node
+        assert not running(e)
+        last = read_history(LocalHost(e.name, env=e.env), e)[-1]
+        assert last["operation"] == "deploy" and not last["ok"] and last["recovery"]["ok"]
+
+
+@pytest.mark.parametrize("hosts, says", [
+    ("sim", "runs on 2 nodes (multinode.nodes) but 1 host was given: sim"),
+    ("sim,sim-2,local", "but 3 hosts were given"),
+])
+def test_a_selection_that_does_not_fit_the_layout_is_bad_input(cluster, hosts, says):
+    env, entries, _m = cluster
+    for command in ("deploy", "check"):
+        r = cli(env, command, NAME, "--host", hosts)
+        assert r.returncode == 2 and says in r.stderr.splitlines()[0], r.stderr
+        assert not any(running(e) for e in entries.values())

@@ -1,0 +1,260 @@
+"""The simulated vLLM's multi-node modes, run as local processes on 127.0.0.1: each "node" is its
+own SIMULATED host (own GPUs, faults, page cache view) and its own `vllm serve` process; the ranks
+meet over real TCP on --master-port (TP/PP across nodes) or --data-parallel-rpc-port (DP across
+nodes), the way vLLM's ranks meet over torch.distributed's TCPStore and the engine handshake."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import urllib.request
+
+import pytest
+import yaml
+
+from orchestrator.host.local import LocalHost
+from orchestrator.probe import logsig
+from orchestrator.sim import manager
+from tests.integration import vllm_contract
+from tests.plugins.sim_hosts import TEST_SPEED, SimHost, SimServer, free_port, make_model, wait_until
+
+MODEL_ARGV = ["--served-model-name", "kimi-k25", "--trust-remote-code", "--kv-cache-dtype", "fp8",
+              "--max-model-len", "65536", "--gpu-memory-utilization", "0.93"]
+
+
+@pytest.fixture
+def nodes(tmp_path, monkeypatch):
+    """Three fresh SIMULATED hosts (sim, sim-2, sim-3), each with the same Kimi-K2.5 folder."""
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    home = manager.sim_home()
+    manager.up(3, speed=TEST_SPEED, home=home)
+    try:
+        inv = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]
+        out = []
+        for name in ("sim", "sim-2", "sim-3"):
+            host = SimHost(name, manager.host_dir(name, home), inv[name], LocalHost(name, env=inv[name]["env"]), home)
+            make_model(host.dir, "kimi-k25-int4", "moonshotai/Kimi-K2.5", shards=16, total_size=547e9)
+            out.append(host)
+        yield out
+    finally:
+        manager.down(home)
+
+
+def model(node: SimHost) -> str:
+    return str(node.dir / "models" / "kimi-k25-int4")
+
+
+def tp_pp_argv(node: SimHost, rank: int, nnodes: int, master_port: int, pp: int = 2) -> list:
+    argv = [model(node), *MODEL_ARGV, "--tensor-parallel-size", str(8 * nnodes // pp),
+            "--pipeline-parallel-size", str(pp), "--nnodes", str(nnodes), "--node-rank", str(rank),
+            "--master-addr", "127.0.0.1", "--master-port", str(master_port)]
+    return argv + (["--headless"] if rank else [])
+
+
+def dp_argv(node: SimHost, rank: int, rpc_port: int) -> list:
+    argv = [model(node), *MODEL_ARGV, "--tensor-parallel-size", "8", "--data-parallel-size", "2",
+            "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+            "--data-parallel-rpc-port", str(rpc_port), "--enable-expert-parallel"]
+    return argv + (["--data-parallel-start-rank", "1", "--headless"] if rank else [])
+
+
+def get(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status
+
+
+def complete(port: int) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST",
+                                 data=json.dumps({"model": "kimi-k25", "prompt": "Hello",
+                                                  "max_tokens": 4}).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def titles(node: SimHost) -> list:
+    return sorted(json.loads(f.read_text())["process_name"] for f in (node.dir / "gpu-procs").glob("*.json"))
+
+
+def fatal(log: str):
+    return logsig.root_cause(log.splitlines())
+
+
+def test_tp_pp_across_three_nodes_joins_then_the_head_serves(nodes):
+    port = free_port()
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 3, port, pp=3)) as w1, \
+            SimServer(nodes[2], tp_pp_argv(nodes[2], 2, 3, port, pp=3)) as w2:
+        w1.wait_for("distributed_init_method=tcp://127.0.0.1:")
+        with SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 3, port, pp=3)) as head:
+            head.wait_for("Starting to load model", timeout=60)
+            assert refused(head.port)                       # not serving while loading
+            head.wait_ready(timeout=120)
+            assert get(head.url("/health")) == 200
+            assert complete(head.port)["usage"]["completion_tokens"] == 4
+            # vLLM's titles by global rank: TP8 x PP3, 8 ranks per node
+            assert titles(nodes[0]) == sorted(f"VLLM::Worker_PP0_TP{t}" for t in range(8))
+            assert titles(nodes[2]) == sorted(f"VLLM::Worker_PP2_TP{t}" for t in range(8))
+            for w, rank0 in ((w1, 8), (w2, 16)):
+                log = w.log
+                assert re.search(r"^INFO \d\d-\d\d [\d:]+ \[serve\.py:224\] Launching vLLM \(v0\.33\.0\) headless "
+                                 rf"multiproc executor, with head node address 127\.0\.0\.1:{port} for "
+                                 r"torch\.distributed process group\.$", log, re.M), log[:2000]
+                assert re.search(rf"^\(Worker pid=\d+\) INFO .* world_size=24 rank={rank0} local_rank=0 "
+                                 rf"distributed_init_method=tcp://127\.0\.0\.1:{port} backend=nccl$", log, re.M)
+                assert re.search(rf"^\(Worker_PP{rank0 // 8}_TP0 pid=\d+\) INFO .*\] rank {rank0} in world size 24 is "
+                                 rf"assigned as DP rank 0, PP rank {rank0 // 8}, PCP rank 0, TP rank 0, ETP rank 0, "
+                                 r"EP rank N/A, EPLB rank N/A$", log, re.M)
+                assert "Loading weights took" in log
+                assert "Starting vLLM server" not in log        # headless ranks never serve HTTP
+                assert w.proc.poll() is None
+            assert re.search(r"\(EngineCore pid=\d+\) INFO .*\] DP group leader: node_rank=0, "
+                             r"node_rank_within_dp=0, master_addr=127\.0\.0\.1, .* world_size=24, "
+                             r"local_world_size=8$", head.log, re.M)
+            # the head stops: the headless ranks lose it and exit (0: run_headless returns)
+            head.proc.send_signal(signal.SIGTERM)
+            assert head.wait_exit(30) == 0
+            assert w1.wait_exit(30) == 0 and w2.wait_exit(30) == 0
+            assert "Failed to recv, got 0 bytes" in w1.log
+            assert re.search(r"^ERROR .*\[multiproc_executor\.py:380\] Worker proc Worker_PP1_TP0 died "
+                             r"unexpectedly \(exit code: 1\), shutting down executor\.$", w1.log, re.M)
+            assert titles(nodes[1]) == []
+
+
+def test_the_head_waits_for_a_missing_rank_then_times_out_naming_the_count(nodes):
+    port = free_port()
+    # at DEBUG the API server says what it waits for, every 10 s (STARTUP_POLL_PERIOD_MS)
+    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "14", "VLLM_LOGGING_LEVEL": "DEBUG"}
+    with SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port), env=env) as head:
+        head.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
+        head.wait_for("core engine proc(s) to start.", timeout=30)
+        assert re.search(r"^\(APIServer pid=\d+\) DEBUG .*\[utils\.py:1448\] Waiting for 1 local, 0 remote core "
+                         r"engine proc\(s\) to start\.$", head.log, re.M)
+        assert head.proc.poll() is None and refused(head.port)
+        assert "Starting to load model" not in head.log       # loads only when all have joined
+        assert head.wait_exit(60) == 1
+        log = head.log
+        assert "torch.distributed.DistStoreError: Timed out after 15 seconds waiting for clients. " \
+               "8/16 clients joined." in log
+        assert "Engine core initialization failed" in log
+        sig, line = fatal(log)
+        assert sig is not None and sig.key == "join-timeout", (sig, line)
+
+
+def test_a_rank_that_cannot_reach_the_head_fails_with_torchs_connect_timeout(nodes):
+    port = free_port()
+    manager.add_fault("sim-2", "unreachable-head", home=nodes[1].home)
+    env = {"VLLM_SIM_JOIN_TIMEOUT_S": "3"}
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, port), env=env) as w1:
+        assert w1.wait_exit(60) == 1
+        log = w1.log
+        assert (f"torch.distributed.DistNetworkError: The client socket has timed out after 3000ms while "
+                f"trying to connect to (127.0.0.1, {port}).") in log
+        assert "WorkerProc initialization failed due to an exception in a background process" in log
+        assert re.search(rf"^\[W\d+ [\d:.]+ socket\.cpp:\d+\] \[c10d\] The client socket has failed to connect "
+                         rf"to \[127\.0\.0\.1\]:{port} \(errno: 110 - Connection timed out\)\.$", w1.stderr, re.M)
+        sig, line = fatal(log)
+        assert sig is not None and sig.key == "head-unreachable", (sig, line)
+        assert titles(nodes[1]) == []
+
+
+def test_a_rank_crash_while_loading_kills_the_head_with_a_named_line(nodes):
+    port = free_port()
+    manager.add_fault("sim-2", "rank-crash-loading", home=nodes[1].home)
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, port)) as w1, \
+            SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port)) as head:
+        assert w1.wait_exit(60) == 1
+        assert "CUDA error: an illegal memory access was encountered" in w1.log
+        assert head.wait_exit(60) == 1
+        log = head.log
+        assert re.search(r"Connection closed by peer \[127\.0\.0\.1\]:\d+$", log, re.M)
+        assert "Application startup complete." not in log
+        sig, _line = fatal(log)
+        assert sig is not None and sig.key == "peer-closed"
+        assert fatal(w1.log)[0].key == "cuda-error"
+
+
+def test_a_node_with_another_revision_fails_loading_and_takes_the_head_down(nodes):
+    port = free_port()
+    manager.add_fault("sim-2", "wrong-revision", home=nodes[1].home)
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, port)) as w1, \
+            SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port)) as head:
+        assert w1.wait_exit(60) == 1
+        assert re.search(r"^\(Worker_PP1_TP0 pid=\d+\) AssertionError: Attempted to load weight "
+                         r"\(torch\.Size\(\[\d+, \d+\]\)\) into parameter \(torch\.Size\(\[\d+, \d+\]\)\)$",
+                         w1.log, re.M), w1.log[-2000:]
+        assert fatal(w1.log)[0].key == "weights-mismatch"
+        assert head.wait_exit(60) == 1
+        assert fatal(head.log)[0].key == "peer-closed"
+
+
+def test_a_headless_rank_that_dies_while_serving_kills_the_head(nodes):
+    port = free_port()
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, port)) as w1, \
+            SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port)) as head:
+        head.wait_ready(timeout=120)
+        w1.proc.kill()                                      # the node's vLLM dies (SIGKILL)
+        assert head.wait_exit(30) == 1
+        assert "EngineCore encountered a fatal error." in head.log
+        assert fatal(head.log)[0].key == "peer-closed"
+
+
+def test_data_parallel_across_nodes_handshakes_then_serves(nodes):
+    rpc = free_port()
+    with SimServer(nodes[1], dp_argv(nodes[1], 1, rpc)) as w1:
+        w1.wait_for("data parallel engine(s) in headless mode")
+        with SimServer(nodes[0], dp_argv(nodes[0], 0, rpc)) as head:
+            head.wait_ready(timeout=120)
+            assert complete(head.port)["usage"]["completion_tokens"] == 4
+            log = w1.log
+            assert re.search(rf"^INFO .*\[serve\.py:239\] Launching 1 data parallel engine\(s\) in headless "
+                             rf"mode, with head node address tcp://127\.0\.0\.1:{rpc}\.$", log, re.M)
+            assert re.search(r"^\(EngineCore_DP1 pid=\d+\) INFO .* Initializing a V1 LLM engine", log, re.M)
+            assert "Starting vLLM server" not in log
+            assert titles(nodes[1]) == sorted(f"VLLM::Worker_DP1_TP{t}_EP{8 + t}" for t in range(8))
+            assert titles(nodes[0]) == sorted(f"VLLM::Worker_DP0_TP{t}_EP{t}" for t in range(8))
+            w1.proc.send_signal(signal.SIGTERM)
+            assert w1.wait_exit(30) == 0
+            assert head.wait_exit(30) == 1                  # a lost engine kills the serving head
+            assert fatal(head.log)[0].key == "peer-closed"
+
+
+def test_a_dp_engine_that_cannot_reach_the_head_gives_up_with_vllms_handshake_line(nodes):
+    manager.add_fault("sim-2", "unreachable-head", home=nodes[1].home)
+    with SimServer(nodes[1], dp_argv(nodes[1], 1, free_port()), env={"VLLM_SIM_JOIN_TIMEOUT_S": "2"}) as w1:
+        assert w1.wait_exit(60) == 0                        # run_headless returns after its engines died
+        assert "RuntimeError: Did not receive response from front-end process within 5 minutes" in w1.log
+        assert w1.log.rstrip().endswith("Shutting down.")
+        assert fatal(w1.log)[0].key == "dp-handshake-timeout"
+
+
+def test_the_multinode_lines_are_vllms_and_torchs_own(vllm_parser_python, tmp_path):
+    """Every piece of every line in the simulator's MULTINODE_LINES stands in vLLM 0.33's source
+    (or in torch's C++ library, for torch's messages) as installed in the real parser venv."""
+    problems = vllm_contract.multinode_source_problems(vllm_parser_python)
+    assert problems == []
+
+
+def test_a_headless_rank_stopped_while_it_waits_for_the_head_exits_and_frees_its_gpus(nodes):
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, free_port())) as w1:
+        w1.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
+        wait_until(lambda: len(titles(nodes[1])) == 8, 30, "eight workers registered")
+        w1.proc.send_signal(signal.SIGTERM)
+        assert w1.wait_exit(30) == 0
+        assert titles(nodes[1]) == []
+
+
+def test_the_multinode_faults_are_listed_with_their_help():
+    catalog = manager.fault_catalog()
+    assert "cannot reach the head" in catalog["unreachable-head"]
+    assert "crashes while loading" in catalog["rank-crash-loading"]
+    assert "another revision" in catalog["wrong-revision"]
