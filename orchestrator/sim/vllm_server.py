@@ -1998,10 +1998,10 @@ class Launch:
             await asyncio.sleep(10.0)
             if not hs.joined.is_set():
                 log(self.api, "DEBUG", "utils.py:1443", f"Waiting for 0 local, "
-                    f"{cfg['dp_remote'] - len(hs.links)} remote core engine proc(s) to connect.")
+                    f"{cfg['dp_remote'] - hs.units(hs.links)} remote core engine proc(s) to connect.")
             elif not hs.all_done.is_set():
                 log(self.api, "DEBUG", "utils.py:1448", f"Waiting for 0 local, "
-                    f"{cfg['dp_remote'] - len(hs.done)} remote core engine proc(s) to start.")
+                    f"{cfg['dp_remote'] - hs.units(hs.done)} remote core engine proc(s) to start.")
 
     async def compile(self, cfg: dict, w0, compile_s: float) -> float:
         """torch.compile with vLLM's cache (compilation/backends.py): a configuration compiled
@@ -2548,8 +2548,10 @@ class PeerLink:
 class HeadListener:
     """What the head listens with for other nodes: the TCPStore server of torch.distributed's
     rendezvous (TP/PP across nodes) or the front end's engine handshake socket (DP across nodes).
-    A node joins with {"hello": ..., "clients": n}; says {"loaded": true} / {"ready": true}; a
-    closed connection is a dead node (`lost` resolves with its address)."""
+    A node joins with {"hello": its rank, "clients": its worker ranks, "engines": its DP engines}
+    and says {"loaded": true, "ready": true} when it is; `expected` counts nodes (TP/PP) or remote
+    engines (DP: a node brings "engines" of them). A closed connection is a dead node (`lost`
+    resolves with its address)."""
 
     def __init__(self, host: str, port: int, expected: int):
         self.host, self.port, self.expected = host, port, expected
@@ -2570,6 +2572,9 @@ class HeadListener:
     def clients(self) -> int:
         return sum(int(link.hello.get("clients") or 1) for link in self.links.values())
 
+    def units(self, keys) -> int:
+        return sum(int(self.links[k].hello.get("engines") or 1) for k in keys if k in self.links)
+
     async def on_conn(self, reader, writer) -> None:
         try:
             hello = json.loads(await reader.readline() or b"null")
@@ -2581,7 +2586,7 @@ class HeadListener:
         link = PeerLink(reader, writer, hello)
         key = int(hello["hello"])
         self.links[key] = link
-        if len(self.links) >= self.expected:
+        if self.units(self.links) >= self.expected:
             self.joined.set()
         while True:
             try:
@@ -2596,7 +2601,7 @@ class HeadListener:
                 continue
             if msg.get("loaded") or msg.get("ready"):
                 self.done.add(key)
-                if len(self.done) >= self.expected:
+                if self.units(self.done) >= self.expected:
                     self.all_done.set()
         if not self.lost.done():
             self.lost.set_result(link.peer)
@@ -2716,7 +2721,7 @@ class Headless:
                 f"{int(timeout * 1000)}ms while trying to connect to ({addr}, {port})."))
         self.link = link = PeerLink(reader, writer, {})
         link.send({"hello": cfg["dp_start"] if self.dp_mode else cfg["node_rank"],
-                   "clients": len(workers)})
+                   "clients": len(workers), "engines": cfg["engines_local"] if self.dp_mode else 1})
         if not self.dp_mode:
             go = await reader.readline()          # the head lets everyone go once all joined
             if not go:
