@@ -15,7 +15,6 @@ allocates its intermediate tensors (no warm-up run) and the first request fails;
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -28,9 +27,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.devtools import real_vllm_venv
-from orchestrator.sim import nspawn
 from tests.plugins.real_vllm import READY_TIMEOUT
-from tests.plugins.remote_hosts import systemd_skip_reason
+from tests.plugins.remote_hosts import routed_namespaces
 
 pytestmark = pytest.mark.real_vllm
 
@@ -41,24 +39,8 @@ MASTER_PORT = 29500
 @pytest.fixture(scope="module")
 def two_nodes():
     """Two network namespaces that reach each other: [(netns, address), (netns, address)]."""
-    reason = systemd_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    cache = Path(os.environ.get("VLLM_ORCH_NSPAWN_CACHE", nspawn.DEFAULT_CACHE_DIR))
-    cache.mkdir(parents=True, exist_ok=True)
-    made: list[tuple[str, int]] = []
-    try:
-        with open(cache / "hosts.lock", "w") as lock:       # the lock the host fixtures allocate under
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            for i in (1, 2):
-                index = nspawn.free_index(150, 254)
-                name = f"rv{i}-{os.getpid()}"
-                nspawn.prepare_network(name, index)
-                made.append((name, index))
-        yield [(nspawn.netns_name(name), nspawn.addresses(index)[1]) for name, index in made]
-    finally:
-        for name, index in made:
-            nspawn.release_network(name, index)
+    with routed_namespaces(2, "rv") as nodes:
+        yield nodes
 
 
 class Node:

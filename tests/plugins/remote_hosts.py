@@ -11,11 +11,13 @@ with systemd-nspawn. Both are session-scoped (started once) and stopped by PID a
     systemd_sim     -> (sim home, HostEntry): `vllm-orch sim up --systemd` (a SIMULATED GPU host in
                        a real-systemd container with a persistent root, its hub mirror), per module
     clean_systemd_sim -> the same, with no vllm unit running or enabled, no faults, no records
+    routed_namespaces(n, tag) -> context manager: n routed network namespaces without containers
 Skips say exactly what is missing; CI is root and installs everything these need.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -230,6 +232,34 @@ class _SimHubs:
         for hub in self.procs:
             hub.terminate()
             hub.wait(10)
+
+
+@contextlib.contextmanager
+def routed_namespaces(n: int, tag: str):
+    """n network namespaces made like the systemd hosts' (orchestrator/sim/nspawn.prepare_network:
+    a veth, 10.200.N.2 inside, routed to the other test hosts) but with no container: for running a
+    program of this machine (a real vLLM, a real Ray) "on another host" with `ip netns exec`.
+    Yields [(netns name, address)]; removes them after. Skips when real-systemd hosts cannot run."""
+    reason = systemd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from orchestrator.sim import nspawn
+
+    cache = Path(os.environ.get("VLLM_ORCH_NSPAWN_CACHE", nspawn.DEFAULT_CACHE_DIR))
+    cache.mkdir(parents=True, exist_ok=True)
+    made: list[tuple[str, int]] = []
+    try:
+        with open(cache / "hosts.lock", "w") as lock:       # where the host fixtures allocate addresses
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for i in range(1, n + 1):
+                index = nspawn.free_index(150, 254)
+                name = f"{tag}{i}-{os.getpid()}"
+                nspawn.prepare_network(name, index)
+                made.append((name, index))
+        yield [(nspawn.netns_name(name), nspawn.addresses(index)[1]) for name, index in made]
+    finally:
+        for name, index in made:
+            nspawn.release_network(name, index)
 
 
 def _host_dir(path: Path) -> Path:
