@@ -204,7 +204,8 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
 
 
 def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
-             lock: LockFacts) -> PlanInput:
+             lock: LockFacts, role: NodeRole | None = None) -> PlanInput:
+    """`role`: this host as a node of the new (multi-node) service."""
     facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
     old_name = old_model_name(facts, m.name, entry.name, opts.replace)
     if opts.replace and old_name and old_name != m.name:
@@ -219,7 +220,7 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Man
                               f"could not be rolled back to", host=entry.name,
                               hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
         old = service_input(host, entry, old_m, facts)
-    target = service_input(host, entry, m, facts)
+    target = service_input(host, entry, m, facts, role)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and old_name == m.name and target.serving:
         return inp                               # the planner decides whether there is nothing to do
