@@ -28,9 +28,16 @@ from orchestrator.cli.options import (
 
 
 def _replaces_a_multinode_service(entry, m, opts, accept_new_host_key: bool) -> bool:
-    """Whether the service a one-host swap replaces spans several hosts (its records name nodes)."""
+    """Whether the service a one-host swap replaces spans several hosts (its records name nodes):
+    one read of the host's records, and the facts only when one of them spans nodes."""
+    from orchestrator.host.connect import open_host
+    from orchestrator.host.state import read_records
     from orchestrator.ops.multinode import swap_source
 
+    with open_host(entry, accept_new_host_key) as host:
+        records = read_records(host, entry)
+    if not any(isinstance(r.get("nodes"), list) and len(r["nodes"]) > 1 for r in records.values()):
+        return False
     return len(swap_source(entry, m, opts, accept_new_host_key)[1]) > 1
 
 
