@@ -35,7 +35,7 @@ from orchestrator.plan.deploy import placement_refusal
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
-from orchestrator.plan.service import placement_holders
+from orchestrator.plan.service import placement_holders, recorded_role
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe import api
 from orchestrator.render.artifacts import render, secrets_from_environ
@@ -247,7 +247,9 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
     facts = gather(host, entry)
     installed = sorted(facts.installed)
     found = {n: service_manifest(n, facts, manifests) for n in installed}
-    services = [service_input(host, entry, m, facts) for m in found.values() if m is not None]
+    # a node of a multi-node service is re-rendered as that node (its installed record names its role)
+    services = [service_input(host, entry, m, facts, recorded_role(facts.installed.get(m.name)))
+                for m in found.values() if m is not None]
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
                       orphaned=[n for n, m in found.items() if m is None], restart=restart)
 

@@ -12,7 +12,6 @@ A wrong number of hosts, a host given twice or a node without a cluster address 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -127,7 +126,6 @@ def run_swap_nodes(entries: Sequence[HostEntry], m: Manifest, manifests: dict[st
             if found is None:
                 raise ConfigError(f"{old_name} runs on {n} too (its records say so), which is not in the inventory")
             by_name[n] = found
-    swap_opts = dataclasses.replace(opts, replace=old_name) if old_name else opts
     with ExitStack() as stack:
         sessions = open_sessions(stack, list(by_name.values()), f"swap to {m.name}", dry_run, accept_new_host_key)
 
@@ -135,7 +133,12 @@ def run_swap_nodes(entries: Sequence[HostEntry], m: Manifest, manifests: dict[st
             e, role = pair
             s = sessions[e.name]
             if old_name and e.name in old_nodes:
-                return gather.for_swap(s.host, e, m, manifests, swap_opts, s.lock, role=role)
+                inp = gather.for_swap(s.host, e, m, manifests, opts, s.lock, role=role)
+                if inp.old is None or inp.old.name != old_name:
+                    raise ConfigError(f"{e.name} does not say {m.name} replaces {old_name} there "
+                                      f"({inp.old.name if inp.old else 'nothing'} instead)", host=e.name,
+                                      hint=f"name it: --replace {old_name}")
+                return inp
             return gather.for_deploy(s.host, e, m, opts, s.lock, role=role)
 
         with ThreadPoolExecutor(max_workers=len(entries), thread_name_prefix="gather") as pool:

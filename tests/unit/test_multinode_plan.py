@@ -84,9 +84,11 @@ def test_the_workers_unit_has_the_headless_argv_and_the_record_names_every_node(
     head, worker = (i.target.rendered for i in inputs)
     assert "--headless" in worker.argv and "--headless" not in head.argv
     assert worker.argv[worker.argv.index("--master-addr") + 1] == "10.0.0.1"
-    from orchestrator.plan.service import node_fields
+    from orchestrator.plan.service import node_fields, recorded_role
 
-    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1"}
+    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1", "head_address": "10.0.0.1"}
+    assert recorded_role(node_fields(worker.role)) == worker.role          # regen re-renders the node as it is
+    assert recorded_role({"nodes": ["gpu1"], "rank": 3, "head_address": "x"}) is None
     assert node_fields(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
 
 
