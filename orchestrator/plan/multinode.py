@@ -20,8 +20,8 @@ peer's connection drops).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import HostEntry
@@ -140,23 +140,32 @@ def download_all_action(inputs: Sequence[PlanInput]) -> Action:
                                   f"verified", noop=True, details=details)
 
     def run(env: RunEnv) -> str:
-        pool = ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="download")
-        try:
-            # each node's download quiet (one live progress bar per node would fight over the terminal)
-            futures = [(n, pool.submit(a.run, dataclasses.replace(env.nodes[n], reporter=None)))
-                       for n, a in todo if a.run is not None]
-            done, errors = [], []
-            for n, fut in futures:
-                try:
-                    done.append(f"{n}: {fut.result()}")
-                except OrchestratorError as err:
-                    err.host = err.host or n
-                    errors.append(err)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        outcomes: dict[str, str | BaseException] = {}
+
+        def one(node: str, action: Action) -> None:
+            assert action.run is not None
+            try:        # each node's download quiet: one live progress bar per node would fight over the terminal
+                outcomes[node] = action.run(dataclasses.replace(env.nodes[node], reporter=None)) or ""
+            except BaseException as exc:        # handed to the caller's thread below
+                outcomes[node] = exc
+
+        # Daemon threads: an interrupt ends the run at once (the downloads end with their connections)
+        # instead of vllm-orch waiting at exit for every node's download to finish.
+        threads = [threading.Thread(target=one, args=(n, a), name=f"download-{n}", daemon=True) for n, a in todo]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done = [f"{n}: {outcomes[n]}" for n, _ in todo if isinstance(outcomes.get(n), str)]
+        errors = [(n, e) for n, _ in todo if isinstance(e := outcomes.get(n), BaseException)]
+        for n, exc in errors:
+            if not isinstance(exc, OrchestratorError):
+                raise exc
+            exc.host = exc.host or n
         if errors:
-            first = errors[0]
-            first.details = first.details + [str(e) for e in errors[1:]] + done
+            first = errors[0][1]
+            assert isinstance(first, OrchestratorError)
+            first.details = first.details + [str(e) for _, e in errors[1:]] + done
             raise first
         return "; ".join(done)
 

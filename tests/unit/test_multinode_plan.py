@@ -221,3 +221,28 @@ def test_a_swap_from_one_node_to_two_stages_everywhere_first_and_rolls_back_on_e
                                            "record[gpu1]"]
     assert plan.recovery_for(k.index("download") + 1) is None        # the old one still serves then
     golden("plan-swap-1-to-2-nodes.txt", plan.text())
+
+
+def test_the_parallel_download_runs_every_node_and_fails_naming_the_node_that_failed(monkeypatch):
+    from orchestrator.plan import prepare
+    from orchestrator.plan.multinode import download_all_action
+
+    seen = []
+
+    def fake_download(host, python, repo, revision, local_dir, *args, **kw):
+        seen.append(host.name)
+        if host.name == "gpu2":
+            raise DeployFailed("the Hub answered 503", step="download")
+        return {"done": {"bytes": 10, "files": 2, "commit": "a" * 40}, "seconds": 0.1}
+
+    monkeypatch.setattr(prepare, "run_download", fake_download)
+    inputs = node_inputs(two_node())
+    envs = {i.entry.name: RunEnv(FakeHost(i.entry.name, {}), i.entry, Options()) for i in inputs}
+    envs["gpu1"].nodes = envs
+    action = download_all_action(inputs)
+    assert action.run is not None
+    with pytest.raises(DeployFailed) as err:
+        action.run(envs["gpu1"])
+    assert sorted(seen) == ["gpu1", "gpu2"] and err.value.host == "gpu2" and "503" in err.value.message
+    assert any(d.startswith("gpu1: ") for d in err.value.details)        # what the other node did
+    assert envs["gpu1"].record.download is not None and envs["gpu2"].record.download is None
