@@ -109,7 +109,6 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
     if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, opts,
                                                                                      accept_new_host_key)):
-        from orchestrator.cli.deploy import finish
         from orchestrator.cli.ops import _inventory_lookup
         from orchestrator.ops.multinode import run_swap_nodes
 
