@@ -27,6 +27,20 @@ from orchestrator.cli.options import (
 )
 
 
+def _replaces_a_multinode_service(entry, m, opts, accept_new_host_key: bool) -> bool:
+    """Whether the service a one-host swap replaces spans several hosts (its records name nodes):
+    one read of the host's records, and the facts only when one of them spans nodes."""
+    from orchestrator.host.connect import open_host
+    from orchestrator.host.state import read_records
+    from orchestrator.ops.multinode import swap_source
+
+    with open_host(entry, accept_new_host_key) as host:
+        records = read_records(host, entry)
+    if not any(isinstance(r.get("nodes"), list) and len(r["nodes"]) > 1 for r in records.values()):
+        return False
+    return len(swap_source(entry, m, opts, accept_new_host_key)[1]) > 1
+
+
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
                                  "see the rollback line), 2 bad input, 3 refused by a safety check or for "
                                  "want of --yes (nothing changed), 130 interrupted (the rollback ran: see its "
@@ -73,6 +87,10 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     rollout (--continue-on-failure goes on), so every host serves the old or the new model. The
     summary says which host serves what.
 
+    A multi-node model swaps as one service over the selected hosts (its nodes, head first), and a
+    swap from a multi-node service stops it on every node: the new one is downloaded and verified on
+    all its nodes before the old one stops anywhere; a failure rolls back on every node.
+
     \b
     Examples:
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
@@ -89,6 +107,15 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     entry, m = placed(hosts[0], manifest, gpus, port, service_name)     # bad --gpus: exit 2 before any host
     manifests, _bad = load_all(resolved_models_dir(app))
     opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
+    if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, opts,
+                                                                                     accept_new_host_key)):
+        from orchestrator.cli.ops import _inventory_lookup
+        from orchestrator.ops.multinode import run_swap_nodes
+
+        nodes = [placed(e, manifest, gpus, port, service_name)[0] for e in hosts]
+        finish(run_swap_nodes(nodes, m, manifests, opts, Reporter(console(), quiet=as_json), dry_run,
+                              accept_new_host_key, ask=terminal_ask(as_json), node_entry=_inventory_lookup(app)),
+               as_json)
     if len(hosts) > 1:
         from orchestrator.cli.fleet import rolling_swap
 

@@ -35,7 +35,7 @@ from orchestrator.plan.deploy import placement_refusal
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
-from orchestrator.plan.service import placement_holders
+from orchestrator.plan.service import placement_holders, recorded_role
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe import api
 from orchestrator.render.artifacts import render, secrets_from_environ
@@ -204,7 +204,8 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
 
 
 def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
-             lock: LockFacts) -> PlanInput:
+             lock: LockFacts, role: NodeRole | None = None) -> PlanInput:
+    """`role`: this host as a node of the new (multi-node) service."""
     facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
     old_name = old_model_name(facts, m.name, entry.name, opts.replace)
     if opts.replace and old_name and old_name != m.name:
@@ -219,7 +220,7 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Man
                               f"could not be rolled back to", host=entry.name,
                               hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
         old = service_input(host, entry, old_m, facts)
-    target = service_input(host, entry, m, facts)
+    target = service_input(host, entry, m, facts, role)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and old_name == m.name and target.serving:
         return inp                               # the planner decides whether there is nothing to do
@@ -246,7 +247,9 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
     facts = gather(host, entry)
     installed = sorted(facts.installed)
     found = {n: service_manifest(n, facts, manifests) for n in installed}
-    services = [service_input(host, entry, m, facts) for m in found.values() if m is not None]
+    # a node of a multi-node service is re-rendered as that node (its installed record names its role)
+    services = [service_input(host, entry, m, facts, recorded_role(facts.installed.get(m.name)))
+                for m in found.values() if m is not None]
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
                       orphaned=[n for n, m in found.items() if m is None], restart=restart)
 

@@ -13,22 +13,28 @@ A wrong number of hosts, a host given twice or a node without a cluster address 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import NodeRole, node_roles
+from orchestrator.errors import ConfigError
 from orchestrator.host import state
+from orchestrator.host.connect import open_host
+from orchestrator.host.facts import gather as host_facts
 from orchestrator.ops import gather
 from orchestrator.ops.deploy import history_record, not_run, refused_record
 from orchestrator.ops.execute import Ask, Reporter, run_plan
 from orchestrator.ops.session import OpResult, Session, session
+from orchestrator.ops.stop import recorded_nodes
 from orchestrator.plan.inputs import PlanInput
-from orchestrator.plan.multinode import plan_deploy_nodes
+from orchestrator.plan.multinode import OldService, plan_deploy_nodes, plan_swap_nodes
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.service import node_fields
+from orchestrator.plan.swap import old_model_name
+from orchestrator.probe.readiness import failure_fields
 
 
 def open_sessions(stack: ExitStack, entries: Sequence[HostEntry], operation: str, dry_run: bool,
@@ -85,4 +91,93 @@ def run_deploy_nodes(entries: Sequence[HostEntry], m: Manifest, opts: Options, r
                     "manifest_hash": inp.target.rendered.manifest_hash, **node_fields(role)})
         result.extra["history"] = {**record, **node_fields(roles[0])}
         result.extra["nodes"] = names
+        return result
+
+
+def swap_source(entry: HostEntry, m: Manifest, opts: Options, accept_new_host_key: bool) -> tuple[str | None, list[str]]:
+    """(the service a swap to M on `entry` replaces, its nodes, head first), read before any lock
+    (the locks are taken once every host is known; the planner re-reads the facts under them)."""
+    with open_host(entry, accept_new_host_key) as host:
+        facts = host_facts(host, entry, [m.name])
+        old = old_model_name(facts, m.name, entry.name, opts.replace)
+        if old is None or old == m.name:
+            return None, []
+        return old, recorded_nodes(host, entry, old) or [entry.name]
+
+
+def run_swap_nodes(entries: Sequence[HostEntry], m: Manifest, manifests: dict[str, Manifest], opts: Options,
+                   reporter: Reporter, dry_run: bool, accept_new_host_key: bool = False, ask: Ask | None = None,
+                   node_entry: Callable[[str], HostEntry | None] | None = None) -> OpResult:
+    """A swap where the old or the new service spans several hosts (orchestrator.plan.multinode.
+    plan_swap_nodes): `entries` are the new service's nodes (head first; one host for a one-host
+    model), the old service's nodes come from its records (`node_entry` looks them up)."""
+    t0 = time.monotonic()
+    roles: list[NodeRole | None] = list(node_roles(m, entries)) if m.multinode is not None else [None] * len(entries)
+    names = [e.name for e in entries]
+    old_name, old_nodes = swap_source(entries[0], m, opts, accept_new_host_key)
+    if old_nodes and old_nodes[0] not in names:
+        raise ConfigError(f"{old_name} has its head on {old_nodes[0]}, which is no node of {m.name} here "
+                          f"({', '.join(names)}): a swap keeps the old head among the new nodes",
+                          hint=f"select {old_nodes[0]} among the hosts, or stop {old_name} and deploy {m.name}")
+    by_name = {e.name: e for e in entries}
+    for n in old_nodes:
+        if n not in by_name:
+            found = node_entry(n) if node_entry is not None else None
+            if found is None:
+                raise ConfigError(f"{old_name} runs on {n} too (its records say so), which is not in the inventory")
+            by_name[n] = found
+    with ExitStack() as stack:
+        sessions = open_sessions(stack, list(by_name.values()), f"swap to {m.name}", dry_run, accept_new_host_key)
+
+        def one(pair: tuple[HostEntry, NodeRole | None]) -> PlanInput:
+            e, role = pair
+            s = sessions[e.name]
+            if old_name and e.name in old_nodes:
+                inp = gather.for_swap(s.host, e, m, manifests, opts, s.lock, role=role)
+                if inp.old is None or inp.old.name != old_name:
+                    raise ConfigError(f"{e.name} does not say {m.name} replaces {old_name} there "
+                                      f"({inp.old.name if inp.old else 'nothing'} instead)", host=e.name,
+                                      hint=f"name it: --replace {old_name}")
+                return inp
+            return gather.for_deploy(s.host, e, m, opts, s.lock, role=role)
+
+        with ThreadPoolExecutor(max_workers=len(entries), thread_name_prefix="gather") as pool:
+            inputs = list(pool.map(one, zip(entries, roles, strict=True)))
+        old = None
+        if old_name:
+            by_input = {i.entry.name: i for i in inputs}
+            head_old = by_input[old_nodes[0]].old
+            if head_old is None:
+                raise ConfigError(f"{old_name} has no manifest in the models folder, so it could not be rolled back to",
+                                  host=old_nodes[0], hint=f"restore models/{old_name}.yaml, or stop it first")
+            running = set()
+            for n in old_nodes:
+                f = by_input[n].facts if n in by_input else host_facts(sessions[n].host, by_name[n], [old_name])
+                if (st := f.services.get(old_name)) is not None and st.active:
+                    running.add(n)
+            old = OldService(old_name, tuple(old_nodes), head_old, frozenset(running))
+        plan = plan_swap_nodes(inputs, old, by_name, {n: s.lock for n, s in sessions.items()})
+        result = OpResult("swap", ", ".join(names), m.name, ok=False, dry_run=dry_run, plan=plan,
+                          extra=dict(plan.info))
+        if not_run(plan, result, reporter, opts, ask, names[0]):
+            result.seconds = time.monotonic() - t0
+            return result
+        envs = {n: RunEnv(sessions[n].host, e, opts, reporter, guard=sessions[n].guard) for n, e in by_name.items()}
+        head = envs[names[0]]
+        head.nodes = envs
+        outcome = run_plan(plan, head, reporter)
+        result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
+        result.seconds = time.monotonic() - t0
+        stopped = [e.record.stopped_at for e in envs.values() if e.record.stopped_at is not None]
+        if outcome.ok and stopped and head.record.ready_at is not None:
+            result.extra["downtime_s"] = round(head.record.ready_at - min(stopped), 3)
+        record = {"operation": "swap", "from": old_name, "model": m.model_name, "service": m.name, "ok": outcome.ok,
+                  "staged": True, "seconds": round(result.seconds, 2), "steps": outcome.timings(),
+                  "downtime_s": result.extra.get("downtime_s"), "nodes": names, "from_nodes": old_nodes}
+        record.update(failure_fields(result.error))
+        if outcome.recovery is not None:
+            record["rollback"] = result.extra["rollback"] = outcome.recovery.as_dict()
+        for n, e in by_name.items():
+            if sessions[n].holds_lock():
+                state.append_history(sessions[n].host, e, {**record, **({"rank": names.index(n)} if n in names else {})})
         return result

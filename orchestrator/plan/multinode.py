@@ -20,17 +20,20 @@ peer's connection drops).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import DeployFailed, OrchestratorError, RefusedError
 from orchestrator.host import modeldirs, state
 from orchestrator.host.ownership import gpu_list
 from orchestrator.plan import prepare, service
 from orchestrator.plan.deploy import placement_refusal, unpinned_warning
-from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.inputs import LockFacts, PlanInput, ServiceInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.placements import clash_refusal
 from orchestrator.plan.run import RunEnv
 
 
@@ -137,23 +140,32 @@ def download_all_action(inputs: Sequence[PlanInput]) -> Action:
                                   f"verified", noop=True, details=details)
 
     def run(env: RunEnv) -> str:
-        pool = ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="download")
-        try:
-            # each node's download quiet (one live progress bar per node would fight over the terminal)
-            futures = [(n, pool.submit(a.run, dataclasses.replace(env.nodes[n], reporter=None)))
-                       for n, a in todo if a.run is not None]
-            done, errors = [], []
-            for n, fut in futures:
-                try:
-                    done.append(f"{n}: {fut.result()}")
-                except OrchestratorError as err:
-                    err.host = err.host or n
-                    errors.append(err)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        outcomes: dict[str, str | BaseException] = {}
+
+        def one(node: str, action: Action) -> None:
+            assert action.run is not None
+            try:        # each node's download quiet: one live progress bar per node would fight over the terminal
+                outcomes[node] = action.run(dataclasses.replace(env.nodes[node], reporter=None)) or ""
+            except BaseException as exc:        # handed to the caller's thread below
+                outcomes[node] = exc
+
+        # Daemon threads: an interrupt ends the run at once (the downloads end with their connections)
+        # instead of vllm-orch waiting at exit for every node's download to finish.
+        threads = [threading.Thread(target=one, args=(n, a), name=f"download-{n}", daemon=True) for n, a in todo]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done = [f"{n}: {outcomes[n]}" for n, _ in todo if isinstance(outcomes.get(n), str)]
+        errors = [(n, e) for n, _ in todo if isinstance(e := outcomes.get(n), BaseException)]
+        for n, exc in errors:
+            if not isinstance(exc, OrchestratorError):
+                raise exc
+            exc.host = exc.host or n
         if errors:
-            first = errors[0]
-            first.details = first.details + [str(e) for e in errors[1:]] + done
+            first = errors[0][1]
+            assert isinstance(first, OrchestratorError)
+            first.details = first.details + [str(e) for _, e in errors[1:]] + done
             raise first
         return "; ".join(done)
 
@@ -248,3 +260,141 @@ def plan_deploy_nodes(inputs: list[PlanInput]) -> Plan:
                                                            only_if_started=True, drain=False))
                       for i in [*inputs[1:], head]])
     return plan
+
+
+# -- a swap between a one-node and a multi-node service --------------------------------------------
+
+@dataclass(frozen=True)
+class OldService:
+    """The service a multi-node swap replaces: its name, its nodes (head first; one for a one-host
+    service) and, on the head, how it serves (its manifest and files: the rollback's gates)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    head: ServiceInput
+    running: frozenset[str]                     # the nodes it runs on now
+
+
+def plan_swap_nodes(inputs: list[PlanInput], old: OldService | None, entries: Mapping[str, HostEntry],
+                    locks: Mapping[str, LockFacts]) -> Plan:
+    """A swap whose old or new service (or both) spans several hosts: the new one is downloaded,
+    verified identical and installed on all its nodes while the old one serves; then the old one
+    stops on every node it runs on, the new one starts (workers, then the head) and must pass its
+    gates at its head. From the old one's stop on, a failure rolls back: the new one stops on every
+    node, the old one starts again on every node (workers first) and must pass its gates.
+
+    inputs: one per node of the new service, head first (target rendered with the node's role;
+    `old` set on the nodes the old service runs on). entries/locks: every host the swap touches (the
+    old service's nodes too), by name. The old service's head must be a node of the new one (its
+    swap record, swap.json, is kept there)."""
+    head = inputs[0]
+    m = head.target.manifest
+    names = [i.entry.name for i in inputs]
+    old_name = old.name if old is not None else None
+    plan = Plan("swap", nodes_desc(inputs) if len(inputs) > 1 else head.entry.describe(),
+                f"{old_name or '(nothing)'} -> {m.name}", warnings=unpinned_warning(head),
+                info={"from": old_name, "to": m.name, "staged": True, "nodes": names})
+    hosts = names + [n for n in (old.nodes if old else ()) if n not in names]
+    for n in hosts:
+        plan.add(on(n, prepare.lock_action(locks[n])))
+    for i in inputs:
+        node = i.entry.name
+        replacing = {old_name} if old_name and i.old is not None else set()
+        clash = clash_refusal(i.facts, i.target.manifest, node, replacing=replacing)
+        if clash:
+            return plan.refuse(on(node, Action("placement", clash.message)), clash)
+        half = half_done(i.facts, node)
+        if half:
+            return plan.refuse(on(node, Action("swap", half[0])), RefusedError(
+                f"{half[0]}: finish or undo it first", host=node, step="swap", hint=half[1]))
+    refusals = []
+    for i in inputs:
+        action, refusal = checked_on(i.entry.name, prepare.preflight_action(i))
+        plan.add(action)
+        if refusal is not None:
+            refusals.append(refusal)
+    if refusals:
+        refusals[0].details = refusals[0].details + [str(r) for r in refusals[1:]]
+        plan.refusal = refusals[0]
+        return plan
+    for i in inputs:
+        keep = {i.old.name, i.old.manifest.model_name} if i.old is not None else set()
+        action, refusal = checked_on(i.entry.name, prepare.disk_action(i, keep=keep))
+        if refusal is not None:
+            refusal.hint = (refusal.hint or "") + "; a swap across nodes always stages (free space, or stop " \
+                                                  "the old service and deploy)"
+        if plan.add_checked(action, refusal):
+            return plan
+    plan.add(download_all_action(inputs))
+    if len(inputs) > 1 and plan.add_checked(*verify_same_action(inputs)):
+        return plan
+    for i in inputs:
+        plan.add(on(i.entry.name, prepare.user_action(i.entry, i.facts.users)))
+    for i in inputs:
+        plan.add(on(i.entry.name, service.install_action(i.entry, i.target)))
+    stops: list[Action] = []
+    if old is not None:
+        for n in [o for o in old.nodes if o in old.running]:
+            first = not stops
+            stops.append(plan.add(on(n, service.stop_action(
+                entries[n], old.name, "downtime starts" if first else "with its head",
+                downtime_starts=first, swap_to=m.name if n == old.nodes[0] else None))))
+    for i in inputs:
+        stopping = {old_name} if old_name and i.old is not None else set()
+        if plan.add_checked(*checked_on(i.entry.name, service.gpus_action(i, stopping=stopping))):
+            return plan
+    starts = []
+    for rank, i in [*enumerate(inputs)][1:] + [(0, head)]:
+        what = "" if len(inputs) == 1 else (" (the head, after its workers)" if rank == 0 else f" (rank {rank}, headless)")
+        starts.append(plan.add(on(i.entry.name, service.start_service_action(
+            i.entry, m.name, restart=bool((st := i.facts.services.get(m.name)) and st.active),
+            summary=f"start {m.name}{what}"))))
+    plan.add(on(head.entry.name, service.ready_action(head.target, head.opts.budget_s, False, workers=names[1:])))
+    plan.add(on(head.entry.name, service.perf_action(head)))
+    swap_host = old.nodes[0] if old is not None else None
+    for i in inputs:
+        n = i.entry.name
+        plan.add(on(n, service.record_action(i, enabled=i.opts.enable, ends_swap=n == swap_host,
+                                             replaces=old_name if i.old is not None else None)))
+    if old is not None:
+        for n in old.nodes:
+            if n not in names:
+                plan.add(on(n, forget_record_action(entries[n], old.name)))
+    if old is not None and stops:
+        plan.recover(stops[0], f"roll back to {old.name} on {', '.join(old.nodes)}",
+                     swap_back_actions(inputs, old, entries))
+    elif starts:
+        plan.recover(starts[0], f"stop {m.name} on every node it was started on (model files kept)",
+                     [on(i.entry.name, service.stop_action(i.entry, m.name, "it failed to become ready",
+                                                           only_if_started=True, drain=False))
+                      for i in [*inputs[1:], head]])
+    return plan
+
+
+def forget_record_action(entry: HostEntry, name: str) -> Action:
+    """A node of the old service that is no node of the new one: its record of the old one goes."""
+    def run(env: RunEnv) -> str:
+        state.write_record(env.host, env.entry, name, None)
+        return f"removed {name}'s record"
+
+    return Action("record", f"remove {name}'s record (this host is no node of the new service)", run=run)
+
+
+def swap_back_actions(inputs: Sequence[PlanInput], old: OldService, entries: Mapping[str, HostEntry]) -> list[Action]:
+    """The rollback: the new service stops on every node, the old one starts again on every node it
+    ran on (workers first), passes its gates at its head, and the swap record goes."""
+    m = inputs[0].target.manifest
+    out = [on(i.entry.name, service.stop_action(i.entry, m.name, "the swap failed", only_if_started=True,
+                                                drain=False)) for i in [*inputs[1:], inputs[0]]]
+    gpus = old.head.manifest.serving.visible_devices
+    for n in old.nodes:
+        if n in old.running:
+            out.append(on(n, service.release_action(gpus, f"for {old.name}")))
+    for n in [*old.nodes[1:], old.nodes[0]]:
+        if n in old.running:
+            out.append(on(n, service.start_service_action(entries[n], old.name,
+                                                          summary=f"start {old.name} with its previous unit")))
+    out.append(on(old.nodes[0], service.ready_action(old.head, inputs[0].opts.budget_s, False, marks_ready=False,
+                                                     workers=[n for n in old.nodes[1:] if n in old.running])))
+    out.append(on(old.nodes[0], service.forget_swap_action(entries[old.nodes[0]], f"{old.name} serves again")))
+    return out

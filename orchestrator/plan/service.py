@@ -413,8 +413,21 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
 
 def node_fields(role: NodeRole | None) -> dict:
     """A multi-node service's record (and history record) on each node: every node (head first),
-    this one's rank, the head. Nothing for one host (a record without "nodes" is single-node)."""
-    return {} if role is None else {"nodes": list(role.nodes), "rank": role.rank, "head": role.nodes[0]}
+    this one's rank, the head and the address the nodes meet it at (so regen re-renders the node
+    as it is: recorded_role). Nothing for one host (a record without "nodes" is single-node)."""
+    return {} if role is None else {"nodes": list(role.nodes), "rank": role.rank, "head": role.nodes[0],
+                                    "head_address": role.head_address}
+
+
+def recorded_role(record: dict | None) -> NodeRole | None:
+    """The node role an installed record names (node_fields), None for a one-host service or a
+    record without one."""
+    rec = record or {}
+    nodes, rank, address = rec.get("nodes"), rec.get("rank"), rec.get("head_address")
+    if not (isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes) and isinstance(rank, int)
+            and 0 <= rank < len(nodes) and isinstance(address, str) and address):
+        return None
+    return NodeRole(rank, tuple(nodes), address)
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,

@@ -25,6 +25,7 @@ from tests.plugins.sim_hosts import TEST_SPEED, free_port
 from .deployhelp import SHIPPED, write_models
 
 NAME = "kimi-k25-int4-2node"
+ONE = "kimi-k25-int4"
 REPO = Path(__file__).parents[2]
 
 
@@ -39,7 +40,9 @@ def cluster(tmp_path, monkeypatch):
     data["serving"]["port"] = free_port()
     data["multinode"]["master_port"] = free_port()
     m = type(SHIPPED[NAME]).model_validate(data)
-    models = write_models(tmp_path / "models", [m])
+    single = SHIPPED[ONE].model_dump()
+    single["serving"]["port"] = data["serving"]["port"]          # the swap's other side, on the same port
+    models = write_models(tmp_path / "models", [m, type(m).model_validate(single)])
     env = {**os.environ, "VLLM_ORCH_STATE_HOME": str(tmp_path / "state"), "VLLM_ORCH_MODELS": str(models),
            "COLUMNS": "160"}
     inv = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]
@@ -48,8 +51,9 @@ def cluster(tmp_path, monkeypatch):
         yield env, entries, m
     finally:
         for e in entries.values():          # whatever a failed assertion left running
-            Service.for_host(LocalHost(e.name, env=e.env), e, NAME).run_all(
-                Service.for_host(None, e, NAME).stop_commands(drain=False), "stop")
+            for name in (NAME, ONE):
+                Service.for_host(LocalHost(e.name, env=e.env), e, name).run_all(
+                    Service.for_host(None, e, name).stop_commands(drain=False), "stop")
         manager.down(home)
 
 
@@ -58,8 +62,8 @@ def cli(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProc
                           timeout=timeout, env=env, cwd=str(REPO))
 
 
-def running(e: HostEntry) -> bool:
-    return Service.for_host(LocalHost(e.name, env=e.env), e, NAME).state().active
+def running(e: HostEntry, name: str = NAME) -> bool:
+    return Service.for_host(LocalHost(e.name, env=e.env), e, name).state().active
 
 
 def test_deploy_status_logs_and_stop_of_a_two_node_service(cluster):
@@ -133,3 +137,38 @@ def test_a_selection_that_does_not_fit_the_layout_is_bad_input(cluster, hosts, s
         r = cli(env, command, NAME, "--host", hosts)
         assert r.returncode == 2 and says in r.stderr.splitlines()[0], r.stderr
         assert not any(running(e) for e in entries.values())
+
+
+def test_swap_from_one_node_to_two_and_back_with_a_rollback_on_every_node(cluster):
+    """The new service is downloaded and verified on both nodes before the old one stops; a rank
+    crash on sim-2 rolls back (the 2-node service stopped on both, kimi-k25-int4 serving on sim
+    again); then 1 -> 2 nodes and 2 -> 1 node both go through."""
+    env, entries, _m = cluster
+    sim, sim2 = entries["sim"], entries["sim-2"]
+    r = cli(env, "deploy", ONE, "--host", "sim")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    assert cli(env, "sim", "fault", "sim-2", "rank-crash-loading").returncode == 0
+    r = cli(env, "swap", NAME, "--host", "sim,sim-2", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and not out["ok"] and "sim-2: ready:" in out["error"], r.stdout[-3000:]
+    steps = [s["step"] for s in out["steps"] if s["status"] == "done"]
+    assert steps.index("verify-same") < steps.index("stop[sim]")      # downloaded everywhere first
+    assert out["recovery"]["ok"] and [s["step"] for s in out["recovery"]["steps"]][:2] == ["stop[sim-2]", "stop[sim]"]
+    assert running(sim, ONE) and not running(sim) and not running(sim2)
+    assert ONE in read_records(LocalHost("sim", env=sim.env), sim)
+
+    r = cli(env, "swap", NAME, "--host", "sim,sim-2", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["ok"] and out["downtime_s"] > 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert running(sim) and running(sim2) and not running(sim, ONE)
+    recs = {e.name: read_records(LocalHost(e.name, env=e.env), e) for e in entries.values()}
+    assert set(recs["sim"]) == {NAME} and set(recs["sim-2"]) == {NAME}      # the old record went with the swap
+
+    r = cli(env, "swap", ONE, "--host", "sim", "--json")           # the old service's records name sim-2
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["ok"], r.stdout[-3000:] + r.stderr[-2000:]
+    assert running(sim, ONE) and not running(sim) and not running(sim2)
+    assert set(read_records(LocalHost("sim-2", env=sim2.env), sim2)) == set()
+    last = read_history(LocalHost("sim-2", env=sim2.env), sim2)[-1]
+    assert last["operation"] == "swap" and last["ok"] and last["from_nodes"] == ["sim", "sim-2"]

@@ -29,12 +29,9 @@ HEAD = HostEntry(name="gpu1", address="10.0.0.1", sudo=True)
 WORKER = HostEntry(name="gpu2", address="gpu2.example", sudo=True, cluster={"address": "10.0.0.2"})
 
 
-def two_node(name: str = "kimi-k25-int4") -> Manifest:
-    """A shipped single-node manifest as a 2-node one: TP 8 x PP 2 over two 8-GPU hosts."""
-    data = MODELS[name].model_dump()
-    data["vllm"]["pipeline_parallel_size"] = 2
-    data["multinode"] = {"nodes": 2}
-    return Manifest.model_validate(data)
+def two_node() -> Manifest:
+    """The shipped 2-node manifest: Kimi-K2.5 INT4, TP 8 x PP 2 over two 8-GPU hosts."""
+    return MODELS["kimi-k25-int4-2node"]
 
 
 def node_inputs(m: Manifest, per_node: dict[str, dict] | None = None, **opts) -> list[PlanInput]:
@@ -87,9 +84,11 @@ def test_the_workers_unit_has_the_headless_argv_and_the_record_names_every_node(
     head, worker = (i.target.rendered for i in inputs)
     assert "--headless" in worker.argv and "--headless" not in head.argv
     assert worker.argv[worker.argv.index("--master-addr") + 1] == "10.0.0.1"
-    from orchestrator.plan.service import node_fields
+    from orchestrator.plan.service import node_fields, recorded_role
 
-    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1"}
+    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1", "head_address": "10.0.0.1"}
+    assert recorded_role(node_fields(worker.role)) == worker.role          # regen re-renders the node as it is
+    assert recorded_role({"nodes": ["gpu1"], "rank": 3, "head_address": "x"}) is None
     assert node_fields(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
 
 
@@ -174,7 +173,7 @@ def test_verify_same_fails_naming_the_node_whose_weights_differ():
     def env_with(worker_record: dict) -> RunEnv:
         envs = {}
         for i, rec in zip(inputs, (record(), worker_record), strict=True):
-            path = f"{i.entry.models_root}/kimi-k25-int4/.vllm-orch/verified.json"
+            path = f"{i.entry.models_root}/{i.target.manifest.model_name}/.vllm-orch/verified.json"
             envs[i.entry.name] = RunEnv(FakeHost(i.entry.name, {path: json.dumps(rec).encode()}), i.entry, Options())
         envs["gpu1"].nodes = envs
         return envs["gpu1"]
@@ -196,3 +195,54 @@ def test_one_download_step_for_every_node_is_a_noop_when_all_have_the_weights():
     step = next(a for a in plan.actions if a.step == "download")
     assert not step.noop and "fetch on gpu2 in parallel" in step.summary
     assert any(d.startswith("gpu1: nothing to do") for d in step.details)
+
+
+def test_a_swap_from_one_node_to_two_stages_everywhere_first_and_rolls_back_on_every_node():
+    from orchestrator.plan.multinode import OldService, plan_swap_nodes
+
+    from .test_planners import svc
+
+    old = svc("kimi-k25-int4", installed=True)
+    on_head = {"services": {old.name: ServiceState(active=True, main_pid=7)},
+               "active": {"model": old.name, "gpus": list(range(8))}}
+    inputs = node_inputs(two_node(), {"gpu1": on_head})
+    inputs[0] = replace(inputs[0], old=old)
+    entries = {i.entry.name: i.entry for i in inputs}
+    plan = plan_swap_nodes(inputs, OldService(old.name, ("gpu1",), old, frozenset({"gpu1"})), entries,
+                           {n: i.lock for n, i in zip(entries, inputs, strict=True)})
+    assert plan.refusal is None
+    k = keys(plan)
+    assert k.index("verify-same") < k.index("install[gpu2]") < k.index("stop[gpu1]") < k.index("start[gpu2]") \
+        < k.index("start[gpu1]") < k.index("ready[gpu1]")
+    assert "swap.json" in plan.actions[k.index("stop[gpu1]")].details[0]
+    rb = plan.recovery_for(k.index("ready[gpu1]") + 1)
+    assert rb is not None and rb.first == k.index("stop[gpu1]") + 1
+    assert [a.key for a in rb.actions] == ["stop[gpu2]", "stop[gpu1]", "gpus[gpu1]", "start[gpu1]", "ready[gpu1]",
+                                           "record[gpu1]"]
+    assert plan.recovery_for(k.index("download") + 1) is None        # the old one still serves then
+    golden("plan-swap-1-to-2-nodes.txt", plan.text())
+
+
+def test_the_parallel_download_runs_every_node_and_fails_naming_the_node_that_failed(monkeypatch):
+    from orchestrator.plan import prepare
+    from orchestrator.plan.multinode import download_all_action
+
+    seen = []
+
+    def fake_download(host, python, repo, revision, local_dir, *args, **kw):
+        seen.append(host.name)
+        if host.name == "gpu2":
+            raise DeployFailed("the Hub answered 503", step="download")
+        return {"done": {"bytes": 10, "files": 2, "commit": "a" * 40}, "seconds": 0.1}
+
+    monkeypatch.setattr(prepare, "run_download", fake_download)
+    inputs = node_inputs(two_node())
+    envs = {i.entry.name: RunEnv(FakeHost(i.entry.name, {}), i.entry, Options()) for i in inputs}
+    envs["gpu1"].nodes = envs
+    action = download_all_action(inputs)
+    assert action.run is not None
+    with pytest.raises(DeployFailed) as err:
+        action.run(envs["gpu1"])
+    assert sorted(seen) == ["gpu1", "gpu2"] and err.value.host == "gpu2" and "503" in err.value.message
+    assert any(d.startswith("gpu1: ") for d in err.value.details)        # what the other node did
+    assert envs["gpu1"].record.download is not None and envs["gpu2"].record.download is None
