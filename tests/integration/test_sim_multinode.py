@@ -254,6 +254,8 @@ def test_a_headless_rank_stopped_while_it_waits_for_the_head_exits_and_frees_its
     with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, free_port())) as w1:
         w1.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
         wait_until(lambda: len(titles(nodes[1])) == 8, 30, "eight workers registered")
+        servers = manager.status(nodes[1].home)["hosts"]["sim-2"]["vllm_servers"]   # `sim status` sees it
+        assert [(s["pid"], s["headless"], s["node_rank"]) for s in servers] == [(w1.proc.pid, True, 1)]
         w1.proc.send_signal(signal.SIGTERM)
         assert w1.wait_exit(30) == 0
         assert titles(nodes[1]) == []
