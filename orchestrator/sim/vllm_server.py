@@ -2824,16 +2824,35 @@ class Headless:
             await asyncio.sleep(0.2)
 
 
+def write_run_file(cfg: dict) -> Path:
+    """<hostdir>/run/vllm-<pid>.json: lets `vllm-orch sim status/down` find simulated servers."""
+    run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
+    if run_file.parent.is_dir():
+        entry = {"pid": os.getpid(), "start_time": proc_start_time(os.getpid()),
+                 "process_name": "vllm serve", "model": cfg["model"], "port": cfg["port"]}
+        if cfg["headless"]:
+            entry.update(headless=True, node_rank=cfg["node_rank"], nnodes=cfg["nnodes"],
+                         head=(f"tcp://{cfg['dp_address']}:{cfg['dp_rpc_port']}" if cfg["dp"] > 1
+                               else f"{cfg['master_addr']}:{cfg['master_port']}"))
+        run_file.write_text(json.dumps(entry))
+    return run_file
+
+
 async def run_headless(args, fault, fault_args=None) -> int:
     launch = Launch(args, fault, fault_args or {})
+    run_file = None
     try:
         cfg = launch.configure()
+        run_file = write_run_file(cfg)
         return await Headless(launch, cfg).run()
     except StartupFailed as exc:
         if exc.args and exc.args[0]:
             log_bare_raw(str(exc.args[0]))
         launch.stop_holders()
         return 1
+    finally:
+        if run_file is not None:
+            run_file.unlink(missing_ok=True)
 
 
 async def run_serve(args, fault, fault_args=None) -> int:
@@ -2841,15 +2860,12 @@ async def run_serve(args, fault, fault_args=None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, launch.on_sigterm)
-    run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
+    run_file = None
     try:
         cfg = launch.configure()
         if cfg["api_servers"] > 1:   # the API servers are processes of their own: this is vLLM's main
             launch.api = ("MainProcess", os.getpid())
-        if run_file.parent.is_dir():   # lets `vllm-orch sim status/down` find simulated servers
-            run_file.write_text(json.dumps({
-                "pid": os.getpid(), "start_time": proc_start_time(os.getpid()),
-                "process_name": "vllm serve", "model": cfg["model"], "port": cfg["port"]}))
+        run_file = write_run_file(cfg)
         await launch.start(cfg)
         return await launch.serve(cfg)
     except StartupFailed as exc:
@@ -2862,10 +2878,8 @@ async def run_serve(args, fault, fault_args=None) -> int:
         launch.stop_holders()
         return 1
     finally:
-        try:
-            run_file.unlink()
-        except OSError:
-            pass
+        if run_file is not None:
+            run_file.unlink(missing_ok=True)
 
 
 def main(argv=None) -> int:

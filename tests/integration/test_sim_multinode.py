@@ -184,6 +184,19 @@ def test_a_rank_crash_while_loading_kills_the_head_with_a_named_line(nodes):
         assert fatal(w1.log)[0].key == "cuda-error"
 
 
+def test_a_head_with_another_revision_fails_loading_and_takes_the_ranks_down(nodes):
+    port = free_port()
+    manager.add_fault("sim", "wrong-revision", home=nodes[0].home)
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, port)) as w1, \
+            SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port)) as head:
+        assert head.wait_exit(60) == 1
+        assert fatal(head.log)[0].key == "weights-mismatch"
+        # 1 if its workers were still loading (the executor's start fails), 0 if they were loaded
+        # and waiting for the head's next step (run_headless returns after its worker monitor)
+        assert w1.wait_exit(60) in (0, 1)
+        assert fatal(w1.log)[0].key == "head-gone"
+
+
 def test_a_node_with_another_revision_fails_loading_and_takes_the_head_down(nodes):
     port = free_port()
     manager.add_fault("sim-2", "wrong-revision", home=nodes[1].home)
@@ -254,6 +267,8 @@ def test_a_headless_rank_stopped_while_it_waits_for_the_head_exits_and_frees_its
     with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, free_port())) as w1:
         w1.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
         wait_until(lambda: len(titles(nodes[1])) == 8, 30, "eight workers registered")
+        servers = manager.status(nodes[1].home)["hosts"]["sim-2"]["vllm_servers"]   # `sim status` sees it
+        assert [(s["pid"], s["headless"], s["node_rank"]) for s in servers] == [(w1.proc.pid, True, 1)]
         w1.proc.send_signal(signal.SIGTERM)
         assert w1.wait_exit(30) == 0
         assert titles(nodes[1]) == []
