@@ -4,7 +4,7 @@ through the command line: each host is a container in its own network namespace 
 simulated vLLM's ranks meet over real TCP between real addresses, as on a cluster. The shipped 2-node
 manifest (kimi-k25-int4-2node, TP8 x PP2) on two hosts: dry run, deploy, status once with its nodes,
 bench through the head, each multi-node fault failing the deploy naming the node, stop on every node;
-and a 3-node variant (TP8 x PP3) on three hosts."""
+swap 1 node -> 2 nodes -> 1 node; and a 3-node variant (TP8 x PP3) on three hosts."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.systemd
 REPO = Path(__file__).resolve().parents[2]
 TWO = "kimi-k25-int4-2node"
 THREE = "kimi-k25-int4-3node"
+ONE = "kimi-k25-int4"                        # the same model on one host (TP8)
 PORT = 8000                                  # each host has its own address: fixed ports are fine
 JOIN_TIMEOUT_S = 20                          # the simulated ranks' join timeout (VLLM_SIM_JOIN_TIMEOUT_S)
 
@@ -51,7 +52,7 @@ def cluster(systemd_sim_hosts, tmp_path_factory):
     serve_nothing(hosts)
     tmp = tmp_path_factory.mktemp("multinode")
     two = SHIPPED[TWO]
-    models = write_models(tmp / "models", [two, three_nodes()])
+    models = write_models(tmp / "models", [two, three_nodes(), SHIPPED[ONE]])
     names = [e.name for e, _d, _h in hosts]
     inventory = tmp / "hosts.yaml"
     inventory.write_text(yaml.safe_dump({"hosts": {
@@ -179,3 +180,20 @@ def test_a_three_node_service_on_three_hosts(cluster):
     stop = run("stop", THREE, "--host", names[1])
     assert stop.returncode == 0, (stop.stdout, stop.stderr)
     assert active(hosts, THREE) == dict.fromkeys(names, False)
+
+
+def test_swap_from_one_node_to_two_nodes_and_back(cluster):
+    names, hosts, run = cluster
+    a, b = names[:2]
+    r = run("deploy", ONE, "--host", a)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    r = run("swap", TWO, "--host", f"{a},{b}", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["ok"], (r.stdout[-3000:], r.stderr[-2000:])
+    assert active(hosts[:2], TWO) == {a: True, b: True} and active(hosts[:1], ONE) == {a: False}
+    r = run("swap", ONE, "--host", a, "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["ok"], (r.stdout[-3000:], r.stderr[-2000:])
+    assert active(hosts[:1], ONE) == {a: True} and active(hosts[:2], TWO) == {a: False, b: False}
+    assert records(hosts[:2], TWO) == {a: None, b: None}
+    assert run("stop", ONE, "--host", a).returncode == 0
