@@ -625,7 +625,8 @@ class MultiNode(Strict):
         300, ge=10, le=86400,
         description="How long the head waits for every other node to join before the deploy fails "
                     "naming the nodes that did not (a firewall, a wrong cluster.address, a node that "
-                    "crashed while starting).")
+                    "crashed while starting): every node's `--distributed-timeout-seconds` (mp), the "
+                    "timeout of vLLM's torch.distributed rendezvous (without it, torch's default).")
 
     @model_validator(mode="after")
     def _ports(self) -> MultiNode:

@@ -205,6 +205,7 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         if not role.head:
             add("(node rank)", "--data-parallel-start-rank", role.rank * local)
             add("(node rank)", "--headless")
+        add("multinode.join_timeout_seconds", "--distributed-timeout-seconds", mn.join_timeout_seconds)
     else:                               # tensor/pipeline parallel across nodes: one torch.distributed group
         add("multinode.nodes", "--nnodes", mn.nodes)
         add("(node rank)", "--node-rank", role.rank)
@@ -212,6 +213,9 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         add("multinode.master_port", "--master-port", mn.master_port)
         if not role.head:
             add("(node rank)", "--headless")
+        # torch.distributed.init_process_group's timeout (vLLM's ParallelConfig.distributed_timeout_seconds):
+        # how long the head's store waits for the other ranks, and they for it, before failing
+        add("multinode.join_timeout_seconds", "--distributed-timeout-seconds", mn.join_timeout_seconds)
     return out
 
 

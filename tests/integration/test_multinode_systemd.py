@@ -31,12 +31,19 @@ TWO = "kimi-k25-int4-2node"
 THREE = "kimi-k25-int4-3node"
 ONE = "kimi-k25-int4"                        # the same model on one host (TP8)
 PORT = 8000                                  # each host has its own address: fixed ports are fine
-JOIN_TIMEOUT_S = 20                          # the simulated ranks' join timeout (VLLM_SIM_JOIN_TIMEOUT_S)
+JOIN_TIMEOUT_S = 20                          # multinode.join_timeout_seconds -> --distributed-timeout-seconds
+
+
+def two_nodes() -> Manifest:
+    """The shipped 2-node manifest with a join timeout a test can wait for."""
+    data = SHIPPED[TWO].model_dump()
+    data["multinode"]["join_timeout_seconds"] = JOIN_TIMEOUT_S
+    return Manifest.model_validate(data)
 
 
 def three_nodes() -> Manifest:
-    """The shipped 2-node manifest over three hosts: pipeline parallel 3 (24 GPUs = 3 x 8)."""
-    data = SHIPPED[TWO].model_dump()
+    """The 2-node manifest over three hosts: pipeline parallel 3 (24 GPUs = 3 x 8)."""
+    data = two_nodes().model_dump()
     data["name"] = THREE
     data["vllm"]["pipeline_parallel_size"] = 3
     data["multinode"]["nodes"] = 3
@@ -47,18 +54,15 @@ def three_nodes() -> Manifest:
 @pytest.fixture(scope="module")
 def cluster(systemd_sim_hosts, tmp_path_factory):
     """Three SIMULATED systemd hosts serving nothing; an inventory giving each its cluster interface
-    (eth0 in its namespace) and a short simulated join timeout. Yields (names, hosts, run)."""
+    (eth0 in its namespace). Yields (names, hosts, run)."""
     hosts = systemd_sim_hosts(3)
     serve_nothing(hosts)
     tmp = tmp_path_factory.mktemp("multinode")
-    two = SHIPPED[TWO]
-    models = write_models(tmp / "models", [two, three_nodes(), SHIPPED[ONE]])
+    models = write_models(tmp / "models", [two_nodes(), three_nodes(), SHIPPED[ONE]])
     names = [e.name for e, _d, _h in hosts]
     inventory = tmp / "hosts.yaml"
     inventory.write_text(yaml.safe_dump({"hosts": {
-        e.name: {**data, "cluster": {"interface": "eth0"},
-                 "service_env": {**data.get("service_env", {}), "VLLM_SIM_JOIN_TIMEOUT_S": str(JOIN_TIMEOUT_S)}}
-        for e, data, _h in hosts}}))
+        e.name: {**data, "cluster": {"interface": "eth0"}} for e, data, _h in hosts}}))
 
     def run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "--inventory", str(inventory),

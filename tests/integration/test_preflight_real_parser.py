@@ -252,7 +252,7 @@ for argv in json.loads(sys.stdin.read()):
     out.append({k: getattr(ea, k) for k in (
         "nnodes", "node_rank", "master_addr", "master_port", "tensor_parallel_size", "pipeline_parallel_size",
         "data_parallel_size", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_address",
-        "data_parallel_rpc_port", "distributed_executor_backend")} | {"headless": args.headless,
+        "data_parallel_rpc_port", "distributed_executor_backend", "distributed_timeout_seconds")} | {"headless": args.headless,
                                                                      "api_server_count": args.api_server_count})
 print(json.dumps(out))
 """
@@ -289,6 +289,10 @@ def test_the_node_flags_reach_vllms_engine_arguments(vllm_parser_python):
     assert (dp1["data_parallel_start_rank"], dp1["headless"]) == (2, True)
     ray = got["ray/node0"]
     assert ray["distributed_executor_backend"] == "ray" and ray["nnodes"] == 1 and not ray["headless"]
+    for key in ("mp@any/node0", "mp@any/node1", "dp/node0", "dp/node1"):   # multinode.join_timeout_seconds
+        argv = rendered[key].argv
+        rendered_timeout = int(argv[argv.index("--distributed-timeout-seconds") + 1])
+        assert got[key]["distributed_timeout_seconds"] == rendered_timeout > 0
 
 
 def test_every_shipped_manifest_and_facts_argv_parses(vllm_parser_python):

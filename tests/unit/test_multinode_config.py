@@ -205,6 +205,10 @@ def test_mp_tensor_pipeline_across_nodes_argv_per_rank():
     prov = dict((t, f) for t, f in worker.provenance if t.startswith("--"))
     assert prov["--nnodes"] == "multinode.nodes" and prov["--master-port"] == "multinode.master_port"
     assert prov["--headless"] == "(node rank)" and prov["--master-addr"] == "(head cluster address)"
+    # the join timeout is torch.distributed's rendezvous timeout on every node (vLLM's own flag)
+    assert prov["--distributed-timeout-seconds"] == "multinode.join_timeout_seconds"
+    for r in (head, worker):
+        assert after(r.argv, "--distributed-timeout-seconds") == str(TWO_NODE.multinode.join_timeout_seconds)
     assert head.runs_vllm and worker.runs_vllm and head.role == node_roles(TWO_NODE, [GPU1, GPU2])[0]
     assert build_argv(TWO_NODE, GPU2, worker.role) == (worker.argv, worker.provenance)
     assert build_argv(TWO_NODE, GPU2)[0] == render(TWO_NODE, GPU2).argv      # role None: no node flags
@@ -215,10 +219,11 @@ def test_data_parallel_across_nodes_argv_per_rank():
     head, worker = nodes(DP, (GPU1, GPU3))
     common = ["--data-parallel-size", "4", "--enable-expert-parallel", "--data-parallel-size-local", "2",
               "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"]
+    timeout = ["--distributed-timeout-seconds", str(DP.multinode.join_timeout_seconds)]
     i = head.argv.index("--data-parallel-size")
-    assert head.argv[i:i + len(common) + 1] == common + ["--max-model-len"]
+    assert head.argv[i:i + len(common) + 3] == common + timeout + ["--max-model-len"]
     j = worker.argv.index("--data-parallel-size")
-    assert worker.argv[j:j + len(common) + 3] == common + ["--data-parallel-start-rank", "2", "--headless"]
+    assert worker.argv[j:j + len(common) + 5] == common + ["--data-parallel-start-rank", "2", "--headless"] + timeout
     assert "--nnodes" not in head.argv + worker.argv
 
 

@@ -6,7 +6,7 @@ set -a
 . /srv/vllm-orch/units/vllm-kimi-k25-int4-2node.env
 set +a
 cd /srv/models/kimi-k25-int4-2node || exit 1
-set -- /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4-2node --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --pipeline-parallel-size 2 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching --shutdown-timeout 30
+set -- /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4-2node --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --pipeline-parallel-size 2 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --distributed-timeout-seconds 600 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching --shutdown-timeout 30
 # Run as the service user vllm (least privilege): root drops to it after reading the
 # 0600 env file above; anyone else must be that user already.
 if [ "$(id -un)" != vllm ]; then
