@@ -102,7 +102,9 @@ def status_cmd(as_json):
             click.echo(f"    {kind}: pid {p['pid']}{port} "
                        f"{'running' if p['alive'] else 'NOT RUNNING'}")
         for s in h["vllm_servers"]:
-            click.echo(f"    SIMULATED vllm serve pid {s['pid']} port {s['port']}: {s['model']}")
+            where = (f"headless, node rank {s.get('node_rank')} of {s.get('nnodes')}, head {s.get('head')}"
+                     if s.get("headless") else f"port {s['port']}")
+            click.echo(f"    SIMULATED vllm serve pid {s['pid']} {where}: {s['model']}")
         by_gpu: dict[int, list[str]] = {}
         for g in h["gpu_holders"]:
             by_gpu.setdefault(g["gpu_index"], []).append(f"{g['process_name']}({g['pid']})")

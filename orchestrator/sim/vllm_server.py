@@ -1998,10 +1998,10 @@ class Launch:
             await asyncio.sleep(10.0)
             if not hs.joined.is_set():
                 log(self.api, "DEBUG", "utils.py:1443", f"Waiting for 0 local, "
-                    f"{cfg['dp_remote'] - len(hs.links)} remote core engine proc(s) to connect.")
+                    f"{cfg['dp_remote'] - hs.units(hs.links)} remote core engine proc(s) to connect.")
             elif not hs.all_done.is_set():
                 log(self.api, "DEBUG", "utils.py:1448", f"Waiting for 0 local, "
-                    f"{cfg['dp_remote'] - len(hs.done)} remote core engine proc(s) to start.")
+                    f"{cfg['dp_remote'] - hs.units(hs.done)} remote core engine proc(s) to start.")
 
     async def compile(self, cfg: dict, w0, compile_s: float) -> float:
         """torch.compile with vLLM's cache (compilation/backends.py): a configuration compiled
@@ -2548,8 +2548,10 @@ class PeerLink:
 class HeadListener:
     """What the head listens with for other nodes: the TCPStore server of torch.distributed's
     rendezvous (TP/PP across nodes) or the front end's engine handshake socket (DP across nodes).
-    A node joins with {"hello": ..., "clients": n}; says {"loaded": true} / {"ready": true}; a
-    closed connection is a dead node (`lost` resolves with its address)."""
+    A node joins with {"hello": its rank, "clients": its worker ranks, "engines": its DP engines}
+    and says {"loaded": true, "ready": true} when it is; `expected` counts nodes (TP/PP) or remote
+    engines (DP: a node brings "engines" of them). A closed connection is a dead node (`lost`
+    resolves with its address)."""
 
     def __init__(self, host: str, port: int, expected: int):
         self.host, self.port, self.expected = host, port, expected
@@ -2570,6 +2572,9 @@ class HeadListener:
     def clients(self) -> int:
         return sum(int(link.hello.get("clients") or 1) for link in self.links.values())
 
+    def units(self, keys) -> int:
+        return sum(int(self.links[k].hello.get("engines") or 1) for k in keys if k in self.links)
+
     async def on_conn(self, reader, writer) -> None:
         try:
             hello = json.loads(await reader.readline() or b"null")
@@ -2581,7 +2586,7 @@ class HeadListener:
         link = PeerLink(reader, writer, hello)
         key = int(hello["hello"])
         self.links[key] = link
-        if len(self.links) >= self.expected:
+        if self.units(self.links) >= self.expected:
             self.joined.set()
         while True:
             try:
@@ -2596,7 +2601,7 @@ class HeadListener:
                 continue
             if msg.get("loaded") or msg.get("ready"):
                 self.done.add(key)
-                if len(self.done) >= self.expected:
+                if self.units(self.done) >= self.expected:
                     self.all_done.set()
         if not self.lost.done():
             self.lost.set_result(link.peer)
@@ -2716,7 +2721,7 @@ class Headless:
                 f"{int(timeout * 1000)}ms while trying to connect to ({addr}, {port})."))
         self.link = link = PeerLink(reader, writer, {})
         link.send({"hello": cfg["dp_start"] if self.dp_mode else cfg["node_rank"],
-                   "clients": len(workers)})
+                   "clients": len(workers), "engines": cfg["engines_local"] if self.dp_mode else 1})
         if not self.dp_mode:
             go = await reader.readline()          # the head lets everyone go once all joined
             if not go:
@@ -2819,16 +2824,35 @@ class Headless:
             await asyncio.sleep(0.2)
 
 
+def write_run_file(cfg: dict) -> Path:
+    """<hostdir>/run/vllm-<pid>.json: lets `vllm-orch sim status/down` find simulated servers."""
+    run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
+    if run_file.parent.is_dir():
+        entry = {"pid": os.getpid(), "start_time": proc_start_time(os.getpid()),
+                 "process_name": "vllm serve", "model": cfg["model"], "port": cfg["port"]}
+        if cfg["headless"]:
+            entry.update(headless=True, node_rank=cfg["node_rank"], nnodes=cfg["nnodes"],
+                         head=(f"tcp://{cfg['dp_address']}:{cfg['dp_rpc_port']}" if cfg["dp"] > 1
+                               else f"{cfg['master_addr']}:{cfg['master_port']}"))
+        run_file.write_text(json.dumps(entry))
+    return run_file
+
+
 async def run_headless(args, fault, fault_args=None) -> int:
     launch = Launch(args, fault, fault_args or {})
+    run_file = None
     try:
         cfg = launch.configure()
+        run_file = write_run_file(cfg)
         return await Headless(launch, cfg).run()
     except StartupFailed as exc:
         if exc.args and exc.args[0]:
             log_bare_raw(str(exc.args[0]))
         launch.stop_holders()
         return 1
+    finally:
+        if run_file is not None:
+            run_file.unlink(missing_ok=True)
 
 
 async def run_serve(args, fault, fault_args=None) -> int:
@@ -2836,15 +2860,12 @@ async def run_serve(args, fault, fault_args=None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, launch.on_sigterm)
-    run_file = HOST_DIR / "run" / f"vllm-{os.getpid()}.json"
+    run_file = None
     try:
         cfg = launch.configure()
         if cfg["api_servers"] > 1:   # the API servers are processes of their own: this is vLLM's main
             launch.api = ("MainProcess", os.getpid())
-        if run_file.parent.is_dir():   # lets `vllm-orch sim status/down` find simulated servers
-            run_file.write_text(json.dumps({
-                "pid": os.getpid(), "start_time": proc_start_time(os.getpid()),
-                "process_name": "vllm serve", "model": cfg["model"], "port": cfg["port"]}))
+        run_file = write_run_file(cfg)
         await launch.start(cfg)
         return await launch.serve(cfg)
     except StartupFailed as exc:
@@ -2857,10 +2878,8 @@ async def run_serve(args, fault, fault_args=None) -> int:
         launch.stop_holders()
         return 1
     finally:
-        try:
-            run_file.unlink()
-        except OSError:
-            pass
+        if run_file is not None:
+            run_file.unlink(missing_ok=True)
 
 
 def main(argv=None) -> int:

@@ -53,11 +53,12 @@ def tp_pp_argv(node: SimHost, rank: int, nnodes: int, master_port: int, pp: int 
     return argv + (["--headless"] if rank else [])
 
 
-def dp_argv(node: SimHost, rank: int, rpc_port: int) -> list:
-    argv = [model(node), *MODEL_ARGV, "--tensor-parallel-size", "8", "--data-parallel-size", "2",
-            "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+def dp_argv(node: SimHost, rank: int, rpc_port: int, local: int = 1) -> list:
+    """DP 2 x local over two nodes, TP 8 / local on each engine (8 GPUs a node)."""
+    argv = [model(node), *MODEL_ARGV, "--tensor-parallel-size", str(8 // local), "--data-parallel-size",
+            str(2 * local), "--data-parallel-size-local", str(local), "--data-parallel-address", "127.0.0.1",
             "--data-parallel-rpc-port", str(rpc_port), "--enable-expert-parallel"]
-    return argv + (["--data-parallel-start-rank", "1", "--headless"] if rank else [])
+    return argv + (["--data-parallel-start-rank", str(local), "--headless"] if rank else [])
 
 
 def get(url: str) -> int:
@@ -183,6 +184,19 @@ def test_a_rank_crash_while_loading_kills_the_head_with_a_named_line(nodes):
         assert fatal(w1.log)[0].key == "cuda-error"
 
 
+def test_a_head_with_another_revision_fails_loading_and_takes_the_ranks_down(nodes):
+    port = free_port()
+    manager.add_fault("sim", "wrong-revision", home=nodes[0].home)
+    with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, port)) as w1, \
+            SimServer(nodes[0], tp_pp_argv(nodes[0], 0, 2, port)) as head:
+        assert head.wait_exit(60) == 1
+        assert fatal(head.log)[0].key == "weights-mismatch"
+        # 1 if its workers were still loading (the executor's start fails), 0 if they were loaded
+        # and waiting for the head's next step (run_headless returns after its worker monitor)
+        assert w1.wait_exit(60) in (0, 1)
+        assert fatal(w1.log)[0].key == "head-gone"
+
+
 def test_a_node_with_another_revision_fails_loading_and_takes_the_head_down(nodes):
     port = free_port()
     manager.add_fault("sim-2", "wrong-revision", home=nodes[1].home)
@@ -208,20 +222,25 @@ def test_a_headless_rank_that_dies_while_serving_kills_the_head(nodes):
         assert fatal(head.log)[0].key == "peer-closed"
 
 
-def test_data_parallel_across_nodes_handshakes_then_serves(nodes):
+@pytest.mark.parametrize("local", [1, 2], ids=["dp2-tp8", "dp4-tp4"])
+def test_data_parallel_across_nodes_handshakes_then_serves(nodes, local):
     rpc = free_port()
-    with SimServer(nodes[1], dp_argv(nodes[1], 1, rpc)) as w1:
+    tp = 8 // local
+    with SimServer(nodes[1], dp_argv(nodes[1], 1, rpc, local)) as w1:
         w1.wait_for("data parallel engine(s) in headless mode")
-        with SimServer(nodes[0], dp_argv(nodes[0], 0, rpc)) as head:
+        with SimServer(nodes[0], dp_argv(nodes[0], 0, rpc, local)) as head:
             head.wait_ready(timeout=120)
             assert complete(head.port)["usage"]["completion_tokens"] == 4
             log = w1.log
-            assert re.search(rf"^INFO .*\[serve\.py:239\] Launching 1 data parallel engine\(s\) in headless "
-                             rf"mode, with head node address tcp://127\.0\.0\.1:{rpc}\.$", log, re.M)
-            assert re.search(r"^\(EngineCore_DP1 pid=\d+\) INFO .* Initializing a V1 LLM engine", log, re.M)
+            assert re.search(rf"^INFO .*\[serve\.py:239\] Launching {local} data parallel engine\(s\) in "
+                             rf"headless mode, with head node address tcp://127\.0\.0\.1:{rpc}\.$", log, re.M)
+            for d in range(local, 2 * local):
+                assert re.search(rf"^\(EngineCore_DP{d} pid=\d+\) INFO .* Initializing a V1 LLM engine", log, re.M)
             assert "Starting vLLM server" not in log
-            assert titles(nodes[1]) == sorted(f"VLLM::Worker_DP1_TP{t}_EP{8 + t}" for t in range(8))
-            assert titles(nodes[0]) == sorted(f"VLLM::Worker_DP0_TP{t}_EP{t}" for t in range(8))
+            assert titles(nodes[1]) == sorted(f"VLLM::Worker_DP{d}_TP{t}_EP{d * tp + t}"
+                                              for d in range(local, 2 * local) for t in range(tp))
+            assert titles(nodes[0]) == sorted(f"VLLM::Worker_DP{d}_TP{t}_EP{d * tp + t}"
+                                              for d in range(local) for t in range(tp))
             w1.proc.send_signal(signal.SIGTERM)
             assert w1.wait_exit(30) == 0
             assert head.wait_exit(30) == 1                  # a lost engine kills the serving head
@@ -248,6 +267,8 @@ def test_a_headless_rank_stopped_while_it_waits_for_the_head_exits_and_frees_its
     with SimServer(nodes[1], tp_pp_argv(nodes[1], 1, 2, free_port())) as w1:
         w1.wait_for("distributed_init_method=tcp://127.0.0.1:", timeout=30)
         wait_until(lambda: len(titles(nodes[1])) == 8, 30, "eight workers registered")
+        servers = manager.status(nodes[1].home)["hosts"]["sim-2"]["vllm_servers"]   # `sim status` sees it
+        assert [(s["pid"], s["headless"], s["node_rank"]) for s in servers] == [(w1.proc.pid, True, 1)]
         w1.proc.send_signal(signal.SIGTERM)
         assert w1.wait_exit(30) == 0
         assert titles(nodes[1]) == []
