@@ -38,7 +38,7 @@ from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders, recorded_role
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe import api
-from orchestrator.render.artifacts import render, secrets_from_environ
+from orchestrator.render.artifacts import is_ray_worker, render, secrets_from_environ
 from orchestrator.secret import Secret
 
 VERSION_CHECKS = {"vllm-version", "version-traps", "package-pairs", "torch-cuda", "required-packages"}
@@ -154,11 +154,17 @@ def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts,
     m, r = svc.manifest, svc.rendered
     needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.model_name}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
-    pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip)
-    checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign, skip=skip)
+    # A Ray worker node's unit runs `ray start`, not `vllm serve`: vLLM's parser has nothing to check there
+    # (the head's argv carries the service's flags, and is checked on the head).
+    ray_worker = {"flags", "env"} if is_ray_worker(m, r.role) else set()
+    pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip | ray_worker)
+    checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign,
+                      skip=skip | ray_worker)
     for c in checks:    # skipped by the inventory, not by the command line: say so
         if c.status == SKIPPED and c.name in entry.skip_checks and c.name not in opts.skip_checks:
             c.summary = "skipped (host setting)"
+        elif c.status == SKIPPED and c.name in ray_worker and c.name not in skip:
+            c.summary = "skipped (a Ray worker node runs `ray start`; the head's vLLM command line is checked on the head)"
     return checks
 
 

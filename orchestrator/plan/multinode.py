@@ -48,6 +48,12 @@ def checked_on(node: str, pair: tuple[Action, RefusedError | None]) -> tuple[Act
     return on(node, action), refusal
 
 
+def no_warm_warning(inp: PlanInput) -> list[str]:
+    """--warm (swap's default) is a one-host step: say that a plan across nodes does not warm."""
+    return ["the page cache is not warmed across nodes: each node loads its weights from disk"] if inp.opts.warm \
+        else []
+
+
 def nodes_desc(inputs: Sequence[PlanInput]) -> str:
     """`gpu1 (head), gpu2 (rank 1)`: the plan's hosts, head first."""
     return ", ".join(f"{i.entry.name} ({'head' if n == 0 else f'rank {n}'})" for n, i in enumerate(inputs))
@@ -181,7 +187,7 @@ def plan_deploy_nodes(inputs: list[PlanInput]) -> Plan:
     head = inputs[0]
     m = head.target.manifest
     names = [i.entry.name for i in inputs]
-    plan = Plan("deploy", nodes_desc(inputs), m.name, warnings=unpinned_warning(head))
+    plan = Plan("deploy", nodes_desc(inputs), m.name, warnings=unpinned_warning(head) + no_warm_warning(head))
     for i in inputs:
         plan.add(on(i.entry.name, prepare.lock_action(i.lock)))
     for i in inputs:
@@ -292,7 +298,7 @@ def plan_swap_nodes(inputs: list[PlanInput], old: OldService | None, entries: Ma
     names = [i.entry.name for i in inputs]
     old_name = old.name if old is not None else None
     plan = Plan("swap", nodes_desc(inputs) if len(inputs) > 1 else head.entry.describe(),
-                f"{old_name or '(nothing)'} -> {m.name}", warnings=unpinned_warning(head),
+                f"{old_name or '(nothing)'} -> {m.name}", warnings=unpinned_warning(head) + no_warm_warning(head),
                 info={"from": old_name, "to": m.name, "staged": True, "nodes": names})
     hosts = names + [n for n in (old.nodes if old else ()) if n not in names]
     for n in hosts:

@@ -114,13 +114,18 @@ def test_deploy_status_logs_and_stop_of_a_two_node_service(cluster):
         assert not running(e) and NAME not in read_records(host, e)
 
 
-def test_a_rank_crashing_while_loading_fails_the_deploy_naming_its_node(cluster):
+@pytest.mark.parametrize("fault, line", [("rank-crash-loading", "illegal memory access"),
+                                         ("wrong-revision", "Attempted to load weight")])
+def test_a_rank_failing_while_loading_fails_the_deploy_naming_its_node(cluster, fault, line):
+    """A rank on sim-2 crashes while loading, or sim-2's weights do not fit the model (the
+    simulator's wrong-revision: files the deploy could not tell apart, since both nodes verified
+    the same ones): the head dies of the lost rank, and the deploy names sim-2 and its line."""
     env, entries, _m = cluster
-    assert cli(env, "sim", "fault", "sim-2", "rank-crash-loading").returncode == 0
+    assert cli(env, "sim", "fault", "sim-2", fault).returncode == 0
     r = cli(env, "deploy", NAME, "--host", "sim,sim-2")
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "error: sim-2: ready:" in r.stderr and "on node sim-2" in r.stderr
-    assert "root cause:" in r.stderr and "illegal memory access" in r.stderr
+    assert "root cause:" in r.stderr and line in r.stderr
     for e in entries.values():                    # the recovery stopped every node
         assert not running(e)
         last = read_history(LocalHost(e.name, env=e.env), e)[-1]
@@ -172,3 +177,22 @@ def test_swap_from_one_node_to_two_and_back_with_a_rollback_on_every_node(cluste
     assert set(read_records(LocalHost("sim-2", env=sim2.env), sim2)) == set()
     last = read_history(LocalHost("sim-2", env=sim2.env), sim2)[-1]
     assert last["operation"] == "swap" and last["ok"] and last["from_nodes"] == ["sim", "sim-2"]
+
+
+def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout(cluster):
+    """sim-2's ranks never reach the head's master port (`sim fault sim-2 unreachable-head`): after
+    the process group timeout (8 s here, the simulator's VLLM_SIM_JOIN_TIMEOUT_S given to both
+    nodes' services through the inventory's service_env) the deploy fails naming sim-2 and
+    torch's line, and stops both nodes."""
+    from orchestrator.ops.execute import Reporter
+    from orchestrator.ops.multinode import run_deploy_nodes
+    from orchestrator.plan.run import Options
+
+    env, entries, m = cluster
+    nodes = [e.model_copy(update={"service_env": {"VLLM_SIM_JOIN_TIMEOUT_S": "8"}}) for e in entries.values()]
+    assert cli(env, "sim", "fault", "sim-2", "unreachable-head").returncode == 0
+    res = run_deploy_nodes(nodes, m, Options(poll_s=0.2), Reporter(None, quiet=True), False)
+    assert not res.ok and res.error is not None and res.error.host == "sim-2", res.error
+    assert "never reached the head" in res.error.message
+    assert "The client socket has timed out after 8000ms" in " ".join(res.error.details)
+    assert not any(running(e) for e in entries.values())
