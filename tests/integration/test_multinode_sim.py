@@ -181,18 +181,22 @@ def test_swap_from_one_node_to_two_and_back_with_a_rollback_on_every_node(cluste
 
 def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout(cluster):
     """sim-2's ranks never reach the head's master port (`sim fault sim-2 unreachable-head`): after
-    the process group timeout (8 s here, the simulator's VLLM_SIM_JOIN_TIMEOUT_S given to both
-    nodes' services through the inventory's service_env) the deploy fails naming sim-2 and
-    torch's line, and stops both nodes."""
+    the process group timeout (10 s here: multinode.join_timeout_seconds, rendered as every node's
+    --distributed-timeout-seconds, which the simulator obeys like vLLM) the deploy fails naming
+    sim-2 and torch's line, and stops both nodes."""
+    from orchestrator.config.manifest import Manifest
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.multinode import run_deploy_nodes
     from orchestrator.plan.run import Options
 
     env, entries, m = cluster
-    nodes = [e.model_copy(update={"service_env": {"VLLM_SIM_JOIN_TIMEOUT_S": "8"}}) for e in entries.values()]
+    data = m.model_dump()
+    data["multinode"]["join_timeout_seconds"] = 10
+    m = Manifest.model_validate(data)
+    nodes = list(entries.values())
     assert cli(env, "sim", "fault", "sim-2", "unreachable-head").returncode == 0
     res = run_deploy_nodes(nodes, m, Options(poll_s=0.2), Reporter(None, quiet=True), False)
     assert not res.ok and res.error is not None and res.error.host == "sim-2", res.error
     assert "never reached the head" in res.error.message
-    assert "The client socket has timed out after 8000ms" in " ".join(res.error.details)
+    assert "The client socket has timed out after 10000ms" in " ".join(res.error.details)
     assert not any(running(e) for e in entries.values())
