@@ -7,7 +7,9 @@ own simulated host, all on 127.0.0.1). Prints, does not assert.
   TP8 on one node: what the rendezvous and the wait for every node's load add
 - a rank on the second node crashes while loading (fault rank-crash-loading) -> the head's log has
   the fatal line (what the orchestrator's log follower reacts to) / the head process has exited
-- the head is killed while serving -> the headless node exits
+- the headless node is killed while serving: the head does not notice (as the real vLLM) until its
+  next request, which fails after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (set to 1 s here; PP across
+  nodes) -> how long that request took
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,6 +56,19 @@ def crashed_at(host: SimHost) -> float:
     raise RuntimeError("no crash recorded")
 
 
+def failed_request(port: int) -> float:
+    """Seconds until a one-token completion at the head failed (it must fail)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST",
+                                 data=json.dumps({"model": "kimi-k25", "prompt": "Hi", "max_tokens": 1}).encode(),
+                                 headers={"content-type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        urllib.request.urlopen(req, timeout=60).close()
+    except urllib.error.HTTPError:
+        return time.monotonic() - t0
+    raise SystemExit("the head answered a request although one of its nodes was killed")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -67,7 +84,7 @@ def main() -> int:
                      for n in ("sim", "sim-2")]
             for h in hosts:
                 make_model(h.dir, "kimi", "moonshotai/Kimi-K2.5", shards=64, total_size=547e9)
-            one, two, crash, crash_exit, head_gone = [], [], [], [], []
+            one, two, crash, crash_exit, lost = [], [], [], [], []
             for _ in range(args.runs):
                 t0 = time.monotonic()
                 with SimServer(hosts[0], [str(hosts[0].dir / "models" / "kimi"), *ARGV]) as srv:
@@ -76,12 +93,14 @@ def main() -> int:
                 port = free_port()
                 t0 = time.monotonic()
                 with SimServer(hosts[1], node_argv(hosts[1], 1, port)) as w, \
-                        SimServer(hosts[0], node_argv(hosts[0], 0, port)) as head:
+                        SimServer(hosts[0], node_argv(hosts[0], 0, port),
+                                  env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1"}) as head:
                     head.wait_ready(120)
                     two.append(time.monotonic() - t0)
-                    head.proc.kill()
-                    t_kill = time.time()
-                    head_gone.append(exited_at(w) - t_kill)
+                    w.proc.kill()
+                    w.proc.wait()
+                    time.sleep(0.5)
+                    lost.append(failed_request(head.port))
                 for h in hosts:
                     (h.dir / "logs" / "faults-fired.jsonl").unlink(missing_ok=True)
                 manager.add_fault("sim-2", "rank-crash-loading", home=home)
@@ -102,7 +121,7 @@ def main() -> int:
             print(f"start -> serving, TP8 x PP2 over two nodes:   {med(two)}")
             print(f"rank crash while loading -> head's fatal line: {med(crash)}")
             print(f"rank crash while loading -> head exited:      {med(crash_exit)}")
-            print(f"head killed -> headless node exited:          {med(head_gone)}")
+            print(f"headless killed, idle head's next request failed after: {med(lost)}")
         finally:
             manager.down(home)
     return 0

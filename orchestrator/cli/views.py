@@ -275,8 +275,9 @@ def history_details(rec: dict, cold_before: float | None = None) -> str:
     op = rec.get("operation")
     if rec.get("refused"):
         return f"refused: {rec['refused']}"
-    if op == "health-restart":
-        return f"restarted by its health timer: {rec.get('reason')}" + (
+    if op in ("health-restart", "head-lost-restart"):
+        by = "its health timer" if op == "health-restart" else "its head watch (a headless node whose head went away)"
+        return f"restarted by {by}: {rec.get('reason')}" + (
             f" (restart failed: {rec['error']})" if rec.get("error") else "")
     if rec.get("interrupted"):
         return f"interrupted during {rec['interrupted']}" + (

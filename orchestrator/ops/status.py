@@ -435,6 +435,34 @@ def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
     return results
 
 
+def node_health(v: ServiceStatus) -> None:
+    """A multi-node service's state from all its nodes (v.nodes), not its head's alone. vLLM does not
+    notice a lost node while idle: the head answers /health 200 and fails the next request that
+    needs the lost ranks; a headless node outlives its head, holding its GPUs (both seen with a real
+    vLLM, docs/multi-node.md). So a head that looks ready with a node down, or a node left running
+    without its head, is `failed`, with what to run."""
+    def named(nodes: list[dict]) -> str:
+        return f"node{'s' if len(nodes) > 1 else ''} {', '.join(n['host'] for n in nodes)}"
+
+    workers = v.nodes[1:]
+    down = [n for n in workers if n["state"] in ("stopped", "failed")]
+    unsure = [n for n in workers if n["state"] not in ("running", "stopped", "failed")]
+    running = [n for n in workers if n["state"] == "running"]
+    redeploy = (f"`vllm-orch deploy {v.model} --host {','.join(v.node_names)}"
+                f"{'' if v.name == v.model else ' --name ' + v.name}` restarts every node")
+    if down and v.state in ("ready", "loading"):
+        v.state = "failed"
+        v.state_reason = (f"{named(down)} not running: the head still answers /health, but vLLM notices a "
+                          f"lost node only when a request needs its ranks, then fails it and exits; {redeploy}")
+    elif running and v.state in ("stopped", "failed"):
+        v.state_reason += (f"; {named(running)} still running without the head, holding {'their' if len(running) > 1 else 'its'} "
+                           f"GPUs (a headless vLLM outlives its head): `vllm-orch stop {v.name}` stops every "
+                           f"node, {redeploy}")
+        v.state = "failed"
+    if unsure:
+        v.state_reason += f"; {named(unsure)} not known to run ({', '.join(sorted({n['state'] for n in unsure}))})"
+
+
 def fold_nodes(results: list[HostStatus], others: Sequence[HostStatus] = ()) -> None:
     """A multi-node service once: its head's service row gets every node's state (`nodes`), and
     the workers' rows carry it in `node_of` instead of a service of their own. `others`: nodes
@@ -459,9 +487,7 @@ def fold_nodes(results: list[HostStatus], others: Sequence[HostStatus] = ()) -> 
                     state, reason = w.state, w.state_reason
                 v.nodes.append({"host": node, "rank": rank, "state": state,
                                 "unit_state": w.unit_state if w is not None else None, "reason": reason})
-            down = [n["host"] for n in v.nodes[1:] if n["state"] != "running"]
-            if down and v.state != "stopped":
-                v.state_reason += f"; node{'s' if len(down) > 1 else ''} {', '.join(down)} not running"
+            node_health(v)
     for r in results:
         workers = [v for v in r.services if v.rank]
         if not workers:

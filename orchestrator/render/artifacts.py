@@ -309,6 +309,19 @@ def health_unit_names(m: Manifest) -> tuple[str, str]:
     return f"vllm-{m.name}-health.service", f"vllm-{m.name}-health.timer"
 
 
+def headwatch_unit_name(m: Manifest) -> str:
+    """The head watch of a headless node (watches_head)."""
+    return f"vllm-{m.name}-headwatch.service"
+
+
+def watches_head(m: Manifest, role: NodeRole | None) -> bool:
+    """Whether this node gets a head watch: a headless node of a TP/PP-across-nodes service, whose
+    ranks join the head's rendezvous store (--master-port). Not with data parallel across nodes
+    (its engines meet the head's front end over ZMQ) nor Ray (the Ray cluster places the workers)."""
+    return (role is not None and not role.head and m.multinode is not None and m.multinode.backend == "mp"
+            and m.vllm.data_parallel_size <= 1)
+
+
 def stop_timeout(m: Manifest) -> int:
     """TimeoutStopSec: vLLM's drain window, then its own teardown."""
     return m.vllm.shutdown_timeout + TEARDOWN_S
@@ -330,6 +343,18 @@ def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
     if mode == "check":
         words += ["--model", m.name, "--timeout", str(m.probes.health_timeout_seconds),
                   "--failures", str(m.probes.health_failures), "--state-dir", host.state_dir]
+    return " ".join(systemd_quote(w) for w in words)
+
+
+def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
+    """The head watch's ExecStart=: the units' probe in watch-head mode. Its grace (how long the
+    head's store must stay closed to count as gone) is under the head's RestartSec, so that a head
+    restarted by systemd is not taken for the old one: half of it, at most 10 s."""
+    assert m.multinode is not None
+    grace = min(10.0, m.startup.restart_delay_seconds / 2)
+    words = [host.python or "python3", probe_path(host), "watch-head", "--unit", m.unit_name, "--model", m.name,
+             "--address", role.head_address, "--port", str(m.multinode.master_port), "--grace", f"{grace:g}",
+             "--state-dir", host.state_dir]
     return " ".join(systemd_quote(w) for w in words)
 
 
@@ -394,9 +419,11 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
 
     extra: list[RenderedFile] = []
     worker = role is not None and not role.head
+    watch = watches_head(m, role)
     if host.service_manager == "systemd":
         health_service, health_timer = health_unit_names(m)
-        units = dict(common, health_timer="" if worker else health_timer, role=role,
+        companion = headwatch_unit_name(m) if watch else "" if worker else health_timer
+        units = dict(common, health_timer=companion, role=role,
                      ray_worker=is_ray_worker(m, role), ray_unit=ray_unit_name(m) if ray and not worker else "",
                      ray_address=f"{role.head_address}:{m.multinode.ray_port}" if ray and role and m.multinode else "")
         text = _template("vllm.service.j2").render(
@@ -411,6 +438,11 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                     0o644),
                 RenderedFile(f"{host.units_dir}/{health_timer}", _template("vllm-health.timer.j2").render(**units),
                              0o644),
+                RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
+        elif watch and role is not None:
+            extra = [
+                RenderedFile(f"{host.units_dir}/{headwatch_unit_name(m)}", _template("vllm-headwatch.service.j2").render(
+                    **units, head_watch=head_watch_command(m, host, role)), 0o644),
                 RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
         if ray and role is not None and role.head:
             extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(

@@ -39,8 +39,11 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
   process group timeout (--distributed-timeout-seconds, else VLLM_SIM_JOIN_TIMEOUT_S, else 600 s),
   the head loads only when all joined and serves only when every node loaded; DP across nodes
   (--data-parallel-size-local/-start-rank/-address/-rpc-port, --headless): remote engine cores
-  handshake with the head's front end. A node that goes away takes the others down with torch's
-  / gloo's lines. Headless nodes never serve HTTP.
+  handshake with the head's front end. A node that goes away while they join or load takes the
+  others down with torch's / gloo's lines. Once serving (TP/PP), as the real vLLM does: the head
+  does not notice a lost node while idle (/health 200); its next request fails (TP: HTTP 500 at once,
+  PP: after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and the head exits; a headless node outlives its
+  head, silent, until stopped. Headless nodes never serve HTTP.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS); an entry with `times: N`
   fires at N starts (a failure that comes back at every restart). Each fault that takes effect is
   logged to `<hostdir>/logs/faults-fired.jsonl` (what, PID, when) for tests and benchmarks.
@@ -60,7 +63,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -851,6 +854,9 @@ class Engine:
         self.draining = False      # shutdown: new requests are refused
         self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
         self.dead = False          # a worker died: every request fails
+        # TP/PP across nodes, a node lost while serving: nothing happens until a step needs its
+        # ranks; then this (Launch.lost_peer_step) fails the step the way vLLM does
+        self.lost_peer: Callable[[], Awaitable[None]] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -909,6 +915,8 @@ class Engine:
         core.counters["prefix_queries"] += prompt_tokens
         done = 0
         try:
+            if self.lost_peer is not None:
+                await self.lost_peer()
             await asyncio.sleep(0.015 + prompt_tokens / self.profile["prefill"])
             t = loop.time()
             core.ttft.observe(t - t_arrive)
@@ -920,6 +928,8 @@ class Engine:
                     raise EngineDead()
                 if self.aborting:
                     raise Aborted()
+                if self.lost_peer is not None:
+                    await self.lost_peer()
                 if i:
                     itl = 1.0 / (stream_rate(self.profile, self.running) * self.cfg["decode_factor"])
                     t += itl
@@ -2116,6 +2126,8 @@ class Launch:
             log_uvicorn("INFO:     Application startup complete.")
         loop = asyncio.get_running_loop()
         self.ready = loop.create_future()
+        if self.mesh is not None:        # the other nodes' ranks now idle between steps
+            self.mesh.send_all({"serving": True})
         refresher = asyncio.ensure_future(self.keep_meminfo())
         if self.fault == "die-after-ready":
             loop.call_later(3.0, self.die, server)
@@ -2169,34 +2181,74 @@ class Launch:
             await asyncio.sleep(0.2)
 
     async def watch_peers(self, server) -> None:
-        """A node of this service that drops its connection (its rank died, or the node went
-        away) kills this engine, as the failed collective does on the real one."""
+        """A node of this service that drops its connection while it serves (its rank died, or
+        the node went away). TP/PP across nodes, as the real vLLM (0.32, two nodes over Gloo) did:
+        nothing while the service is idle - no line, /health stays 200 - and the next engine step
+        fails (lost_peer_step). DP across nodes (not seen with a real vLLM): the engine dies at once."""
         listeners = [x for x in (self.mesh, self.handshake) if x is not None]
         if not listeners:
             return
         done, _ = await asyncio.wait([x.lost for x in listeners], return_when=asyncio.FIRST_COMPLETED)
-        if not self.stopping:
-            self.die(server, (GLOO_FRAMES, gloo_closed(next(iter(done)).result())))
+        if self.stopping:
+            return
+        peer = next(iter(done)).result()
+        if self.handshake is not None:
+            self.die(server, (GLOO_FRAMES, gloo_closed(peer)))
+            return
+        failing: list[asyncio.Future] = []
 
-    def die(self, server, cause: tuple = ()) -> None:
-        """The engine dies while serving: `cause` is (worker, frames, exception) of the root cause
-        logged by a worker; by default an illegal memory access."""
+        async def step() -> None:
+            if not failing:
+                failing.append(asyncio.ensure_future(self.lost_peer_step(server, peer)))
+            await asyncio.shield(failing[0])
+            raise EngineDead()
+
+        self.engine.lost_peer = step
+
+    async def lost_peer_step(self, server, peer: tuple) -> None:
+        """The first engine step after a node was lost. The head's worker that talks to the lost
+        ranks logs gloo's error naming the peer's address at once. With TP across nodes that worker's
+        failure is the step's: the request gets HTTP 500 and the engine dies. With PP across nodes
+        the engine waits for the output of the last stage (on the lost node) until
+        VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300), then dies with `RPC call to sample_tokens timed out.`"""
+        cfg, exc = self.cfg, gloo_closed(peer)
+        if cfg["tp"] > cfg["local_world"]:
+            self.die(server, (EXECUTE_FRAMES, exc))
+            self.engine.dead = True
+            return
+        self.worker_exception(EXECUTE_FRAMES, exc)
+        await asyncio.sleep(float(os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS") or 300))
+        self.engine.dead = True
+        self.die(server, engine=([("vllm/v1/engine/core.py", 1571, "run_engine_core", "engine_core.run_busy_loop()"),
+                                  ("vllm/v1/executor/multiproc_executor.py", 509, "get_response",
+                                   'raise TimeoutError(f"RPC call to {method} timed out.") from e')],
+                                 "TimeoutError: RPC call to sample_tokens timed out."))
+
+    def worker_exception(self, frames: list, exc: str) -> None:
+        """vLLM's `WorkerProc hit an exception.` and its traceback, from the first GPU worker."""
+        ec = self.engine_logs[0] if self.engine_logs else ("EngineCore_DP0", os.getpid())
+        worker = (self.holders[0][1][len("VLLM::"):], self.holders[0][0].pid) if self.holders else ec
+        log(worker, "ERROR", "multiproc_executor.py:1189", "WorkerProc hit an exception.")
+        log_raw(worker, traceback_text(frames, exc))
+
+    def die(self, server, cause: tuple = (), engine: tuple | None = None) -> None:
+        """The engine dies while serving: `cause` is (frames, exception) of the root cause logged by a
+        worker, by default an illegal memory access; `engine` is (frames, exception) of the engine
+        core's own fatal error, by default the RuntimeError that reports the worker's."""
         ec = self.engine_logs[0] if self.engine_logs else ("EngineCore_DP0", os.getpid())
         server.healthy = False
         error = "CUDA error: an illegal memory access was encountered"
         if cause:
             frames, exc = cause
-            worker = (self.holders[0][1][len("VLLM::"):], self.holders[0][0].pid) if self.holders else ec
-            log(worker, "ERROR", "multiproc_executor.py:871", "WorkerProc hit an exception.")
-            log_raw(worker, traceback_text(frames, exc))
+            self.worker_exception(frames, exc)
             error = exc.split(": ", 1)[-1]
+        frames, exc = engine or ([("vllm/v1/engine/core.py", 1571, "run_engine_core", "engine_core.run_busy_loop()"),
+                                  ("vllm/v1/executor/multiproc_executor.py", 412, "collective_rpc",
+                                   "raise RuntimeError(\"Worker failed with error\")")],
+                                 f"RuntimeError: Worker failed with error '{error}', please check "
+                                 "the stack trace above for the root cause")
         log(ec, "ERROR", "core.py:1590", "EngineCore encountered a fatal error.")
-        log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1571, "run_engine_core",
-                                     "engine_core.run_busy_loop()"),
-                                    ("vllm/v1/executor/multiproc_executor.py", 412, "collective_rpc",
-                                     "raise RuntimeError(\"Worker failed with error\")")],
-                                   f"RuntimeError: Worker failed with error '{error}', please check "
-                                   "the stack trace above for the root cause"))
+        log_raw(ec, traceback_text(frames, exc))
         self.stop_holders()
         log(self.api, "ERROR", "async_llm.py:693", "AsyncLLM output_handler failed.")
         log_raw(self.api, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
@@ -2297,7 +2349,7 @@ MULTINODE_LINES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "the head's rank 0 when ranks are missing (DistStoreError; elapsed = timeout + 1)",
         "torch/lib/libtorch_cpu.so", ("Timed out after ", " seconds waiting for clients. ", " clients joined.")),
     "head gone": (
-        "a headless rank whose head went away (DistNetworkError)", "torch/lib/libtorch_cpu.so",
+        "a headless rank whose head went away while joining or loading (DistNetworkError)", "torch/lib/libtorch_cpu.so",
         ("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?",)),
     "peer gone": (
         "the head when a rank on another node died (gloo, RuntimeError)", "torch/lib/libtorch_cpu.so",
@@ -2306,8 +2358,14 @@ MULTINODE_LINES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "a worker failing before it is ready", "vllm/v1/executor/multiproc_executor.py:1057",
         ("WorkerProc failed to start.",)),
     "worker failed": (
-        "a worker failing after it was ready", "vllm/v1/executor/multiproc_executor.py:1063",
+        "a headless rank whose head went away during its start-up", "vllm/v1/executor/multiproc_executor.py:1063",
         ("WorkerProc failed.",)),
+    "worker hit an exception": (
+        "the head's worker whose step needed a lost node's ranks", "vllm/v1/executor/multiproc_executor.py:1189",
+        ("WorkerProc hit an exception.",)),
+    "rpc timeout": (
+        "the head's engine core, PP across nodes, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS after a step whose "
+        "last stage was lost", "vllm/v1/executor/multiproc_executor.py:509", ("RPC call to ", " timed out.")),
     "executor init failed": (
         "the executor's process after a worker failed to start", "vllm/v1/executor/multiproc_executor.py:891",
         ("WorkerProc initialization failed due to an exception in a ", "background process. See stack trace for root cause.")),
@@ -2354,6 +2412,9 @@ GLOO_FRAMES = [("vllm/v1/worker/gpu_worker.py", 700, "determine_available_memory
 _BUSY_LOOP = [("vllm/v1/executor/multiproc_executor.py", 1048, "worker_main", "worker.worker_busy_loop()"),
               ("vllm/distributed/parallel_state.py", 1379, "barrier", "torch.distributed.barrier(group=self.cpu_group)"),
               ("torch/distributed/distributed_c10d.py", 5356, "barrier", "work.wait()")]
+EXECUTE_FRAMES = [("vllm/v1/executor/multiproc_executor.py", 1183, "worker_busy_loop", "output = func(*args, **kwargs)"),
+                  ("vllm/distributed/parallel_state.py", 1379, "barrier", "torch.distributed.barrier(group=self.cpu_group)"),
+                  ("torch/distributed/distributed_c10d.py", 5356, "barrier", "work.wait()")]
 _LOAD = [("vllm/v1/executor/multiproc_executor.py", 788, "__init__", "self.worker.load_model()"),
          ("vllm/v1/worker/gpu_worker.py", 601, "load_model",
           "self.model_runner.load_model(load_dummy_weights=load_dummy_weights)"),
@@ -2516,6 +2577,19 @@ async def connect_with_retries(addr: str, port: int, timeout: float, unreachable
             next_warn, gap = time.monotonic() + gap, min(gap * 2, 30.0)
 
 
+async def until_closed(reader) -> bool:
+    """Read the head's messages until its connection closes; True if it had said it serves."""
+    serving = False
+    while True:
+        try:
+            line = await reader.readline()
+        except (OSError, ValueError):
+            line = b""
+        if not line:
+            return serving
+        serving = serving or b'"serving"' in line
+
+
 class PeerLink:
     """One other node's connection to the head: newline-delimited JSON both ways."""
 
@@ -2630,8 +2704,8 @@ class Headless:
     server. TP/PP across nodes: a multiproc executor whose workers join the head's TCPStore
     (--master-addr:--master-port) and then load their share. DP across nodes: engine cores that
     handshake with the head's front end on --data-parallel-address:--data-parallel-rpc-port.
-    Either way the node lives while the head does, and the head dies when this node does (the
-    connection stands for torch.distributed's, which breaks both ways)."""
+    The connection stands for torch.distributed's: while the nodes join and load, its loss takes
+    either side down; once serving (TP/PP) this node outlives its head, as the real one does."""
 
     def __init__(self, launch: Launch, cfg: dict):
         self.launch, self.cfg = launch, cfg
@@ -2726,7 +2800,7 @@ class Headless:
             go = await reader.readline()          # the head lets everyone go once all joined
             if not go:
                 return self.start_failed(w0, _TORCH_RDZV, RECV_CLOSED)
-        head_gone = asyncio.ensure_future(reader.read())      # EOF: the head is gone
+        head_gone = asyncio.ensure_future(until_closed(reader))      # the head is gone
         log_rank_lines(cfg, workers)
         loading = asyncio.ensure_future(self.load(w0))
         done, _ = await asyncio.wait({loading, head_gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -2743,6 +2817,12 @@ class Headless:
         stop = asyncio.ensure_future(self.stop.wait())
         dead = asyncio.ensure_future(self.watch_workers())
         done, _ = await asyncio.wait({head_gone, stop, dead}, return_when=asyncio.FIRST_COMPLETED)
+        if done == {head_gone} and head_gone.result() and not self.dp_mode:
+            # TP/PP across nodes, a head that goes away once it served is not noticed here, as with
+            # the real vLLM (0.32, Gloo): its headless node ran on, silent, 8 minutes after its head
+            # had exited (its ranks wait on the head's message queue, not on a socket). Only its own
+            # worker dying, or a stop, ends it.
+            done, _ = await asyncio.wait({stop, dead}, return_when=asyncio.FIRST_COMPLETED)
         for t in (stop, dead, head_gone):
             t.cancel()
         if head_gone in done and not self.stop.is_set():
@@ -2752,7 +2832,7 @@ class Headless:
                 log_raw(ec, traceback_text([("vllm/v1/engine/core.py", 1571, "run_engine_core",
                                              "engine_core.run_busy_loop()")] + GLOO_FRAMES[1:],
                                            gloo_closed(link.peer)))
-            else:
+            else:                    # the head went away during its start-up: its collectives fail
                 log(w0, "ERROR", "multiproc_executor.py:1063", "WorkerProc failed.")
                 log_raw(w0, traceback_text(_BUSY_LOOP, RECV_CLOSED))
                 log_bare("ERROR", "multiproc_executor.py:380", f"Worker proc {w0[0]} died unexpectedly "

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from orchestrator.host.local import LocalHost
 from orchestrator.host.services import Service
 from orchestrator.host.state import read_history, read_records
 from orchestrator.sim import manager
-from tests.plugins.sim_hosts import TEST_SPEED, free_port
+from tests.plugins.sim_hosts import TEST_SPEED, free_port, wait_until
 
 from .deployhelp import SHIPPED, write_models
 
@@ -200,3 +203,56 @@ def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout
     assert "never reached the head" in res.error.message
     assert "The client socket has timed out after 10000ms" in " ".join(res.error.details)
     assert not any(running(e) for e in entries.values())
+
+
+def service_row(env: dict) -> dict:
+    st = cli(env, "status", "--json")
+    assert st.returncode == 0, st.stderr
+    rows = {row["host"]: row for row in json.loads(st.stdout)}
+    return next(s for s in rows["sim"]["services"] if s["name"] == NAME)
+
+
+def kill_main(e: HostEntry) -> None:
+    """SIGKILL of the node's vLLM main process (a crash, an OOM kill), then wait until it is gone."""
+    pid = Service.for_host(LocalHost(e.name, env=e.env), e, NAME).state().main_pid
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not running(e), 30, what=f"{e.name}'s vLLM gone")
+
+
+def test_a_node_lost_while_serving_fails_status_and_a_redeploy_or_stop_acts_on_every_node(cluster):
+    """What the real vLLM does once serving (docs/multi-node.md), through the CLI: a lost worker node
+    is not noticed by the idle head (its /health stays 200), so status judges the service by every
+    node's unit: failed, naming the node, and `deploy` restarts every node. A lost head leaves its
+    headless node running, holding its GPUs: status says so and `stop` stops it."""
+    env, entries, m = cluster
+    r = cli(env, "deploy", NAME, "--host", "sim,sim-2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    kill_main(entries["sim-2"])
+    time.sleep(1)
+    assert running(entries["sim"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{m.serving.port}/health", timeout=5) as h:
+        assert h.status == 200                      # the head does not know
+    row = service_row(env)
+    assert row["state"] == "failed", row
+    assert row["state_reason"].startswith("node sim-2 not running: the head still answers /health")
+    assert f"`vllm-orch deploy {NAME} --host sim,sim-2` restarts every node" in row["state_reason"]
+
+    again = cli(env, "deploy", NAME, "--host", "sim,sim-2", "--json")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    done = {s["step"]: s["status"] for s in json.loads(again.stdout)["steps"]}
+    assert done["start[sim-2]"] == done["start[sim]"] == done["ready[sim]"] == "done"
+    assert service_row(env)["state"] == "ready"
+
+    kill_main(entries["sim"])
+    time.sleep(1)
+    assert running(entries["sim-2"])                # a headless vLLM outlives its head
+    row = service_row(env)
+    assert row["state"] == "failed", row
+    assert "node sim-2 still running without the head, holding its GPUs" in row["state_reason"]
+    assert f"`vllm-orch stop {NAME}` stops every node" in row["state_reason"]
+
+    stop = cli(env, "stop", NAME, "--host", "sim")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert not running(entries["sim-2"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,14 @@ THREE = "kimi-k25-int4-3node"
 ONE = "kimi-k25-int4"                        # the same model on one host (TP8)
 PORT = 8000                                  # each host has its own address: fixed ports are fine
 JOIN_TIMEOUT_S = 20                          # multinode.join_timeout_seconds -> --distributed-timeout-seconds
+RESTART_S = 12                               # startup.restart_delay_seconds: systemd's RestartSec (default 60)
 
 
 def two_nodes() -> Manifest:
-    """The shipped 2-node manifest with a join timeout a test can wait for."""
+    """The shipped 2-node manifest with a join timeout and a restart delay a test can wait for."""
     data = SHIPPED[TWO].model_dump()
     data["multinode"]["join_timeout_seconds"] = JOIN_TIMEOUT_S
+    data["startup"]["restart_delay_seconds"] = RESTART_S
     return Manifest.model_validate(data)
 
 
@@ -149,6 +152,46 @@ def test_a_two_node_service_deploys_serves_benches_and_stops_on_both_hosts(clust
     assert stop.returncode == 0, (stop.stdout, stop.stderr)
     assert active(hosts[:2], TWO) == {a: False, b: False}
     assert records(hosts[:2], TWO) == {a: None, b: None}
+
+
+def test_a_head_that_dies_while_serving_is_restarted_and_its_headless_node_rejoins(cluster):
+    """The head's vLLM is killed while serving (a crash, an OOM kill). A headless vLLM outlives its head,
+    so systemd's restart of the head alone would wait for ranks that never come: the worker's head watch
+    sees the head's rendezvous store close, restarts the worker (a history record says why), and the
+    restarted head and worker meet again, serving with nobody running a command."""
+    names, hosts, run = cluster
+    a, b = names[:2]
+    r = run("deploy", TWO, "--host", f"{a},{b}")
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    e_a, e_b = hosts[0][0], hosts[1][0]
+    with open_host(e_b) as host:
+        watch = host.run(["systemctl", "is-active", f"vllm-{TWO}-headwatch.service"]).stdout.strip()
+        assert watch == "active", watch
+        worker_pid = Service.for_host(host, e_b, TWO).state().main_pid
+    with open_host(e_a) as host:
+        host.run(["systemctl", "kill", "--signal=SIGKILL", f"vllm-{TWO}.service"])
+    t0 = time.monotonic()
+    deadline = t0 + RESTART_S + 150
+    row: dict = {}
+    while time.monotonic() < deadline:
+        st = run("status", "--host", a, "--json")
+        row = next((s for h in json.loads(st.stdout) for s in h["services"] if s["name"] == TWO), {})
+        if row.get("state") == "ready" and time.monotonic() - t0 > RESTART_S:
+            break
+        time.sleep(3)
+    healed = time.monotonic() - t0
+    assert row.get("state") == "ready", row
+    assert [n["state"] for n in row["nodes"]] == ["ready", "running"], row["nodes"]
+    with open_host(e_b) as host:
+        assert Service.for_host(host, e_b, TWO).state().main_pid != worker_pid     # the worker was restarted
+        history = [json.loads(line) for line in host.run(["cat", f"{e_b.state_dir}/history.jsonl"]).stdout.splitlines()]
+        said = host.run(["journalctl", "-u", f"vllm-{TWO}-headwatch.service", "-o", "cat", "--no-pager"]).stdout
+        said += host.run(["journalctl", "-u", f"vllm-{TWO}.service", "-o", "short-precise", "--no-pager", "-n", "60"]).stdout
+    lost = [h for h in history if h.get("operation") == "head-lost-restart"]
+    assert lost and lost[-1]["ok"] and "closed and stayed closed" in lost[-1]["reason"], said
+    print(f"head killed -> serving again on both nodes: {healed:.1f} s (RestartSec {RESTART_S} s)")
+    assert run("stop", TWO, "--host", a).returncode == 0
+    assert active(hosts[:2], TWO) == {a: False, b: False}
 
 
 @pytest.mark.parametrize("fault, says", [

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.devtools import real_vllm_venv
+from tests.integration.probehelp import head_watch
 from tests.plugins.real_vllm import READY_TIMEOUT
 from tests.plugins.remote_hosts import routed_namespaces
 
@@ -159,12 +160,26 @@ def test_a_real_two_node_tensor_parallel_service_serves_and_a_dead_node_is_named
         head.kill()
 
 
-def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lone_head, two_nodes):
+def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lone_head, two_nodes, tmp_path):
+    """... and a headless node's head watch (the units' probe, watch-head) holds its idle connection to
+    the real head's store without counting as a rank (still 1/2 clients joined), then sees the head go
+    and restarts its unit (systemctl is a stand-in here: these namespaces run no systemd)."""
     _, (_, b) = two_nodes
     head = lone_head
-    head.wait_for(f"distributed_init_method=tcp://{b}:{MASTER_PORT + 1} backend=gloo")
-    assert head.exit_code(READY_TIMEOUT) != 0
-    log = head.log
-    assert "Timed out after " in log and " seconds waiting for clients. 1/2 clients joined." in log
-    assert "EngineCore failed to start." in log
-    assert "Application startup complete." not in log
+    watch = head_watch(b, MASTER_PORT + 1, tmp_path)
+    try:
+        head.wait_for(f"distributed_init_method=tcp://{b}:{MASTER_PORT + 1} backend=gloo")
+        assert head.exit_code(READY_TIMEOUT) != 0
+        log = head.log
+        assert "Timed out after " in log and " seconds waiting for clients. 1/2 clients joined." in log
+        assert "EngineCore failed to start." in log
+        assert "Application startup complete." not in log
+        out, _ = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, out
+    assert f"holding a connection to the head's store at {b}:{MASTER_PORT + 1}" in out
+    assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
+    record = json.loads((tmp_path / "state" / "history.jsonl").read_text().splitlines()[-1])
+    assert record["operation"] == "head-lost-restart" and record["ok"] and "closed and stayed closed" in record["reason"]
+

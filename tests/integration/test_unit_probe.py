@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from orchestrator.paths import package_file
+from tests.integration.probehelp import head_watch
 from tests.plugins.sim_hosts import SimServer, make_model
 
 SCRIPT = package_file("host", "remote", "unit_probe.py")
@@ -127,3 +129,87 @@ def test_check_leaves_a_unit_that_is_not_active_alone(check, monkeypatch):
     assert run((False, "/health gave no answer (ConnectionRefusedError)"), failures=1) == 0
     assert state()["failures"] == 0 and "not probed" in state()["last"]["note"]
     assert not calls and not history()
+
+
+class Store:
+    """A stand-in for the head's rendezvous store: a listening port whose connections it can drop."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+
+    def accept(self) -> socket.socket:
+        self.sock.settimeout(30)
+        return self.sock.accept()[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def history(tmp_path) -> list[dict]:
+    path = tmp_path / "state" / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_watch_head_reconnects_a_dropped_connection_and_restarts_when_the_head_is_gone(tmp_path):
+    store = Store()
+    watch = head_watch("127.0.0.1", store.port, tmp_path, grace=1.5)
+    try:
+        store.accept().close()                  # the store drops the idle connection but still listens
+        conn = store.accept()                   # ... so the watch reconnects
+        time.sleep(0.5)
+        assert watch.poll() is None and not (tmp_path / "systemctl.log").exists()
+        store.close()                           # the head's vLLM exits: its port closes for good
+        conn.close()
+        out, _ = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, out
+    assert "closed this connection but still accepts: reconnecting" in out
+    assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
+    [record] = history(tmp_path)
+    assert record["operation"] == "head-lost-restart" and record["model"] == "x" and record["ok"]
+    assert record["by"] == "vllm-x-headwatch.service"
+
+
+def test_watch_head_leaves_a_node_to_vllm_orch_while_it_holds_the_lock(tmp_path):
+    import fcntl
+
+    store = Store()
+    (tmp_path / "state").mkdir()
+    lock = open(tmp_path / "state" / "deploy.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)              # vllm-orch is stopping or redeploying every node
+    watch = head_watch("127.0.0.1", store.port, tmp_path, grace=0.5)
+    try:
+        conn = store.accept()
+        store.close()
+        conn.close()
+        time.sleep(2)
+        assert watch.poll() is None                  # waits for the lock
+        (tmp_path / "unit-pid").write_text("5151\n")   # vllm-orch restarted the unit itself
+        lock.close()
+        out, _ = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, out
+    assert "vllm-orch holds this host's lock: waiting for it" in out
+    assert "vllm-orch stopped or restarted vllm-x.service itself" in out
+    assert not (tmp_path / "systemctl.log").exists() and history(tmp_path) == []
+
+
+def test_watch_head_does_not_restart_a_unit_that_is_not_running(tmp_path):
+    store = Store()
+    watch = head_watch("127.0.0.1", store.port, tmp_path, grace=0.5)
+    try:
+        conn = store.accept()
+        (tmp_path / "unit-state").write_text("deactivating\n")
+        store.close()
+        conn.close()
+        out, _ = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0 and "is deactivating: nothing to restart" in out, out
+    assert not (tmp_path / "systemctl.log").exists()

@@ -308,14 +308,24 @@ def test_a_service_env_that_disagrees_with_the_cluster_interface_is_refused():
     assert r.env_file.text.count("NCCL_SOCKET_IFNAME=") == 1
 
 
-def test_worker_unit_has_no_readiness_probe_and_no_health_timer():
+def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch():
     head, worker = nodes(TWO_NODE)
     h, w = directives(head.unit.text), directives(worker.unit.text)
     assert "ExecStartPost" in h and "vllm-kimi-k25-int4-2node-health.timer" in h["Wants"][0]
     assert "ExecStartPost" not in w and "health" not in w["Wants"][0]
+    assert w["Wants"][0].endswith(" vllm-kimi-k25-int4-2node-headwatch.service")
     assert [f.path.rsplit("/", 1)[1] for f in head.extra] == [
         "vllm-kimi-k25-int4-2node-health.service", "vllm-kimi-k25-int4-2node-health.timer", "vllm-orch-probe.py"]
-    assert worker.extra == []
+    assert [f.path.rsplit("/", 1)[1] for f in worker.extra] == [
+        "vllm-kimi-k25-int4-2node-headwatch.service", "vllm-orch-probe.py"]
+    watch = directives(worker.extra[0].text)
+    assert watch["PartOf"] == watch["After"] == ["vllm-kimi-k25-int4-2node.service"]
+    assert watch["ExecStart"] == ["/opt/vllm/bin/python /var/lib/vllm-orch/bin/vllm-orch-probe.py watch-head "
+                                  "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
+                                  "--address 10.0.0.1 --port 29500 --grace 10 --state-dir /var/lib/vllm-orch/state"]
+    # data parallel and Ray nodes have no rendezvous store to watch
+    for m in (DP, RAY):
+        assert nodes(m)[1].extra == [] and "headwatch" not in nodes(m)[1].unit.text
     assert head.unit.path == worker.unit.path == "/etc/systemd/system/vllm-kimi-k25-int4-2node.service"
     assert "node 1 of 2 (headless)" in w["Description"][0]
     # process hosts: the same start script name, the rank's argv

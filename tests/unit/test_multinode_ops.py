@@ -100,9 +100,41 @@ def test_a_node_not_asked_or_unreachable_or_stopped_says_so_on_the_heads_row():
     gone = HostStatus("gpu2", reachable=False, error="connection refused")
     idle = HostStatus("gpu3")
     fold_nodes([head], [gone, idle])
-    states = {n["host"]: n["state"] for n in head.services[0].nodes}
+    k2 = head.services[0]
+    states = {n["host"]: n["state"] for n in k2.nodes}
     assert states == {"gpu1": "ready", "gpu2": "unreachable", "gpu3": "stopped", "gpu4": "unknown"}
-    assert "gpu2, gpu3, gpu4 not running" in head.services[0].state_reason
+    # a head answering /health with a node down is failed: its next request would fail
+    assert k2.state == "failed"
+    assert k2.state_reason.startswith("node gpu3 not running: the head still answers /health")
+    assert "`vllm-orch deploy k2 --host gpu1,gpu2,gpu3,gpu4` restarts every node" in k2.state_reason
+    assert k2.state_reason.endswith("; nodes gpu2, gpu4 not known to run (unknown, unreachable)")
+
+
+def test_a_node_unreachable_alone_leaves_the_heads_state_and_says_so():
+    head = HostStatus("gpu1", services=[svc("k2", 0, "ready")])
+    fold_nodes([head], [HostStatus("gpu2", reachable=False, error="timed out")])
+    assert head.services[0].state == "ready"
+    assert head.services[0].state_reason.endswith("; node gpu2 not known to run (unreachable)")
+
+
+@pytest.mark.parametrize("head_state", ["stopped", "failed"])
+def test_a_headless_node_left_running_without_its_head_is_a_failed_service(head_state):
+    """vLLM's headless node outlives its head, holding its GPUs: say so and what to run."""
+    head = HostStatus("gpu1", services=[ServiceStatus("k2b", model="k2", state=head_state, rank=0,
+                                                      state_reason="unit inactive", node_names=["gpu1", "gpu2"])])
+    worker = HostStatus("gpu2", services=[svc("k2b", 1, "running")])
+    fold_nodes([head, worker])
+    k2 = head.services[0]
+    assert k2.state == "failed"
+    assert k2.state_reason == ("unit inactive; node gpu2 still running without the head, holding its GPUs (a "
+                               "headless vLLM outlives its head): `vllm-orch stop k2b` stops every node, "
+                               "`vllm-orch deploy k2 --host gpu1,gpu2 --name k2b` restarts every node")
+
+
+def test_a_multi_node_service_stopped_everywhere_stays_stopped():
+    head = HostStatus("gpu1", services=[svc("k2", 0, "stopped")])
+    fold_nodes([head, HostStatus("gpu2", services=[svc("k2", 1, "stopped")])])
+    assert head.services[0].state == "stopped"
 
 
 def test_logs_merge_by_time_keeping_untimed_lines_after_their_own():

@@ -82,6 +82,9 @@ def test_golden_systemd_every_node(model):
         _golden(f"{node}/vllm-{model}.service", r.unit.text)
         _golden(f"{node}/{model}.env", r.env_file.text)
         _golden(f"{node}/argv.json", json.dumps(r.argv, indent=1) + "\n")
+        for f in r.extra:                   # the head's health units, a headless node's head watch
+            if f.path.endswith((".service", ".timer")):
+                _golden(f"{node}/{Path(f.path).name}", f.text)
         assert r.unit.path == f"/etc/systemd/system/vllm-{model}.service"
 
 

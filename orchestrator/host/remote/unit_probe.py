@@ -15,6 +15,18 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           /metrics shows tokens being generated is a busy server, not a hang. After N failed checks
           in a row it appends a `health-restart` record (with the reason) to history.jsonl and
           restarts the unit; the count lives in <state_dir>/health/NAME.json (status shows it).
+  watch-head  ExecStart= of vllm-NAME-headwatch.service on a headless node of a multi-node service
+          (TP/PP across nodes). A headless vLLM outlives its head (seen with a real vLLM): its ranks
+          stay in the dead head's process group and the head's next start waits for them in vain.
+          This holds one idle TCP connection to the head's rendezvous store (--master-addr:
+          --master-port, listened on by the head's rank-0 worker for as long as it lives; torch's
+          store ignores a client that never speaks). When the connection ends and the port stays
+          closed for --grace seconds, the head is gone: it appends a `head-lost-restart` record to
+          history.jsonl and restarts the unit, so this node joins the head's next start (the unit
+          starts a new watch). While vllm-orch holds the host's lock (a stop, deploy or swap, which
+          act on every node), it waits, and restarts only a unit vllm-orch left as it was. A connection
+          closed while the port still accepts is only reconnected. TCP keepalive notices a head
+          host that vanished without closing anything.
 
 The API key is the unit's own (VLLM_API_KEY from the same 0600 EnvironmentFile as vLLM's): vLLM
 answers 401 on /v1/* without it. Each probe's HTTP is plain http.client to the loopback: this runs
@@ -214,6 +226,109 @@ def cmd_check(a):
     return 1
 
 
+def connect(address, port, timeout):
+    """A connected socket, or None when the port does not accept within `timeout`."""
+    try:
+        return socket.create_connection((address, port), timeout=timeout)
+    except OSError:
+        return None
+
+
+def keepalive(sock, idle=10, interval=5, count=3):
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def until_closed(sock):
+    """Block until the peer closes the connection (or it breaks)."""
+    sock.settimeout(None)
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def reopened(address, port, grace, poll):
+    """Whether the port accepts again within `grace` seconds (the head is still there)."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        sock = connect(address, port, min(poll, 2.0))
+        if sock is not None:
+            sock.close()
+            return True
+        time.sleep(poll)
+    return False
+
+
+def lock_held(state_dir):
+    """Whether vllm-orch holds this host's lock (state_dir/deploy.lock, flock): it is then stopping,
+    deploying or swapping, on every node of the service, itself."""
+    import fcntl
+    path = os.path.join(state_dir, "deploy.lock")
+    if not os.path.exists(path):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def cmd_watch_head(a):
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    where = "%s:%d" % (a.address, a.port)
+    say("waiting for the head's rendezvous store at %s" % where)
+    while True:
+        sock = connect(a.address, a.port, 5.0)
+        if sock is None:
+            time.sleep(a.poll)
+            continue
+        keepalive(sock)
+        say("holding a connection to the head's store at %s: %s restarts when it closes" % (where, a.unit))
+        until_closed(sock)
+        if reopened(a.address, a.port, a.grace, a.poll):
+            say("the head's store at %s closed this connection but still accepts: reconnecting" % where)
+            continue
+        break
+    unit_state, pid = unit_show(a.unit, "ActiveState"), unit_show(a.unit, "MainPID")
+    if unit_state not in ("active", "activating", "reloading"):
+        say("the head at %s is gone and %s is %s: nothing to restart" % (where, a.unit, unit_state))
+        return 0
+    if lock_held(a.state_dir):
+        say("the head at %s is gone while vllm-orch holds this host's lock: waiting for it" % where)
+        while lock_held(a.state_dir):
+            time.sleep(a.poll)
+        if unit_show(a.unit, "MainPID") != pid:
+            say("vllm-orch stopped or restarted %s itself" % a.unit)
+            return 0
+    reason = ("the head's rendezvous store at %s closed and stayed closed for %gs (its vLLM exited): this "
+              "node's ranks belong to the dead head's process group" % (where, a.grace))
+    # the restart stops this watch too (PartOf=): finish the record first, then exit
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    record = {"operation": "head-lost-restart", "model": a.model, "ok": r.returncode == 0, "reason": reason,
+              "by": a.unit.replace(".service", "-headwatch.service")}
+    if r.returncode != 0:
+        record["error"] = r.stdout.decode(errors="replace").strip()[-300:]
+    append_history(a.state_dir, record)
+    say("restarting %s: %s" % (a.unit, reason) if r.returncode == 0 else
+        "could not restart %s: %s" % (a.unit, record["error"]))
+    # the restarted unit starts this watch again (its Wants=)
+    return 0 if r.returncode == 0 else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="vllm-orch-probe")
     sub = p.add_subparsers(dest="mode", required=True)
@@ -229,8 +344,16 @@ def main(argv=None):
     check.add_argument("--model", required=True)
     check.add_argument("--failures", type=int, default=3)
     check.add_argument("--state-dir", required=True)
+    watch = sub.add_parser("watch-head")
+    watch.add_argument("--unit", required=True)
+    watch.add_argument("--model", required=True)
+    watch.add_argument("--address", required=True)
+    watch.add_argument("--port", type=int, required=True)
+    watch.add_argument("--grace", type=float, default=10.0)
+    watch.add_argument("--poll", type=float, default=1.0)
+    watch.add_argument("--state-dir", required=True)
     a = p.parse_args(argv)
-    return cmd_ready(a) if a.mode == "ready" else cmd_check(a)
+    return {"ready": cmd_ready, "check": cmd_check, "watch-head": cmd_watch_head}[a.mode](a)
 
 
 if __name__ == "__main__":
