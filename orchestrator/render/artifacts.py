@@ -347,13 +347,10 @@ def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
 
 
 def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
-    """The head watch's ExecStart=: the units' probe in watch-head mode. Its grace (how long the
-    head's store must stay closed to count as gone) is under the head's RestartSec, so that a head
-    restarted by systemd is not taken for the old one: half of it, at most 10 s."""
+    """The head watch's ExecStart=: the units' probe in watch-head mode."""
     assert m.multinode is not None
-    grace = min(10.0, m.startup.restart_delay_seconds / 2)
     words = [host.python or "python3", probe_path(host), "watch-head", "--unit", m.unit_name, "--model", m.name,
-             "--address", role.head_address, "--port", str(m.multinode.master_port), "--grace", f"{grace:g}",
+             "--address", role.head_address, "--port", str(m.multinode.master_port),
              "--state-dir", host.state_dir]
     return " ".join(systemd_quote(w) for w in words)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from orchestrator.paths import package_file
 
 
-def head_watch(address: str, port: int, tmp_path: Path, grace: float = 2.0) -> subprocess.Popen:
+def head_watch(address: str, port: int, tmp_path: Path) -> subprocess.Popen:
     """`vllm-orch-probe.py watch-head` for unit vllm-x.service (active, MainPID 4242 unless the test
     writes otherwise), its state folder <tmp_path>/state."""
     bindir = tmp_path / "bin"
@@ -28,7 +28,7 @@ esac
     (bindir / "systemctl").chmod(0o755)
     return subprocess.Popen(
         [sys.executable, str(package_file("host", "remote", "unit_probe.py")), "watch-head", "--unit", "vllm-x.service",
-         "--model", "x", "--address", address, "--port", str(port), "--grace", str(grace), "--poll", "0.2",
+         "--model", "x", "--address", address, "--port", str(port), "--poll", "0.2",
          "--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"})

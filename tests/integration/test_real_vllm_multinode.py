@@ -181,5 +181,5 @@ def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lo
     assert f"holding a connection to the head's store at {b}:{MASTER_PORT + 1}" in out
     assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
     record = json.loads((tmp_path / "state" / "history.jsonl").read_text().splitlines()[-1])
-    assert record["operation"] == "head-lost-restart" and record["ok"] and "closed and stayed closed" in record["reason"]
+    assert record["operation"] == "head-lost-restart" and record["ok"] and "closed (its vLLM exited)" in record["reason"]
 

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -132,7 +133,8 @@ def test_check_leaves_a_unit_that_is_not_active_alone(check, monkeypatch):
 
 
 class Store:
-    """A stand-in for the head's rendezvous store: a listening port whose connections it can drop."""
+    """A stand-in for the head's rendezvous store: a listening port that accepts every connection
+    (in a thread) and can drop them while it keeps listening, or close for good."""
 
     def __init__(self):
         self.sock = socket.socket()
@@ -140,13 +142,33 @@ class Store:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def accept(self) -> socket.socket:
-        self.sock.settimeout(30)
-        return self.sock.accept()[0]
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self.accepted += 1
+
+    def wait_accepted(self, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while self.accepted < count:
+            assert time.monotonic() < deadline, "the watch never connected"
+            time.sleep(0.05)
+
+    def drop(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.conns.clear()
 
     def close(self) -> None:
         self.sock.close()
+        self.drop()
 
 
 def history(tmp_path) -> list[dict]:
@@ -156,14 +178,14 @@ def history(tmp_path) -> list[dict]:
 
 def test_watch_head_reconnects_a_dropped_connection_and_restarts_when_the_head_is_gone(tmp_path):
     store = Store()
-    watch = head_watch("127.0.0.1", store.port, tmp_path, grace=1.5)
+    watch = head_watch("127.0.0.1", store.port, tmp_path)
     try:
-        store.accept().close()                  # the store drops the idle connection but still listens
-        conn = store.accept()                   # ... so the watch reconnects
-        time.sleep(0.5)
+        store.wait_accepted(1)
+        store.drop()                             # the store drops the idle connection but still listens
+        time.sleep(2)                            # ... so the watch checks it for a second, then reconnects
         assert watch.poll() is None and not (tmp_path / "systemctl.log").exists()
-        store.close()                           # the head's vLLM exits: its port closes for good
-        conn.close()
+        assert store.conns                       # held again
+        store.close()                            # the head's vLLM exits: its port closes with it
         out, _ = watch.communicate(timeout=30)
     finally:
         watch.kill()
@@ -182,11 +204,10 @@ def test_watch_head_leaves_a_node_to_vllm_orch_while_it_holds_the_lock(tmp_path)
     (tmp_path / "state").mkdir()
     lock = open(tmp_path / "state" / "deploy.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)              # vllm-orch is stopping or redeploying every node
-    watch = head_watch("127.0.0.1", store.port, tmp_path, grace=0.5)
+    watch = head_watch("127.0.0.1", store.port, tmp_path)
     try:
-        conn = store.accept()
+        store.wait_accepted(1)
         store.close()
-        conn.close()
         time.sleep(2)
         assert watch.poll() is None                  # waits for the lock
         (tmp_path / "unit-pid").write_text("5151\n")   # vllm-orch restarted the unit itself
@@ -202,12 +223,11 @@ def test_watch_head_leaves_a_node_to_vllm_orch_while_it_holds_the_lock(tmp_path)
 
 def test_watch_head_does_not_restart_a_unit_that_is_not_running(tmp_path):
     store = Store()
-    watch = head_watch("127.0.0.1", store.port, tmp_path, grace=0.5)
+    watch = head_watch("127.0.0.1", store.port, tmp_path)
     try:
-        conn = store.accept()
+        store.wait_accepted(1)
         (tmp_path / "unit-state").write_text("deactivating\n")
         store.close()
-        conn.close()
         out, _ = watch.communicate(timeout=30)
     finally:
         watch.kill()

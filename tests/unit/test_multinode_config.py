@@ -322,7 +322,7 @@ def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch
     assert watch["PartOf"] == watch["After"] == ["vllm-kimi-k25-int4-2node.service"]
     assert watch["ExecStart"] == ["/opt/vllm/bin/python /var/lib/vllm-orch/bin/vllm-orch-probe.py watch-head "
                                   "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
-                                  "--address 10.0.0.1 --port 29500 --grace 10 --state-dir /var/lib/vllm-orch/state"]
+                                  "--address 10.0.0.1 --port 29500 --state-dir /var/lib/vllm-orch/state"]
     # data parallel and Ray nodes have no rendezvous store to watch
     for m in (DP, RAY):
         assert nodes(m)[1].extra == [] and "headwatch" not in nodes(m)[1].unit.text

@@ -20,8 +20,10 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           stay in the dead head's process group and the head's next start waits for them in vain.
           This holds one idle TCP connection to the head's rendezvous store (--master-addr:
           --master-port, listened on by the head's rank-0 worker for as long as it lives; torch's
-          store ignores a client that never speaks). When the connection ends and the port stays
-          closed for --grace seconds, the head is gone: it appends a `head-lost-restart` record to
+          store keeps a client that never speaks and does not count it as a rank). When the
+          connection ends and the port refuses a connection within --window seconds (a process that
+          exits closes its listening socket with it; a new head takes longer than that to listen
+          again), the head is gone: it appends a `head-lost-restart` record to
           history.jsonl and restarts the unit, so this node joins the head's next start (the unit
           starts a new watch). While vllm-orch holds the host's lock (a stop, deploy or swap, which
           act on every node), it waits, and restarts only a unit vllm-orch left as it was. A connection
@@ -253,16 +255,20 @@ def until_closed(sock):
         sock.close()
 
 
-def reopened(address, port, grace, poll):
-    """Whether the port accepts again within `grace` seconds (the head is still there)."""
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        sock = connect(address, port, min(poll, 2.0))
-        if sock is not None:
-            sock.close()
+def still_listening(address, port, window):
+    """After the head's store closed our connection: whether its port kept accepting for `window`
+    seconds (the store only dropped this connection) rather than refusing once (its process exited:
+    the listening socket closes with it, and a restarted head listens again only later).
+    Immediately after the close first: a head restarted at once cannot be listening yet."""
+    deadline = time.monotonic() + window
+    while True:
+        sock = connect(address, port, 2.0)
+        if sock is None:
+            return False
+        sock.close()
+        if time.monotonic() >= deadline:
             return True
-        time.sleep(poll)
-    return False
+        time.sleep(0.2)
 
 
 def lock_held(state_dir):
@@ -297,7 +303,7 @@ def cmd_watch_head(a):
         keepalive(sock)
         say("holding a connection to the head's store at %s: %s restarts when it closes" % (where, a.unit))
         until_closed(sock)
-        if reopened(a.address, a.port, a.grace, a.poll):
+        if still_listening(a.address, a.port, a.window):
             say("the head's store at %s closed this connection but still accepts: reconnecting" % where)
             continue
         break
@@ -312,8 +318,8 @@ def cmd_watch_head(a):
         if unit_show(a.unit, "MainPID") != pid:
             say("vllm-orch stopped or restarted %s itself" % a.unit)
             return 0
-    reason = ("the head's rendezvous store at %s closed and stayed closed for %gs (its vLLM exited): this "
-              "node's ranks belong to the dead head's process group" % (where, a.grace))
+    reason = ("the head's rendezvous store at %s closed (its vLLM exited): this node's ranks belong to the "
+              "dead head's process group" % where)
     # the restart stops this watch too (PartOf=): finish the record first, then exit
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
@@ -349,7 +355,7 @@ def main(argv=None):
     watch.add_argument("--model", required=True)
     watch.add_argument("--address", required=True)
     watch.add_argument("--port", type=int, required=True)
-    watch.add_argument("--grace", type=float, default=10.0)
+    watch.add_argument("--window", type=float, default=1.0)
     watch.add_argument("--poll", type=float, default=1.0)
     watch.add_argument("--state-dir", required=True)
     a = p.parse_args(argv)
