@@ -1792,16 +1792,7 @@ class Launch:
                    for (p, t, _g, _s) in self.holders]
         w0 = workers[0]
         prof = PROFILES[cfg["profile"]]
-        log(ec, "INFO", "core.py:118", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
-            f"model='{cfg['model']}', speculative_config=None, tokenizer='{cfg['model']}', "
-            f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
-            f"trust_remote_code={cfg['trust']}, dtype=torch.bfloat16, "
-            f"max_seq_len={cfg['max_model_len']}, download_dir=None, load_format=auto, "
-            f"tensor_parallel_size={cfg['tp']}, pipeline_parallel_size={cfg['pp']}, "
-            f"data_parallel_size={cfg['dp']}, decode_context_parallel_size={cfg['dcp']}, "
-            f"enable_expert_parallel={cfg['ep']}, kv_cache_dtype={cfg['kv_dtype']}, "
-            f"device_config=cuda, served_model_name={','.join(cfg['served'])}, "
-            f"enable_prefix_caching=True, enable_chunked_prefill=True")
+        log(ec, "INFO", "core.py:118", engine_config_line(cfg))
         for (p, title, gpu, st) in self.holders:
             self.register(p.pid, title, gpu, CUDA_CONTEXT_MIB, st)
         refresh_meminfo()
@@ -2429,6 +2420,20 @@ RANK_CRASH = (_LOAD + [("vllm/model_executor/model_loader/weight_utils.py", 1543
               "torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
 
 
+def engine_config_line(cfg: dict) -> str:
+    """The engine core's first line, `Initializing a V1 LLM engine (vX) with config: ...`."""
+    return (f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+            f"model='{cfg['model']}', speculative_config=None, tokenizer='{cfg['model']}', "
+            f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+            f"trust_remote_code={cfg['trust']}, dtype=torch.bfloat16, "
+            f"max_seq_len={cfg['max_model_len']}, download_dir=None, load_format=auto, "
+            f"tensor_parallel_size={cfg['tp']}, pipeline_parallel_size={cfg['pp']}, "
+            f"data_parallel_size={cfg['dp']}, decode_context_parallel_size={cfg['dcp']}, "
+            f"enable_expert_parallel={cfg['ep']}, kv_cache_dtype={cfg['kv_dtype']}, "
+            f"device_config=cuda, served_model_name={','.join(cfg['served'])}, "
+            f"enable_prefix_caching=True, enable_chunked_prefill=True")
+
+
 def gloo_closed(peer: tuple) -> str:
     return (f"RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
             f"peer [{peer[0]}]:{peer[1]}")
@@ -2858,16 +2863,7 @@ class Headless:
     def engine_config_lines(self) -> None:
         cfg = self.cfg
         for ec in self.launch.engine_logs:
-            log(ec, "INFO", "core.py:118", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
-                f"model='{cfg['model']}', speculative_config=None, tokenizer='{cfg['model']}', "
-                f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
-                f"trust_remote_code={cfg['trust']}, dtype=torch.bfloat16, "
-                f"max_seq_len={cfg['max_model_len']}, download_dir=None, load_format=auto, "
-                f"tensor_parallel_size={cfg['tp']}, pipeline_parallel_size={cfg['pp']}, "
-                f"data_parallel_size={cfg['dp']}, decode_context_parallel_size={cfg['dcp']}, "
-                f"enable_expert_parallel={cfg['ep']}, kv_cache_dtype={cfg['kv_dtype']}, "
-                f"device_config=cuda, served_model_name={','.join(cfg['served'])}, "
-                f"enable_prefix_caching=True, enable_chunked_prefill=True")
+            log(ec, "INFO", "core.py:118", engine_config_line(cfg))
 
     async def load(self, w0) -> tuple | None:
         """This node's share of the weights, timed by its own page cache like the head's; a
