@@ -131,8 +131,10 @@ def test_the_rendered_ray_head_and_worker_form_one_cluster_across_two_hosts(ray_
                 r = head.run(python, "-c", NODES_SCRIPT, timeout=120)
                 nodes = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else []
                 time.sleep(1)
-            status = head.run(str(ray_bin), "status", "--address", f"{a}:{RAY_PORT}")
-            assert status.stdout.count(" node_") == 2, status.stdout       # `ray status`: two active nodes
+            # `ray status` (the autoscaler's view) catches up with the cluster's node table a little later
+            while (status := head.run(str(ray_bin), "status", "--address", f"{a}:{RAY_PORT}")).stdout.count(" node_") != 2:
+                assert time.monotonic() < deadline, status.stdout                # two active nodes
+                time.sleep(1)
             # systemd stops a unit with SIGTERM to its main process: `ray start --block` takes its node down
             assert worker.stop(), worker.log_path.read_text()[-3000:]
             assert head.stop(), head.log_path.read_text()[-3000:]

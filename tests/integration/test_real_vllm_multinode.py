@@ -106,13 +106,18 @@ def http(address: str, path: str, body: dict | None = None, timeout: float = 120
 @pytest.fixture(scope="module")
 def lone_head(real_vllm, tiny_model, two_nodes, tmp_path_factory):
     """A head whose rank never comes, started with the module (on B's address, its own ports) so that
-    its wait overlaps the two-node test's start: the module stays well under three minutes."""
+    its wait overlaps the two-node test's start: the module stays well under three minutes. A head
+    watch (the units' probe) starts with it, to hold its idle connection while the head waits:
+    yields (head, the watch's process, the watch's folder)."""
     _, (ns_b, b) = two_nodes
+    tmp = tmp_path_factory.mktemp("lone")
     head = Node(real_vllm, tiny_model(), ns_b, b,
                 ["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", b,
                  "--master-port", str(MASTER_PORT + 1), "--distributed-timeout-seconds", "20"],
-                tmp_path_factory.mktemp("lone") / "head.log", port=API_PORT + 1)
-    yield head
+                tmp / "head.log", port=API_PORT + 1)
+    watch = head_watch(b, MASTER_PORT + 1, tmp)
+    yield head, watch, tmp
+    watch.kill()
     head.kill()
 
 
@@ -160,23 +165,19 @@ def test_a_real_two_node_tensor_parallel_service_serves_and_a_dead_node_is_named
         head.kill()
 
 
-def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lone_head, two_nodes, tmp_path):
+def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lone_head, two_nodes):
     """... and a headless node's head watch (the units' probe, watch-head) holds its idle connection to
     the real head's store without counting as a rank (still 1/2 clients joined), then sees the head go
     and restarts its unit (systemctl is a stand-in here: these namespaces run no systemd)."""
     _, (_, b) = two_nodes
-    head = lone_head
-    watch = head_watch(b, MASTER_PORT + 1, tmp_path)
-    try:
-        head.wait_for(f"distributed_init_method=tcp://{b}:{MASTER_PORT + 1} backend=gloo")
-        assert head.exit_code(READY_TIMEOUT) != 0
-        log = head.log
-        assert "Timed out after " in log and " seconds waiting for clients. 1/2 clients joined." in log
-        assert "EngineCore failed to start." in log
-        assert "Application startup complete." not in log
-        out, _ = watch.communicate(timeout=60)
-    finally:
-        watch.kill()
+    head, watch, tmp_path = lone_head
+    head.wait_for(f"distributed_init_method=tcp://{b}:{MASTER_PORT + 1} backend=gloo")
+    assert head.exit_code(READY_TIMEOUT) != 0
+    log = head.log
+    assert "Timed out after " in log and " seconds waiting for clients. 1/2 clients joined." in log
+    assert "EngineCore failed to start." in log
+    assert "Application startup complete." not in log
+    out, _ = watch.communicate(timeout=60)
     assert watch.returncode == 0, out
     assert f"holding a connection to the head's store at {b}:{MASTER_PORT + 1}" in out
     assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
