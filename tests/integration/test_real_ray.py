@@ -28,6 +28,8 @@ from tests.plugins.remote_hosts import routed_namespaces
 
 from .deployhelp import SHIPPED
 
+pytestmark = pytest.mark.ray
+
 RAY_PORT = 6379
 NODES_SCRIPT = ("import json, ray; ray.init(address='auto', logging_level='ERROR'); "
                 "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))")
