@@ -6,7 +6,9 @@ A simulated host in a temporary state home; the simulated server with the profil
 1. raw streams (one thread per stream, stdlib HTTP): single-stream tok/s and the C=32 aggregate,
    from first to last token of each stream;
 2. `vllm-orch bench` levels: the decode rate per user (1000 / median token gap) x C and the steady
-   window's aggregate output tok/s, each against the profile's aggregate rate at C.
+   window's aggregate output tok/s, each against the profile's aggregate rate at C;
+3. the deploy's perf step (probe/perf.py, through the host) against the Kimi-K2.5 INT4 DCP 8 layout:
+   single stream and C=8 aggregate against the layout's 62 and 335 tok/s.
 Target on an otherwise idle machine: within 2%. The test suite checks the same quantities with
 margins a busy machine keeps (tests/integration/test_bench_sim.py, test_sim_server.py); this prints
 the tight figures for docs/figures.md.
@@ -56,6 +58,22 @@ def stream_rate(port: int, tokens: int) -> float:
     return (len(times) - 1) / (times[-1] - times[0])
 
 
+def perf_step(sim: SimHost) -> None:
+    """What a deploy's perf step measures against the DCP 8 layout (62 tok/s single, 335 at C=8)."""
+    from orchestrator.probe.api import Endpoint
+    from orchestrator.probe.perf import measure
+
+    model = make_model(sim.dir, "kimi-k25-int4", REPOS["kimi-k25-int4"])
+    with SimServer(sim, [str(model), "--trust-remote-code", "--max-model-len", "65536", "-tp", "8",
+                         "--decode-context-parallel-size", "8", "--kv-cache-dtype", "fp8",
+                         "--served-model-name", "kimi"]) as srv:
+        srv.wait_ready(60)
+        got = measure(Endpoint(sim.host, srv.port), "kimi", max_tokens=64, single=True, concurrency=8, timeout=60)
+        single, agg = got.single_stream_tok_s or 0.0, got.concurrency_tok_s or 0.0
+        print(f"\nperf step (DCP 8): single stream {single:.1f} tok/s (layout 62, {single / 62 - 1:+.1%}), "
+              f"C=8 {agg:.0f} tok/s (layout 335, {agg / 335 - 1:+.1%}), problems {got.problems or 'none'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="kimi-k25-nvfp4", choices=sorted(REPOS))
@@ -101,6 +119,7 @@ def main() -> None:
                 window = L["throughput"]["output_tok_s"]
                 print(f"{c:>5} {want:>8.1f} {decode:>11.1f} {decode / want - 1:>+7.1%} {window:>9.1f} "
                       f"{window / want - 1:>+7.1%}")
+        perf_step(sim)
     finally:
         manager.down(home)
 

@@ -38,27 +38,38 @@ def cv(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) / m
 
 
-def test_poisson_and_constant_arrivals_as_sent(tmp_path):
-    """The requests actually leave the client as a Poisson process at the rate asked for: the send
-    gaps of 300 window requests pass a KS test against Exponential(rate) with a loose bound (the
-    1% critical value is 0.094; jitter of a few ms on a busy machine is allowed for) and their
-    coefficient of variation is about 1. Constant arrivals have almost none."""
+def due_and_sent(rows: list[dict]) -> tuple[list[float], list[float]]:
+    """Each window request's due time (t_ready = t_send - queue) and send time, in seconds, in the
+    order they were due."""
+    window = sorted((row["t_send_ns"] / 1e9 - row["queue_ms"] / 1e3, row["t_send_ns"] / 1e9)
+                    for row in rows if row["phase"] == "measure")
+    return [d for d, _ in window], [s for _, s in window]
+
+
+def test_poisson_and_constant_arrivals_as_scheduled_and_never_sent_early(tmp_path):
+    """The open loop's arrivals are a Poisson process at the rate asked for: the due times of 300
+    window requests (what the generator schedules, t_ready) pass a KS test against
+    Exponential(rate) (the 1% critical value is 0.094) with a coefficient of variation of about 1;
+    constant arrivals are due exactly 1/rate apart. Every request leaves at or after its due time.
+    How late the sends are on a given machine is a timing, measured by
+    benchmarks/bench_client_ceiling.py (send lateness p50/p99, rate kept; docs/figures.md)."""
     with mock() as url:
         r, rows = run(url, tmp_path, "poisson", rates=[60.0], min_requests=300, seed=11)
         L = r.levels[0]
         assert L["mode"] == "open" and L["rate"] == 60.0 and L["open_loop"]["window_arrivals"] == 300
         assert L["requests"]["window"] == 300 and L["requests"]["errors"] == 0
-        sends = sorted(row["t_send_ns"] / 1e9 for row in rows if row["phase"] == "measure")
-        gaps = [b - a for a, b in zip(sends, sends[1:])]
-        assert ks_exponential(gaps, 60.0) < 0.15, ks_exponential(gaps, 60.0)
-        assert 0.75 < cv(gaps) < 1.3
-        assert (len(gaps) / (sends[-1] - sends[0])) == pytest.approx(60.0, rel=0.15)
-        assert L["requests"]["sent_per_s"] == pytest.approx(60.0, rel=0.15)
+        due, sent = due_and_sent(rows)
+        gaps = [b - a for a, b in zip(due, due[1:])]
+        assert ks_exponential(gaps, 60.0) < 0.094, ks_exponential(gaps, 60.0)
+        assert 0.85 < cv(gaps) < 1.15
+        assert (len(gaps) / (due[-1] - due[0])) == pytest.approx(60.0, rel=0.15)
+        assert all(s >= d - 1e-6 for d, s in zip(due, sent))
 
         r, rows = run(url, tmp_path, "constant", rates=[20.0], min_requests=60, arrivals="constant")
-        sends = sorted(row["t_send_ns"] / 1e9 for row in rows if row["phase"] == "measure")
-        gaps = [b - a for a, b in zip(sends, sends[1:])]
-        assert cv(gaps) < 0.35 and sum(gaps) / len(gaps) == pytest.approx(0.05, rel=0.15)
+        due, sent = due_and_sent(rows)
+        gaps = [b - a for a, b in zip(due, due[1:])]
+        assert all(g == pytest.approx(0.05, abs=1e-6) for g in gaps), gaps
+        assert all(s >= d - 1e-6 for d, s in zip(due, sent))
 
 
 def test_goodput_against_known_latencies(tmp_path):
@@ -133,8 +144,11 @@ def test_ramp_up_and_spread_output_lengths(tmp_path):
     with mock(ttft_ms=5, itl_ms=1) as url:
         r, rows = run(url, tmp_path, "ramp", concurrency=[8], ramp_up_s=0.7, max_tokens="4:40",
                       min_requests=24, warmup_s=0.0)
-    starts = sorted(min(row["t_send_ns"] for row in rows if row["worker"] == w) for w in range(8))
-    assert (starts[-1] - starts[0]) / 1e9 > 0.4    # 8 streams started over 0.7 s, not together
+    # 8 streams started over 0.7 s, not together: stream w's first request waits for t_start + w x 0.7/8,
+    # so they leave in that order (asyncio wakes timers in deadline order, even after a stall that made
+    # them all due at once: how far apart they leave is a timing, not checked here)
+    starts = [min(row["t_send_ns"] for row in rows if row["worker"] == w) for w in range(8)]
+    assert starts == sorted(starts), starts
     assert r.levels[0]["timing_s"]["warmup"] >= 0.7
     asked = [row["max_tokens"] for row in rows]
     assert len(set(asked)) > 5 and all(4 <= n <= 40 for n in asked)

@@ -275,9 +275,11 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
     def fetch_while_both_run(ep, **kw):
         seen["threads"] = _long_streams(PORT_DP, "tiny-dp2", 2, 1800, prompt_words=2000)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (
-                set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
-                and min(_engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0):
+        while not (set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
+                   and min(_engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0):
+            assert time.monotonic() < deadline, (
+                "the two requests were not both running with their KV allocated within 60 s: "
+                f"{_engine_series(PORT_DP, 'vllm:num_requests_running')}, threads {seen['threads']}")
             time.sleep(0.05)
         seen["frozen"] = engine_cores()
         for pid in seen["frozen"]:
