@@ -129,11 +129,14 @@ def memory_cmd(host, ram_gib, available_gib):
 
 @sim.command("down", epilog=exit_codes("0 ok (also when nothing was up)."))
 def down_cmd():
-    """Stop everything `sim up` started (by PID) and remove the SIMULATED hosts' state."""
+    """Stop everything `sim up` started (by PID) and remove the SIMULATED hosts' state; also
+    remove test hosts that a killed test run left behind (as root)."""
     stopped = manager.down()
     for line in stopped:
         click.echo(f"stopped SIMULATED {line}")
     click.echo(f"SIMULATED hosts removed ({len(stopped)} processes stopped).")
+    for line in manager.reap_stale_test_hosts():
+        click.echo(f"removed a stale test host: {line}")
 
 
 @sim.command("reboot", epilog=exit_codes("0 rebooted, 1 it did not come back, 2 not a --systemd host."))

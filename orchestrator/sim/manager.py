@@ -184,10 +184,13 @@ def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: st
     smi.write_meminfo(hdir)
     if flavour == "systemd":
         # The service runs as an unprivileged user (vllm-orch's default `vllm`) in the container: the
-        # simulated GPU bookkeeping it writes must be writable by any user, as the real driver's is.
-        for path in (hdir, hdir / "gpu-procs", hdir / "run", hdir / "logs"):
-            path.chmod(0o777)
-        for path in (hdir / "faults.json", hdir / "faults.json.lock"):
+        # simulated GPU bookkeeping it writes must be writable by any user, as the real driver's is,
+        # in sticky folders (like /tmp: nobody removes another's files). The host folder itself stays
+        # root's: it holds the programs root runs (bin/nvidia-smi, bin/vllm).
+        hdir.chmod(0o755)
+        for path in (hdir / "gpu-procs", hdir / "run", hdir / "logs"):
+            path.chmod(0o1777)
+        for path in (hdir / "faults.json", hdir / "faults.json.lock", hdir / "meminfo"):
             path.touch()
             path.chmod(0o666)
     return info
@@ -525,6 +528,14 @@ def down(home: Path | None = None) -> list:
     (home / "sim.json").unlink(missing_ok=True)
     inventory_file(home).unlink(missing_ok=True)
     return stopped
+
+
+def reap_stale_test_hosts() -> list[str]:
+    """Containers and namespaces a killed test run left behind (orchestrator/sim/nspawn.py
+    reap_stale; root only, nothing without systemd-nspawn support)."""
+    if os.geteuid() != 0 or importlib.util.find_spec("orchestrator.sim.nspawn") is None:
+        return []
+    return _nspawn().reap_stale()
 
 
 # -- faults ------------------------------------------------------------------------------------

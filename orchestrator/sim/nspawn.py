@@ -16,17 +16,26 @@ veth pair (where the host's hub mirror must listen). Fields starting with "_" ar
 diagnosis, not for the inventory reader.
 
 Hosts reach each other (a multi-node service's ranks connect to its head): each namespace routes
-10.200.0.0/16 through its gateway, and this machine forwards between the veths
-(net.ipv4.ip_forward=1, plus an ACCEPT rule for 10.200.0.0/16 -> 10.200.0.0/16 at the top of the
-FORWARD chain when iptables is installed - Docker sets that chain's policy to DROP). Both are
-recorded in /run/vllm-orch-forwarding.json and undone when the last test host's veth is gone.
+10.200.0.0/16 through its gateway, and this side forwards what arrives on a test host's veth and
+nothing else: net.ipv4.conf.<veth>.forwarding=1 on that veth alone (IPv4 forwarding is decided by
+the interface a packet comes in on), never the machine-wide net.ipv4.ip_forward, plus, when iptables
+is installed, an ACCEPT rule at the top of the FORWARD chain for packets from that veth to another
+test host's veth (Docker sets that chain's policy to DROP). Both go with the veth. Everything here
+acts in the caller's network namespace (interfaces are looked up with `ip`, not /sys/class/net,
+which shows the namespace that mounted /sys): `./dev test` runs each pytest worker in a namespace of
+its own, so its test hosts, routes and forwarding live and die with it.
 Reverse-path filtering (rp_filter) passes: each host's /24 is reached through its own veth.
+
+Nothing outlives its owner for long: a test run names itself in $VLLM_ORCH_TEST_OWNER (pid:start
+time, tests/plugins/remote_hosts.py) and every container or namespace it makes is registered in
+/run/vllm-orch-test-hosts/ under that owner. A pytest killed with SIGKILL leaves them (a container
+with a root sshd, a named namespace, cgroups); the next test run, and `vllm-orch sim down`, reap
+what a dead owner left (reap_stale). Hosts made without an owner (`vllm-orch sim up --systemd`)
+are never reaped: `sim down` stops them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -41,11 +50,14 @@ from pathlib import Path
 from orchestrator.sim.nspawn_tree import DEFAULT_CACHE_DIR, SIM_MOUNT, ensure_tree, tree_key_path  # noqa: F401
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+REGISTRY = Path("/run/vllm-orch-test-hosts")         # one record per container/namespace of a test run
+OWNER_ENV = "VLLM_ORCH_TEST_OWNER"
 NSPAWN_RUN = Path("/run/systemd/nspawn")
 HOSTS_NET = "10.200.0.0/16"                         # every test host's address is in it
-FORWARDING_STATE = Path("/run/vllm-orch-forwarding.json")
+# What runs before per-veth forwarding recorded (and a later run undoes: reap_stale).
+LEGACY_FORWARDING_STATE = Path("/run/vllm-orch-forwarding.json")
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
-_FORWARD_RULE = ["FORWARD", "-s", HOSTS_NET, "-d", HOSTS_NET, "-j", "ACCEPT"]
+_LEGACY_FORWARD_RULE = ["FORWARD", "-s", HOSTS_NET, "-d", HOSTS_NET, "-j", "ACCEPT"]
 
 
 def addresses(index: int) -> tuple[str, str]:
@@ -66,9 +78,15 @@ def _veth(index: int) -> str:
     return f"{VETH_PREFIX}{index}"   # interface names are limited to 15 characters
 
 
+def link_exists(dev: str) -> bool:
+    """Whether this network namespace has the interface (asked with `ip`: /sys/class/net shows the
+    namespace that mounted /sys, not the caller's)."""
+    return subprocess.run(["ip", "link", "show", "dev", dev], capture_output=True).returncode == 0
+
+
 def index_in_use(index: int) -> bool:
     """Whether host number `index` already has its veth (a live or stale container)."""
-    return Path(f"/sys/class/net/{_veth(index)}").exists()
+    return link_exists(_veth(index))
 
 
 def free_index(lo: int = 1, hi: int = 254) -> int:
@@ -98,7 +116,7 @@ def prepare_network(name: str, index: int) -> dict:
     result = {"netns": ns, "veth": veth, "gateway": outside, "address": inside}
     if _has_addr([], veth, outside) and _has_addr(["-n", ns], "eth0", inside):
         _route_hosts(ns, outside)
-        enable_forwarding()
+        enable_forwarding(veth)
         return result
     _cleanup_network(ns, veth)
     _ip("netns", "add", ns)
@@ -110,15 +128,14 @@ def prepare_network(name: str, index: int) -> dict:
     _ip("-n", ns, "link", "set", "eth0", "up")
     _ip("-n", ns, "link", "set", "lo", "up")
     _route_hosts(ns, outside)
-    enable_forwarding()
+    enable_forwarding(veth)
     return result
 
 
 def release_network(name: str, index: int) -> None:
-    """Remove what prepare_network made (for a namespace used without a container), and undo the
-    forwarding when it was the last test host."""
+    """Remove what prepare_network made (for a namespace used without a container); its
+    forwarding goes with its veth."""
     _cleanup_network(netns_name(name), _veth(index))
-    release_forwarding()
 
 
 def _route_hosts(ns: str, gateway: str) -> None:
@@ -126,46 +143,40 @@ def _route_hosts(ns: str, gateway: str) -> None:
     _ip("-n", ns, "route", "replace", HOSTS_NET, "via", gateway, "dev", "eth0")
 
 
-def enable_forwarding() -> dict:
-    """Let this machine forward between test hosts' veths (see the module docstring); what was
-    changed is recorded so that release_forwarding can undo exactly that. Idempotent."""
-    with _forwarding_lock():
-        state = _read_json(FORWARDING_STATE)
-        if not state:
-            state = {"ip_forward": IP_FORWARD.read_text().strip(), "iptables": None}
-        if IP_FORWARD.read_text().strip() != "1":
-            IP_FORWARD.write_text("1\n")
-        iptables = shutil.which("iptables")
-        if iptables and state.get("iptables") is None:
-            present = subprocess.run([iptables, "-w", "-C", *_FORWARD_RULE], capture_output=True)
-            if present.returncode != 0:
-                added = subprocess.run([iptables, "-w", "-I", *_FORWARD_RULE[:1], "1", *_FORWARD_RULE[1:]],
-                                       capture_output=True, text=True)
-                state["iptables"] = iptables if added.returncode == 0 else None
-                state["iptables_error"] = added.stderr.strip() or None
-        FORWARDING_STATE.write_text(json.dumps(state) + "\n")
-        return state
+def _forward_rule(veth: str) -> list[str]:
+    return ["FORWARD", "-i", veth, "-o", f"{VETH_PREFIX}+", "-j", "ACCEPT"]
 
 
-def release_forwarding() -> bool:
-    """Undo enable_forwarding once no test host's veth is left; True when it did."""
-    with _forwarding_lock():
-        state = _read_json(FORWARDING_STATE)
-        if not state or any(Path("/sys/class/net").glob(f"{VETH_PREFIX}*")):
-            return False
-        if state.get("iptables"):
-            subprocess.run([state["iptables"], "-w", "-D", *_FORWARD_RULE], capture_output=True)
-        if state.get("ip_forward") == "0":
-            IP_FORWARD.write_text("0\n")
-        FORWARDING_STATE.unlink(missing_ok=True)
-        return True
+def enable_forwarding(veth: str) -> None:
+    """Forward what arrives on this test host's veth (to the other test hosts), and nothing else:
+    the veth's own forwarding switch, and an iptables ACCEPT from it to the other test hosts' veths
+    when iptables is installed. Idempotent; both go away with the veth (_cleanup_network)."""
+    Path(f"/proc/sys/net/ipv4/conf/{veth}/forwarding").write_text("1\n")
+    iptables = shutil.which("iptables")
+    if iptables and subprocess.run([iptables, "-w", "-C", *_forward_rule(veth)], capture_output=True).returncode:
+        subprocess.run([iptables, "-w", "-I", "FORWARD", "1", *_forward_rule(veth)[1:]], capture_output=True)
 
 
-@contextlib.contextmanager
-def _forwarding_lock():
-    with open(FORWARDING_STATE.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+def _drop_forward_rule(veth: str) -> None:
+    iptables = shutil.which("iptables")
+    if iptables:
+        while subprocess.run([iptables, "-w", "-D", *_forward_rule(veth)], capture_output=True).returncode == 0:
+            pass
+
+
+def release_legacy_forwarding() -> bool:
+    """Undo what an older vllm-orch test run did machine-wide (net.ipv4.ip_forward=1 and a FORWARD
+    rule for all of 10.200.0.0/16, recorded in /run/vllm-orch-forwarding.json) once none of its
+    test hosts is left; True when it did."""
+    state = _read_json(LEGACY_FORWARDING_STATE)
+    if not state or any(Path("/sys/class/net").glob(f"{VETH_PREFIX}*")):
+        return False
+    if state.get("iptables"):
+        subprocess.run([state["iptables"], "-w", "-D", *_LEGACY_FORWARD_RULE], capture_output=True)
+    if state.get("ip_forward") == "0":
+        IP_FORWARD.write_text("0\n")
+    LEGACY_FORWARDING_STATE.unlink(missing_ok=True)
+    return True
 
 
 def _read_json(path: Path) -> dict:
@@ -217,6 +228,71 @@ def mount_root(tree: Path, root: Path) -> Path:
                         f"lowerdir={tree},upperdir={upper},workdir={work}", str(merged)],
                        check=True, capture_output=True, text=True)
     return merged
+
+
+def owner_of_this_run() -> str | None:
+    """`pid:start time` of the test run that owns what is made now ($VLLM_ORCH_TEST_OWNER), or None."""
+    return os.environ.get(OWNER_ENV) or None
+
+
+def register(name: str, record: dict) -> None:
+    """Remember what a test run made (when one owns it), so reap_stale can remove it after the run
+    was killed. The folder is root's and private; records are written whole (rename)."""
+    owner = owner_of_this_run()
+    if not owner:
+        return
+    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    tmp = REGISTRY / f".{name}.{os.getpid()}"
+    tmp.write_text(json.dumps({**record, "_name": name, "_owner": owner, "_veth_netns": _netns_id()}))
+    os.replace(tmp, REGISTRY / f"{name}.json")
+
+
+def unregister(name: str) -> None:
+    (REGISTRY / f"{name}.json").unlink(missing_ok=True)
+
+
+def _netns_id() -> int:
+    """The caller's network namespace (a veth lives and dies with the namespace it was made in)."""
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+def _owner_alive(owner: str) -> bool:
+    from orchestrator.sim.nvidia_smi import proc_alive
+    pid, _, start = owner.partition(":")
+    try:
+        return proc_alive(int(pid), float(start) if start else None)
+    except ValueError:
+        return False
+
+
+def reap_stale() -> list[str]:
+    """Remove every registered container or namespace whose owning test run is gone (killed before
+    its teardown): stop the container (its cgroups, so every process in it), unmount its root, delete
+    its namespace and veth. Also undoes an older run's machine-wide forwarding. Root only; says what
+    it removed."""
+    if os.geteuid() != 0:
+        return []
+    removed = []
+    for path in sorted(REGISTRY.glob("*.json")) if REGISTRY.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        if _owner_alive(str(rec.get("_owner", ""))):
+            continue
+        if rec.get("_veth_netns") != _netns_id():
+            rec["_veth"] = ""            # made in another namespace (a worker's): it went with it
+        shutdown(rec, timeout=5) if rec.get("_pid") else release_network_record(rec)
+        path.unlink(missing_ok=True)
+        removed.append(f"{rec.get('_name')} (left by test run {rec.get('_owner')})")
+    if release_legacy_forwarding():
+        removed.append("net.ipv4.ip_forward and the FORWARD rule an older test run set")
+    return removed
+
+
+def release_network_record(rec: dict) -> None:
+    _cleanup_network(rec.get("_netns", ""), rec.get("_veth", ""))
 
 
 def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | None = None,
@@ -273,6 +349,7 @@ def boot(name: str, index: int, host_dir: Path, tree: Path, *, hub_port: int | N
     if port:
         info["env"]["HF_ENDPOINT"] = f"http://{net['gateway']}:{port}"
         info["_hub_port"] = port
+    register(name, info)
     try:
         _wait_port(net["address"], 22, proc, console, time.monotonic() + timeout)
         timings["launch->sshd listening"] = time.monotonic() - t
@@ -350,7 +427,7 @@ def _release(info: dict, keep_network: bool = False) -> None:
         subprocess.run(["umount", info["_root"]], capture_output=True)
     if not keep_network:
         _cleanup_network(info.get("_netns", ""), info.get("_veth", ""))
-        release_forwarding()
+        unregister(info.get("_name", ""))
 
 
 def shutdown(info: dict, timeout: float = 15.0) -> dict[str, float]:
@@ -432,8 +509,10 @@ def _wait_port(address: str, port: int, proc: subprocess.Popen, console: Path,
 def _cleanup_network(ns: str, veth: str) -> None:
     if ns and Path(f"/run/netns/{ns}").exists():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    if veth and Path(f"/sys/class/net/{veth}").exists():
-        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+    if veth:
+        _drop_forward_rule(veth)
+        if link_exists(veth):
+            subprocess.run(["ip", "link", "del", veth], capture_output=True)
 
 
 def _rmdir_tree(path: Path) -> None:

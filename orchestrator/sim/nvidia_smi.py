@@ -231,6 +231,13 @@ def write_meminfo(host_dir: Path | None = None) -> None:
     try:
         tmp.write_text(text)
         os.replace(tmp, host_dir / "meminfo")
+    except PermissionError:         # the service user in a container: the folder is root's,
+        try:                        # the file (made writable for it) is rewritten in place
+            with open(host_dir / "meminfo", "r+") as f:
+                f.write(text)
+                f.truncate()
+        except OSError:
+            pass
     except OSError:
         pass
 

@@ -18,6 +18,8 @@ from tests.plugins.remote_hosts import systemd_skip_reason
 
 pytestmark = pytest.mark.systemd
 
+IP_FORWARD_BEFORE = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()  # test hosts never change it
+
 
 def connect(info: dict) -> SshHost:
     return SshHost(info["_name"], info["address"], port=info["port"], user=info["user"],
@@ -209,9 +211,12 @@ conn.close()
 
 def test_two_hosts_reach_each_other_on_their_own_addresses(systemd_hosts):
     """What a multi-node service needs: a rank on host B connects to the head's port on host A's
-    address, through this machine's forwarding, and A sees B's own address (no NAT)."""
+    address, through this side's forwarding, and A sees B's own address (no NAT). Only the test
+    hosts' veths forward: the namespace-wide switch is left as it was."""
     a, b = systemd_hosts(2)
-    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
+    for info in (a, b):
+        assert Path(f"/proc/sys/net/ipv4/conf/{info['_veth']}/forwarding").read_text().strip() == "1"
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == IP_FORWARD_BEFORE
     with connect(a) as ha, connect(b) as hb:
         for h, info in ((ha, a), (hb, b)):
             route = h.run(["ip", "-4", "route", "show", nspawn.HOSTS_NET]).stdout
@@ -238,7 +243,7 @@ def test_shutdown_leaves_nothing_behind_and_boot_recovers_a_stale_network(tmp_pa
     nspawn.shutdown(info)
     nspawn.shutdown(info)                                # twice is fine
     assert not Path("/run/netns/vllm-orch-vo-stale").exists()
-    assert not Path("/sys/class/net/vorch240").exists()
+    assert not nspawn.link_exists("vorch240")
     assert not any(Path(cg).exists() for cg in info["_cgroups"])
     assert nspawn.find_running("vo-stale") is None
 

@@ -254,12 +254,14 @@ def routed_namespaces(n: int, tag: str):
             for i in range(1, n + 1):
                 index = nspawn.free_index(150, 254)
                 name = f"{tag}{i}-{os.getpid()}"
-                nspawn.prepare_network(name, index)
+                net = nspawn.prepare_network(name, index)
+                nspawn.register(name, {"_netns": net["netns"], "_veth": net["veth"]})
                 made.append((name, index))
         yield [(nspawn.netns_name(name), nspawn.addresses(index)[1]) for name, index in made]
     finally:
         for name, index in made:
             nspawn.release_network(name, index)
+            nspawn.unregister(name)
 
 
 def _host_dir(path: Path) -> Path:
@@ -267,6 +269,35 @@ def _host_dir(path: Path) -> Path:
     for sub in ("bin", "site-packages", "models", "state", "logs", "gpu-procs"):
         (path / sub).mkdir(parents=True, exist_ok=True)
     return path
+
+
+def pytest_configure(config):
+    """Before anything is made: the run (or the parallel run's controller, before its workers start)
+    reaps what a killed earlier run left (orchestrator/sim/nspawn.py reap_stale); every process
+    that makes test hosts names itself their owner, so the next run can tell they are left over."""
+    if systemd_skip_reason():
+        return
+    from orchestrator.sim import nspawn
+    from orchestrator.sim.nvidia_smi import proc_start_time
+
+    if not hasattr(config, "workerinput"):
+        for what in nspawn.reap_stale():
+            print(f"reaped a stale test host: {what}")
+    os.environ[nspawn.OWNER_ENV] = f"{os.getpid()}:{proc_start_time(os.getpid())}"
+
+
+def pytest_sessionfinish(session):
+    """A parallel worker hands its figures to the controller (pytest-xdist's workeroutput)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["host_seconds"] = dict(HOST_SECONDS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up every worker's time on test hosts."""
+    for key, secs in (getattr(node, "workeroutput", None) or {}).get("host_seconds", {}).items():
+        HOST_SECONDS[key] = HOST_SECONDS.get(key, 0.0) + secs
 
 
 def pytest_terminal_summary(terminalreporter):
