@@ -267,3 +267,36 @@ def test_prepare_network_keeps_a_complete_network_so_a_bound_mirror_survives_boo
     finally:
         mirror.close()
         nspawn.shutdown(info)
+
+
+def test_what_a_killed_run_left_is_reaped_by_the_next_and_a_live_runs_is_not(tmp_path, monkeypatch):
+    """A test run killed with SIGKILL leaves its containers (a root sshd), named namespaces and
+    cgroups: the next run (and `vllm-orch sim down`) reaps what a dead owner registered; a live
+    owner's hosts are left alone."""
+    import subprocess
+
+    from orchestrator.sim.nvidia_smi import proc_start_time
+
+    if systemd_skip_reason():
+        pytest.skip(systemd_skip_reason())
+    tree = nspawn.ensure_tree()
+    owner = subprocess.Popen(["sleep", "600"])          # stands in for a pytest run that gets killed
+    monkeypatch.setenv(nspawn.OWNER_ENV, f"{owner.pid}:{proc_start_time(owner.pid)}")
+    info = nspawn.boot("vo-reap", 242, tmp_path, tree)
+    monkeypatch.delenv(nspawn.OWNER_ENV)
+    try:
+        assert (nspawn.REGISTRY / "vo-reap.json").exists()
+        assert not [r for r in nspawn.reap_stale() if "vo-reap" in r]       # its owner lives: kept
+        assert nspawn.find_running("vo-reap") == info["_pid"]
+        owner.kill()
+        owner.wait()
+        reaped = nspawn.reap_stale()
+        assert any(r.startswith("vo-reap ") for r in reaped), reaped
+        assert nspawn.find_running("vo-reap") is None
+        assert not Path(f"/run/netns/{info['_netns']}").exists()
+        assert not nspawn.link_exists(info["_veth"])
+        assert not any(Path(cg).exists() for cg in info["_cgroups"])
+        assert not (nspawn.REGISTRY / "vo-reap.json").exists()
+    finally:
+        owner.kill()
+        nspawn.shutdown(info)

@@ -115,3 +115,44 @@ def test_ram_is_configurable_kept_across_up_and_scaled_like_the_files(tmp_path, 
     with pytest.raises(ConfigError):
         manager.set_memory("sim", available_gib=4096, home=home)
     manager.down(home)
+
+
+def test_a_systemd_host_folder_is_roots_and_its_shared_folders_are_sticky():
+    """The service user in the container writes GPU bookkeeping, run records and logs (sticky, like
+    /tmp: nobody removes another's file); the folder holding bin/nvidia-smi and bin/vllm, which root
+    runs, is writable by its owner only. The service user refreshes meminfo in place."""
+    import os
+    import shutil
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.sim import nvidia_smi
+
+    base = Path(tempfile.mkdtemp(prefix="vo-modes-"))     # pytest's tmp folders are 0700: not for `nobody`
+    try:
+        base.chmod(0o755)
+        hdir = base / "sim"
+        manager.prepare_host("sim", hdir, speed=2000, scale=10000, flavour="systemd", python="/usr/bin/env python3")
+        assert stat.S_IMODE(hdir.stat().st_mode) == 0o755
+        for sub in ("gpu-procs", "run", "logs"):
+            assert stat.S_IMODE((hdir / sub).stat().st_mode) == 0o1777, sub
+        for sub in ("bin", "site-packages", "models"):
+            assert not (hdir / sub).stat().st_mode & 0o022, sub
+        assert stat.S_IMODE((hdir / "meminfo").stat().st_mode) == 0o666
+        if os.geteuid() == 0:           # as an unprivileged user: no rename in the folder, in place instead
+            (hdir / "meminfo").write_text("")
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    nvidia_smi.write_meminfo(hdir)
+                    code = 0 if "MemTotal" in (hdir / "meminfo").read_text() else 2
+                finally:
+                    os._exit(code)
+            assert os.waitpid(pid, 0)[1] == 0
+            assert not list(hdir.glob(".meminfo.*"))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
