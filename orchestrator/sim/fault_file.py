@@ -2,7 +2,8 @@
 
 Shared by whoever adds faults (`vllm-orch sim fault`) and whoever consumes them (the simulated vLLM,
 the Hub mirror). Every read-modify-write holds an exclusive flock on `<hostdir>/faults.json.lock`
-and replaces the file atomically, so two consumers never both take a one-shot fault.
+and replaces the file atomically (in place where the folder is not the writer's), so two consumers
+never both take a one-shot fault.
 """
 
 from __future__ import annotations
@@ -38,9 +39,19 @@ def _read(hostdir: Path) -> list[dict]:
 
 
 def _write(hostdir: Path, entries: list[dict]) -> None:
+    """Atomically; where the folder is not ours (a systemd SIMULATED host's is root's and only the
+    file is shared), in place, under the lock every writer holds."""
+    text = json.dumps(entries, indent=1) + "\n"
     tmp = hostdir / f".{FAULTS}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(entries, indent=1) + "\n")
-    os.replace(tmp, hostdir / FAULTS)
+    try:
+        tmp.write_text(text)
+        with contextlib.suppress(OSError):          # keep the file's mode (shared: 0666)
+            tmp.chmod((hostdir / FAULTS).stat().st_mode & 0o7777)
+        os.replace(tmp, hostdir / FAULTS)
+    except PermissionError:
+        with open(hostdir / FAULTS, "r+") as f:
+            f.write(text)
+            f.truncate()
 
 
 def add_fault(hostdir: str | Path, fault: str, model: str | None = None, **extra) -> None:

@@ -36,6 +36,7 @@ import yaml
 from orchestrator.config.inventory import state_home
 from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.paths import package_file
+from orchestrator.sim import fault_file
 from orchestrator.sim import nvidia_smi as smi
 from orchestrator.sim.inventory import SimHost
 
@@ -566,9 +567,8 @@ def add_fault(host: str, fault: str, model: str | None = None,
     if fault not in catalog:
         raise ConfigError(f"unknown fault {fault!r}",
                           hint="vllm-orch sim fault --list shows them")
+    fault_file.add_fault(hdir, fault, model, **extra)      # locked: the server may be consuming one
     faults = _read_json(hdir / "faults.json", [])
-    faults.append({"fault": fault, "model": model, **extra})
-    _write_json(hdir / "faults.json", faults)
     if fault == "crash-flashinfer":   # the real cause: mismatched packages, visible to preflight
         write_dist(hdir / "site-packages", "flashinfer-cubin", "0.6.13")
     return faults
@@ -576,7 +576,7 @@ def add_fault(host: str, fault: str, model: str | None = None,
 
 def clear_faults(host: str, home: Path | None = None) -> None:
     hdir = _existing_host(host, home)
-    _write_json(hdir / "faults.json", [])
+    fault_file.clear_faults(hdir)
     for dist, version in DISTS.items():
         write_dist(hdir / "site-packages", dist, version)
 

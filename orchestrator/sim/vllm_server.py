@@ -226,6 +226,19 @@ def fault_fired(fault: str, **extra) -> None:
         pass
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Replace a shared file atomically; as the service user of a systemd SIMULATED host, whose
+    folder is root's (orchestrator/sim/manager.py), rewrite it in place (the caller holds its lock)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(str(tmp), str(path))
+    except PermissionError:
+        with open(str(path), "r+") as f:
+            f.write(text)
+            f.truncate()
+
+
 def consume_fault(model_names: list) -> dict | None:
     """Take the first pending non-hub fault for one of these model names (or for any model): the
     entry is removed, or its `times` count lowered when more starts are to fail."""
@@ -249,9 +262,7 @@ def consume_fault(model_names: list) -> dict | None:
                     f["times"] = int(f["times"]) - 1
                 else:
                     del faults[i]
-                tmp = path.with_name(f".faults.json.{os.getpid()}")
-                tmp.write_text(json.dumps(faults, indent=1))
-                os.replace(tmp, path)
+                _write_whole(path, json.dumps(faults, indent=1))
                 return dict(f)
         return None
     finally:
