@@ -16,6 +16,13 @@ Two fixes are part of the build, each checked before the venv counts as built:
 - the wheel pulls torchvision, torchaudio and torchcodec builds that do not load against torch+cpu
   ("operator torchvision::nms does not exist"), which breaks transformers' model imports and so
   vLLM's start; a text-only model needs none of them, so they are uninstalled.
+- on a CPU with AMX, vLLM's CPU attention picks its AMX kernels (vllm/v1/attention/backends/
+  cpu_attn.py: "amx" when torch.cpu._is_amx_tile_supported()) but never asks the kernel for the AMX
+  tile state, which Linux grants only on request (arch_prctl ARCH_REQ_XCOMP_PERM, the kernel's
+  Documentation/arch/x86/xstate.rst); unless an earlier oneDNN call happened to ask, the worker dies
+  with SIGILL at its first request. Seen inside the systemd-nspawn test hosts on an AMX machine
+  ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)"), while the same venv served outside.
+  A one-line .pth file asks at every interpreter start (x86-64 Linux; a refusal is ignored).
 The base interpreter is the distribution's /usr/bin/python3 when there is one: the venv is then
 usable read-only inside a Debian container of the same release (bound at the same path), which is
 how the real-systemd test hosts run it.
@@ -79,7 +86,7 @@ def recipe() -> dict:
     """Everything that decides the venv's content; its hash names the cache folder."""
     base = base_python()
     return {"dist": DIST, "version": VERSION, "remove": list(BROKEN), "metadata_fix": VLLM_VERSION,
-            "base_python": base, "python": _python_version(base), "layout": 1}
+            "base_python": base, "python": _python_version(base), "amx_pth": AMX_PTH, "layout": 2}
 
 
 def venv_dir() -> Path:
@@ -92,6 +99,18 @@ def vllm_path(venv: Path | None = None) -> Path:
 
 def site_packages(venv: Path) -> Path:
     return next((venv / "lib").glob("python3.*/site-packages"))
+
+
+# arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): syscall 158 on x86-64 only.
+AMX_PTH = ("import sys, platform; sys.platform == 'linux' and platform.machine() == 'x86_64' and "
+           "__import__('ctypes').CDLL(None).syscall(158, 0x1023, 18)\n")
+
+
+def write_amx_pth(site: Path) -> Path:
+    """Ask for the AMX tile state at interpreter start (see the module doc)."""
+    path = site / "vllm_orch_amx.pth"
+    path.write_text(AMX_PTH)
+    return path
 
 
 def write_vllm_metadata(site: Path) -> Path:
@@ -137,6 +156,7 @@ def _build(venv: Path, log: list[str]) -> dict:
     install_s = time.monotonic() - t0
     run([py, "-m", "pip", "uninstall", "-y", "-q", *BROKEN], log, env)
     write_vllm_metadata(site_packages(venv))
+    write_amx_pth(site_packages(venv))
     return {"install_seconds": round(install_s, 1), **check(venv)}
 
 
