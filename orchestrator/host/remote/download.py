@@ -41,6 +41,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -112,13 +113,36 @@ def unsafe_name(name) -> str | None:
     return None
 
 
+_HEX = re.compile(r"^[0-9a-f]+$")
+# The lengths the Hub's hashes have: an LFS file's sha256, a git blob id (sha1, or sha256 in a
+# sha256 repository). They name partial files (partial_path): anything else could be a path.
+HASH_LENGTHS = {"sha256": (64,), "blob_id": (40, 64)}
+
+
+def unsafe_hash(f: dict) -> str | None:
+    """Why a listed file's sha256 / blob_id is not a hash the Hub would send, or None (absent is fine)."""
+    for key, lengths in HASH_LENGTHS.items():
+        value = f.get(key)
+        if value is not None and not (isinstance(value, str) and len(value) in lengths and _HEX.match(value)):
+            return "%s %r is not %s hex digits" % (key, value, " or ".join(str(n) for n in lengths))
+    return None
+
+
 def check_names(files: list) -> None:
+    """Every listed name and hash is safe to become a path under the model folder, or Fail("unsafe")."""
     bad = [(f["name"], unsafe_name(f["name"])) for f in files]
     bad = [(n, why) for n, why in bad if why]
     if bad:
         shown = "; ".join("%r (%s)" % (n, why) for n, why in bad[:4])
         raise Fail("unsafe", "the hub lists %d file names that would be written outside the model folder or "
                              "over vllm-orch's records: %s%s" % (len(bad), shown, " ..." if len(bad) > 4 else ""))
+    hashes = [(f["name"], unsafe_hash(f)) for f in files]
+    hashes = [(n, why) for n, why in hashes if why]
+    if hashes:
+        shown = "; ".join("%s: %s" % (n, why) for n, why in hashes[:4])
+        raise Fail("unsafe", "the hub lists %d files with hashes that are not hashes (they name partial files, "
+                             "so they could lead outside the model folder): %s%s"
+                   % (len(hashes), shown, " ..." if len(hashes) > 4 else ""))
 
 
 def safe_dir(local_dir: Path, rel: str) -> Path:
