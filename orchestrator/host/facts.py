@@ -98,6 +98,11 @@ class HostFacts:
     def running(self) -> list[str]:
         return [name for name, st in self.services.items() if st.active]
 
+    def services_known(self) -> set[str]:
+        """The host's services vllm-orch knows of: recorded or running. What one of them left between
+        two of its starts is theirs (host/ownership.holders' `protected`)."""
+        return set(self.records) | set(self.running())
+
     def gpu_memory_used(self, indices: list[int]) -> int:
         return sum(g.memory_used_mib or 0 for g in self.gpus if g.index in indices)
 

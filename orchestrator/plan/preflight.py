@@ -443,14 +443,16 @@ def check_foreign_gpu_processes(held: Holders, gpu_indices: Collection[int], *,
         return Check("foreign-gpu-processes", OK,
                      f"no foreign process on GPU{plural} {','.join(map(str, sorted(gpu_indices)))}")
     details = [p.describe() for p in target]
-    strangers = [p for p in held.foreign if p.gpu_index is not None]
-    if strangers and not kill_foreign:
+    strangers = [p for p in held.foreign if p.gpu_index is not None and (not kill_foreign or not p.killable)]
+    if strangers:
         s = strangers[0]
         return Check("foreign-gpu-processes", FAIL,
                      f"{len(strangers)} process{'es' if len(strangers) > 1 else ''} vllm-orch does not "
                      f"manage on the target GPUs (pid {s.pid} {s.name} on GPU {s.gpu_index})",
                      details=details,
-                     fix="stop them yourself, or pass --kill-foreign to let the deploy stop them")
+                     fix="stop them yourself" + (", or pass --kill-foreign to let the deploy stop them"
+                                                 if all(p.killable for p in strangers) else
+                                                 " (vllm-orch never signals a process it cannot identify)"))
     return Check("foreign-gpu-processes", WARN,
                  f"{len(target)} leftover GPU process{'es' if len(target) > 1 else ''} on the target "
                  "GPUs; the deploy stops them (SIGTERM, then SIGKILL) before starting",

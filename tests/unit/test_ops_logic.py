@@ -73,7 +73,8 @@ def test_deploy_and_bench_summaries():
 
 def proc(pid, gpu, owner=None, left_by=None, vllm=True, name="VLLM::Worker_TP0"):
     kind = SERVICE if owner else LEFT if left_by else ABANDONED if vllm else FOREIGN
-    return Proc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, kind=kind, model=owner or left_by)
+    return Proc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, kind=kind, model=owner or left_by,
+                start_time=pid * 100)
 
 
 def test_stop_leftovers_only_on_the_models_gpus_and_never_a_running_models_or_foreign():

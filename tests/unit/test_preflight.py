@@ -223,14 +223,14 @@ def run_preflight(host, python, argv, skip=(), gpu_list=None, procs=(), min_vllm
     pf.gpus, pf.driver_cuda, pf.driver_version = gpu_list, driver_cuda, "580.95.05"
     needs = PreflightNeeds(argv=list(argv), provenance=[], env={}, min_vllm=min_vllm, gpu_needs=gpu_needs)
     targets = gpu_needs.indices or list(range(gpu_needs.count)) if gpu_needs else []
-    return evaluate(pf, needs, holders(procs, [], "m", targets) if gpu_needs else None, skip=skip)
+    return evaluate(pf, needs, holders(procs, [], "m", targets, protected=()) if gpu_needs else None, skip=skip)
 
 
 def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp_path):
     sp = fake_site_packages({"vllm": "0.18.0", "torch": "2.13.0+cu130",
                              "flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"})
     host = LocalHost("t", env={"PYTHONPATH": str(sp)})
-    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=ABANDONED)
+    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=ABANDONED, start_time=424200)
     checks = run_preflight(host, sys.executable, ["vllm", "serve", "m", "--load-format", "fastsafetensors"],
                            skip={"flags", "env"}, gpu_list=gpus(2), procs=[leftover], min_vllm="0.19.1",
                            gpu_needs=GpuNeeds(8, "RTX PRO 6000"))
