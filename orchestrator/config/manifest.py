@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from orchestrator.config import vllmflags
 from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
@@ -313,7 +314,11 @@ class VllmArgs(Strict):
     extra_args: list[str] = Field(
         default_factory=list,
         description="Further `vllm serve` arguments, one token per item (`[--max-num-seqs, '256']`). Each "
-                    "item is one argv entry: quoting is never needed and nothing is passed to a shell.")
+                    "item is one argv entry: quoting is never needed and nothing is passed to a shell. "
+                    "Options are checked as vLLM reads them (`--tensor_parallel_size` is "
+                    "`--tensor-parallel-size`, `-tp` too): one a typed field or the serving section "
+                    "renders, or one that takes a secret, is refused, and so is an abbreviation "
+                    "(`--api-k`): write options in full.")
 
     @field_validator("kv_cache_dtype", "attention_backend", "moe_backend", "tool_call_parser",
                      "reasoning_parser", "load_format", "mm_encoder_tp_mode")
@@ -345,22 +350,26 @@ class VllmArgs(Strict):
         if self.language_model_only and self.mm_encoder_tp_mode:
             raise at("language_model_only", "language_model_only cannot be combined with mm_encoder_tp_mode "
                              "(there is no vision encoder to place)")
+        # Compared as vLLM reads them (config/vllmflags.py): `--tensor_parallel_size`, `-tp` and
+        # `--no-trust-remote-code` are the typed fields' options; an abbreviation is refused.
         typed = {"--" + f.replace("_", "-"): f for f in type(self).model_fields if f != "extra_args"}
-        typed.update({"-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size",
-                      "-dp": "data_parallel_size", "--no-enable-prefix-caching": "enable_prefix_caching",
-                      "--no-async-scheduling": "async_scheduling"})
         for i, item in enumerate(self.extra_args):
-            flag = item.split("=", 1)[0]
+            option, problem = vllmflags.resolve(item)
+            if problem is not None:
+                raise at(f"extra_args[{i}]", problem)
+            flag = option or vllmflags.normalise(item)
+            spelled = item.split("=", 1)[0]
+            sets = flag if spelled == flag else f"{flag} (as {spelled})"
             if flag in typed:
-                raise at(f"extra_args[{i}]", f"extra_args sets {flag}; use the field vllm.{typed[flag]} instead")
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the field vllm.{typed[flag]} instead")
             if flag in ("--served-model-name", "--port", "--host", "--model"):
-                raise at(f"extra_args[{i}]", f"extra_args sets {flag}; it is rendered from the serving section")
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}; it is rendered from the serving section")
             if flag in SECRET_FLAGS:
                 var = SECRET_FLAGS[flag]
                 how = (f"list {var} in serving.secret_env and set it in the environment of `vllm-orch "
                        f"deploy` (it goes to the 0600 env file only)") if var else \
                     "put the file holding it on the host and pass its path"
-                raise at(f"extra_args[{i}]", f"{flag} takes a secret, which would be visible in the unit, "
+                raise at(f"extra_args[{i}]", f"{sets} takes a secret, which would be visible in the unit, "
                                              f"the records and `ps`: {how}")
         return self
 

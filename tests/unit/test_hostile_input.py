@@ -57,6 +57,14 @@ HOSTILE = [
      "vllm.extra_args[2]"),
     ("extra-args-hf-token", "m", {"vllm": {"extra_args": ["--hf-token", "hf_abc"]}}, "vllm.extra_args[0]"),
     ("extra-args-newline", "m", {"vllm": {"extra_args": ["--seed\nExecStartPre=/bin/id"]}}, "vllm.extra_args[0]"),
+    # -- manifest: flags spelled as vLLM reads them too (`_` is `-`, argparse takes unique prefixes) --
+    ("extra-args-api-key-underscore", "m", {"vllm": {"extra_args": ["--api_key", "sk-123"]}}, "vllm.extra_args[0]"),
+    ("extra-args-api-key-prefix", "m", {"vllm": {"extra_args": ["--api-k=sk-123"]}}, "vllm.extra_args[0]"),
+    ("extra-args-trust-remote-code-underscore", "m", {"vllm": {"extra_args": ["--seed", "0", "--trust_remote_code"]}},
+     "vllm.extra_args[2]"),
+    ("extra-args-tp-underscore", "m", {"vllm": {"extra_args": ["--tensor_parallel_size", "2"]}}, "vllm.extra_args[0]"),
+    ("extra-args-dcp-short", "m", {"vllm": {"extra_args": ["-dcp", "8"]}}, "vllm.extra_args[0]"),
+    ("extra-args-port-prefix", "m", {"vllm": {"extra_args": ["--por", "9000"]}}, "vllm.extra_args[0]"),
     # -- manifest: numbers that are not numbers --------------------------------------------------
     ("port-true", "m", {"serving": {"port": True}}, "serving.port"),
     ("gpus-true", "m", {"serving": {"gpus": True}}, "serving.gpus"),
