@@ -239,3 +239,16 @@ def test_the_size_limit_does_not_read_the_whole_file(place, capsys):
     code, output = run_cli(["--models", str(tmp / "models"), "validate", str(huge)], capsys)
     assert code == 2 and "larger than" in output, output
     assert os.path.getsize(huge) == 8 << 30
+
+
+@pytest.mark.parametrize("gpus,says", [("0-99999", "at most 64"), (",".join(str(i) for i in range(5000)), "at most 64"),
+                                       ("0-3,0-99999999999", "not a GPU index")])
+def test_a_huge_gpu_list_on_the_command_line_is_refused_at_once_in_one_short_line(gpus, says, place, capsys):
+    """`render --gpus 0-99999` took 29 s (a quadratic duplicate check) and printed a 600 KB line."""
+    tmp, root = place
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(MODEL))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": host(root)}}))
+    code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml"),
+                            "render", "tiny", "--host", "h", "--gpus", gpus], capsys)
+    assert code == 2 and output.startswith("error: --gpus ") and len(output) < 400, output[:400]
+    assert says in output
