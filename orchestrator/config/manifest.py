@@ -60,10 +60,13 @@ DEFAULT_WARM_MAX_MB_S = 1000.0
 def at(path: str, message: str) -> ValueError:
     """A validation error for a sub-path of the field being validated (or of the whole model, for
     cross-field checks): `at("vllm.tensor_parallel_size", "...")`. _describe_errors reads it back."""
-    return ValueError(f"@{path}@ {message}")
+    return ValueError(f"{_MARK}{path}{_MARK} {message}")
 
 
-_AT = re.compile(r"^@([\w.\[\]-]+)@ (.*)$", re.S)
+# The marker around at()'s path: a control character, which no YAML key can hold (yamlsrc refuses
+# them), so a key with spaces or `@` (`env: {"MY VAR": 1}`) is still read back as the path.
+_MARK = "\x1f"
+_AT = re.compile(f"^{_MARK}([^{_MARK}]+){_MARK} (.*)$", re.S)
 
 
 def _split_path(path: str) -> list:

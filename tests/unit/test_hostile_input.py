@@ -9,6 +9,7 @@ The table of inputs and results in docs/security.md is this list.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,10 @@ HOSTILE = [
     ("secret-env-path", "m", {"serving": {"secret_env": ["PATH"]}}, "serving.secret_env"),
     ("env-newline-unit-line", "m", {"env": {"NCCL_DEBUG": "INFO\nExecStartPre=/bin/sh -c id"}}, "env.NCCL_DEBUG"),
     ("env-secret-name", "m", {"env": {"HF_TOKEN": "hf_abc"}}, "env.HF_TOKEN"),
+    ("env-name-with-space", "m", {"env": {"MY VAR": "1"}}, "env.MY VAR: 'MY VAR' is not an environment variable"),
+    ("env-name-with-at", "m", {"env": {"A@B": "1"}}, "env.A@B: 'A@B' is not an environment variable"),
+    ("hardware-unknown-field-space", "m", {"requires": {"hardware": {"ampere": {"vllm": {"max seqs": 1}}}}},
+     "requires.hardware.ampere.vllm.max seqs: unknown field"),
     # -- manifest: secrets where they would leak (unit, records, ps) ----------------------------
     ("extra-args-api-key", "m", {"vllm": {"extra_args": ["--api-key", "sk-123"]}}, "vllm.extra_args[0]"),
     ("extra-args-api-key-eq", "m", {"vllm": {"extra_args": ["--seed", "0", "--api-key=sk-123"]}},
@@ -200,6 +205,7 @@ def test_hostile_input_is_refused_with_exit_2_and_one_clear_line(case, place, ca
     first = output.splitlines()[0]
     file = "tiny.yaml" if kind.startswith("m") else "hosts.yaml"
     assert first.startswith("error: ") and file in first and expect in first, output
+    assert "\x1f" not in output and not re.search(r": @.*@ ", first), "an internal path marker reached the message"
     assert snapshot(root) == before                     # nothing written on the host
     assert not (tmp / "controller-state").exists() or not any((tmp / "controller-state").rglob("*.lock"))
 
