@@ -210,7 +210,14 @@ class Serving(Strict):
         default_factory=list,
         description="Names of environment variables (e.g. HF_TOKEN, VLLM_API_KEY) whose values are taken "
                     "from the environment of `vllm-orch deploy` and written to the 0600 env file - never "
-                    "to the manifest, the unit, a plan or a log.")
+                    "to the manifest, the unit, a plan or a log. Each must be set (deploy and swap "
+                    "refuse, exit 2) unless it is in optional_secrets.")
+    optional_secrets: list[str] = Field(
+        default_factory=list,
+        description="Names in secret_env the service may run without, e.g. HF_TOKEN for a public repo: when "
+                    "one is not set in the environment of `vllm-orch deploy`, the env file says so in a "
+                    "comment. Listing VLLM_API_KEY here lets vLLM serve without authentication. `regen` "
+                    "keeps the installed value of a secret it is not given.")
 
     @field_validator("served_model_name")
     @classmethod
@@ -246,6 +253,13 @@ class Serving(Strict):
                 raise at(f"[{i}]", f"{name} is written by vllm-orch (or the host relies on it) and cannot be "
                                    f"overridden")
         return v
+
+    @model_validator(mode="after")
+    def _optional_listed(self) -> Serving:
+        for i, name in enumerate(self.optional_secrets):
+            if name not in self.secret_env:
+                raise at(f"optional_secrets[{i}]", f"{name} is not in serving.secret_env")
+        return self
 
     @property
     def visible_devices(self) -> list[int]:

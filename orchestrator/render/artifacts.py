@@ -60,11 +60,43 @@ def exec_start(argv: list[str]) -> str:
     return " \\\n    ".join(lines)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DQ_ESCAPE = re.compile(r'(["\\`$])')
+
+
 def env_value(value: str) -> str:
-    """A value for an EnvironmentFile that `sh` (`. file`) and systemd read the same way."""
-    if "'" in value or "\n" in value:
-        raise ValueError("environment values cannot contain single quotes or newlines")
-    return value if _ENV_PLAIN.match(value) else f"'{value}'"
+    """A value for an EnvironmentFile that `sh` (`. file`) and systemd read the same way: plain,
+    in single quotes, or (holding a single quote) in double quotes with `" \\ ` $` escaped by a
+    backslash, the only escapes both know inside double quotes (POSIX sh; systemd's env-file
+    parser, systemd.exec(5) EnvironmentFile=). One line: a control character is refused."""
+    if _CONTROL.search(value):
+        raise ValueError("environment values must be one line without control characters")
+    if _ENV_PLAIN.match(value):
+        return value
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + _DQ_ESCAPE.sub(r"\\\1", value) + '"'
+
+
+_ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def read_env_values(text: str) -> dict[str, str]:
+    """The assignments of an env file this module wrote (env_value's three forms), as values."""
+    out = {}
+    for line in text.splitlines():
+        m = _ENV_LINE.match(line)
+        if not m:
+            continue
+        raw = m.group(2)
+        if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+            value = raw[1:-1]
+        elif len(raw) >= 2 and raw[0] == raw[-1] == '"':
+            value = re.sub(r'\\(["\\`$])', r"\1", raw[1:-1])
+        else:
+            value = raw
+        out[m.group(1)] = value
+    return out
 
 
 def templates_dir() -> Path:
@@ -366,9 +398,32 @@ def protect_home(host: HostEntry) -> str:
     return "read-only" if inside else "yes"
 
 
-def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) -> dict[str, Secret]:
+def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None, *, required: bool = True,
+                         installed: Mapping[str, str] | None = None) -> dict[str, Secret]:
+    """The manifest's secret_env values from vllm-orch's environment. A name it is not given: the
+    value `installed` on the host (regen keeps it), else left out when the manifest lists it in
+    optional_secrets or `required` is off (render's preview, status); otherwise a ConfigError
+    (exit 2): a VLLM_API_KEY left out would have vLLM serve without authentication. A value an env
+    file cannot hold (a newline, a control character) is a ConfigError too."""
     environ = os.environ if environ is None else environ
-    return {k: Secret(environ[k]) for k in m.serving.secret_env if environ.get(k)}
+    out: dict[str, Secret] = {}
+    for name in m.serving.secret_env:
+        value = environ.get(name) or (installed or {}).get(name)
+        if not value:
+            if required and name not in m.serving.optional_secrets:
+                raise ConfigError(
+                    f"{name} is not set in the environment of vllm-orch, and {m.name} needs it "
+                    f"(serving.secret_env)" + (": vLLM would serve without an API key" if name == "VLLM_API_KEY"
+                                               else ""),
+                    hint=f"export {name}, or list it in serving.optional_secrets if {m.name} may run without it")
+            continue
+        try:
+            env_value(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name} (from the environment of vllm-orch): {exc}",
+                              hint="an env file holds one line per variable") from None
+        out[name] = Secret(value)
+    return out
 
 
 def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[str, str]]:

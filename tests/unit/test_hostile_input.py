@@ -258,3 +258,38 @@ def test_a_huge_gpu_list_on_the_command_line_is_refused_at_once_in_one_short_lin
                             "render", "tiny", "--host", "h", "--gpus", gpus], capsys)
     assert code == 2 and output.startswith("error: --gpus ") and len(output) < 400, output[:400]
     assert says in output
+
+
+@pytest.mark.parametrize("command", ["deploy", "swap"])
+def test_a_secret_the_manifest_needs_and_is_not_given_is_refused_before_any_host(command, place, capsys,
+                                                                                 monkeypatch):
+    """A secret_env name missing from vllm-orch's environment became a comment in the env file, and
+    vLLM served on 0.0.0.0 without an API key. Refused (exit 2) unless serving.optional_secrets
+    lists it."""
+    tmp, root = place
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(deep_merge(MODEL, {"serving": {
+        "secret_env": ["VLLM_API_KEY"]}})))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": host(root)}}))
+    before = snapshot(root)
+    code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml"),
+                            command, "tiny", "--host", "h"], capsys)
+    first = output.splitlines()[0]
+    assert code == 2 and first.startswith("error: VLLM_API_KEY is not set") and "without an API key" in first, output
+    assert "serving.optional_secrets" in output and snapshot(root) == before
+
+
+def test_an_optional_secret_may_be_missing_and_a_secret_with_a_newline_is_refused(monkeypatch):
+    from orchestrator.config.manifest import Manifest
+    from orchestrator.errors import ConfigError
+    from orchestrator.render.artifacts import secrets_from_environ
+
+    m = Manifest.model_validate(deep_merge({**MODEL, "name": "tiny"}, {"serving": {
+        "secret_env": ["HF_TOKEN", "VLLM_API_KEY"], "optional_secrets": ["HF_TOKEN"]}}))
+    assert list(secrets_from_environ(m, {"VLLM_API_KEY": "k"})) == ["VLLM_API_KEY"]
+    with pytest.raises(ConfigError, match="VLLM_API_KEY is not set"):
+        secrets_from_environ(m, {"HF_TOKEN": "t"})
+    with pytest.raises(ConfigError, match="VLLM_API_KEY .from the environment of vllm-orch.: .* one line") as info:
+        secrets_from_environ(m, {"VLLM_API_KEY": "a\nb"})
+    assert info.value.exit_code == 2
+    assert secrets_from_environ(m, {}, installed={"VLLM_API_KEY": "old"})["VLLM_API_KEY"].reveal() == "old"

@@ -13,7 +13,7 @@ from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all, load_manifest
 from orchestrator.paths import shipped_dir
-from orchestrator.render.artifacts import env_value, render, systemd_quote
+from orchestrator.render.artifacts import env_value, read_env_values, render, systemd_quote
 from orchestrator.secret import Secret
 from orchestrator.sim import unitcheck
 
@@ -235,8 +235,25 @@ def test_env_value_quoting():
     assert env_value("fp8") == "fp8"
     assert env_value("a b") == "'a b'"
     assert env_value("$X") == "'$X'"
+    assert env_value("it's") == '"it\'s"' and env_value("it's $X") == '"it\'s \\$X"'
     with pytest.raises(ValueError):
-        env_value("it's")
+        env_value("a\nb")
+
+
+@pytest.mark.parametrize("value", ["it's", "a'b\"c", "$HOME 'x' `id` \\n", "plain", "with space"])
+def test_a_secret_with_quotes_is_written_so_sh_reads_it_back_exactly(value):
+    """A secret holding `'` made render raise ValueError: exit 1, "internal error". It is written in
+    double quotes with sh's (and systemd's env-file parser's) four escapes; sh and read_env_values
+    (regen's reader of an installed env file) read the exact value back."""
+    import subprocess
+
+    m = MODELS["example"]
+    r = render(m, SYSTEMD_HOST, secrets={"HF_TOKEN": Secret(value)})
+    text = r.env_file.data().decode()
+    assert read_env_values(text)["HF_TOKEN"] == value
+    out = subprocess.run(["sh", "-c", '. /dev/stdin; printf %s "$HF_TOKEN"'], input=text, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == value
 
 
 def test_secrets_are_masked_in_text_and_revealed_in_data():

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of example for a host without systemd.
-# manifest sha256: 1adf08d79a5ce33fad215109c1740d14556b5a81cc58c5b2df23072ec9ff3a86
+# manifest sha256: b022f33bdf4534f7949031115927a52bffd536c419a093a8f7778af3c0539ee9
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
 set -a
 . /srv/vllm-orch/units/vllm-example.env
