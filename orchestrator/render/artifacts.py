@@ -36,6 +36,10 @@ PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as
 ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
             "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
+# Secrets only vLLM's HTTP server reads (vllm/entrypoints: the API key middleware): not written to
+# the env file of a worker node of a multi-node service, which serves no HTTP.
+HTTP_SECRETS = ("VLLM_API_KEY",)
+
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
 
@@ -461,7 +465,10 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                           f"nodes are systemd units; {host.name} is a `{host.service_manager}` host: use backend mp")
 
     env_pairs = [(k, env_value(v)) for k, v in m.env.items()]
-    missing = [k for k in m.serving.secret_env if k not in secrets]
+    worker = role is not None and not role.head
+    if worker:                  # no HTTP server on this node: its env file gets no API key
+        secrets = {k: v for k, v in secrets.items() if k not in HTTP_SECRETS}
+    missing = [k for k in m.serving.secret_env if k not in secrets and not (worker and k in HTTP_SECRETS)]
     env_tpl = _template("vllm.env.j2")
     env_args = dict(common, env=env_pairs, missing_secrets=missing, role=role, node_env=node_env(m, host, role),
                     cuda_visible_devices=",".join(str(i) for i in m.serving.visible_devices))
@@ -470,7 +477,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     env_file = RenderedFile(epath, masked, 0o600, revealed if secrets else None)
 
     extra: list[RenderedFile] = []
-    worker = role is not None and not role.head
     watch = watches_head(m, role)
     if host.service_manager == "systemd":
         health_service, health_timer = health_unit_names(m)

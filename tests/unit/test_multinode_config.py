@@ -400,3 +400,23 @@ def test_cli_render_refuses_a_wrong_node_count(tmp_path):
     p = cli(tmp_path, "kimi-k25-int4", "--host", "gpu1,gpu2")
     assert p.returncode == 2 and "kimi-k25-int4 runs on one host" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_worker_nodes_env_file_holds_no_api_key():
+    """Worker nodes serve no HTTP: the API key (VLLM_API_KEY) was written to their env files anyway.
+    The head keeps it; the other secrets (model code on every node may read them) stay on every node."""
+    from orchestrator.config.manifest import load_manifest
+    from orchestrator.config.placement import node_roles
+    from orchestrator.paths import shipped_dir
+    from orchestrator.render.artifacts import render
+    from orchestrator.secret import Secret
+
+    m = load_manifest(shipped_dir("models") / "kimi-k25-int4-2node.yaml")
+    m = m.model_validate({**m.model_dump(), "serving": {**m.serving.model_dump(),
+                                                        "secret_env": ["VLLM_API_KEY", "HF_TOKEN"]}})
+    hosts = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i}") for i in (1, 2)]
+    secrets = {"VLLM_API_KEY": Secret("sk-head-only"), "HF_TOKEN": Secret("hf_x")}
+    head, worker = (render(m, h, secrets, role=r) for h, r in zip(hosts, node_roles(m, hosts)))
+    assert "VLLM_API_KEY=sk-head-only" in head.env_file.data().decode()
+    assert "sk-head-only" not in worker.env_file.data().decode() and "VLLM_API_KEY" not in worker.env_file.text
+    assert "HF_TOKEN=hf_x" in worker.env_file.data().decode()

@@ -547,6 +547,11 @@ def load_token(args) -> str | None:
             token = Path(args.token_file).read_text().strip()
         except OSError as exc:
             raise Fail("auth", "cannot read the token file %s: %s" % (args.token_file, exc.strerror))
+        if args.remove_token_file:          # written for this run only: gone before anything else happens
+            try:
+                os.unlink(args.token_file)
+            except OSError:
+                pass
     else:
         token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
     if token:
@@ -564,6 +569,8 @@ def parse_args(argv: list | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--token-file", default=None)
+    ap.add_argument("--remove-token-file", action="store_true",
+                    help="the token file was written for this run: remove it once read")
     ap.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or huggingface.co)")
     ap.add_argument("--retries", type=int, default=5)
     ap.add_argument("--backoff", type=float, default=1.0, help="first retry delay, doubled each time")
