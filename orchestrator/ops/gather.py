@@ -150,7 +150,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
     return PreflightFacts(python=python, packages=packages, argcheck=argcheck,
                           gpus=facts.gpus if not facts.gpu_error else None, gpu_error=facts.gpu_error,
                           driver_version=facts.driver_version, driver_cuda=facts.cuda_version,
-                          service_reach=facts.service_reach)
+                          service_reach=facts.service_reach, root_trust=facts.root_trust)
 
 
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,

@@ -337,7 +337,7 @@ def unit_path(m: Manifest, host: HostEntry) -> str:
 
 def probe_path(host: HostEntry) -> str:
     """Where the units' probe script is installed: beside vllm-orch's state folder (bin/)."""
-    return f"{os.path.dirname(host.state_dir)}/bin/{PROBE_NAME}"
+    return f"{host.bin_dir}/{PROBE_NAME}"
 
 
 def health_unit_names(m: Manifest) -> tuple[str, str]:

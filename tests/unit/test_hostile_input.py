@@ -100,6 +100,9 @@ HOSTILE = [
     ("vllm-bang-prefix", "h", {"vllm": "!!/opt/vllm/bin/vllm"}, "vllm"),
     ("vllm-colon-prefix", "h", {"vllm": ":/opt/vllm/bin/vllm"}, "vllm"),
     ("python-newline", "h", {"python": "python3\nrm -rf /"}, "python"),
+    ("python-plus-prefix", "h", {"python": "+/usr/bin/python3"}, "hosts.h.python: '+/usr/bin/python3'"),
+    ("python-minus-prefix", "h", {"python": "-/usr/bin/python3"}, "hosts.h.python"),
+    ("nvidia-smi-bang-prefix", "h", {"nvidia_smi": "!/usr/bin/nvidia-smi"}, "hosts.h.nvidia_smi"),
     ("user-newline", "h", {"user": "root\nProxyCommand x"}, "user"),
     ("identity-file-escape", "h", {"identity_file": "~/.ssh/id\x1b[2J"}, "identity_file"),
     ("known-hosts-newline", "h", {"known_hosts_file": "/tmp/kh\n"}, "known_hosts_file"),
@@ -293,3 +296,41 @@ def test_an_optional_secret_may_be_missing_and_a_secret_with_a_newline_is_refuse
         secrets_from_environ(m, {"VLLM_API_KEY": "a\nb"})
     assert info.value.exit_code == 2
     assert secrets_from_environ(m, {}, installed={"VLLM_API_KEY": "old"})["VLLM_API_KEY"].reveal() == "old"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a folder only root can change, and one it cannot")
+@pytest.mark.parametrize("where", ["env_dir", "models_root", "units_dir"])
+def test_a_folder_under_a_world_writable_parent_is_refused_on_the_host_with_exit_3(where, place, capsys):
+    """`env_dir: /tmp/x`, `models_root: /tmp/models` and their like validate (the inventory cannot
+    know the host's modes): the host's preflight reads the owner and mode of every part and refuses
+    (exit 3) before anything is downloaded or installed: a folder root has not made yet under /tmp
+    could be made by anyone first, and lined with links."""
+    tmp, root = place
+    shared = "/tmp/vllm-orch-hostile-" + os.urandom(4).hex()
+    entry = {**host(root), where: shared if where != "models_root" else shared + "/models"}
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(MODEL))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": entry}}))
+    argv = ["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml")]
+    code, output = run_cli([*argv, "check", "tiny", "--host", "h"], capsys)
+    assert code == 3 and f"FAIL    root-folders: another user could change a folder vllm-orch writes as root: " \
+        f"{shared} does not exist yet, and /tmp lets anyone make it first" in output, output
+    code, output = run_cli([*argv, "deploy", "tiny", "--host", "h"], capsys)      # refused at its preflight
+    assert code == 3 and "root-folders" in output and not os.path.exists(shared), output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a folder only root can change, and one it cannot")
+def test_the_lock_refuses_a_state_dir_another_user_can_change(place, capsys, tmp_path_factory):
+    """The lock comes before the facts: `state_dir: /tmp` (or a folder another user made first)
+    would have root create and flock `deploy.lock` where that user may have planted a link."""
+    import pwd
+
+    tmp, root = place
+    squatted = tmp_path_factory.mktemp("squat")
+    os.chown(squatted, pwd.getpwnam("nobody").pw_uid, -1)
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(MODEL))
+    for state_dir in ("/tmp", str(squatted)):
+        (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {**host(root), "state_dir": state_dir}}}))
+        code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml"),
+                                "deploy", "tiny", "--host", "h"], capsys)
+        assert code == 3 and f"state_dir {state_dir} is not root's alone" in output, output
+        assert not os.path.exists(os.path.join(state_dir, "deploy.lock"))
