@@ -38,6 +38,30 @@ RENDERED_ENV = {"CUDA_VISIBLE_DEVICES": "serving.gpu_ids", "VLLM_ENGINE_READY_TI
 # Variables vllm-orch sets in the env file (GPUs, the engine's ready timeout, offline start) or relies
 # on being the host's own (what runs, what is preloaded into it): a manifest cannot override them.
 RESERVED_ENV = (*RENDERED_ENV, "LD_PRELOAD", "PATH")
+# Variables that change what a program loads or runs rather than how vLLM behaves: the dynamic
+# loader's (LD_*), the Python interpreter's (PYTHON*: PYTHONPATH plus a sitecustomize.py in the
+# model repo is code run by whoever starts Python with that environment), the rest of glibc's
+# "unsecure" list (sysdeps/generic/unsecvars.h: what ld.so drops for setuid programs) and the shells'
+# start-up hooks. Refused in env, service_env and secret_env: none has a place in a service's
+# environment, and anything that reads the env file must not be steered by it. Not TMPDIR (it is in
+# glibc's list, but names where files go, not what runs). Python's harmless switches are allowed.
+DENIED_ENV_PREFIXES = ("LD_", "PYTHON")
+DENIED_ENV = ("GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+              "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+              "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "CDPATH",
+              "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS")
+ALLOWED_PYTHON_ENV = ("PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
+                      "PYTHONIOENCODING")
+
+
+def denied_env(name: str) -> str | None:
+    """Why `name` cannot be in a service's environment (see DENIED_ENV_PREFIXES), or None."""
+    if name in ALLOWED_PYTHON_ENV:
+        return None
+    if name in DENIED_ENV or any(name.startswith(p) for p in DENIED_ENV_PREFIXES):
+        return (f"{name} changes what programs load or run (a loader, interpreter or shell variable): it has no "
+                "place in a service's environment (docs/security.md, denied variables)")
+    return None
 # `vllm serve` flags whose value is a credential: vLLM itself masks these fields in its logs
 # (vllm/entrypoints/common/startup.py, _SENSITIVE_ARG_FIELDS). In extra_args they would be in the
 # unit, the records and `ps`; serving.secret_env puts them in the 0600 env file instead.
@@ -100,6 +124,8 @@ def check_env_map(v: dict[str, Any], secret_hint: str = SECRET_HINT,
         if key in reserved:
             source = f"from {RENDERED_ENV[key]}" if key in RENDERED_ENV else "(or the host relies on it)"
             raise at(key, f"{key} is written by vllm-orch {source} and cannot be overridden here")
+        if reserved and (why := denied_env(key)):
+            raise at(key, why)
         try:
             _check_text(str(value), "the value")
         except ValueError as exc:
@@ -252,6 +278,8 @@ class Serving(Strict):
             if name in RESERVED_ENV:
                 raise at(f"[{i}]", f"{name} is written by vllm-orch (or the host relies on it) and cannot be "
                                    f"overridden")
+            if why := denied_env(name):
+                raise at(f"[{i}]", why)
         return v
 
     @model_validator(mode="after")

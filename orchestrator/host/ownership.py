@@ -187,6 +187,20 @@ def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, g
     return out
 
 
+def listener_problem(port_procs: Iterable[Proc], service: str, port: int) -> str | None:
+    """Why the processes bound to `port` are not provably the service's own (its unit's cgroup, its
+    recorded process group), or None: what vllm-orch checks before it sends the service's API key
+    there. During a restart, or while vLLM loads (its socket is bound but not listening yet),
+    another local user can bind the loopback address on the same port and would be sent the key."""
+    procs = list(port_procs)
+    if not procs:
+        return f"nothing is bound to port {port} any more"
+    strangers = [p for p in procs if not (p.kind == SERVICE and p.model == service)]
+    if strangers:
+        return f"port {port} is held by what is not {service}: " + "; ".join(p.describe() for p in strangers)
+    return None
+
+
 def kill_commands(procs: Iterable[Proc]) -> list[Command]:
     """SIGTERM, up to 10 s for the processes to go, then SIGKILL - each PID only while it still has
     the start time it had when it was classified (a PID reused meanwhile is left alone). A process

@@ -232,7 +232,7 @@ class HostLock:
         theirs = (f"[ \"$(id -u)\" != 0 ] || [ -z \"$(find {d} -maxdepth 0 \\( ! -user 0 -o -perm -0002 -o "
                   f"\\( -perm -0020 ! -group 0 \\) \\) -print)\" ] || {{ echo \"state_dir {d} is not root's alone "
                   f"(owner or write permission): another user could plant links in it\"; exit 1; }}")
-        return Script(f"mkdir -p {d} && {theirs} && exec flock -n -E {LOCK_BUSY_EXIT} {p} sh -c {wait}")
+        return Script(f"mkdir -p {d} && {theirs} && umask 022 && exec flock -n -E {LOCK_BUSY_EXIT} {p} sh -c {wait}")
 
     def _take(self, timeout: float) -> tuple[Spawned | None, list[str]]:
         proc = self.host.spawn(self.command())

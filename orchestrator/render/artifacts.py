@@ -30,6 +30,11 @@ from orchestrator.secret import Secret, reveal
 TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU memory is released
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
+# The units' probe reads the API key from this credential (LoadCredential= of the 0600 env file), never
+# from its environment; it exits RESTART_EXIT when its unit's root part is to record and restart.
+# unit_probe.py has the same two constants.
+CREDENTIAL = "service-env"
+RESTART_EXIT = 75
 
 # What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
 # three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
@@ -371,24 +376,36 @@ def start_limit_interval(m: Manifest) -> int:
     return s.start_attempts * (s.budget_seconds + stop_timeout(m) + s.restart_delay_seconds) + START_LIMIT_MARGIN_S
 
 
+def _probe(host: HostEntry, *words: str, root: bool = False) -> str:
+    """A command line of the units' probe: the host's Python, isolated (-I: no PYTHON* variable,
+    no user site, not the script's folder on sys.path); the root-run part without site-packages
+    too (-S: it needs the standard library only)."""
+    isolated = ["-I", "-S"] if root else ["-I"]
+    return " ".join(systemd_quote(w) for w in [host.python or "python3", *isolated, probe_path(host), *words])
+
+
 def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
     """The ExecStartPost= (ready) or health-check (check) command line of the units' probe."""
-    python = host.python or "python3"
-    words = [python, probe_path(host), mode, "--unit", m.unit_name, "--port", str(m.serving.port),
+    words = [mode, "--unit", m.unit_name, "--port", str(m.serving.port),
              "--served-name", m.served_name, "--health-path", m.probes.health_path]
     if mode == "check":
         words += ["--model", m.name, "--timeout", str(m.probes.health_timeout_seconds),
                   "--failures", str(m.probes.health_failures), "--state-dir", host.state_dir]
-    return " ".join(systemd_quote(w) for w in words)
+    return _probe(host, *words)
+
+
+def restart_command(m: Manifest, host: HostEntry, operation: str, by: str, *extra: str) -> str:
+    """The root part (ExecStopPost=+) of the health check and the head watch: it acts only when the
+    probe exited RESTART_EXIT, records `operation` in history.jsonl and restarts the service."""
+    return _probe(host, "restart", "--unit", m.unit_name, "--model", m.name, "--state-dir", host.state_dir,
+                  "--operation", operation, "--by", by, *extra, root=True)
 
 
 def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
     """The head watch's ExecStart=: the units' probe in watch-head mode."""
     assert m.multinode is not None
-    words = [host.python or "python3", probe_path(host), "watch-head", "--unit", m.unit_name, "--model", m.name,
-             "--address", role.head_address, "--port", str(m.multinode.master_port),
-             "--state-dir", host.state_dir]
-    return " ".join(systemd_quote(w) for w in words)
+    return _probe(host, "watch-head", "--unit", m.unit_name, "--model", m.name, "--address", role.head_address,
+                  "--port", str(m.multinode.master_port), "--state-dir", host.state_dir)
 
 
 HOME_TREES = ("/home", "/root", "/run/user")
@@ -458,7 +475,8 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
-                  manifest_hash=mhash, protect_home=protect_home(host))
+                  manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
+                  restart_exit=RESTART_EXIT)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
     if ray and host.service_manager != "systemd":
         raise ConfigError(f"{host.where('service_manager')}: {m.name} runs on Ray (multinode.backend ray), whose "
@@ -492,15 +510,19 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
             check_timeout = m.probes.health_timeout_seconds * 2 + 30    # /metrics twice, /health, the completion
             extra = [
                 RenderedFile(f"{host.units_dir}/{health_service}", _template("vllm-health.service.j2").render(
-                    **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout),
-                    0o644),
+                    **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout,
+                    health_restart=restart_command(m, host, "health-restart", health_timer),
+                    health_dir=f"{host.state_dir}/health"), 0o644),
                 RenderedFile(f"{host.units_dir}/{health_timer}", _template("vllm-health.timer.j2").render(**units),
                              0o644),
                 RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
         elif watch and role is not None:
+            assert m.multinode is not None
             extra = [
                 RenderedFile(f"{host.units_dir}/{headwatch_unit_name(m)}", _template("vllm-headwatch.service.j2").render(
-                    **units, head_watch=head_watch_command(m, host, role)), 0o644),
+                    **units, head_watch=head_watch_command(m, host, role), head_restart=restart_command(
+                        m, host, "head-lost-restart", headwatch_unit_name(m), "--address", role.head_address,
+                        "--port", str(m.multinode.master_port))), 0o644),
                 RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
         if ray and role is not None and role.head:
             extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(

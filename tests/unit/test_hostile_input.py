@@ -49,6 +49,20 @@ HOSTILE = [
     ("env-ready-timeout", "m", {"env": {"VLLM_ENGINE_READY_TIMEOUT_S": "1"}}, "env.VLLM_ENGINE_READY_TIMEOUT_S"),
     ("env-ld-preload", "m", {"env": {"LD_PRELOAD": "/tmp/evil.so"}}, "env.LD_PRELOAD"),
     ("env-path", "m", {"env": {"PATH": "/tmp/evil:/usr/bin"}}, "env.PATH"),
+    # -- manifest: loader and interpreter variables (whoever reads the env file would run them) ----
+    ("env-pythonpath", "m", {"env": {"PYTHONPATH": "/var/lib/vllm-orch/models/tiny"}}, "env.PYTHONPATH"),
+    ("env-pythonstartup", "m", {"env": {"PYTHONSTARTUP": "/tmp/x.py"}}, "env.PYTHONSTARTUP"),
+    ("env-ld-library-path", "m", {"env": {"LD_LIBRARY_PATH": "/var/lib/vllm-orch/models/tiny"}},
+     "env.LD_LIBRARY_PATH"),
+    ("env-ld-audit", "m", {"env": {"LD_AUDIT": "/tmp/a.so"}}, "env.LD_AUDIT"),
+    ("env-gconv-path", "m", {"env": {"GCONV_PATH": "/tmp"}}, "env.GCONV_PATH"),
+    ("env-bash-env", "m", {"env": {"BASH_ENV": "/tmp/x.sh"}}, "env.BASH_ENV"),
+    ("hardware-env-pythonpath", "m", {"requires": {"hardware": {"ampere": {"env": {"PYTHONPATH": "/tmp"}}}}},
+     "requires.hardware.ampere.env.PYTHONPATH"),
+    ("secret-env-pythonpath", "m", {"serving": {"secret_env": ["PYTHONPATH"]}}, "serving.secret_env[0]"),
+    ("service-env-ld-audit", "h", {"service_env": {"LD_AUDIT": "/tmp/a.so"}}, "hosts.h.service_env.LD_AUDIT"),
+    ("override-service-env-pythonhome", "h", {"overrides": {"tiny": {"service_env": {"PYTHONHOME": "/tmp"}}}},
+     "hosts.h.overrides.tiny.service_env.PYTHONHOME"),
     ("secret-env-path", "m", {"serving": {"secret_env": ["PATH"]}}, "serving.secret_env"),
     ("env-newline-unit-line", "m", {"env": {"NCCL_DEBUG": "INFO\nExecStartPre=/bin/sh -c id"}}, "env.NCCL_DEBUG"),
     ("env-secret-name", "m", {"env": {"HF_TOKEN": "hf_abc"}}, "env.HF_TOKEN"),
@@ -334,3 +348,12 @@ def test_the_lock_refuses_a_state_dir_another_user_can_change(place, capsys, tmp
                                 "deploy", "tiny", "--host", "h"], capsys)
         assert code == 3 and f"state_dir {state_dir} is not root's alone" in output, output
         assert not os.path.exists(os.path.join(state_dir, "deploy.lock"))
+
+
+def test_pythons_harmless_switches_are_allowed_in_a_services_environment():
+    from orchestrator.config.manifest import Manifest, denied_env
+
+    m = Manifest.model_validate({**MODEL, "name": "tiny", "env": {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"}})
+    assert m.env["PYTHONUNBUFFERED"] == "1"
+    assert denied_env("TMPDIR") is None and denied_env("NCCL_DEBUG") is None
+    assert denied_env("PYTHONPATH") and denied_env("LD_LIBRARY_PATH") and denied_env("GLIBC_TUNABLES")

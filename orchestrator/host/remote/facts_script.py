@@ -414,14 +414,15 @@ def service_reach(path, user):
 
 
 def others_can_change(st):
-    """Why a user other than root can change this folder's entries or this file's bytes, or None:
-    an owner other than root, write permission for everyone, or for a group other than root's."""
+    """Why a user other than root (and other than whoever runs this, when that is not root: then
+    nothing vllm-orch runs here runs as root) can change this folder's entries or this file's bytes,
+    or None: another owner, write permission for everyone, or for another group."""
     import stat as st_mod
-    if st.st_uid != 0:
+    if st.st_uid not in (0, os.geteuid()):
         return "owned by %s" % _user(st.st_uid)
     if st.st_mode & st_mod.S_IWOTH:
         return "writable by everyone"
-    if st.st_mode & st_mod.S_IWGRP and st.st_gid != 0:
+    if st.st_mode & st_mod.S_IWGRP and st.st_gid not in (0, os.getegid()):
         try:
             import grp
             group = grp.getgrgid(st.st_gid).gr_name
@@ -450,7 +451,7 @@ def trust_problem(path):
         except OSError as exc:
             return "%s: %s" % (cur, exc.strerror or exc)
         why = others_can_change(here)
-        sticky = here.st_mode & st_mod.S_ISVTX and here.st_uid == 0
+        sticky = here.st_mode & st_mod.S_ISVTX and here.st_uid in (0, os.geteuid())
         if not todo:
             return "%s is %s" % (cur, why) if why else None
         child = os.path.join(cur, todo[0])
@@ -460,7 +461,7 @@ def trust_problem(path):
             st = None
         except OSError as exc:
             return "%s: %s" % (child, exc.strerror or exc)
-        if why and not (sticky and st is not None and st.st_uid == 0):
+        if why and not (sticky and st is not None and st.st_uid in (0, os.geteuid())):
             if sticky:
                 return ("%s does not exist yet, and %s lets anyone make it first: make it as root" % (child, cur)
                         if st is None else "%s is owned by %s in %s, which anyone can write" % (
