@@ -708,7 +708,9 @@ class Manifest(Strict):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables for the service (NCCL_*, VLLM_*...). Not for secrets: "
-                    "see serving.secret_env.")
+                    "see serving.secret_env. Not loader, interpreter or shell variables (LD_*, PYTHONPATH "
+                    "and the other PYTHON* but a few harmless switches, GCONV_PATH, BASH_ENV, ...: "
+                    "docs/security.md).")
     startup: Startup = Field(default_factory=Startup, description="Start-up budget and hang detection.")
     loading: Loading = Field(default_factory=Loading,
                              description="Load rates (expected downtime) and the page-cache warm-up.")

@@ -114,8 +114,9 @@ UNIT_CGROUP = []  # type: list  # the unit's ControlGroup, asked once (--unit)
 
 
 def _socket_row(port, peer_port):
-    """(inode, state) of the server side of our connection: the socket whose local port is the
-    service's and whose remote port is ours, from /proc/net/tcp{,6}; None when it is not there."""
+    """The inode of the server side of our connection (the established socket whose local port is
+    the service's and whose remote port is ours) from /proc/net/tcp{,6}: "0" until the server
+    accepted it, None when it is not there."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
