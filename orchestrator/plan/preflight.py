@@ -92,14 +92,15 @@ def check_service_user(reach: Mapping[str, Any] | None) -> Check:
 
 # -- what root runs and writes ---------------------------------------------------------------------
 def _trust(name: str, what: str, rows: Sequence[Mapping[str, Any]] | None, fix: str) -> Check:
+    """`what`: the kind of path, in the plural (`programs vllm-orch runs as root`)."""
     if rows is None:
         return Check(name, OK, "not checked (the host facts do not say)")
     bad = [r for r in rows if r.get("problem")]
     if bad:
-        return Check(name, FAIL, f"another user could change {what}: {bad[0]['problem']}",
+        return Check(name, FAIL, f"another user could change one of the {what}: {bad[0]['problem']}",
                      details=[r["problem"] if r["problem"].startswith(r["path"]) else f"{r['path']}: {r['problem']}"
                               for r in bad], fix=fix)
-    return Check(name, OK, f"only root can change {what} ({len(rows)} paths)")
+    return Check(name, OK, f"only root can change the {what}")
 
 
 @skippable("root-programs")
@@ -108,7 +109,7 @@ def check_root_programs(trust: Mapping[str, Any] | None) -> Check:
     vLLM when the service runs as root) as root: a user who can change one of them, or a folder
     on the Python's sys.path, or what sits at the top of its site-packages (a `.pth` file runs at
     every start), gets root. facts_script.root_trust reads the owners and modes on the host."""
-    return _trust("root-programs", "a program vllm-orch runs as root", (trust or {}).get("programs")
+    return _trust("root-programs", "programs vllm-orch runs as root", (trust or {}).get("programs")
                   if trust is not None else None,
                   "make them root's and not writable by group or others (`chown -R root:root`, "
                   "`chmod -R go-w`), or point the inventory's `python` / `nvidia_smi` at copies that are")
@@ -120,7 +121,7 @@ def check_root_folders(trust: Mapping[str, Any] | None) -> Check:
     the probe's bin/): a user who can change one of them, or a folder above it, can swap a part for
     a symlink and have root write (or delete) elsewhere. /tmp-like folders (sticky, writable by
     everyone) are trusted only above a part root already made."""
-    return _trust("root-folders", "a folder vllm-orch writes as root", (trust or {}).get("folders")
+    return _trust("root-folders", "folders vllm-orch writes as root", (trust or {}).get("folders")
                   if trust is not None else None,
                   "use folders that only root can change, e.g. under /var/lib/vllm-orch, or make them "
                   "root's (`chown root:root`, `chmod go-w`) on the way from /")

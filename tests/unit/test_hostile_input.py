@@ -326,7 +326,7 @@ def test_a_folder_under_a_world_writable_parent_is_refused_on_the_host_with_exit
     (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": entry}}))
     argv = ["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml")]
     code, output = run_cli([*argv, "check", "tiny", "--host", "h"], capsys)
-    assert code == 3 and f"FAIL    root-folders: another user could change a folder vllm-orch writes as root: " \
+    assert code == 3 and f"FAIL    root-folders: another user could change one of the folders vllm-orch writes as root: " \
         f"{shared} does not exist yet, and /tmp lets anyone make it first" in output, output
     code, output = run_cli([*argv, "deploy", "tiny", "--host", "h"], capsys)      # refused at its preflight
     assert code == 3 and "root-folders" in output and not os.path.exists(shared), output
