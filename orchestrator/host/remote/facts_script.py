@@ -70,10 +70,13 @@ def sh_all(argvs, timeout=20):
     return out
 
 
-def read_json(path):
+def read_json(path, nofollow=False, limit=None):
+    """The JSON in `path`, or None. nofollow/limit: a file another user writes (the health state
+    is the service user's): never through a link, at most `limit` bytes."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0))
+        with os.fdopen(fd, "rb") as f:
+            return json.loads(f.read(limit if limit is not None else -1).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
 
@@ -634,7 +637,7 @@ def status_extras(state_dir, history_tail):
         names = []
     for name in names:
         if name.endswith(".json"):
-            value = read_json(os.path.join(folder, name))
+            value = read_json(os.path.join(folder, name), nofollow=True, limit=65536)   # the service user's
             if isinstance(value, dict):
                 health[name[:-5]] = value
     return {"uptime": uptime, "lock": lock_holder(os.path.join(state_dir, "deploy.lock")), "health": health,
