@@ -21,3 +21,13 @@ def fmt_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))}
+
+
+def printable(text: object) -> str:
+    """Text from a host or a service (history reasons quote a server's answer, log lines) made safe
+    for a terminal: control characters (ESC, BEL, the C1 range with CSI) shown as `\\x1b`, never
+    sent as such."""
+    return str(text).translate(_CONTROL)

@@ -132,9 +132,11 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
+    from orchestrator.render.artifacts import secrets_from_environ
 
     manifest = load_model(app, model)
     entry, m = placed(hosts[0], manifest, gpus, port, service_name)    # bad --gpus: exit 2 before any host
+    secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
     opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
     if m.multinode is not None:                 # the selected hosts are its nodes, the first the head
         from orchestrator.ops.multinode import run_deploy_nodes

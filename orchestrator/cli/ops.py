@@ -53,7 +53,7 @@ def _manifest_lookups(app):
         from orchestrator.render.artifacts import secrets_from_environ
 
         m = manifest(name)
-        return secrets_from_environ(m).get("VLLM_API_KEY") if m is not None else None
+        return secrets_from_environ(m, required=False).get("VLLM_API_KEY") if m is not None else None
 
     return port_of, served_name_of, api_key_of
 

@@ -102,9 +102,11 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
+    from orchestrator.render.artifacts import secrets_from_environ
 
     manifest = load_model(app, model)
     entry, m = placed(hosts[0], manifest, gpus, port, service_name)     # bad --gpus: exit 2 before any host
+    secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
     manifests, _bad = load_all(resolved_models_dir(app))
     opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
     if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, opts,

@@ -9,6 +9,6 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-CheckName = Literal["flags", "env", "service-user", "vllm-version", "version-traps", "package-pairs",
-                    "torch-cuda", "required-packages", "gpus", "foreign-gpu-processes"]
+CheckName = Literal["flags", "env", "service-user", "root-programs", "root-folders", "vllm-version", "version-traps",
+                    "package-pairs", "torch-cuda", "required-packages", "gpus", "foreign-gpu-processes"]
 CHECK_NAMES: tuple[str, ...] = get_args(CheckName)

@@ -278,12 +278,15 @@ class HostEntry(Strict):
             raise ValueError(f"{v!r} is not a user name (lowercase letters, digits, _ and -, at most 32)")
         return v
 
-    @field_validator("vllm")
+    @field_validator("vllm", "python", "nvidia_smi")
     @classmethod
-    def _vllm(cls, v: str) -> str:
-        if not v or v[0] in EXEC_PREFIXES:
-            raise ValueError(f"{v!r}: the vLLM path cannot start with one of {' '.join(EXEC_PREFIXES)} "
-                             f"(systemd reads them as ExecStart= prefixes)")
+    def _program(cls, v: str, info) -> str:
+        """Every program path may start a unit's command line (ExecStart=, ExecStartPost=, the
+        health check's): `+/usr/bin/python3` would run the probe as root, `-` ignore its failure."""
+        if (v or info.field_name != "python") and (not v or v[0] in EXEC_PREFIXES):
+            what = {"vllm": "the vLLM path", "python": "the Python path", "nvidia_smi": "the nvidia-smi path"}
+            raise ValueError(f"{v!r}: {what[info.field_name or 'vllm']} cannot start with one of "
+                             f"{' '.join(EXEC_PREFIXES)} (systemd reads them as ExecStart= prefixes)")
         return v
 
     @field_validator("meminfo")
@@ -373,6 +376,23 @@ class HostEntry(Strict):
         if not self.log_dir:
             self.log_dir = str(Path(self.state_dir).parent / "logs")
         return self
+
+    @property
+    def bin_dir(self) -> str:
+        """Where vllm-orch installs the units' probe script: beside state_dir (its parent's bin/)."""
+        return str(Path(self.state_dir).parent / "bin")
+
+    @property
+    def root_programs(self) -> list[str]:
+        """What vllm-orch runs as root on this host: the Python of every helper script and of the
+        units' root-run parts, nvidia-smi (the facts), vLLM itself when the service runs as root."""
+        return [self.python, self.nvidia_smi] + ([self.vllm] if self.service_user == "root" else [])
+
+    @property
+    def root_folders(self) -> list[str]:
+        """The folders vllm-orch writes as root."""
+        return list(dict.fromkeys([self.models_root, self.state_dir, self.env_dir, self.units_dir, self.log_dir,
+                                   self.bin_dir]))
 
     @property
     def service_home(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from orchestrator.config import vllmflags
 from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
@@ -37,6 +38,30 @@ RENDERED_ENV = {"CUDA_VISIBLE_DEVICES": "serving.gpu_ids", "VLLM_ENGINE_READY_TI
 # Variables vllm-orch sets in the env file (GPUs, the engine's ready timeout, offline start) or relies
 # on being the host's own (what runs, what is preloaded into it): a manifest cannot override them.
 RESERVED_ENV = (*RENDERED_ENV, "LD_PRELOAD", "PATH")
+# Variables that change what a program loads or runs rather than how vLLM behaves: the dynamic
+# loader's (LD_*), the Python interpreter's (PYTHON*: PYTHONPATH plus a sitecustomize.py in the
+# model repo is code run by whoever starts Python with that environment), the rest of glibc's
+# "unsecure" list (sysdeps/generic/unsecvars.h: what ld.so drops for setuid programs) and the shells'
+# start-up hooks. Refused in env, service_env and secret_env: none has a place in a service's
+# environment, and anything that reads the env file must not be steered by it. Not TMPDIR (it is in
+# glibc's list, but names where files go, not what runs). Python's harmless switches are allowed.
+DENIED_ENV_PREFIXES = ("LD_", "PYTHON")
+DENIED_ENV = ("GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+              "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+              "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "CDPATH",
+              "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS")
+ALLOWED_PYTHON_ENV = ("PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
+                      "PYTHONIOENCODING")
+
+
+def denied_env(name: str) -> str | None:
+    """Why `name` cannot be in a service's environment (see DENIED_ENV_PREFIXES), or None."""
+    if name in ALLOWED_PYTHON_ENV:
+        return None
+    if name in DENIED_ENV or any(name.startswith(p) for p in DENIED_ENV_PREFIXES):
+        return (f"{name} changes what programs load or run (a loader, interpreter or shell variable): it has no "
+                "place in a service's environment (docs/security.md, denied variables)")
+    return None
 # `vllm serve` flags whose value is a credential: vLLM itself masks these fields in its logs
 # (vllm/entrypoints/common/startup.py, _SENSITIVE_ARG_FIELDS). In extra_args they would be in the
 # unit, the records and `ps`; serving.secret_env puts them in the 0600 env file instead.
@@ -59,10 +84,13 @@ DEFAULT_WARM_MAX_MB_S = 1000.0
 def at(path: str, message: str) -> ValueError:
     """A validation error for a sub-path of the field being validated (or of the whole model, for
     cross-field checks): `at("vllm.tensor_parallel_size", "...")`. _describe_errors reads it back."""
-    return ValueError(f"@{path}@ {message}")
+    return ValueError(f"{_MARK}{path}{_MARK} {message}")
 
 
-_AT = re.compile(r"^@([\w.\[\]-]+)@ (.*)$", re.S)
+# The marker around at()'s path: a control character, which no YAML key can hold (yamlsrc refuses
+# them), so a key with spaces or `@` (`env: {"MY VAR": 1}`) is still read back as the path.
+_MARK = "\x1f"
+_AT = re.compile(f"^{_MARK}([^{_MARK}]+){_MARK} (.*)$", re.S)
 
 
 def _split_path(path: str) -> list:
@@ -96,6 +124,8 @@ def check_env_map(v: dict[str, Any], secret_hint: str = SECRET_HINT,
         if key in reserved:
             source = f"from {RENDERED_ENV[key]}" if key in RENDERED_ENV else "(or the host relies on it)"
             raise at(key, f"{key} is written by vllm-orch {source} and cannot be overridden here")
+        if reserved and (why := denied_env(key)):
+            raise at(key, why)
         try:
             _check_text(str(value), "the value")
         except ValueError as exc:
@@ -206,7 +236,14 @@ class Serving(Strict):
         default_factory=list,
         description="Names of environment variables (e.g. HF_TOKEN, VLLM_API_KEY) whose values are taken "
                     "from the environment of `vllm-orch deploy` and written to the 0600 env file - never "
-                    "to the manifest, the unit, a plan or a log.")
+                    "to the manifest, the unit, a plan or a log. Each must be set (deploy and swap "
+                    "refuse, exit 2) unless it is in optional_secrets.")
+    optional_secrets: list[str] = Field(
+        default_factory=list,
+        description="Names in secret_env the service may run without, e.g. HF_TOKEN for a public repo: when "
+                    "one is not set in the environment of `vllm-orch deploy`, the env file says so in a "
+                    "comment. Listing VLLM_API_KEY here lets vLLM serve without authentication. `regen` "
+                    "keeps the installed value of a secret it is not given.")
 
     @field_validator("served_model_name")
     @classmethod
@@ -241,7 +278,16 @@ class Serving(Strict):
             if name in RESERVED_ENV:
                 raise at(f"[{i}]", f"{name} is written by vllm-orch (or the host relies on it) and cannot be "
                                    f"overridden")
+            if why := denied_env(name):
+                raise at(f"[{i}]", why)
         return v
+
+    @model_validator(mode="after")
+    def _optional_listed(self) -> Serving:
+        for i, name in enumerate(self.optional_secrets):
+            if name not in self.secret_env:
+                raise at(f"optional_secrets[{i}]", f"{name} is not in serving.secret_env")
+        return self
 
     @property
     def visible_devices(self) -> list[int]:
@@ -313,7 +359,11 @@ class VllmArgs(Strict):
     extra_args: list[str] = Field(
         default_factory=list,
         description="Further `vllm serve` arguments, one token per item (`[--max-num-seqs, '256']`). Each "
-                    "item is one argv entry: quoting is never needed and nothing is passed to a shell.")
+                    "item is one argv entry: quoting is never needed and nothing is passed to a shell. "
+                    "Options are checked as vLLM reads them (`--tensor_parallel_size` is "
+                    "`--tensor-parallel-size`, `-tp` too): one a typed field or the serving section "
+                    "renders, or one that takes a secret, is refused, and so is an abbreviation "
+                    "(`--api-k`): write options in full.")
 
     @field_validator("kv_cache_dtype", "attention_backend", "moe_backend", "tool_call_parser",
                      "reasoning_parser", "load_format", "mm_encoder_tp_mode")
@@ -345,22 +395,26 @@ class VllmArgs(Strict):
         if self.language_model_only and self.mm_encoder_tp_mode:
             raise at("language_model_only", "language_model_only cannot be combined with mm_encoder_tp_mode "
                              "(there is no vision encoder to place)")
+        # Compared as vLLM reads them (config/vllmflags.py): `--tensor_parallel_size`, `-tp` and
+        # `--no-trust-remote-code` are the typed fields' options; an abbreviation is refused.
         typed = {"--" + f.replace("_", "-"): f for f in type(self).model_fields if f != "extra_args"}
-        typed.update({"-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size",
-                      "-dp": "data_parallel_size", "--no-enable-prefix-caching": "enable_prefix_caching",
-                      "--no-async-scheduling": "async_scheduling"})
         for i, item in enumerate(self.extra_args):
-            flag = item.split("=", 1)[0]
+            option, problem = vllmflags.resolve(item)
+            if problem is not None:
+                raise at(f"extra_args[{i}]", problem)
+            flag = option or vllmflags.normalise(item)
+            spelled = item.split("=", 1)[0]
+            sets = flag if spelled == flag else f"{flag} (as {spelled})"
             if flag in typed:
-                raise at(f"extra_args[{i}]", f"extra_args sets {flag}; use the field vllm.{typed[flag]} instead")
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the field vllm.{typed[flag]} instead")
             if flag in ("--served-model-name", "--port", "--host", "--model"):
-                raise at(f"extra_args[{i}]", f"extra_args sets {flag}; it is rendered from the serving section")
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}; it is rendered from the serving section")
             if flag in SECRET_FLAGS:
                 var = SECRET_FLAGS[flag]
                 how = (f"list {var} in serving.secret_env and set it in the environment of `vllm-orch "
                        f"deploy` (it goes to the 0600 env file only)") if var else \
                     "put the file holding it on the host and pass its path"
-                raise at(f"extra_args[{i}]", f"{flag} takes a secret, which would be visible in the unit, "
+                raise at(f"extra_args[{i}]", f"{sets} takes a secret, which would be visible in the unit, "
                                              f"the records and `ps`: {how}")
         return self
 
@@ -654,7 +708,9 @@ class Manifest(Strict):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables for the service (NCCL_*, VLLM_*...). Not for secrets: "
-                    "see serving.secret_env.")
+                    "see serving.secret_env. Not loader, interpreter or shell variables (LD_*, PYTHONPATH "
+                    "and the other PYTHON* but a few harmless switches, GCONV_PATH, BASH_ENV, ...: "
+                    "docs/security.md).")
     startup: Startup = Field(default_factory=Startup, description="Start-up budget and hang detection.")
     loading: Loading = Field(default_factory=Loading,
                              description="Load rates (expected downtime) and the page-cache warm-up.")

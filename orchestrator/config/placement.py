@@ -22,26 +22,34 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConfigError
 
-_RANGE = re.compile(r"^(\d+)-(\d+)$")
+_RANGE = re.compile(r"^(\d{1,6})-(\d{1,6})$")
+MAX_GPUS = 64           # serving.gpus' bound: no service takes more
 
 
 def parse_gpus(text: str) -> list[int]:
-    """`4-7`, `4,5,6,7` or a mix (`0,2-3`) -> [4, 5, 6, 7]: unique, in the order given."""
+    """`4-7`, `4,5,6,7` or a mix (`0,2-3`) -> [4, 5, 6, 7]: unique, in the order given; at most
+    MAX_GPUS of them (checked before a range is expanded: `0-99999` is refused at once)."""
+    shown = text if len(text) <= 40 else text[:40] + "..."
     out: list[int] = []
+    seen: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         m = _RANGE.match(part)
         if m:
             lo, hi = int(m.group(1)), int(m.group(2))
             if hi < lo:
-                raise ConfigError(f"--gpus {text}: {part} is an empty range")
-            ids = list(range(lo, hi + 1))
-        elif part.isdigit():
-            ids = [int(part)]
+                raise ConfigError(f"--gpus {shown}: {part} is an empty range")
+            count = hi - lo + 1
+        elif part.isdigit() and len(part) <= 6:
+            lo = hi = int(part)
+            count = 1
         else:
-            raise ConfigError(f"--gpus {text}: {part!r} is not a GPU index or a range like 4-7")
-        for i in ids:
-            if i in out:
-                raise ConfigError(f"--gpus {text}: GPU {i} is given twice")
+            raise ConfigError(f"--gpus {shown}: {part[:20]!r} is not a GPU index or a range like 4-7")
+        if len(out) + count > MAX_GPUS:
+            raise ConfigError(f"--gpus {shown}: more than {MAX_GPUS} GPUs; a service takes at most {MAX_GPUS}")
+        for i in range(lo, hi + 1):
+            if i in seen:
+                raise ConfigError(f"--gpus {shown}: GPU {i} is given twice")
+            seen.add(i)
             out.append(i)
     return out
 

@@ -3,13 +3,15 @@ and turn its JSON lines into a plan, a rich progress bar and a result.
 
 Transport: orchestrator/host/scripts.py (`python - ARGS`, the script on stdin), streamed so that
 progress arrives as the bytes do. The HF token never appears in argv or in the shell text: given
-as a Secret it is put into a 0600 file under `<state_dir>/secrets/` for the run and removed
-afterwards (or pass an existing `token_file`, or rely on HF_TOKEN already set in the host's
-environment).
+as a Secret it is put into a 0600 file under `<state_dir>/secrets/` for the run, which the script
+removes as soon as it has read it (or pass an existing `token_file`, never removed, or rely on
+HF_TOKEN already set in the host's environment).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -26,7 +28,7 @@ from rich.progress import (
 
 from orchestrator.errors import DeployFailed, RefusedError
 from orchestrator.host import scripts
-from orchestrator.host.base import Host
+from orchestrator.host.base import Host, Script
 from orchestrator.secret import Secret
 
 SCRIPT = "download.py"
@@ -44,7 +46,7 @@ HINTS = {
 
 def download_args(repo: str, revision: str, local_dir: str, *, allow: Iterable[str] = (),
                   ignore: Iterable[str] = (), workers: int = 8, plan_only: bool = False,
-                  token_file: str | None = None, extra: Iterable[str] = ()) -> list[str]:
+                  token_file: str | None = None, extra: Iterable[str] = (), remove_token_file: bool = False) -> list[str]:
     """The download script's arguments (orchestrator/host/remote/download.py)."""
     argv = ["--repo", repo, "--revision", revision, "--local-dir", local_dir, "--workers", str(workers)]
     for p in allow:
@@ -52,7 +54,7 @@ def download_args(repo: str, revision: str, local_dir: str, *, allow: Iterable[s
     for p in ignore:
         argv += ["--ignore", p]
     if token_file:
-        argv += ["--token-file", token_file]
+        argv += ["--token-file", token_file] + (["--remove-token-file"] if remove_token_file else [])
     if plan_only:
         argv.append("--plan-only")
     return argv + list(extra)
@@ -68,8 +70,15 @@ def failure(host: Host, event: dict, stderr: str = "") -> DeployFailed | Refused
                         host=host.name, step="download", details=details)
 
 
+# A token file older than this was left by a run cut between its upload and the script's start (the
+# script removes the file it was given as soon as it has read it): the next run sweeps it.
+STALE_TOKEN_MIN = 60
+
+
 class _TokenFile:
-    """A Secret token as a 0600 file on the host for the duration of one run."""
+    """A Secret token as a 0600 file on the host for one run: the download script removes it once
+    read (a connection that drops later cannot leave it behind); the end of the run removes it in
+    case the script never started, and sweeps stale ones."""
 
     def __init__(self, host: Host, state_dir: str, token: Secret | None, token_file: str | None):
         self.host, self.token = host, token
@@ -85,7 +94,9 @@ class _TokenFile:
 
     def __exit__(self, *exc) -> None:
         if self.created:
-            self.host.run(["rm", "-f", self.created], timeout=30)
+            folder = shlex.quote(os.path.dirname(self.created))
+            self.host.run(Script(f"rm -f {shlex.quote(self.created)}; find {folder} -maxdepth 1 -type f -name "
+                                 f"'hf-token-*' -mmin +{STALE_TOKEN_MIN} -delete 2>/dev/null; true"), timeout=30)
 
 
 def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,
@@ -93,7 +104,7 @@ def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: st
                 extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None):
     with _TokenFile(host, state_dir, token, token_file) as tf:
         args = download_args(repo, revision, local_dir, allow=allow, ignore=ignore, workers=workers,
-                             plan_only=plan_only, token_file=tf, extra=extra)
+                             plan_only=plan_only, token_file=tf, extra=extra, remove_token_file=bool(token))
         events, result = scripts.stream_events(host, python, SCRIPT, args, EVENTS, on_event=on_event,
                                                timeout=timeout, env=env)
     errors = [e for e in events if e["event"] == "error"]

@@ -68,6 +68,7 @@ class HostFacts:
     half_swap: dict | None = None   # swap.json: a swap that stopped its old model and has not ended
     users: dict[str, dict | None] = field(default_factory=dict)  # the service user: uid, gid, home (None: missing)
     service_reach: dict | None = None     # can the service user run vllm (facts_script.service_reach)
+    root_trust: dict | None = None        # who could change what root runs and writes (facts_script.root_trust)
     memory: Memory | None = None          # None when the memory file could not be read
     raw: dict = field(repr=False, default_factory=dict)
     records: dict[str, dict] = field(default_factory=dict)   # services/NAME.json by service name
@@ -98,6 +99,11 @@ class HostFacts:
     def running(self) -> list[str]:
         return [name for name, st in self.services.items() if st.active]
 
+    def services_known(self) -> set[str]:
+        """The host's services vllm-orch knows of: recorded or running. What one of them left between
+        two of its starts is theirs (host/ownership.holders' `protected`)."""
+        return set(self.records) | set(self.running())
+
     def gpu_memory_used(self, indices: list[int]) -> int:
         return sum(g.memory_used_mib or 0 for g in self.gpus if g.index in indices)
 
@@ -120,6 +126,7 @@ def _run(host: Host, entry: HostEntry, request: dict) -> dict:
     args = {**request, "meminfo": entry.meminfo, "models_root": entry.models_root,
             "state_dir": entry.state_dir, "nvidia_smi": entry.nvidia_smi,
             "vllm": entry.vllm, "manager": entry.service_manager, "users": [entry.service_user],
+            "trust": {"programs": entry.root_programs, "folders": entry.root_folders},
             "gpu_query": gpu.query_gpus_argv(entry.nvidia_smi),
             "apps_query": gpu.query_compute_apps_argv(entry.nvidia_smi)}
     r = scripts.run(host, entry.python, "facts_script.py", [json.dumps(args)], timeout=180)
@@ -164,7 +171,7 @@ def parse(raw: dict) -> HostFacts:
         vllm_error=raw["vllm"].get("error"), models=models, active=raw.get("active"),
         installed=raw.get("installed") or {}, services=services, usage=usage, ports=ports,
         half_swap=raw.get("swap") if isinstance(raw.get("swap"), dict) else None,
-        users=raw.get("users") or {}, service_reach=raw.get("service_reach"),
+        users=raw.get("users") or {}, service_reach=raw.get("service_reach"), root_trust=raw.get("root_trust"),
         memory=_memory(raw.get("memory")), raw=raw,
         records={n: r for n, r in (raw.get("records") or {}).items() if isinstance(r, dict)})
 

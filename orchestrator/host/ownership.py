@@ -19,9 +19,13 @@ the service's own GPUs, and the service's own processes once its stop did not ta
 killed: a running managed service's processes (deploy refuses; swap stops that service first), the
 processes of another service of the host (several services share a host on disjoint GPUs; one that
 is recorded but between two starts still owns what it left), and
-a process bound to the service port that is not provably left by a managed service. Right before
-killing, the list is read again (a 28-minute download lies between planning and the GPU step) and
-each PID is signalled only while it still has the start time it had when it was classified.
+a process bound to the service port that is not provably left by a managed service, and a process
+vllm-orch cannot identify: a port held by a socket whose owner it cannot see (another user's, a
+hidden /proc: reported as PID 0), or a process read without its start time (it was exiting, or it
+lives in another PID namespace). Those are named, never signalled, whatever the options: `kill 0`
+would signal vllm-orch's own process group. Right before killing, the list is read again (a
+28-minute download lies between planning and the GPU step) and each PID is signalled only while it
+still has the start time it had when it was classified.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ class Proc:
     start_time: int | None = None    # clock ticks after boot: with the PID, the process's identity
 
     @property
+    def killable(self) -> bool:
+        """Identified well enough to be signalled: a real PID (not 0, an owner vllm-orch cannot see,
+        nor init) with the start time kill_commands checks it by."""
+        return self.pid > 1 and self.start_time is not None
+
+    @property
     def owner(self) -> str | None:
         """The running managed service that owns the process."""
         return self.model if self.kind == SERVICE else None
@@ -74,8 +84,13 @@ class Proc:
                ABANDONED: "a vLLM engine/worker whose API server is gone"}.get(self.kind, "foreign")
         by = f"user {self.user}, " if self.user else ""
         command = f": {self.cmdline[:100]}" if self.cmdline and self.kind == FOREIGN else ""
+        if not self.pid:
+            return "a process bound to the service port whose owner is not visible to vllm-orch (another " \
+                   "user's socket: find it with `ss -ltnp` as root)"
+        if not self.killable:
+            who += ", not visible to vllm-orch: it may have exited, or live in another PID namespace"
         if self.gpu_index is None and not self.used_mib:
-            return f"PID {self.pid or '?'} {self.name} bound to the service port ({by}{who}){command}"
+            return f"PID {self.pid} {self.name} bound to the service port ({by}{who}){command}"
         gpu_txt = f"GPU {self.gpu_index}" if self.gpu_index is not None else "GPU ?"
         return f"PID {self.pid} {self.name} on {gpu_txt}, {self.used_mib} MiB ({by}{who}){command}"
 
@@ -137,15 +152,21 @@ class Holders:
     foreign: list[Proc] = field(default_factory=list)   # killed only with --kill-foreign
 
     def victims(self, kill_foreign: bool) -> list[Proc]:
-        return self.kill + (self.foreign if kill_foreign else [])
+        return self.kill + ([p for p in self.foreign if p.killable] if kill_foreign else [])
+
+    @property
+    def unknown(self) -> list[Proc]:
+        """Foreign holders vllm-orch cannot identify: never killed, even with --kill-foreign."""
+        return [p for p in self.foreign if not p.killable]
 
 
 def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, gpus: Iterable[int],
-            stopping: Iterable[str] = (), protected: Iterable[str] = ()) -> Holders:
+            stopping: Iterable[str] = (), *, protected: Iterable[str]) -> Holders:
     """Sort the processes on `gpus` (and those bound to the service port) for the service `model`;
     `stopping`: managed services this operation stops first (a swap's old model); `protected`: the
-    other services of the host (recorded or running): what one of them left between two of its
-    starts (systemd restarting it) is theirs, never ours to kill."""
+    other services of the host (recorded or running, HostFacts.services_known): what one of them
+    left between two of its starts (systemd restarting it) is theirs, never ours to kill. Every
+    caller (deploy's GPU step, swap, stop, preflight) names them."""
     want, mine = set(gpus), {model, *stopping}
     theirs = set(protected) - mine
     gpu_list = list(gpu_procs)
@@ -159,19 +180,36 @@ def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, g
             (out.ours if p.model in mine else out.others).append(p)
         elif p.kind == LEFT and p.model in theirs:
             out.others.append(p)
-        elif p.pid and (p.kind == LEFT or (p.kind == ABANDONED and not on_port)):
+        elif p.killable and (p.kind == LEFT or (p.kind == ABANDONED and not on_port)):
             out.kill.append(p)
         else:
             out.foreign.append(p)
     return out
 
 
+def listener_problem(port_procs: Iterable[Proc], service: str, port: int) -> str | None:
+    """Why the processes bound to `port` are not provably the service's own (its unit's cgroup, its
+    recorded process group), or None: what vllm-orch checks before it sends the service's API key
+    there. During a restart, or while vLLM loads (its socket is bound but not listening yet),
+    another local user can bind the loopback address on the same port and would be sent the key."""
+    procs = list(port_procs)
+    if not procs:
+        return f"nothing is bound to port {port} any more"
+    strangers = [p for p in procs if not (p.kind == SERVICE and p.model == service)]
+    if strangers:
+        return f"port {port} is held by what is not {service}: " + "; ".join(p.describe() for p in strangers)
+    return None
+
+
 def kill_commands(procs: Iterable[Proc]) -> list[Command]:
     """SIGTERM, up to 10 s for the processes to go, then SIGKILL - each PID only while it still has
-    the start time it had when it was classified (a PID reused meanwhile is left alone)."""
-    specs = " ".join(f"{int(p.pid)}:{p.start_time if p.start_time is not None else '-'}" for p in procs)
-    same = ("same() { [ \"$2\" = - ] || [ \"$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f20)\" "
-            "= \"$2\" ]; }; ")
+    the start time it had when it was classified (a PID reused meanwhile is left alone). A process
+    that is not `killable` (PID 0 or 1, no start time) gets no command at all."""
+    procs = [p for p in procs if p.killable]
+    if not procs:
+        return []
+    specs = " ".join(f"{int(p.pid)}:{int(p.start_time or 0)}" for p in procs)
+    same = "same() { [ \"$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f20)\" = \"$2\" ]; }; "
     each = f"for s in {specs}; do p=${{s%%:*}}; t=${{s#*:}}; "
     return [Script(same + each + "same $p $t && kill -TERM $p 2>/dev/null; done; i=0; "
                    "while [ $i -lt 100 ]; do alive=0; " + each + "same $p $t && kill -0 $p 2>/dev/null && alive=1; "

@@ -223,9 +223,16 @@ class HostLock:
         return _path(self.entry, "deploy.lock")
 
     def command(self) -> Script:
+        """The lock comes before the facts (and their preflight of the folders root writes), so it
+        checks its own folder: as root, state_dir must be root's and writable by nobody else, or
+        another user could have made it first and planted `deploy.lock` as a link (flock creates
+        and opens it, following links)."""
         d, p = shlex.quote(self.entry.state_dir), shlex.quote(self.path)
         wait = shlex.quote(f"echo {LOCKED}; while timeout {self.IDLE_S} sh -c 'IFS= read -r x'; do :; done")
-        return Script(f"mkdir -p {d} && exec flock -n -E {LOCK_BUSY_EXIT} {p} sh -c {wait}")
+        theirs = (f"[ \"$(id -u)\" != 0 ] || [ -z \"$(find {d} -maxdepth 0 \\( ! -user 0 -o -perm -0002 -o "
+                  f"\\( -perm -0020 ! -group 0 \\) \\) -print)\" ] || {{ echo \"state_dir {d} is not root's alone "
+                  f"(owner or write permission): another user could plant links in it\"; exit 1; }}")
+        return Script(f"mkdir -p {d} && {theirs} && umask 022 && exec flock -n -E {LOCK_BUSY_EXIT} {p} sh -c {wait}")
 
     def _take(self, timeout: float) -> tuple[Spawned | None, list[str]]:
         proc = self.host.spawn(self.command())

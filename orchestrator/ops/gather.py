@@ -38,7 +38,7 @@ from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders, recorded_role
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe import api
-from orchestrator.render.artifacts import is_ray_worker, render, secrets_from_environ
+from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
 from orchestrator.secret import Secret
 
 VERSION_CHECKS = {"vllm-version", "version-traps", "package-pairs", "torch-cuda", "required-packages"}
@@ -83,13 +83,17 @@ def service_port(m: Manifest, entry: HostEntry) -> int:
 
 
 def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
-                  role: NodeRole | None = None) -> ServiceInput:
+                  role: NodeRole | None = None, keep_installed_secrets: bool = False) -> ServiceInput:
     """The manifest as it runs on this host (its GPUs' hardware class and the host's settings
     applied), rendered (as this node of a multi-node service: `role`), what is installed now, and
-    whether it already serves (a worker node serves no HTTP: never asked)."""
+    whether it already serves (a worker node serves no HTTP: never asked). keep_installed_secrets
+    (regen, a swap's rollback target): a secret vllm-orch is not given keeps the value of the
+    installed env file instead of refusing (exit 2) or dropping it."""
     eff = effective(m, entry, gpu_names(facts))
     m = eff.manifest
-    secrets = secrets_from_environ(m)
+    installed_env = host.get(env_path(m, entry)) if keep_installed_secrets and m.serving.secret_env else None
+    kept = read_env_values(installed_env.decode(errors="replace")) if installed_env else None
+    secrets = secrets_from_environ(m, installed=kept)
     rendered = render(m, entry, secrets, role=role)
     installed = {f.path: host.get(f.path) for f in rendered.files}
     st = facts.services.get(m.name)
@@ -146,7 +150,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
     return PreflightFacts(python=python, packages=packages, argcheck=argcheck,
                           gpus=facts.gpus if not facts.gpu_error else None, gpu_error=facts.gpu_error,
                           driver_version=facts.driver_version, driver_cuda=facts.cuda_version,
-                          service_reach=facts.service_reach)
+                          service_reach=facts.service_reach, root_trust=facts.root_trust)
 
 
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
@@ -225,7 +229,7 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Man
             raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
                               f"could not be rolled back to", host=entry.name,
                               hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
-        old = service_input(host, entry, old_m, facts)
+        old = service_input(host, entry, old_m, facts, keep_installed_secrets=True)
     target = service_input(host, entry, m, facts, role)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and old_name == m.name and target.serving:
@@ -254,7 +258,7 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
     installed = sorted(facts.installed)
     found = {n: service_manifest(n, facts, manifests) for n in installed}
     # a node of a multi-node service is re-rendered as that node (its installed record names its role)
-    services = [service_input(host, entry, m, facts, recorded_role(facts.installed.get(m.name)))
+    services = [service_input(host, entry, m, facts, recorded_role(facts.installed.get(m.name)), True)
                 for m in found.values() if m is not None]
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
                       orphaned=[n for n, m in found.items() if m is None], restart=restart)

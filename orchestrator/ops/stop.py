@@ -72,7 +72,7 @@ def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) ->
 def leftovers(facts: HostFacts, model: str, gpus: list[int]) -> Holders:
     """The processes on the model's GPUs, sorted by the one ownership rule (orchestrator.host.ownership)
     as if the model's service were being stopped: its own and what was abandoned may be killed."""
-    return holders(facts.procs, [], model, gpus, stopping={model})
+    return holders(facts.procs, [], model, gpus, stopping={model}, protected=facts.services_known())
 
 
 def _rows(procs: list[Proc]) -> list[dict]:

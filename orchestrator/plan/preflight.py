@@ -27,8 +27,8 @@ from orchestrator.plan.versions import public_version, version_key
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 
-CHECK_NAMES = ("flags", "env", "service-user", "vllm-version", "version-traps", "package-pairs", "torch-cuda",
-               "required-packages", "gpus", "foreign-gpu-processes")
+CHECK_NAMES = ("flags", "env", "service-user", "root-programs", "root-folders", "vllm-version", "version-traps",
+               "package-pairs", "torch-cuda", "required-packages", "gpus", "foreign-gpu-processes")
 
 
 @dataclass
@@ -88,6 +88,43 @@ def check_service_user(reach: Mapping[str, Any] | None) -> Check:
         return Check(name, WARN, f"could not check that {who} can run {vllm}: {unchecked[0]}",
                      details=[f"not checked: {u}" for u in unchecked])
     return Check(name, OK, f"{who} can run {vllm}")
+
+
+# -- what root runs and writes ---------------------------------------------------------------------
+def _trust(name: str, what: str, rows: Sequence[Mapping[str, Any]] | None, fix: str) -> Check:
+    """`what`: the kind of path, in the plural (`programs vllm-orch runs as root`)."""
+    if rows is None:
+        return Check(name, OK, "not checked (the host facts do not say)")
+    bad = [r for r in rows if r.get("problem")]
+    if bad:
+        return Check(name, FAIL, f"another user could change one of the {what}: {bad[0]['problem']}",
+                     details=[r["problem"] if r["problem"].startswith(r["path"]) else f"{r['path']}: {r['problem']}"
+                              for r in bad], fix=fix)
+    return Check(name, OK, f"only root can change the {what}")
+
+
+@skippable("root-programs")
+def check_root_programs(trust: Mapping[str, Any] | None) -> Check:
+    """vllm-orch runs the host's Python (every helper, the units' root-run parts), nvidia-smi (and
+    vLLM when the service runs as root) as root: a user who can change one of them, or a folder
+    on the Python's sys.path, or what sits at the top of its site-packages (a `.pth` file runs at
+    every start), gets root. facts_script.root_trust reads the owners and modes on the host."""
+    return _trust("root-programs", "programs vllm-orch runs as root", (trust or {}).get("programs")
+                  if trust is not None else None,
+                  "make them root's and not writable by group or others (`chown -R root:root`, "
+                  "`chmod -R go-w`), or point the inventory's `python` / `nvidia_smi` at copies that are")
+
+
+@skippable("root-folders")
+def check_root_folders(trust: Mapping[str, Any] | None) -> Check:
+    """The folders vllm-orch writes as root (models_root, state_dir, env_dir, units_dir, log_dir,
+    the probe's bin/): a user who can change one of them, or a folder above it, can swap a part for
+    a symlink and have root write (or delete) elsewhere. /tmp-like folders (sticky, writable by
+    everyone) are trusted only above a part root already made."""
+    return _trust("root-folders", "folders vllm-orch writes as root", (trust or {}).get("folders")
+                  if trust is not None else None,
+                  "use folders that only root can change, e.g. under /var/lib/vllm-orch, or make them "
+                  "root's (`chown root:root`, `chmod go-w`) on the way from /")
 
 
 # -- versions ---------------------------------------------------------------------------------------
@@ -443,14 +480,16 @@ def check_foreign_gpu_processes(held: Holders, gpu_indices: Collection[int], *,
         return Check("foreign-gpu-processes", OK,
                      f"no foreign process on GPU{plural} {','.join(map(str, sorted(gpu_indices)))}")
     details = [p.describe() for p in target]
-    strangers = [p for p in held.foreign if p.gpu_index is not None]
-    if strangers and not kill_foreign:
+    strangers = [p for p in held.foreign if p.gpu_index is not None and (not kill_foreign or not p.killable)]
+    if strangers:
         s = strangers[0]
         return Check("foreign-gpu-processes", FAIL,
                      f"{len(strangers)} process{'es' if len(strangers) > 1 else ''} vllm-orch does not "
                      f"manage on the target GPUs (pid {s.pid} {s.name} on GPU {s.gpu_index})",
                      details=details,
-                     fix="stop them yourself, or pass --kill-foreign to let the deploy stop them")
+                     fix="stop them yourself" + (", or pass --kill-foreign to let the deploy stop them"
+                                                 if all(p.killable for p in strangers) else
+                                                 " (vllm-orch never signals a process it cannot identify)"))
     return Check("foreign-gpu-processes", WARN,
                  f"{len(target)} leftover GPU process{'es' if len(target) > 1 else ''} on the target "
                  "GPUs; the deploy stops them (SIGTERM, then SIGKILL) before starting",
@@ -486,6 +525,7 @@ class PreflightFacts:
     argcheck: HostAnswer | None
     gpus: list[Gpu] | None                      # None: nvidia-smi failed (gpu_error says why)
     service_reach: dict | None = None           # can the service user run vllm (host facts)
+    root_trust: dict | None = None              # who could change what root runs and writes (host facts)
     gpu_error: str | None = None
     driver_version: str | None = None
     driver_cuda: str | None = None
@@ -539,6 +579,8 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
                                        not_read=pf.argcheck.value.get("not_read_env") or ()),
                              pf.argcheck.seconds))
     checks.append(check_service_user(pf.service_reach, skip=skip))
+    checks.append(check_root_programs(pf.root_trust, skip=skip))
+    checks.append(check_root_folders(pf.root_trust, skip=skip))
     if pf.packages is None or pf.packages.value is None:
         if pf.packages is not None:
             checks.append(_broken("vllm-version", "inspect_env.py", pf.python, pf.packages))

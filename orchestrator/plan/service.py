@@ -39,7 +39,7 @@ def placement_holders(facts: HostFacts, m: Manifest, stopping: Collection[str] =
     """The processes on the manifest's GPUs and port, by the one ownership rule; the host's other
     services (recorded or running) are never ours to kill."""
     return holders(facts.procs, facts.ports.get(m.serving.port, []), m.name, m.serving.visible_devices,
-                   stopping, protected=set(facts.records) | set(facts.running()))
+                   stopping, protected=facts.services_known())
 
 
 # -- GPUs free -------------------------------------------------------------------------------------
@@ -52,20 +52,27 @@ def release_action(model_gpus: list[int], why: str) -> Action:
 
 
 def holders_refusal(held: Holders, m: Manifest, entry: HostEntry, kill_foreign: bool) -> RefusedError | None:
-    """Why the placement's GPUs cannot be taken: another running managed service on them, or
-    foreign processes (without --kill-foreign)."""
+    """Why the placement's GPUs cannot be taken: another running managed service on them, foreign
+    processes (without --kill-foreign), or holders vllm-orch cannot identify (never killed)."""
     want = gpu_list(m.serving.visible_devices)
     if held.others:
         models = ", ".join(sorted({p.model or "?" for p in held.others}))
         return RefusedError(f"{models} is serving on {want}: deploy does not stop another model",
                             host=entry.name, step="gpus", details=[p.describe() for p in held.others],
                             hint=f"use `vllm-orch swap {m.name} --host {entry.name}` (stages, switches, rolls back)")
-    if held.foreign and not kill_foreign:
+    if held.foreign and not kill_foreign or held.unknown:
+        def named(p) -> str:
+            if not p.pid:
+                return "a socket whose owner is not visible to vllm-orch"
+            return f"PID {p.pid} {p.name}" + (f" (user {p.user})" if p.user else "") + \
+                ("" if p.killable else " (not visible to vllm-orch now)")
+        shown = held.foreign if not kill_foreign else held.unknown
         return RefusedError(
             f"{want} or port {m.serving.port} are used by processes vllm-orch does not manage: "
-            + "; ".join(f"PID {p.pid or '?'} {p.name}" + (f" (user {p.user})" if p.user else "") for p in held.foreign),
-            host=entry.name, step="gpus", details=[p.describe() for p in held.foreign],
-            hint="stop them yourself, choose another serving.port, or pass --kill-foreign to let vllm-orch kill them")
+            + "; ".join(named(p) for p in shown), host=entry.name, step="gpus", details=[p.describe() for p in shown],
+            hint="stop them yourself or choose another serving.port" + (
+                "; vllm-orch never signals a process it cannot identify" if held.unknown else
+                ", or pass --kill-foreign to let vllm-orch kill them"))
     return None
 
 

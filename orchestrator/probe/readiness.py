@@ -3,9 +3,14 @@
 Gates, each timed from the start: process alive -> port accepting -> /health 200 -> /v1/models
 lists the served name -> smoke completion passes -> (systemd) the unit is `active`: our units'
 ExecStartPost= probe holds them in `activating` until vLLM serves, so the last gate makes vllm-orch
-and `systemctl is-active` agree on when the model is ready. Every gate carries the service's API key
-(`api_key`): without it vLLM answers 401 on /v1/*, and a 401 fails the wait at once (kind "auth")
-instead of burning the start-up budget. The log is read every poll: a fatal line (see
+and `systemctl is-active` agree on when the model is ready. The gates on /v1/* carry the service's
+API key (`api_key`): without it vLLM answers 401, and a 401 fails the wait at once (kind "auth")
+instead of burning the start-up budget. The key is sent only once the process bound to the port
+is provably the service's (its unit's cgroup, its recorded process group: the host facts, by the
+ownership rule), checked again whenever the service's main process changes: while vLLM loads
+(its socket bound, not listening) or restarts, another local user can listen on the loopback
+address of the same port (kind "port": the key was not sent). /health and the port gate carry no key.
+The log is read every poll: a fatal line (see
 logsig.FATAL) or the process exiting fails the wait at once with the root-cause line and the last
 log lines; no new log line for the manifest's no-progress window (before /health answers) fails
 it too - that is what an NCCL hang looks like. Time is a parameter: tests pass small budgets.
@@ -21,6 +26,8 @@ from typing import NoReturn
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConnectError, DeployFailed
 from orchestrator.host.base import Host
+from orchestrator.host.facts import gather
+from orchestrator.host.ownership import listener_problem
 from orchestrator.host.services import Service
 from orchestrator.probe import api as probes
 from orchestrator.probe import logsig
@@ -40,7 +47,7 @@ class Ready:
 
 
 class NotReady(DeployFailed):
-    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke, auth."""
+    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke, auth, port."""
 
     def __init__(self, message: str, *, kind: str, root_cause: str | None, last_lines: list[str],
                  gates: list[tuple[str, float]], host: str | None = None, hint: str | None = None):
@@ -145,6 +152,8 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
     seen: list[str] = []
     port = m.serving.port
     ep = probes.Endpoint(host, port, Secret(api_key) if isinstance(api_key, str) else api_key)
+    open_ep = probes.Endpoint(host, port)           # /health and the port: no key
+    verified_for: list[int | None] = []              # the main PID the listener was proved for
 
     def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> NoReturn:
         more, _ = service.read_log(cursor_box[0])
@@ -214,15 +223,23 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             time.sleep(poll_s)
             continue
         stage = len(passed)
+        if stage in (3, 4) and ep.api_key is not None and verified_for != [state.main_pid]:
+            problem = listener_problem(gather(host, service.entry, [m.name], ports=[port]).ports.get(port, []),
+                                       m.name, port)
+            if problem:
+                fail("port", f"{problem}: the API key was not sent (after {elapsed:.1f}s)",
+                     hint="find who holds it (`ss -ltnp`); vLLM binds its port early and listens only once "
+                          "loaded, and another user can listen on the loopback address meanwhile")
+            verified_for[:] = [state.main_pid]
         if stage == 0:
             passed.append((GATES[0], elapsed))
             on_event("gate", GATES[0])
             continue
-        if stage == 1 and probes.port_open(ep):
+        if stage == 1 and probes.port_open(open_ep):
             passed.append((GATES[1], time.monotonic() - start))
             on_event("gate", GATES[1])
             continue
-        if stage == 2 and probes.health(ep, m.probes.health_path) == 200:
+        if stage == 2 and probes.health(open_ep, m.probes.health_path) == 200:
             passed.append((GATES[2], time.monotonic() - start))
             on_event("gate", GATES[2])
             continue

@@ -30,11 +30,20 @@ from orchestrator.secret import Secret, reveal
 TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU memory is released
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
+# The units' probe reads the API key from this credential (LoadCredential= of the 0600 env file), never
+# from its environment; it exits RESTART_EXIT when its unit's root part is to record and restart.
+# unit_probe.py has the same two constants.
+CREDENTIAL = "service-env"
+RESTART_EXIT = 75
 
 # What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
 # three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
 ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
             "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+# Secrets only vLLM's HTTP server reads (vllm/entrypoints: the API key middleware): not written to
+# the env file of a worker node of a multi-node service, which serves no HTTP.
+HTTP_SECRETS = ("VLLM_API_KEY",)
 
 _SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
@@ -60,11 +69,43 @@ def exec_start(argv: list[str]) -> str:
     return " \\\n    ".join(lines)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DQ_ESCAPE = re.compile(r'(["\\`$])')
+
+
 def env_value(value: str) -> str:
-    """A value for an EnvironmentFile that `sh` (`. file`) and systemd read the same way."""
-    if "'" in value or "\n" in value:
-        raise ValueError("environment values cannot contain single quotes or newlines")
-    return value if _ENV_PLAIN.match(value) else f"'{value}'"
+    """A value for an EnvironmentFile that `sh` (`. file`) and systemd read the same way: plain,
+    in single quotes, or (holding a single quote) in double quotes with `" \\ ` $` escaped by a
+    backslash, the only escapes both know inside double quotes (POSIX sh; systemd's env-file
+    parser, systemd.exec(5) EnvironmentFile=). One line: a control character is refused."""
+    if _CONTROL.search(value):
+        raise ValueError("environment values must be one line without control characters")
+    if _ENV_PLAIN.match(value):
+        return value
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + _DQ_ESCAPE.sub(r"\\\1", value) + '"'
+
+
+_ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def read_env_values(text: str) -> dict[str, str]:
+    """The assignments of an env file this module wrote (env_value's three forms), as values."""
+    out = {}
+    for line in text.splitlines():
+        m = _ENV_LINE.match(line)
+        if not m:
+            continue
+        raw = m.group(2)
+        if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+            value = raw[1:-1]
+        elif len(raw) >= 2 and raw[0] == raw[-1] == '"':
+            value = re.sub(r'\\(["\\`$])', r"\1", raw[1:-1])
+        else:
+            value = raw
+        out[m.group(1)] = value
+    return out
 
 
 def templates_dir() -> Path:
@@ -301,7 +342,7 @@ def unit_path(m: Manifest, host: HostEntry) -> str:
 
 def probe_path(host: HostEntry) -> str:
     """Where the units' probe script is installed: beside vllm-orch's state folder (bin/)."""
-    return f"{os.path.dirname(host.state_dir)}/bin/{PROBE_NAME}"
+    return f"{host.bin_dir}/{PROBE_NAME}"
 
 
 def health_unit_names(m: Manifest) -> tuple[str, str]:
@@ -335,24 +376,36 @@ def start_limit_interval(m: Manifest) -> int:
     return s.start_attempts * (s.budget_seconds + stop_timeout(m) + s.restart_delay_seconds) + START_LIMIT_MARGIN_S
 
 
+def _probe(host: HostEntry, *words: str, root: bool = False) -> str:
+    """A command line of the units' probe: the host's Python, isolated (-I: no PYTHON* variable,
+    no user site, not the script's folder on sys.path); the root-run part without site-packages
+    too (-S: it needs the standard library only)."""
+    isolated = ["-I", "-S"] if root else ["-I"]
+    return " ".join(systemd_quote(w) for w in [host.python or "python3", *isolated, probe_path(host), *words])
+
+
 def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
     """The ExecStartPost= (ready) or health-check (check) command line of the units' probe."""
-    python = host.python or "python3"
-    words = [python, probe_path(host), mode, "--unit", m.unit_name, "--port", str(m.serving.port),
+    words = [mode, "--unit", m.unit_name, "--port", str(m.serving.port),
              "--served-name", m.served_name, "--health-path", m.probes.health_path]
     if mode == "check":
         words += ["--model", m.name, "--timeout", str(m.probes.health_timeout_seconds),
                   "--failures", str(m.probes.health_failures), "--state-dir", host.state_dir]
-    return " ".join(systemd_quote(w) for w in words)
+    return _probe(host, *words)
+
+
+def restart_command(m: Manifest, host: HostEntry, operation: str, by: str, *extra: str) -> str:
+    """The root part (ExecStopPost=+) of the health check and the head watch: it acts only when the
+    probe exited RESTART_EXIT, records `operation` in history.jsonl and restarts the service."""
+    return _probe(host, "restart", "--unit", m.unit_name, "--model", m.name, "--state-dir", host.state_dir,
+                  "--operation", operation, "--by", by, *extra, root=True)
 
 
 def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
     """The head watch's ExecStart=: the units' probe in watch-head mode."""
     assert m.multinode is not None
-    words = [host.python or "python3", probe_path(host), "watch-head", "--unit", m.unit_name, "--model", m.name,
-             "--address", role.head_address, "--port", str(m.multinode.master_port),
-             "--state-dir", host.state_dir]
-    return " ".join(systemd_quote(w) for w in words)
+    return _probe(host, "watch-head", "--unit", m.unit_name, "--model", m.name, "--address", role.head_address,
+                  "--port", str(m.multinode.master_port), "--state-dir", host.state_dir)
 
 
 HOME_TREES = ("/home", "/root", "/run/user")
@@ -366,9 +419,32 @@ def protect_home(host: HostEntry) -> str:
     return "read-only" if inside else "yes"
 
 
-def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None) -> dict[str, Secret]:
+def secrets_from_environ(m: Manifest, environ: Mapping[str, str] | None = None, *, required: bool = True,
+                         installed: Mapping[str, str] | None = None) -> dict[str, Secret]:
+    """The manifest's secret_env values from vllm-orch's environment. A name it is not given: the
+    value `installed` on the host (regen keeps it), else left out when the manifest lists it in
+    optional_secrets or `required` is off (render's preview, status); otherwise a ConfigError
+    (exit 2): a VLLM_API_KEY left out would have vLLM serve without authentication. A value an env
+    file cannot hold (a newline, a control character) is a ConfigError too."""
     environ = os.environ if environ is None else environ
-    return {k: Secret(environ[k]) for k in m.serving.secret_env if environ.get(k)}
+    out: dict[str, Secret] = {}
+    for name in m.serving.secret_env:
+        value = environ.get(name) or (installed or {}).get(name)
+        if not value:
+            if required and name not in m.serving.optional_secrets:
+                raise ConfigError(
+                    f"{name} is not set in the environment of vllm-orch, and {m.name} needs it "
+                    f"(serving.secret_env)" + (": vLLM would serve without an API key" if name == "VLLM_API_KEY"
+                                               else ""),
+                    hint=f"export {name}, or list it in serving.optional_secrets if {m.name} may run without it")
+            continue
+        try:
+            env_value(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name} (from the environment of vllm-orch): {exc}",
+                              hint="an env file holds one line per variable") from None
+        out[name] = Secret(value)
+    return out
 
 
 def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[str, str]]:
@@ -399,14 +475,18 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
-                  manifest_hash=mhash, protect_home=protect_home(host))
+                  manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
+                  restart_exit=RESTART_EXIT)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
     if ray and host.service_manager != "systemd":
         raise ConfigError(f"{host.where('service_manager')}: {m.name} runs on Ray (multinode.backend ray), whose "
                           f"nodes are systemd units; {host.name} is a `{host.service_manager}` host: use backend mp")
 
     env_pairs = [(k, env_value(v)) for k, v in m.env.items()]
-    missing = [k for k in m.serving.secret_env if k not in secrets]
+    worker = role is not None and not role.head
+    if worker:                  # no HTTP server on this node: its env file gets no API key
+        secrets = {k: v for k, v in secrets.items() if k not in HTTP_SECRETS}
+    missing = [k for k in m.serving.secret_env if k not in secrets and not (worker and k in HTTP_SECRETS)]
     env_tpl = _template("vllm.env.j2")
     env_args = dict(common, env=env_pairs, missing_secrets=missing, role=role, node_env=node_env(m, host, role),
                     cuda_visible_devices=",".join(str(i) for i in m.serving.visible_devices))
@@ -415,7 +495,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     env_file = RenderedFile(epath, masked, 0o600, revealed if secrets else None)
 
     extra: list[RenderedFile] = []
-    worker = role is not None and not role.head
     watch = watches_head(m, role)
     if host.service_manager == "systemd":
         health_service, health_timer = health_unit_names(m)
@@ -431,15 +510,19 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
             check_timeout = m.probes.health_timeout_seconds * 2 + 30    # /metrics twice, /health, the completion
             extra = [
                 RenderedFile(f"{host.units_dir}/{health_service}", _template("vllm-health.service.j2").render(
-                    **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout),
-                    0o644),
+                    **units, health_check=probe_command(m, host, "check"), health_check_timeout=check_timeout,
+                    health_restart=restart_command(m, host, "health-restart", health_timer),
+                    health_dir=f"{host.state_dir}/health"), 0o644),
                 RenderedFile(f"{host.units_dir}/{health_timer}", _template("vllm-health.timer.j2").render(**units),
                              0o644),
                 RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
         elif watch and role is not None:
+            assert m.multinode is not None
             extra = [
                 RenderedFile(f"{host.units_dir}/{headwatch_unit_name(m)}", _template("vllm-headwatch.service.j2").render(
-                    **units, head_watch=head_watch_command(m, host, role)), 0o644),
+                    **units, head_watch=head_watch_command(m, host, role), head_restart=restart_command(
+                        m, host, "head-lost-restart", headwatch_unit_name(m), "--address", role.head_address,
+                        "--port", str(m.multinode.master_port))), 0o644),
                 RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
         if ray and role is not None and role.head:
             extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(

@@ -5,6 +5,7 @@ Proofs come from the mirror's request log: which files were GET, with which Rang
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -248,3 +249,35 @@ def test_kimi_int4_synthetic_repo_at_default_scale(hub_mirror, tmp_path, capsys)
         print(f"\n[figures] Kimi-K2.5 INT4 synthetic ({done['total_bytes'] / 1e6:.1f} MB, 64 shards): "
               f"{seconds:.2f} s wall, script {done['seconds']:.2f} s = "
               f"{done['bytes'] / 1e6 / done['seconds']:.0f} MB/s over loopback; plan-only re-run {plan_seconds:.2f} s")
+
+
+def test_the_hub_token_file_is_gone_even_when_the_connection_drops_before_its_removal(hub_mirror, tmp_path):
+    """The token file vllm-orch puts on the host for one download was removed by a command after the
+    script: a connection that dropped first left the token behind. The script now removes the
+    file it was given for one run as soon as it has read it; a file left by a run cut between the
+    upload and the script's start is swept by the next run that uses a token."""
+    from orchestrator.errors import ConnectError
+
+    host = LocalHost("sim", env={k: v for k, v in hub_mirror.env().items() if k.startswith("HF_")})
+    state = tmp_path / "state"
+    (state / "secrets").mkdir(parents=True)
+    stale = state / "secrets" / "hf-token-1"
+    stale.write_text("hf_left_by_a_cut_run")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    original = host.run
+
+    def dropped(cmd, **kw):
+        if "rm -f" in host.wrap(cmd, kw.get("env"), kw.get("sudo")):
+            raise ConnectError("connection to sim lost", host="sim")
+        return original(cmd, **kw)
+
+    host.run = dropped
+    with pytest.raises(ConnectError):
+        run_download(host, sys.executable, GATED, "main", str(tmp_path / "g"), state_dir=str(state),
+                     token=Secret(SIM_TOKEN))
+    assert (tmp_path / "g" / ".vllm-orch" / "verified.json").exists()     # the download itself ran
+    assert [p.name for p in (state / "secrets").iterdir()] == ["hf-token-1"]
+    host.run = original
+    run_download(host, sys.executable, GATED, "main", str(tmp_path / "g"), state_dir=str(state),
+                 token=Secret(SIM_TOKEN))
+    assert list((state / "secrets").iterdir()) == []

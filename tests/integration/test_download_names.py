@@ -106,3 +106,33 @@ def test_a_symlinked_file_is_replaced_not_written_through(hub_mirror, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert target.read_text() == "precious\n"
     assert not (dest / "config.json").is_symlink() and json.loads((dest / "config.json").read_text())
+
+
+def test_hub_hashes_that_are_paths_are_refused_before_anything_is_touched(tmp_path, monkeypatch, capsys):
+    """The listing's sha256 / blob_id name the partial files (`<name>.<sha256>.incomplete`): a hostile
+    mirror that lists `sha256: /../../../victim` would make root truncate and delete a file of that
+    name outside the model folder. Hashes are checked like names, before anything is written."""
+    script = load_script()
+    dest = tmp_path / "models" / "m"
+    made = dest / ".cache" / "huggingface" / "download" / "x."   # as an earlier file `x./y` of the listing made it
+    made.mkdir(parents=True)
+    victim = tmp_path / "victim.incomplete"
+    victim.write_text("someone else's data\n")
+    up = "/".join([".."] * len(made.relative_to(tmp_path).parts))
+    listing = [{"name": "x", "size": 0, "sha256": f"/{up}/victim", "blob_id": None, "lfs": True}]
+    monkeypatch.setattr(script, "fetch_metadata", lambda *a: ("0" * 40, listing))
+    code = script.main(["--repo", "a/b", "--revision", "main", "--local-dir", str(dest), "--retries", "0"])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 1 and victim.read_text() == "someone else's data\n"
+    assert events[-1]["event"] == "error" and events[-1]["kind"] == "unsafe", events
+    assert "sha256" in events[-1]["message"] and not (dest / ".vllm-orch").exists()
+
+
+@pytest.mark.parametrize("field,value,ok", [
+    ("sha256", "a" * 64, True), ("sha256", None, True), ("sha256", "A" * 64, False), ("sha256", "a" * 63, False),
+    ("sha256", "../" + "a" * 61, False), ("blob_id", "b" * 40, True), ("blob_id", "b" * 64, True),
+    ("blob_id", "b" * 39 + "/", False), ("blob_id", 7, False),
+])
+def test_only_hex_hashes_of_the_hubs_lengths_pass(field, value, ok):
+    f = {"name": "x", "size": 1, "sha256": None, "blob_id": None, "lfs": False, field: value}
+    assert (load_script().unsafe_hash(f) is None) == ok

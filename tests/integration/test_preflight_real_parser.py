@@ -388,7 +388,7 @@ def run_preflight(host, python, argv, prov, m, smi_path):
     gpus, apps = read_gpus(host, entry)
     info = nvidia_smi.parse_driver_info(host.run([smi_path]).stdout)
     pf.gpus, pf.gpu_error, pf.driver_version, pf.driver_cuda = gpus, None, info.driver_version, info.cuda_version
-    return evaluate(pf, needs, holders([], [], m.name, needs.gpu_needs.indices or []))
+    return evaluate(pf, needs, holders([], [], m.name, needs.gpu_needs.indices or [], protected=()))
 
 
 def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake_site_packages,

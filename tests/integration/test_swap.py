@@ -114,7 +114,7 @@ def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatc
     templates = tmp_path / "templates"
     shutil.copytree(shipped_dir("templates"), templates)
     script = templates / "vllm-process.sh.j2"
-    script.write_text(script.read_text().replace("set -a\n", "# local tuning\nset -a\n"))
+    script.write_text(script.read_text().replace("set -- ", "# local tuning\nset -- "))
     monkeypatch.setenv("VLLM_ORCH_TEMPLATES", str(templates))
     preview = run_regen(e, manifests, opts(), quiet, dry_run=True, restart=False)
     text = preview.plan.text()

@@ -161,3 +161,69 @@ def test_service_reach_walks_every_folder_and_the_interpreter(tmp_path, open_dir
     vllm.chmod(0o711)                      # a script must be readable too, not only executable
     assert service_reach(str(vllm), ghost)["problems"] == [
         f"{vllm} (-rwx--x--x {vllm.owner()}) is not readable and executable by {ghost}"]
+
+
+def root_trust(tmp_path, programs: list[str], folders: list[str], python: str = sys.executable) -> dict:
+    args = {"ports": [], "models_root": str(tmp_path / "models"), "state_dir": str(tmp_path / "state"),
+            "nvidia_smi": "nvidia-smi-absent", "vllm": "/nonexistent/vllm", "manager": "process", "models": [],
+            "users": ["root"], "gpu_query": ["nvidia-smi-absent"], "apps_query": ["nvidia-smi-absent"],
+            "trust": {"programs": programs, "folders": folders}}
+    out = subprocess.run([python, "-c", SCRIPT, json.dumps(args)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {r["path"]: r["problem"] for kind in ("programs", "folders")
+            for r in json.loads(out.stdout)["root_trust"][kind]}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files owned by another user")
+def test_root_trust_names_every_path_another_user_could_change(tmp_path, open_dir):
+    """What vllm-orch runs and writes as root must be changeable by root only: a venv's python in a
+    folder another user owns, `models_root: /tmp/models` that anyone could have made first,
+    `state_dir: /tmp` itself, a folder under a group-writable one."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    theirs = open_dir / "theirs"
+    (theirs / "bin").mkdir(parents=True)
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    python = theirs / "bin" / "python3"
+    python.symlink_to(sys.executable)
+    mine = open_dir / "mine"
+    (mine / "bin").mkdir(parents=True)
+    linked = mine / "bin" / "python3"
+    linked.symlink_to(python)                    # root's link into a folder another user owns
+    group_w = open_dir / "shared"
+    group_w.mkdir()
+    os.chown(group_w, 0, nobody.pw_gid)
+    group_w.chmod(0o775)
+    squat = "/tmp/vllm-orch-test-" + os.urandom(4).hex()
+    made = open_dir / "made-by-root"
+    made.mkdir()
+    got = root_trust(tmp_path, [str(python), str(linked), sys.executable],
+                     ["/tmp", squat + "/models", str(made), str(made / "later" / "state"), str(group_w / "x")])
+    assert "owned by nobody" in got[str(python)] and "owned by nobody" in got[str(linked)]
+    assert got[sys.executable] is None                       # this venv's python: root's all the way
+    assert got["/tmp"] == "/tmp is writable by everyone"
+    assert "does not exist yet" in got[squat + "/models"] and "make it as root" in got[squat + "/models"]
+    assert got[str(made)] is None and got[str(made / "later" / "state")] is None   # open_dir: a root folder in /tmp
+    assert "writable by group" in got[str(group_w / "x")]
+    os.chown(made, nobody.pw_uid, nobody.pw_gid)             # someone else's folder in /tmp: not trusted
+    assert "owned by nobody" in root_trust(tmp_path, [], [str(made / "state")])[str(made / "state")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files owned by another user")
+def test_root_trust_reads_the_pythons_sys_path_and_the_top_of_its_site_packages(tmp_path):
+    """A `.pth` file at the top of site-packages runs at every start of that Python, as root for the
+    helpers: one another user owns is named."""
+    import pwd
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    python = tmp_path / "venv" / "bin" / "python"
+    packages = Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    got = root_trust(tmp_path, [str(python)], [], python=str(python))
+    assert got[str(packages)] is None and got[str(python)] is None, got
+    planted = packages / "zz-planted.pth"
+    planted.write_text("")
+    os.chown(planted, pwd.getpwnam("nobody").pw_uid, 0)
+    got = root_trust(tmp_path, [str(python)], [], python=str(python))
+    assert got[str(planted)] == f"{planted} is owned by nobody", got

@@ -36,6 +36,9 @@ def host_dirs(tmp_path):
     (state / "history.jsonl").write_text("\n".join(lines) + "\n")
     (state / "health" / "mm-a.json").write_text(json.dumps({"ok": True, "at": 1.0}))
     (state / "health" / "broken.json").write_text("{not json")
+    # health/ is the service user's: a link it planted to a file only root may read is not followed
+    (tmp_path / "root-only.json").write_text(json.dumps({"ok": False, "reason": "root's secret"}))
+    (state / "health" / "linked.json").symlink_to(tmp_path / "root-only.json")
     dist = tmp_path / "site" / "vllm-9.8.7.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.8.7\n\nVersion: no\n")
@@ -60,7 +63,7 @@ def test_status_subset_in_one_round_trip(host_dirs):
     assert [rec["n"] for rec in history] == [n for n in range(100, 600) if n != 550]
     assert uptime is not None and uptime > 0
     assert lock is None                                        # no lock file: nobody holds it
-    assert checks == {"mm-a": {"ok": True, "at": 1.0}}          # the unreadable check is left out
+    assert checks == {"mm-a": {"ok": True, "at": 1.0}}          # the unreadable check and the link are left out
     # the active record's model gets its service state although nothing is installed
     assert facts.active == {"model": "mm-a", "port": 8001}
     assert facts.services["mm-a"].active is False and facts.running() == []

@@ -9,6 +9,7 @@ The table of inputs and results in docs/security.md is this list.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -48,15 +49,41 @@ HOSTILE = [
     ("env-ready-timeout", "m", {"env": {"VLLM_ENGINE_READY_TIMEOUT_S": "1"}}, "env.VLLM_ENGINE_READY_TIMEOUT_S"),
     ("env-ld-preload", "m", {"env": {"LD_PRELOAD": "/tmp/evil.so"}}, "env.LD_PRELOAD"),
     ("env-path", "m", {"env": {"PATH": "/tmp/evil:/usr/bin"}}, "env.PATH"),
+    # -- manifest: loader and interpreter variables (whoever reads the env file would run them) ----
+    ("env-pythonpath", "m", {"env": {"PYTHONPATH": "/var/lib/vllm-orch/models/tiny"}}, "env.PYTHONPATH"),
+    ("env-pythonstartup", "m", {"env": {"PYTHONSTARTUP": "/tmp/x.py"}}, "env.PYTHONSTARTUP"),
+    ("env-ld-library-path", "m", {"env": {"LD_LIBRARY_PATH": "/var/lib/vllm-orch/models/tiny"}},
+     "env.LD_LIBRARY_PATH"),
+    ("env-ld-audit", "m", {"env": {"LD_AUDIT": "/tmp/a.so"}}, "env.LD_AUDIT"),
+    ("env-gconv-path", "m", {"env": {"GCONV_PATH": "/tmp"}}, "env.GCONV_PATH"),
+    ("env-bash-env", "m", {"env": {"BASH_ENV": "/tmp/x.sh"}}, "env.BASH_ENV"),
+    ("hardware-env-pythonpath", "m", {"requires": {"hardware": {"ampere": {"env": {"PYTHONPATH": "/tmp"}}}}},
+     "requires.hardware.ampere.env.PYTHONPATH"),
+    ("secret-env-pythonpath", "m", {"serving": {"secret_env": ["PYTHONPATH"]}}, "serving.secret_env[0]"),
+    ("service-env-ld-audit", "h", {"service_env": {"LD_AUDIT": "/tmp/a.so"}}, "hosts.h.service_env.LD_AUDIT"),
+    ("override-service-env-pythonhome", "h", {"overrides": {"tiny": {"service_env": {"PYTHONHOME": "/tmp"}}}},
+     "hosts.h.overrides.tiny.service_env.PYTHONHOME"),
     ("secret-env-path", "m", {"serving": {"secret_env": ["PATH"]}}, "serving.secret_env"),
     ("env-newline-unit-line", "m", {"env": {"NCCL_DEBUG": "INFO\nExecStartPre=/bin/sh -c id"}}, "env.NCCL_DEBUG"),
     ("env-secret-name", "m", {"env": {"HF_TOKEN": "hf_abc"}}, "env.HF_TOKEN"),
+    ("env-name-with-space", "m", {"env": {"MY VAR": "1"}}, "env.MY VAR: 'MY VAR' is not an environment variable"),
+    ("env-name-with-at", "m", {"env": {"A@B": "1"}}, "env.A@B: 'A@B' is not an environment variable"),
+    ("hardware-unknown-field-space", "m", {"requires": {"hardware": {"ampere": {"vllm": {"max seqs": 1}}}}},
+     "requires.hardware.ampere.vllm.max seqs: unknown field"),
     # -- manifest: secrets where they would leak (unit, records, ps) ----------------------------
     ("extra-args-api-key", "m", {"vllm": {"extra_args": ["--api-key", "sk-123"]}}, "vllm.extra_args[0]"),
     ("extra-args-api-key-eq", "m", {"vllm": {"extra_args": ["--seed", "0", "--api-key=sk-123"]}},
      "vllm.extra_args[2]"),
     ("extra-args-hf-token", "m", {"vllm": {"extra_args": ["--hf-token", "hf_abc"]}}, "vllm.extra_args[0]"),
     ("extra-args-newline", "m", {"vllm": {"extra_args": ["--seed\nExecStartPre=/bin/id"]}}, "vllm.extra_args[0]"),
+    # -- manifest: flags spelled as vLLM reads them too (`_` is `-`, argparse takes unique prefixes) --
+    ("extra-args-api-key-underscore", "m", {"vllm": {"extra_args": ["--api_key", "sk-123"]}}, "vllm.extra_args[0]"),
+    ("extra-args-api-key-prefix", "m", {"vllm": {"extra_args": ["--api-k=sk-123"]}}, "vllm.extra_args[0]"),
+    ("extra-args-trust-remote-code-underscore", "m", {"vllm": {"extra_args": ["--seed", "0", "--trust_remote_code"]}},
+     "vllm.extra_args[2]"),
+    ("extra-args-tp-underscore", "m", {"vllm": {"extra_args": ["--tensor_parallel_size", "2"]}}, "vllm.extra_args[0]"),
+    ("extra-args-dcp-short", "m", {"vllm": {"extra_args": ["-dcp", "8"]}}, "vllm.extra_args[0]"),
+    ("extra-args-port-prefix", "m", {"vllm": {"extra_args": ["--por", "9000"]}}, "vllm.extra_args[0]"),
     # -- manifest: numbers that are not numbers --------------------------------------------------
     ("port-true", "m", {"serving": {"port": True}}, "serving.port"),
     ("gpus-true", "m", {"serving": {"gpus": True}}, "serving.gpus"),
@@ -87,6 +114,9 @@ HOSTILE = [
     ("vllm-bang-prefix", "h", {"vllm": "!!/opt/vllm/bin/vllm"}, "vllm"),
     ("vllm-colon-prefix", "h", {"vllm": ":/opt/vllm/bin/vllm"}, "vllm"),
     ("python-newline", "h", {"python": "python3\nrm -rf /"}, "python"),
+    ("python-plus-prefix", "h", {"python": "+/usr/bin/python3"}, "hosts.h.python: '+/usr/bin/python3'"),
+    ("python-minus-prefix", "h", {"python": "-/usr/bin/python3"}, "hosts.h.python"),
+    ("nvidia-smi-bang-prefix", "h", {"nvidia_smi": "!/usr/bin/nvidia-smi"}, "hosts.h.nvidia_smi"),
     ("user-newline", "h", {"user": "root\nProxyCommand x"}, "user"),
     ("identity-file-escape", "h", {"identity_file": "~/.ssh/id\x1b[2J"}, "identity_file"),
     ("known-hosts-newline", "h", {"known_hosts_file": "/tmp/kh\n"}, "known_hosts_file"),
@@ -192,6 +222,7 @@ def test_hostile_input_is_refused_with_exit_2_and_one_clear_line(case, place, ca
     first = output.splitlines()[0]
     file = "tiny.yaml" if kind.startswith("m") else "hosts.yaml"
     assert first.startswith("error: ") and file in first and expect in first, output
+    assert "\x1f" not in output and not re.search(r": @.*@ ", first), "an internal path marker reached the message"
     assert snapshot(root) == before                     # nothing written on the host
     assert not (tmp / "controller-state").exists() or not any((tmp / "controller-state").rglob("*.lock"))
 
@@ -231,3 +262,98 @@ def test_the_size_limit_does_not_read_the_whole_file(place, capsys):
     code, output = run_cli(["--models", str(tmp / "models"), "validate", str(huge)], capsys)
     assert code == 2 and "larger than" in output, output
     assert os.path.getsize(huge) == 8 << 30
+
+
+@pytest.mark.parametrize("gpus,says", [("0-99999", "at most 64"), (",".join(str(i) for i in range(5000)), "at most 64"),
+                                       ("0-3,0-99999999999", "not a GPU index")])
+def test_a_huge_gpu_list_on_the_command_line_is_refused_at_once_in_one_short_line(gpus, says, place, capsys):
+    """`render --gpus 0-99999` took 29 s (a quadratic duplicate check) and printed a 600 KB line."""
+    tmp, root = place
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(MODEL))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": host(root)}}))
+    code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml"),
+                            "render", "tiny", "--host", "h", "--gpus", gpus], capsys)
+    assert code == 2 and output.startswith("error: --gpus ") and len(output) < 400, output[:400]
+    assert says in output
+
+
+@pytest.mark.parametrize("command", ["deploy", "swap"])
+def test_a_secret_the_manifest_needs_and_is_not_given_is_refused_before_any_host(command, place, capsys,
+                                                                                 monkeypatch):
+    """A secret_env name missing from vllm-orch's environment became a comment in the env file, and
+    vLLM served on 0.0.0.0 without an API key. Refused (exit 2) unless serving.optional_secrets
+    lists it."""
+    tmp, root = place
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(deep_merge(MODEL, {"serving": {
+        "secret_env": ["VLLM_API_KEY"]}})))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": host(root)}}))
+    before = snapshot(root)
+    code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml"),
+                            command, "tiny", "--host", "h"], capsys)
+    first = output.splitlines()[0]
+    assert code == 2 and first.startswith("error: VLLM_API_KEY is not set") and "without an API key" in first, output
+    assert "serving.optional_secrets" in output and snapshot(root) == before
+
+
+def test_an_optional_secret_may_be_missing_and_a_secret_with_a_newline_is_refused(monkeypatch):
+    from orchestrator.config.manifest import Manifest
+    from orchestrator.errors import ConfigError
+    from orchestrator.render.artifacts import secrets_from_environ
+
+    m = Manifest.model_validate(deep_merge({**MODEL, "name": "tiny"}, {"serving": {
+        "secret_env": ["HF_TOKEN", "VLLM_API_KEY"], "optional_secrets": ["HF_TOKEN"]}}))
+    assert list(secrets_from_environ(m, {"VLLM_API_KEY": "k"})) == ["VLLM_API_KEY"]
+    with pytest.raises(ConfigError, match="VLLM_API_KEY is not set"):
+        secrets_from_environ(m, {"HF_TOKEN": "t"})
+    with pytest.raises(ConfigError, match="VLLM_API_KEY .from the environment of vllm-orch.: .* one line") as info:
+        secrets_from_environ(m, {"VLLM_API_KEY": "a\nb"})
+    assert info.value.exit_code == 2
+    assert secrets_from_environ(m, {}, installed={"VLLM_API_KEY": "old"})["VLLM_API_KEY"].reveal() == "old"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a folder only root can change, and one it cannot")
+@pytest.mark.parametrize("where", ["env_dir", "models_root", "units_dir"])
+def test_a_folder_under_a_world_writable_parent_is_refused_on_the_host_with_exit_3(where, place, capsys):
+    """`env_dir: /tmp/x`, `models_root: /tmp/models` and their like validate (the inventory cannot
+    know the host's modes): the host's preflight reads the owner and mode of every part and refuses
+    (exit 3) before anything is downloaded or installed: a folder root has not made yet under /tmp
+    could be made by anyone first, and lined with links."""
+    tmp, root = place
+    shared = "/tmp/vllm-orch-hostile-" + os.urandom(4).hex()
+    entry = {**host(root), where: shared if where != "models_root" else shared + "/models"}
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(MODEL))
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": entry}}))
+    argv = ["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml")]
+    code, output = run_cli([*argv, "check", "tiny", "--host", "h"], capsys)
+    assert code == 3 and f"FAIL    root-folders: another user could change one of the folders vllm-orch writes as root: " \
+        f"{shared} does not exist yet, and /tmp lets anyone make it first" in output, output
+    code, output = run_cli([*argv, "deploy", "tiny", "--host", "h"], capsys)      # refused at its preflight
+    assert code == 3 and "root-folders" in output and not os.path.exists(shared), output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a folder only root can change, and one it cannot")
+def test_the_lock_refuses_a_state_dir_another_user_can_change(place, capsys, tmp_path_factory):
+    """The lock comes before the facts: `state_dir: /tmp` (or a folder another user made first)
+    would have root create and flock `deploy.lock` where that user may have planted a link."""
+    import pwd
+
+    tmp, root = place
+    squatted = tmp_path_factory.mktemp("squat")
+    os.chown(squatted, pwd.getpwnam("nobody").pw_uid, -1)
+    (tmp / "models" / "tiny.yaml").write_text(yaml.safe_dump(MODEL))
+    for state_dir in ("/tmp", str(squatted)):
+        (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {**host(root), "state_dir": state_dir}}}))
+        code, output = run_cli(["--models", str(tmp / "models"), "--inventory", str(tmp / "hosts.yaml"),
+                                "deploy", "tiny", "--host", "h"], capsys)
+        assert code == 3 and f"state_dir {state_dir} is not root's alone" in output, output
+        assert not os.path.exists(os.path.join(state_dir, "deploy.lock"))
+
+
+def test_pythons_harmless_switches_are_allowed_in_a_services_environment():
+    from orchestrator.config.manifest import Manifest, denied_env
+
+    m = Manifest.model_validate({**MODEL, "name": "tiny", "env": {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"}})
+    assert m.env["PYTHONUNBUFFERED"] == "1"
+    assert denied_env("TMPDIR") is None and denied_env("NCCL_DEBUG") is None
+    assert denied_env("PYTHONPATH") and denied_env("LD_LIBRARY_PATH") and denied_env("GLIBC_TUNABLES")

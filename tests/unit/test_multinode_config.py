@@ -320,9 +320,17 @@ def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch
         "vllm-kimi-k25-int4-2node-headwatch.service", "vllm-orch-probe.py"]
     watch = directives(worker.extra[0].text)
     assert watch["PartOf"] == watch["After"] == ["vllm-kimi-k25-int4-2node.service"]
-    assert watch["ExecStart"] == ["/opt/vllm/bin/python /var/lib/vllm-orch/bin/vllm-orch-probe.py watch-head "
+    assert watch["ExecStart"] == ["/opt/vllm/bin/python -I /var/lib/vllm-orch/bin/vllm-orch-probe.py watch-head "
                                   "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
                                   "--address 10.0.0.1 --port 29500 --state-dir /var/lib/vllm-orch/state"]
+    # the watch is the service user's, without the service's environment; only its root part
+    # (after it exited 75) restarts the node
+    assert watch["User"] == ["vllm"] and "EnvironmentFile" not in watch and "LoadCredential" not in watch
+    assert watch["ExecStopPost"] == ["+/opt/vllm/bin/python -I -S /var/lib/vllm-orch/bin/vllm-orch-probe.py restart "
+                                     "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
+                                     "--state-dir /var/lib/vllm-orch/state --operation head-lost-restart --by "
+                                     "vllm-kimi-k25-int4-2node-headwatch.service --address 10.0.0.1 --port 29500"]
+    assert watch["RestartPreventExitStatus"] == ["75"]
     # data parallel and Ray nodes have no rendezvous store to watch
     for m in (DP, RAY):
         assert nodes(m)[1].extra == [] and "headwatch" not in nodes(m)[1].unit.text
@@ -355,7 +363,7 @@ def test_role_none_renders_the_single_host_goldens(model):
 def test_every_nodes_units_pass_systemd_analyze_verify(m):
     for r in nodes(m):
         units = [r.unit, *(f for f in r.extra if f.path.endswith((".service", ".timer")))]
-        binaries = sorted({r.argv[0], r.host.python, "/opt/vllm/bin/ray"})
+        binaries = sorted({r.argv[0], r.host.python, "/opt/vllm/bin/ray", "/usr/bin/install"})
         for target in units:
             others = {f.path: f.text for f in [r.env_file, *units] if f is not target}
             ok, err = unitcheck.verify_unit(target.text, binaries, unit_name=target.path.rsplit("/", 1)[1],
@@ -400,3 +408,23 @@ def test_cli_render_refuses_a_wrong_node_count(tmp_path):
     p = cli(tmp_path, "kimi-k25-int4", "--host", "gpu1,gpu2")
     assert p.returncode == 2 and "kimi-k25-int4 runs on one host" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_worker_nodes_env_file_holds_no_api_key():
+    """Worker nodes serve no HTTP: the API key (VLLM_API_KEY) was written to their env files anyway.
+    The head keeps it; the other secrets (model code on every node may read them) stay on every node."""
+    from orchestrator.config.manifest import load_manifest
+    from orchestrator.config.placement import node_roles
+    from orchestrator.paths import shipped_dir
+    from orchestrator.render.artifacts import render
+    from orchestrator.secret import Secret
+
+    m = load_manifest(shipped_dir("models") / "kimi-k25-int4-2node.yaml")
+    m = m.model_validate({**m.model_dump(), "serving": {**m.serving.model_dump(),
+                                                        "secret_env": ["VLLM_API_KEY", "HF_TOKEN"]}})
+    hosts = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i}") for i in (1, 2)]
+    secrets = {"VLLM_API_KEY": Secret("sk-head-only"), "HF_TOKEN": Secret("hf_x")}
+    head, worker = (render(m, h, secrets, role=r) for h, r in zip(hosts, node_roles(m, hosts)))
+    assert "VLLM_API_KEY=sk-head-only" in head.env_file.data().decode()
+    assert "sk-head-only" not in worker.env_file.data().decode() and "VLLM_API_KEY" not in worker.env_file.text
+    assert "HF_TOKEN=hf_x" in worker.env_file.data().decode()

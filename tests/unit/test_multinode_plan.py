@@ -121,7 +121,7 @@ def test_a_refusal_on_either_node_ends_the_plan_before_anything_changes(node):
     plan = plan_deploy_nodes(node_inputs(two_node(), {node: {"preflight": failed}}))
     assert plan.refusal is not None and plan.refusal.host == node and plan.refusal.step == "preflight"
     assert keys(plan)[-1] == "preflight[gpu2]" and "download" not in keys(plan)
-    stranger = [Proc(pid=5151, name="python3 train.py", used_mib=4000, gpu_index=3, kind=FOREIGN)]
+    stranger = [Proc(pid=5151, name="python3 train.py", used_mib=4000, gpu_index=3, kind=FOREIGN, start_time=515100)]
     plan = plan_deploy_nodes(node_inputs(two_node(), {node: {"procs": stranger}}))
     assert plan.refusal is not None and plan.refusal.host == node and plan.refusal.step == "gpus"
     assert keys(plan)[-1] == f"gpus[{node}]" and not any(a.step == "start" for a in plan.actions)

@@ -73,7 +73,8 @@ def test_deploy_and_bench_summaries():
 
 def proc(pid, gpu, owner=None, left_by=None, vllm=True, name="VLLM::Worker_TP0"):
     kind = SERVICE if owner else LEFT if left_by else ABANDONED if vllm else FOREIGN
-    return Proc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, kind=kind, model=owner or left_by)
+    return Proc(pid=pid, name=name, used_mib=1000, gpu_index=gpu, kind=kind, model=owner or left_by,
+                start_time=pid * 100)
 
 
 def test_stop_leftovers_only_on_the_models_gpus_and_never_a_running_models_or_foreign():
@@ -201,3 +202,22 @@ def test_unit_lines_show_state_boot_root_cause_and_health():
     assert lines[2].startswith("health: 1 failed check in a row") and lines[2].endswith("/health answered 503")
     assert lines[3].startswith("health timer restarted it") and lines[3].endswith("2 health checks failed")
     assert unit_lines(HostStatus(host="p")) == []           # a process host has no unit
+
+
+def test_history_and_status_never_send_a_services_control_characters_to_the_terminal():
+    """A health-restart reason quotes the service's answer ("answered 500: <body>"): a body holding
+    escape sequences (clear the screen, set the title, OSC 8 links) reached the terminal raw."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.views import render_history
+
+    body = "\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil/\x1b\\link\x9b31m"
+    out = io.StringIO()
+    render_history(Console(file=out, force_terminal=True, width=300), "h", [
+        {"at": "2026-01-01T00:00:00+00:00", "operation": "health-restart", "model": "m" + body, "ok": True,
+         "reason": f"a one-token completion answered 500: {body}"}])
+    text = out.getvalue()
+    assert "\x1b[2J" not in text and "\x1b]" not in text and "\x07" not in text and "\x9b" not in text, repr(text)
+    assert "answered 500: \\x1b[2J" in text

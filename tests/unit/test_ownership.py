@@ -76,7 +76,8 @@ def test_a_zombie_main_process_means_the_service_is_not_running():
 
 
 def p(pid, gpu, kind, model=None, name="VLLM::Worker_TP0"):
-    return Proc(pid=pid, name=name, used_mib=1000 if gpu is not None else 0, gpu_index=gpu, kind=kind, model=model)
+    return Proc(pid=pid, name=name, used_mib=1000 if gpu is not None else 0, gpu_index=gpu, kind=kind, model=model,
+                start_time=pid * 100)           # what the facts script reads of every process it sees
 
 
 PROCS = [p(1, 0, SERVICE, "kimi"), p(2, 1, LEFT, "kimi"), p(3, 2, ABANDONED),
@@ -86,7 +87,7 @@ PROCS = [p(1, 0, SERVICE, "kimi"), p(2, 1, LEFT, "kimi"), p(3, 2, ABANDONED),
 
 
 def test_deploy_sorts_a_placements_holders():
-    h = holders(PROCS, [], "kimi", [0, 1, 2, 3])
+    h = holders(PROCS, [], "kimi", [0, 1, 2, 3], protected=())
     assert [x.pid for x in h.ours] == [1]
     assert [x.pid for x in h.kill] == [2, 3, 6]
     assert [x.pid for x in h.others] == [5]          # a running managed service: deploy refuses
@@ -96,7 +97,7 @@ def test_deploy_sorts_a_placements_holders():
 
 
 def test_swap_counts_the_model_it_stops_as_its_own():
-    h = holders(PROCS, [], "other-new", [0, 1, 2, 3], stopping={"mini"})
+    h = holders(PROCS, [], "other-new", [0, 1, 2, 3], stopping={"mini"}, protected=())
     assert [x.pid for x in h.ours] == [5]            # mini is stopped first by the swap itself
     assert [x.pid for x in h.others] == [1]          # kimi still runs: never killed
 
@@ -104,21 +105,21 @@ def test_swap_counts_the_model_it_stops_as_its_own():
 def test_port_holders_are_killed_only_when_a_dead_managed_service_left_them():
     port = [p(20, None, ABANDONED, name="VLLM::EngineCore"),
             p(21, None, LEFT, "kimi", name="python"), p(22, None, FOREIGN, name="nginx")]
-    h = holders([], port, "kimi", [0])
+    h = holders([], port, "kimi", [0], protected=())
     assert [x.pid for x in h.kill] == [21]
     assert [x.pid for x in h.foreign] == [20, 22]    # someone's server, maybe on other GPUs
 
 
 def test_preflight_reports_what_the_gpu_step_will_do():
     gpus = [0, 1, 2, 3]
-    leftovers_only = holders([x for x in PROCS if x.kind != FOREIGN], [], "kimi", gpus)
+    leftovers_only = holders([x for x in PROCS if x.kind != FOREIGN], [], "kimi", gpus, protected=())
     c = check_foreign_gpu_processes(leftovers_only, gpus)
     assert c.status == WARN and len(c.details) == 3
-    with_stranger = holders(PROCS, [], "kimi", gpus)
+    with_stranger = holders(PROCS, [], "kimi", gpus, protected=())
     c = check_foreign_gpu_processes(with_stranger, gpus)
     assert c.status == FAIL and "pid 7" in c.summary and "--kill-foreign" in c.fix
     assert check_foreign_gpu_processes(with_stranger, gpus, kill_foreign=True).status == WARN
-    assert check_foreign_gpu_processes(holders(PROCS, [], "kimi", [6, 7]), [6, 7]).status == OK
+    assert check_foreign_gpu_processes(holders(PROCS, [], "kimi", [6, 7], protected=()), [6, 7]).status == OK
 
 
 def test_gpu_list_text():
@@ -150,3 +151,45 @@ def test_kill_commands_terminate_then_kill_and_spare_a_reused_pid():
     finally:
         stubborn.kill()
         other.kill()
+
+
+def test_a_holder_vllm_orch_cannot_see_or_identify_is_named_and_never_killed():
+    """The facts script reports a port bound by a process it cannot see (another user's socket, a
+    hidden /proc) as [None], which became PID 0: with --kill-foreign the GPU step emitted
+    `kill -TERM 0`, which signals vllm-orch's own process group. A process read without a start
+    time (it was exiting, another PID namespace) was killed without the identity check."""
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.config.manifest import Manifest
+    from orchestrator.plan.service import holders_refusal
+
+    unseen = Proc(pid=0, name="?", used_mib=0, gpu_index=None, kind=FOREIGN)
+    unread = Proc(pid=4242, name="python", used_mib=1000, gpu_index=0, kind=FOREIGN)          # no start time
+    init = Proc(pid=1, name="systemd", used_mib=1000, gpu_index=0, kind=LEFT, model="kimi", start_time=1)
+    stranger = p(7, 0, FOREIGN, name="python3 train.py")
+    h = holders([unread, init, stranger], [unseen], "kimi", [0], protected=())
+    assert [x.pid for x in h.victims(kill_foreign=True)] == [7]
+    assert not any(x.pid in (0, 1) for x in h.kill)
+    text = " ".join(c.text for c in kill_commands([unseen, unread, init, stranger]))
+    assert "7:700" in text and " 0:" not in text and " 1:" not in text and "4242" not in text and ":-" not in text
+    assert kill_commands([unseen, unread, init]) == []
+    m = Manifest.model_validate({"name": "kimi", "source": {"repo": "a/b"}, "serving": {"gpus": 1, "port": 8000}})
+    entry = HostEntry(name="h", address="local")
+    err = holders_refusal(h, m, entry, kill_foreign=True)
+    assert err is not None and err.exit_code == 3, "--kill-foreign cannot free what it may not kill"
+    assert "not visible" in err.message and "4242" in err.message and "PID 0" not in err.message
+
+
+def test_stop_spares_what_another_recorded_service_left_on_shared_gpus():
+    """Between two starts of a service (systemd's RestartSec), its processes are `left behind`;
+    a stop of another service on overlapping GPUs must not kill them (the rule's protection of the
+    host's other services reaches stop as it reaches deploy)."""
+    from orchestrator.host.facts import HostFacts
+    from orchestrator.ops.stop import leftovers
+
+    procs = [p(1, 0, SERVICE, "kimi"), p(6, 1, LEFT, "mini"), p(3, 1, ABANDONED)]
+    facts = HostFacts(hostname="h", disk_path="/", disk_total=10, disk_free=5, gpus=[], gpu_error=None,
+                      driver_version=None, cuda_version=None, procs=procs, vllm_version=None, vllm_error=None,
+                      models={}, active=None, installed={}, services={}, usage={},
+                      records={"mini": {"model": "mini", "gpus": [1]}})
+    held = leftovers(facts, "kimi", [0, 1])
+    assert [x.pid for x in held.kill] == [3] and [x.pid for x in held.others] == [6]

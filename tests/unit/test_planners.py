@@ -103,8 +103,8 @@ def test_deploy_on_a_fresh_host_and_its_recovery():
 
 
 def test_deploy_kills_leftovers_and_refuses_a_stranger_unless_kill_foreign():
-    procs = [Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=LEFT, model="old"),
-             Proc(pid=5151, name="python3 train.py", used_mib=4000, gpu_index=3, kind=FOREIGN)]
+    procs = [Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=LEFT, model="old", start_time=424200),
+             Proc(pid=5151, name="python3 train.py", used_mib=4000, gpu_index=3, kind=FOREIGN, start_time=515100)]
     plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(procs=procs), download(1)))
     assert plan.refusal is not None and plan.refusal.step == "gpus" and "5151" in str(plan.refusal)
     plan = plan_deploy(inp(svc("kimi-k25-int4"), facts(procs=procs), download(1), kill_foreign=True))

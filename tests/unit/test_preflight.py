@@ -223,19 +223,20 @@ def run_preflight(host, python, argv, skip=(), gpu_list=None, procs=(), min_vllm
     pf.gpus, pf.driver_cuda, pf.driver_version = gpu_list, driver_cuda, "580.95.05"
     needs = PreflightNeeds(argv=list(argv), provenance=[], env={}, min_vllm=min_vllm, gpu_needs=gpu_needs)
     targets = gpu_needs.indices or list(range(gpu_needs.count)) if gpu_needs else []
-    return evaluate(pf, needs, holders(procs, [], "m", targets) if gpu_needs else None, skip=skip)
+    return evaluate(pf, needs, holders(procs, [], "m", targets, protected=()) if gpu_needs else None, skip=skip)
 
 
 def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp_path):
     sp = fake_site_packages({"vllm": "0.18.0", "torch": "2.13.0+cu130",
                              "flashinfer-python": "0.6.14", "flashinfer-cubin": "0.6.13"})
     host = LocalHost("t", env={"PYTHONPATH": str(sp)})
-    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=ABANDONED)
+    leftover = Proc(pid=4242, name="VLLM::Worker_TP0", used_mib=90000, gpu_index=0, kind=ABANDONED, start_time=424200)
     checks = run_preflight(host, sys.executable, ["vllm", "serve", "m", "--load-format", "fastsafetensors"],
                            skip={"flags", "env"}, gpu_list=gpus(2), procs=[leftover], min_vllm="0.19.1",
                            gpu_needs=GpuNeeds(8, "RTX PRO 6000"))
     by = {c.name: c for c in checks}
-    assert [c.name for c in checks] == ["flags", "env", "service-user", "vllm-version", "version-traps",
+    assert [c.name for c in checks] == ["flags", "env", "service-user", "root-programs", "root-folders",
+                                        "vllm-version", "version-traps",
                                         "package-pairs", "torch-cuda", "required-packages", "gpus",
                                         "foreign-gpu-processes"]
     assert by["service-user"].status == OK and "not checked" in by["service-user"].summary   # no host facts
@@ -248,7 +249,7 @@ def test_run_preflight_without_vllm_reports_each_problem(fake_site_packages, tmp
     assert by["gpus"].status == FAIL and by["gpus"].summary == "2 GPUs available, 8 needed"
     assert by["foreign-gpu-processes"].status == WARN        # the leftover VLLM::Worker_TP0 on GPU 0
     assert all(c.seconds is not None for c in checks if c.status not in (SKIPPED,) and c.name not in
-               ("service-user", "gpus", "foreign-gpu-processes"))
+               ("service-user", "root-programs", "root-folders", "gpus", "foreign-gpu-processes"))
 
 
 def test_run_preflight_with_a_python_lacking_vllm_fails_the_flag_check(tmp_path):
@@ -279,3 +280,17 @@ def test_check_service_user_fails_with_the_folder_and_the_fix():
     unsure = {"user": "vllm", "path": "/srv/x/vllm", "exists": True, "problems": [],
               "unchecked": ["/srv/x: Permission denied"]}
     assert check_service_user(unsure).status == WARN
+
+
+def test_root_programs_and_folders_fail_on_what_another_user_could_change():
+    from orchestrator.plan.preflight import check_root_folders, check_root_programs
+
+    trust = {"programs": [{"path": "/opt/vllm/bin/python", "problem": "/opt/vllm is owned by alice"},
+                          {"path": "/usr/bin/nvidia-smi", "problem": None}],
+             "folders": [{"path": "/var/lib/vllm-orch/state", "problem": None}]}
+    c = check_root_programs(trust)
+    assert c.status == FAIL and "/opt/vllm is owned by alice" in c.summary and "chown -R root:root" in c.fix
+    assert c.details == ["/opt/vllm/bin/python: /opt/vllm is owned by alice"]
+    assert check_root_folders(trust).status == OK
+    assert check_root_programs(trust, skip={"root-programs"}).status == SKIPPED
+    assert check_root_programs(None).status == OK          # facts from before: not checked, said so

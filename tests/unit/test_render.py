@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all, load_manifest
 from orchestrator.paths import shipped_dir
-from orchestrator.render.artifacts import env_value, render, systemd_quote
+from orchestrator.render.artifacts import env_value, read_env_values, render, systemd_quote
 from orchestrator.secret import Secret
 from orchestrator.sim import unitcheck
 
@@ -108,7 +109,7 @@ def _verify(r, text: str | None = None, which: int = 0) -> tuple[bool, str]:
     units = [r.unit, *r.extra[:2]]
     target = units[which]
     others = {f.path: f.text for f in [r.env_file, *units] if f is not target}
-    binaries = [r.argv[0], SYSTEMD_HOST.python or "python3"]
+    binaries = [r.argv[0], SYSTEMD_HOST.python or "python3", "/usr/bin/install"]
     return unitcheck.verify_unit(text if text is not None else target.text, binaries,
                                  unit_name=target.path.rsplit("/", 1)[1], extra_files=others)
 
@@ -156,7 +157,7 @@ def test_the_unit_is_active_only_when_the_model_serves():
     d = _directives(r.unit.text)
     assert d["Type"] == ["exec"] and d["TimeoutStartSec"] == [str(m.startup.budget_seconds)]
     post = d["ExecStartPost"][0].split()
-    assert post[:3] == ["/opt/vllm/bin/python", "/var/lib/vllm-orch/bin/vllm-orch-probe.py", "ready"]
+    assert post[:4] == ["/opt/vllm/bin/python", "-I", "/var/lib/vllm-orch/bin/vllm-orch-probe.py", "ready"]
     assert post[post.index("--port") + 1] == str(m.serving.port)
     assert post[post.index("--served-name") + 1] == m.served_name
     probe = next(f for f in r.extra if f.path.endswith("vllm-orch-probe.py"))
@@ -205,8 +206,13 @@ def test_health_timer_and_check_are_rendered_with_the_service():
     assert t["PartOf"] == [m.unit_name] and t["OnUnitActiveSec"] == [str(m.probes.health_interval_seconds)]
     c = _directives(next(f for f in r.extra if f.path == service).text)
     words = c["ExecStart"][0].split()
-    assert words[2] == "check" and words[words.index("--failures") + 1] == str(m.probes.health_failures)
-    assert c["EnvironmentFile"] == [r.env_file.path]         # the API key vLLM wants
+    assert words[1:4] == ["-I", "/var/lib/vllm-orch/bin/vllm-orch-probe.py", "check"]
+    assert words[words.index("--failures") + 1] == str(m.probes.health_failures)
+    # the service user's, without the service's environment: the API key comes as a credential
+    assert c["User"] == ["vllm"] and "EnvironmentFile" not in c
+    assert c["LoadCredential"] == [f"service-env:{r.env_file.path}"]
+    assert c["ExecStopPost"][0].startswith("+/opt/vllm/bin/python -I -S /var/lib/vllm-orch/bin/vllm-orch-probe.py "
+                                           "restart ")
     assert render(m, PROCESS_HOST).extra == []                # no units without systemd
 
 
@@ -235,8 +241,25 @@ def test_env_value_quoting():
     assert env_value("fp8") == "fp8"
     assert env_value("a b") == "'a b'"
     assert env_value("$X") == "'$X'"
+    assert env_value("it's") == '"it\'s"' and env_value("it's $X") == '"it\'s \\$X"'
     with pytest.raises(ValueError):
-        env_value("it's")
+        env_value("a\nb")
+
+
+@pytest.mark.parametrize("value", ["it's", "a'b\"c", "$HOME 'x' `id` \\n", "plain", "with space"])
+def test_a_secret_with_quotes_is_written_so_sh_reads_it_back_exactly(value):
+    """A secret holding `'` made render raise ValueError: exit 1, "internal error". It is written in
+    double quotes with sh's (and systemd's env-file parser's) four escapes; sh and read_env_values
+    (regen's reader of an installed env file) read the exact value back."""
+    import subprocess
+
+    m = MODELS["example"]
+    r = render(m, SYSTEMD_HOST, secrets={"HF_TOKEN": Secret(value)})
+    text = r.env_file.data().decode()
+    assert read_env_values(text)["HF_TOKEN"] == value
+    out = subprocess.run(["sh", "-c", '. /dev/stdin; printf %s "$HF_TOKEN"'], input=text, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == value
 
 
 def test_secrets_are_masked_in_text_and_revealed_in_data():
@@ -281,3 +304,55 @@ def test_percent_in_inventory_paths_is_not_a_systemd_specifier(tmp_path):
     assert '"/data/%%h/models/example"' in unit or "/data/%%h/models/example " in unit    # ExecStart's model path
     # the only specifier left is the template's own %C (the cache folder systemd makes), never a value
     assert not [l for l in unit.splitlines() if not l.startswith("#") and "%" in l.replace("%%", "").replace("%C/", "")]
+
+
+def test_percent_in_inventory_paths_reaches_no_unit_of_the_service_as_a_specifier():
+    """The health unit's EnvironmentFile= lacked the `%` doubling the service's unit had; every
+    unit of a service (the health check with its credential and state folder, the head watch)
+    names the folders that were written."""
+    from orchestrator.config.placement import node_roles
+
+    host = HostEntry(name="gpu1", address="10.0.0.1", env_dir="/etc/v%n", state_dir="/var/lib/o%i/state")
+    r = render(MODELS["example"], host)
+    health = next(f for f in r.extra if f.path.endswith("-health.service")).text
+    assert "LoadCredential=service-env:/etc/v%%n/example.env" in health
+    assert "/var/lib/o%%i/state/health" in health and "/var/lib/o%%i/bin/vllm-orch-probe.py" in health
+    m = MODELS["kimi-k25-int4-2node"]
+    hosts = [host, HostEntry(name="gpu2", address="10.0.0.2", env_dir="/etc/v%n", state_dir="/var/lib/o%i/state")]
+    watch = render(m, hosts[1], role=node_roles(m, hosts)[1]).extra[0].text
+    for text in (health, watch, r.unit.text):
+        assert not [l for l in text.splitlines() if not l.startswith("#")
+                    and "%" in l.replace("%%", "").replace("%C/", "")], text
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_a_process_hosts_start_script_reads_the_env_file_only_after_dropping_to_the_service_user(tmp_path):
+    """The start script sourced the env file as root, then dropped to the service user: what the file
+    makes a shell do (LD_AUDIT / LD_LIBRARY_PATH for root's setpriv, any expansion) ran as root. Now
+    root only opens it; the service user's shell reads it."""
+    import pwd
+    import subprocess
+    import tempfile
+
+    (tmp_path / "models" / "example").mkdir(parents=True)
+    shared = Path(tempfile.mkdtemp(prefix="vllm-orch-who-", dir="/tmp"))     # tmp_path is root's 0700
+    shared.chmod(0o755)
+    out = shared / "who"
+    out.touch()
+    out.chmod(0o666)
+    host = HostEntry(name="p", address="local", service_manager="process", models_root=str(tmp_path / "models"),
+                     units_dir=str(tmp_path / "units"), state_dir=str(tmp_path / "state"), vllm="/bin/true",
+                     service_user="nobody")
+    r = render(MODELS["example"], host)
+    (tmp_path / "units").mkdir()
+    env = tmp_path / "units" / "vllm-example.env"
+    env.write_bytes(r.env_file.data() + f"id -u >> {out}\n".encode())    # what the file makes a shell do
+    env.chmod(0o600)
+    script = tmp_path / "units" / "start.sh"
+    script.write_text(r.unit.text)
+    try:
+        subprocess.run(["sh", str(script)], check=True, timeout=30)
+        assert out.read_text().split() == [str(pwd.getpwnam("nobody").pw_uid)]
+    finally:
+        shutil.rmtree(shared)
+    assert env.stat().st_uid == 0 and env.stat().st_mode & 0o777 == 0o600      # still root's, 0600

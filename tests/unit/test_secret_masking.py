@@ -51,3 +51,30 @@ def test_the_keys_shown_in_clear_are_exactly_what_the_template_writes():
                 keys = {line.split("=", 1)[0] for line in r.env_file.text.splitlines()
                         if line and not line.startswith("#")}
                 assert keys == set(ORCH_ENV) | set(m.env) | set(m.serving.secret_env), (m.name, role)
+
+
+def test_regen_keeps_an_installed_secret_it_is_not_given(tmp_path, monkeypatch):
+    """`regen` without VLLM_API_KEY in its environment rendered the env file without it, and
+    installing that removed the key from a serving host. A secret vllm-orch is not given keeps the
+    installed file's value (deploy and swap refuse instead: tests/unit/test_hostile_input.py)."""
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.config.manifest import Manifest
+    from orchestrator.host.facts import HostFacts
+    from orchestrator.host.local import LocalHost
+    from orchestrator.ops.gather import service_input
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    entry = HostEntry(name="h", address="local", service_manager="process", units_dir=str(tmp_path / "units"),
+                      state_dir=str(tmp_path / "state"), models_root=str(tmp_path / "models"))
+    m = Manifest.model_validate({"name": "m", "source": {"repo": "a/b"}, "serving": {"gpus": 1,
+                                 "secret_env": ["VLLM_API_KEY"]}})
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / "vllm-m.env").write_text("CUDA_VISIBLE_DEVICES=0\nVLLM_API_KEY=\"it's-old\"\n")
+    facts = HostFacts(hostname="h", disk_path="/", disk_total=10, disk_free=5, gpus=[], gpu_error=None,
+                      driver_version=None, cuda_version=None, procs=[], vllm_version=None, vllm_error=None,
+                      models={}, active=None, installed={}, services={}, usage={})
+    host = LocalHost("h")
+    svc = service_input(host, entry, m, facts, keep_installed_secrets=True)
+    assert svc.secrets["VLLM_API_KEY"].reveal() == "it's-old"
+    assert "VLLM_API_KEY=\"it's-old\"" in svc.rendered.env_file.data().decode()
+    assert "VLLM_API_KEY=***" in svc.rendered.env_file.text

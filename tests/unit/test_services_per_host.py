@@ -148,13 +148,13 @@ def test_swap_with_replace_refuses_to_take_a_third_services_place_and_removes_th
 
 
 def test_another_services_processes_are_never_ours_to_kill():
-    procs = [Proc(pid=10, name="VLLM::Worker_TP0", used_mib=9000, gpu_index=0, kind=SERVICE, model=MM),
-             Proc(pid=11, name="VLLM::Worker_TP1", used_mib=9000, gpu_index=1, kind=LEFT, model=MM),
-             Proc(pid=12, name="VLLM::Worker_TP0", used_mib=9000, gpu_index=4, kind=LEFT, model="gone")]
+    procs = [Proc(pid=10, name="VLLM::Worker_TP0", used_mib=9000, gpu_index=0, kind=SERVICE, model=MM, start_time=1000),
+             Proc(pid=11, name="VLLM::Worker_TP1", used_mib=9000, gpu_index=1, kind=LEFT, model=MM, start_time=1100),
+             Proc(pid=12, name="VLLM::Worker_TP0", used_mib=9000, gpu_index=4, kind=LEFT, model="gone", start_time=1200)]
     h = holders(procs, [], "tiny-llama-a", [0, 1, 4], protected={MM})
     assert {p.pid for p in h.others} == {10, 11} and [p.pid for p in h.kill] == [12] and not h.ours
     # Without protection a stopped-but-recorded service's leftovers would be killed: the rule protects them.
-    assert [p.pid for p in holders(procs, [], "tiny-llama-a", [0, 1, 4]).kill] == [11, 12]
+    assert [p.pid for p in holders(procs, [], "tiny-llama-a", [0, 1, 4], protected=()).kill] == [11, 12]
     # The service a swap stops is its own, protected or not.
     assert {p.pid for p in holders(procs, [], "x", [0, 1], stopping={MM}, protected={MM}).ours} == {10}
     f = two_services()

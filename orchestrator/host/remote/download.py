@@ -41,6 +41,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -112,13 +113,36 @@ def unsafe_name(name) -> str | None:
     return None
 
 
+_HEX = re.compile(r"^[0-9a-f]+$")
+# The lengths the Hub's hashes have: an LFS file's sha256, a git blob id (sha1, or sha256 in a
+# sha256 repository). They name partial files (partial_path): anything else could be a path.
+HASH_LENGTHS = {"sha256": (64,), "blob_id": (40, 64)}
+
+
+def unsafe_hash(f: dict) -> str | None:
+    """Why a listed file's sha256 / blob_id is not a hash the Hub would send, or None (absent is fine)."""
+    for key, lengths in HASH_LENGTHS.items():
+        value = f.get(key)
+        if value is not None and not (isinstance(value, str) and len(value) in lengths and _HEX.match(value)):
+            return "%s %r is not %s hex digits" % (key, value, " or ".join(str(n) for n in lengths))
+    return None
+
+
 def check_names(files: list) -> None:
+    """Every listed name and hash is safe to become a path under the model folder, or Fail("unsafe")."""
     bad = [(f["name"], unsafe_name(f["name"])) for f in files]
     bad = [(n, why) for n, why in bad if why]
     if bad:
         shown = "; ".join("%r (%s)" % (n, why) for n, why in bad[:4])
         raise Fail("unsafe", "the hub lists %d file names that would be written outside the model folder or "
                              "over vllm-orch's records: %s%s" % (len(bad), shown, " ..." if len(bad) > 4 else ""))
+    hashes = [(f["name"], unsafe_hash(f)) for f in files]
+    hashes = [(n, why) for n, why in hashes if why]
+    if hashes:
+        shown = "; ".join("%s: %s" % (n, why) for n, why in hashes[:4])
+        raise Fail("unsafe", "the hub lists %d files with hashes that are not hashes (they name partial files, "
+                             "so they could lead outside the model folder): %s%s"
+                   % (len(hashes), shown, " ..." if len(hashes) > 4 else ""))
 
 
 def safe_dir(local_dir: Path, rel: str) -> Path:
@@ -523,6 +547,11 @@ def load_token(args) -> str | None:
             token = Path(args.token_file).read_text().strip()
         except OSError as exc:
             raise Fail("auth", "cannot read the token file %s: %s" % (args.token_file, exc.strerror))
+        if args.remove_token_file:          # written for this run only: gone before anything else happens
+            try:
+                os.unlink(args.token_file)
+            except OSError:
+                pass
     else:
         token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
     if token:
@@ -540,6 +569,8 @@ def parse_args(argv: list | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--token-file", default=None)
+    ap.add_argument("--remove-token-file", action="store_true",
+                    help="the token file was written for this run: remove it once read")
     ap.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or huggingface.co)")
     ap.add_argument("--retries", type=int, default=5)
     ap.add_argument("--backoff", type=float, default=1.0, help="first retry delay, doubled each time")

@@ -70,10 +70,13 @@ def sh_all(argvs, timeout=20):
     return out
 
 
-def read_json(path):
+def read_json(path, nofollow=False, limit=None):
+    """The JSON in `path`, or None. nofollow/limit: a file another user writes (the health state
+    is the service user's): never through a link, at most `limit` bytes."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0))
+        with os.fdopen(fd, "rb") as f:
+            return json.loads(f.read(limit if limit is not None else -1).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
 
@@ -413,6 +416,114 @@ def service_reach(path, user):
     return out
 
 
+def others_can_change(st):
+    """Why a user other than root (and other than whoever runs this, when that is not root: then
+    nothing vllm-orch runs here runs as root) can change this folder's entries or this file's bytes,
+    or None: another owner, write permission for everyone, or for another group."""
+    import stat as st_mod
+    if st.st_uid not in (0, os.geteuid()):
+        return "owned by %s" % _user(st.st_uid)
+    if st.st_mode & st_mod.S_IWOTH:
+        return "writable by everyone"
+    if st.st_mode & st_mod.S_IWGRP and st.st_gid not in (0, os.getegid()):
+        try:
+            import grp
+            group = grp.getgrgid(st.st_gid).gr_name
+        except (KeyError, ImportError):
+            group = str(st.st_gid)
+        return "writable by group %s" % group
+    return None
+
+
+def trust_problem(path):
+    """Why a user other than root could change what `path` names, or None. Every existing part from
+    / on is read with lstat: each folder on the way, and the last part itself; a symlink is followed
+    (its target checked the same way: who can change the link is whoever can change its folder). A
+    sticky folder writable by everyone (/tmp) is trusted above a part that already exists and is
+    root's (nobody else can rename or remove it); a part that does not exist yet there could be
+    made by anyone first. Parts that do not exist under a trusted folder are made by root later."""
+    import stat as st_mod
+    if not path.startswith("/"):
+        return "not an absolute path"
+    todo = [p for p in path.split("/") if p]
+    cur = "/"
+    hops = 0
+    while True:
+        try:
+            here = os.lstat(cur)
+        except OSError as exc:
+            return "%s: %s" % (cur, exc.strerror or exc)
+        why = others_can_change(here)
+        sticky = here.st_mode & st_mod.S_ISVTX and here.st_uid in (0, os.geteuid())
+        if not todo:
+            return "%s is %s" % (cur, why) if why else None
+        child = os.path.join(cur, todo[0])
+        try:
+            st = os.lstat(child)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            return "%s: %s" % (child, exc.strerror or exc)
+        if why and not (sticky and st is not None and st.st_uid in (0, os.geteuid())):
+            if sticky:
+                return ("%s does not exist yet, and %s lets anyone make it first: make it as root" % (child, cur)
+                        if st is None else "%s is owned by %s in %s, which anyone can write" % (
+                            child, _user(st.st_uid), cur))
+            return "%s is %s" % (cur, why)
+        if st is None:
+            return None                        # made by root later, in a folder only root can change
+        todo.pop(0)
+        if st_mod.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > 40:
+                return "%s: too many symlinks" % child
+            target = os.readlink(child)
+            todo = [p for p in target.split("/") if p] + todo
+            cur = "/" if target.startswith("/") else cur
+            continue
+        cur = child
+
+
+def root_trust(programs, folders):
+    """What vllm-orch runs or writes as root that another user could change: {"programs":
+    [{"path", "problem"}], "folders": [...]} (problem None: only root can). The programs: the host's
+    Python (it runs every helper and the units' root-run parts; so do the folders on its sys.path
+    and what sits at the top of its site-packages: a `.pth` file there runs at every start), and the
+    others given (nvidia-smi; vLLM when the service runs as root). A bare name is found on PATH."""
+    import shutil
+    out = {"programs": [], "folders": []}  # type: dict
+    seen = set()  # type: set
+
+    def add(kind, path):
+        if path and path not in seen:
+            seen.add(path)
+            out[kind].append({"path": path, "problem": trust_problem(path)})
+
+    for prog in programs:
+        for word in prog.split():           # `/usr/bin/env python3`: env, and the python3 it finds
+            add("programs", word if "/" in word else (shutil.which(word) or ""))
+    for entry in sys.path:
+        if entry and os.path.isdir(entry):
+            add("programs", os.path.abspath(entry))
+            if os.path.basename(entry) in ("site-packages", "dist-packages"):
+                try:
+                    names = sorted(os.listdir(entry))
+                except OSError:
+                    names = []
+                for name in names:
+                    full = os.path.join(entry, name)
+                    try:
+                        why = others_can_change(os.lstat(full))
+                    except OSError:
+                        continue
+                    if why and full not in seen:
+                        seen.add(full)
+                        out["programs"].append({"path": full, "problem": "%s is %s" % (full, why)})
+    for folder in folders:
+        add("folders", folder)
+    return out
+
+
 def dist_version(name):
     """The installed version of distribution `name` (lower case, no `-` or `_` in it), as
     importlib.metadata.version gives it, without importing importlib.metadata (it costs the host
@@ -526,7 +637,7 @@ def status_extras(state_dir, history_tail):
         names = []
     for name in names:
         if name.endswith(".json"):
-            value = read_json(os.path.join(folder, name))
+            value = read_json(os.path.join(folder, name), nofollow=True, limit=65536)   # the service user's
             if isinstance(value, dict):
                 health[name[:-5]] = value
     return {"uptime": uptime, "lock": lock_holder(os.path.join(state_dir, "deploy.lock")), "health": health,
@@ -563,6 +674,8 @@ def main():
     if not status:
         facts["users"] = users(args.get("users", []))
         facts["service_reach"] = service_reach(args["vllm"], args["users"][0]) if args.get("users") else None
+        if args.get("trust") is not None:
+            facts["root_trust"] = root_trust(args["trust"]["programs"], args["trust"]["folders"])
     facts["active"] = read_json(os.path.join(state_dir, "active.json"))     # a host's legacy record
     records = facts["records"] = json_records(os.path.join(state_dir, "services"))
     wanted = list(args.get("models", []))

@@ -12,9 +12,9 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           before the budget the manifest gave it.
   check   ExecStart= of vllm-NAME-health.service, run by vllm-NAME-health.timer. One probe of an
           `active` unit: /health and a one-token completion. A completion that times out while
-          /metrics shows tokens being generated is a busy server, not a hang. After N failed checks
-          in a row it appends a `health-restart` record (with the reason) to history.jsonl and
-          restarts the unit; the count lives in <state_dir>/health/NAME.json (status shows it).
+          /metrics shows tokens being generated is a busy server, not a hang. The count of failed
+          checks in a row lives in <state_dir>/health/NAME.json (status shows it); at N it notes the
+          restart there and exits RESTART_EXIT.
   watch-head  ExecStart= of vllm-NAME-headwatch.service on a headless node of a multi-node service
           (TP/PP across nodes). A headless vLLM outlives its head (seen with a real vLLM): its ranks
           stay in the dead head's process group and the head's next start waits for them in vain.
@@ -23,16 +23,26 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           store keeps a client that never speaks and does not count it as a rank). When the
           connection ends and the port refuses a connection within --window seconds (a process that
           exits closes its listening socket with it; a new head takes longer than that to listen
-          again), the head is gone: it appends a `head-lost-restart` record to
-          history.jsonl and restarts the unit, so this node joins the head's next start (the unit
-          starts a new watch). While vllm-orch holds the host's lock (a stop, deploy or swap, which
-          act on every node), it waits, and restarts only a unit vllm-orch left as it was. A connection
-          closed while the port still accepts is only reconnected. TCP keepalive notices a head
-          host that vanished without closing anything.
+          again), the head is gone: it exits RESTART_EXIT, so that the unit is restarted and this
+          node joins the head's next start (the unit starts a new watch). While vllm-orch holds the
+          host's lock (a stop, deploy or swap, which act on every node), it waits, and asks for a
+          restart only of a unit vllm-orch left as it was. A connection closed while the port still
+          accepts is only reconnected. TCP keepalive notices a head host that vanished without
+          closing anything.
+  restart ExecStopPost=+ of the health check and the head watch: the one part that runs as root
+          (`python -I -S`, the standard library only). It acts only when the probe it follows
+          exited RESTART_EXIT ($EXIT_STATUS): it appends a `health-restart` / `head-lost-restart`
+          record (with the reason the check noted) to history.jsonl and restarts the unit.
 
-The API key is the unit's own (VLLM_API_KEY from the same 0600 EnvironmentFile as vLLM's): vLLM
-answers 401 on /v1/* without it. Each probe's HTTP is plain http.client to the loopback: this runs
-where vllm-orch's own client (orchestrator/host/http.py) is not installed.
+Who runs what (docs/security.md): ready, check and watch-head run as the service user, with an
+isolated Python (-I). check and watch-head run without the service's environment file; the
+health check reads the API key (vLLM answers 401 on /v1/* without it) from its unit's credential
+(LoadCredential= of the 0600 env file, $CREDENTIALS_DIRECTORY/service-env). ready is a command of
+the service's own unit (ExecStartPost=): systemd gives it that unit's EnvironmentFile, the same
+the service user's vLLM has, and it takes the key from there (systemd 252 does not show a
+sandboxed unit's credentials to its ExecStartPost= processes). Each probe's HTTP is plain
+http.client to the loopback: this runs where vllm-orch's own client (orchestrator/host/http.py)
+is not installed.
 """
 
 import argparse
@@ -47,6 +57,8 @@ import time
 from datetime import datetime, timezone
 
 PROMPT = "Hello"
+CREDENTIAL = "service-env"      # render/artifacts.py: CREDENTIAL, RESTART_EXIT
+RESTART_EXIT = 75
 
 
 def now_iso():
@@ -57,11 +69,126 @@ def say(text):
     print("vllm-orch probe: " + text, flush=True)
 
 
-def request(port, method, path, body=None, timeout=10.0, address="127.0.0.1"):
-    """(status, body bytes); raises OSError / http.client.HTTPException when there is no answer."""
+def env_values(text):
+    """The assignments of an env file vllm-orch wrote (render/artifacts.py env_value: plain, in
+    single quotes, or in double quotes with \\ " ` $ escaped)."""
+    out = {}
+    for line in text.splitlines():
+        name, eq, raw = line.partition("=")
+        if not eq or not name or not (name[0].isalpha() or name[0] == "_") or \
+                not name.replace("_", "").isalnum():
+            continue
+        if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+            raw = raw[1:-1]
+        elif len(raw) >= 2 and raw[0] == raw[-1] == '"':
+            value, i, inner = [], 0, raw[1:-1]
+            while i < len(inner):
+                if inner[i] == "\\" and i + 1 < len(inner) and inner[i + 1] in '"\\`$':
+                    i += 1
+                value.append(inner[i])
+                i += 1
+            raw = "".join(value)
+        out[name] = raw
+    return out
+
+
+def api_key():
+    """VLLM_API_KEY: from the unit's credential when it has one (the health check, which runs
+    without the service's environment), else from the environment of the service's own unit
+    (the readiness probe, ExecStartPost=); None without a key."""
+    folder = os.environ.get("CREDENTIALS_DIRECTORY")
+    if folder:
+        try:
+            with open(os.path.join(folder, CREDENTIAL)) as f:
+                return env_values(f.read()).get("VLLM_API_KEY") or None
+        except OSError:
+            return None
+    return os.environ.get("VLLM_API_KEY") or None
+
+
+class NotTheService(OSError):
+    """The peer of a connection to the service's port is no process of the service's unit."""
+
+
+UNIT_CGROUP = []  # type: list  # the unit's ControlGroup, asked once (--unit)
+
+
+def _socket_row(port, peer_port):
+    """The inode of the server side of our connection (the established socket whose local port is
+    the service's and whose remote port is ours) from /proc/net/tcp{,6}: "0" until the server
+    accepted it, None when it is not there."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    local, remote = parts[1].rsplit(":", 1)[1], parts[2].rsplit(":", 1)[1]
+                    if int(local, 16) == port and int(remote, 16) == peer_port and parts[3] == "01":
+                        return parts[9]
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    return None
+
+
+def _in_cgroup(pid, cgroup):
+    """Whether the process is in `cgroup` or below it: the unified hierarchy (`0::/...`) or the v1
+    `name=systemd` one (hybrid hosts), as host/ownership.py's cgroup_paths reads them."""
+    paths = []
+    try:
+        with open("/proc/%s/cgroup" % pid) as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) == 3 and (parts[0] == "0" or parts[1] == "name=systemd"):
+                    paths.append(parts[2])
+    except OSError:
+        return False
+    return any(p == cgroup or p.startswith(cgroup + "/") for p in paths)
+
+
+def peer_is_unit(sock, port, unit, wait=3.0):
+    """Whether the process that holds the server side of `sock` (a connection to the service's
+    port) is in the unit's control group. Only then is the API key sent: while vLLM loads (its
+    socket bound, not listening) or restarts, another local user can listen on the loopback
+    address of the same port. Read from /proc: the server socket's inode (0 until the server
+    accepted: waited for up to `wait` s), then which process holds it: one of the service user's
+    (this probe's user) or nobody it may see."""
+    if not UNIT_CGROUP:
+        UNIT_CGROUP.append(unit_show(unit, "ControlGroup"))
+    cgroup = UNIT_CGROUP[0]
+    if not cgroup:
+        return False
+    mine = sock.getsockname()[1]
+    deadline = time.monotonic() + wait
+    inode = _socket_row(port, mine)
+    while inode in (None, "0") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        inode = _socket_row(port, mine)
+    if inode in (None, "0"):
+        return False
+    target = "socket:[%s]" % inode
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            continue                          # another user's process: not the service's
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == target:
+                    return _in_cgroup(pid, cgroup)
+            except OSError:
+                continue
+    return False
+
+
+def request(port, method, path, body=None, timeout=10.0, address="127.0.0.1", unit=None):
+    """(status, body bytes); raises OSError / http.client.HTTPException when there is no answer,
+    NotTheService when the key would go to a process that is not `unit`'s."""
     headers = {}
-    key = os.environ.get("VLLM_API_KEY")
-    if key and path.startswith("/v1"):
+    key = api_key() if path.startswith("/v1") else None
+    if key:
         headers["Authorization"] = "Bearer " + key
     data = None
     if body is not None:
@@ -69,6 +196,11 @@ def request(port, method, path, body=None, timeout=10.0, address="127.0.0.1"):
         headers["Content-Type"] = "application/json"
     conn = http.client.HTTPConnection(address, port, timeout=timeout)
     try:
+        if key:
+            conn.connect()
+            if unit is None or not peer_is_unit(conn.sock, port, unit):
+                raise NotTheService("the process listening on port %d is not %s's: the API key was not "
+                                    "sent" % (port, unit))
         conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
@@ -76,8 +208,9 @@ def request(port, method, path, body=None, timeout=10.0, address="127.0.0.1"):
         conn.close()
 
 
-def probe(port, served, health_path, timeout, listed=True):
-    """(ok, why not): /health 200, the name listed (optional), a one-token completion answered."""
+def probe(port, served, health_path, timeout, listed=True, unit=None):
+    """(ok, why not): /health 200, the name listed (optional), a one-token completion answered;
+    the requests with the key go only to a process of `unit` (NotTheService: not ok, say why)."""
     try:
         status, _ = request(port, "GET", health_path, timeout=min(timeout, 10.0))
     except (OSError, http.client.HTTPException) as exc:
@@ -86,8 +219,10 @@ def probe(port, served, health_path, timeout, listed=True):
         return False, "%s answered %d%s" % (health_path, status, " (the engine is dead)" if status == 503 else "")
     if listed:
         try:
-            status, body = request(port, "GET", "/v1/models", timeout=min(timeout, 10.0))
+            status, body = request(port, "GET", "/v1/models", timeout=min(timeout, 10.0), unit=unit)
             names = [card.get("id") for card in json.loads(body).get("data") or []] if status == 200 else []
+        except NotTheService as exc:
+            return False, str(exc)
         except (OSError, http.client.HTTPException, ValueError, AttributeError):
             return False, "/v1/models gave no usable answer"
         if status != 200:
@@ -96,7 +231,9 @@ def probe(port, served, health_path, timeout, listed=True):
             return False, "/v1/models does not list %s yet" % served
     body = {"model": served, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
     try:
-        status, text = request(port, "POST", "/v1/completions", body, timeout=timeout)
+        status, text = request(port, "POST", "/v1/completions", body, timeout=timeout, unit=unit)
+    except NotTheService as exc:
+        return False, str(exc)
     except socket.timeout:
         return False, "a one-token completion did not answer within %.0fs" % timeout
     except (OSError, http.client.HTTPException) as exc:
@@ -147,11 +284,15 @@ def cmd_ready(a):
     t0 = time.monotonic()
     say("waiting until port %d answers: %s 200, %s listed, a one-token completion (TimeoutStartSec= "
         "bounds this wait)" % (a.port, a.health_path, a.served_name))
+    said = [""]
     while True:
         if main_pid and not alive(main_pid):
             say("the service's main process (PID %d) exited before it was ready" % main_pid)
             return 1
-        ok, _why = probe(a.port, a.served_name, a.health_path, a.timeout)
+        ok, why = probe(a.port, a.served_name, a.health_path, a.timeout, unit=a.unit)
+        if "was not sent" in why and why != said[0]:       # once per change: someone else holds the port
+            said[0] = why
+            say(why)
         if ok:
             say("ready after %.0fs: %s 200, %s listed, a one-token completion answered"
                 % (time.monotonic() - t0, a.health_path, a.served_name))
@@ -179,7 +320,8 @@ def write_state(path, value):
 def append_history(state_dir, record):
     os.makedirs(state_dir, exist_ok=True)
     line = json.dumps(dict({"at": now_iso()}, **record), sort_keys=True) + "\n"
-    fd = os.open(os.path.join(state_dir, "history.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(state_dir, "history.jsonl"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -196,7 +338,7 @@ def cmd_check(a):
         write_state(path, state)
         return 0
     before = generated_tokens(a.port)
-    ok, why = probe(a.port, a.served_name, a.health_path, a.timeout, listed=False)
+    ok, why = probe(a.port, a.served_name, a.health_path, a.timeout, listed=False, unit=a.unit)
     if not ok and "did not answer within" in why:
         after = generated_tokens(a.port)
         if before is not None and after is not None and after > before:
@@ -213,19 +355,12 @@ def cmd_check(a):
         write_state(path, state)
         return 1
     reason = "%d health checks failed in a row, the last: %s" % (failures, why)
-    r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=60)
-    record = {"operation": "health-restart", "model": a.model, "ok": r.returncode == 0, "reason": reason,
-              "failures": failures, "by": a.unit.replace(".service", "-health.timer")}
-    if r.returncode != 0:
-        record["error"] = r.stdout.decode(errors="replace").strip()[-300:]
-    append_history(a.state_dir, record)
-    state.update(failures=0, restarted_at=stamp["at"], restart_reason=reason,
+    # the restart itself (and its history record) is the root part's: ExecStopPost=+ ... restart
+    state.update(failures=0, restarted_at=stamp["at"], restart_reason=reason, restart_failures=failures,
                  restarts=int(state.get("restarts") or 0) + 1)
     write_state(path, state)
-    say("restarting %s: %s" % (a.unit, reason) if r.returncode == 0 else
-        "could not restart %s: %s" % (a.unit, record["error"]))
-    return 1
+    say("%d failures in a row: %s is to be restarted" % (failures, a.unit))
+    return RESTART_EXIT
 
 
 def connect(address, port, timeout):
@@ -318,20 +453,49 @@ def cmd_watch_head(a):
         if unit_show(a.unit, "MainPID") != pid:
             say("vllm-orch stopped or restarted %s itself" % a.unit)
             return 0
-    reason = ("the head's rendezvous store at %s closed (its vLLM exited): this node's ranks belong to the "
-              "dead head's process group" % where)
-    # the restart stops this watch too (PartOf=): finish the record first, then exit
+    say("the head at %s is gone: %s is to be restarted" % (where, a.unit))
+    return RESTART_EXIT          # the root part restarts the unit; the restarted unit starts a new watch
+
+
+def health_reason(state_dir, model):
+    """(reason, failures) the check noted in health/MODEL.json (a file of the service user's: read
+    without following a link, bounded, and only as data)."""
+    path = os.path.join(state_dir, "health", model + ".json")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            state = json.loads(f.read(65536).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        state = {}
+    state = state if isinstance(state, dict) else {}
+    reason, failures = state.get("restart_reason"), state.get("restart_failures")
+    return (str(reason)[:1000] if reason else "the health check asked for a restart",
+            failures if isinstance(failures, int) else None)
+
+
+def cmd_restart(a):
+    """As root, after the check or the watch: only when it exited RESTART_EXIT."""
+    if os.environ.get("EXIT_STATUS") != str(RESTART_EXIT):
+        return 0
+    if a.operation == "health-restart":
+        reason, failures = health_reason(a.state_dir, a.model)
+        record = {"operation": a.operation, "model": a.model, "reason": reason, "by": a.by}
+        if failures is not None:
+            record["failures"] = failures
+    else:
+        record = {"operation": a.operation, "model": a.model, "by": a.by,
+                  "reason": "the head's rendezvous store at %s:%s closed (its vLLM exited): this node's ranks "
+                            "belong to the dead head's process group" % (a.address, a.port)}
+    # the restart stops the head watch too (PartOf=): finish the record first
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=60)
-    record = {"operation": "head-lost-restart", "model": a.model, "ok": r.returncode == 0, "reason": reason,
-              "by": a.unit.replace(".service", "-headwatch.service")}
+    record["ok"] = r.returncode == 0
     if r.returncode != 0:
         record["error"] = r.stdout.decode(errors="replace").strip()[-300:]
     append_history(a.state_dir, record)
-    say("restarting %s: %s" % (a.unit, reason) if r.returncode == 0 else
+    say("restarting %s: %s" % (a.unit, record["reason"]) if r.returncode == 0 else
         "could not restart %s: %s" % (a.unit, record["error"]))
-    # the restarted unit starts this watch again (its Wants=)
     return 0 if r.returncode == 0 else 1
 
 
@@ -358,8 +522,16 @@ def main(argv=None):
     watch.add_argument("--window", type=float, default=1.0)
     watch.add_argument("--poll", type=float, default=1.0)
     watch.add_argument("--state-dir", required=True)
+    restart = sub.add_parser("restart")
+    restart.add_argument("--unit", required=True)
+    restart.add_argument("--model", required=True)
+    restart.add_argument("--state-dir", required=True)
+    restart.add_argument("--operation", required=True, choices=["health-restart", "head-lost-restart"])
+    restart.add_argument("--by", required=True)
+    restart.add_argument("--address", default="?")
+    restart.add_argument("--port", default="?")
     a = p.parse_args(argv)
-    return {"ready": cmd_ready, "check": cmd_check, "watch-head": cmd_watch_head}[a.mode](a)
+    return {"ready": cmd_ready, "check": cmd_check, "watch-head": cmd_watch_head, "restart": cmd_restart}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 #!/bin/sh
 # Managed by vllm-orch 0.1.0: start script of example for a host without systemd.
-# manifest sha256: 1adf08d79a5ce33fad215109c1740d14556b5a81cc58c5b2df23072ec9ff3a86
+# manifest sha256: b022f33bdf4534f7949031115927a52bffd536c419a093a8f7778af3c0539ee9
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
-set -a
-. /srv/vllm-orch/units/vllm-example.env
-set +a
 cd /srv/models/example || exit 1
 set -- /srv/venv/bin/vllm serve /srv/models/example --served-model-name qwen3-8b --host 0.0.0.0 --port 8001 --tensor-parallel-size 1 --max-model-len 32768 --gpu-memory-utilization 0.9 --kv-cache-dtype auto --tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3 --max-num-seqs 256 --enable-prefix-caching --shutdown-timeout 30
-# Run as the service user vllm (least privilege): root drops to it after reading the
-# 0600 env file above; anyone else must be that user already.
+# The service's environment is read by the service user vllm only, never by root: root
+# opens the 0600 env file (fd 3) and drops privileges first (no new privileges); the shell that
+# then reads it runs as vllm and execs vLLM. Anyone but root must be that user already.
+exec 3< /srv/vllm-orch/units/vllm-example.env || exit 1
+run='set -a; eval "$(cat <&3)"; set +a; exec 3<&-; exec "$@"'
 if [ "$(id -un)" != vllm ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
@@ -17,6 +17,6 @@ if [ "$(id -un)" != vllm ]; then
     HOME=$(getent passwd vllm | cut -d: -f6)
     export HOME
     exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
-        --init-groups --no-new-privs -- "$@"
+        --init-groups --no-new-privs -- /bin/sh -c "$run" sh "$@"
 fi
-exec "$@"
+exec /bin/sh -c "$run" sh "$@"

@@ -2,13 +2,13 @@
 # Managed by vllm-orch 0.1.0: start script of kimi-k25-int4 for a host without systemd.
 # manifest sha256: d10523c10aa5ca71e64224d35b153163661accfae8c6bc655e19c37aebb4e6e7
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
-set -a
-. /srv/vllm-orch/units/vllm-kimi-k25-int4.env
-set +a
 cd /srv/models/kimi-k25-int4 || exit 1
 set -- /srv/venv/bin/vllm serve /srv/models/kimi-k25-int4 --served-model-name kimi-k2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 8 --max-model-len 262144 --gpu-memory-utilization 0.93 --kv-cache-dtype fp8 --attention-backend TRITON_MLA --mm-encoder-tp-mode data --trust-remote-code --tool-call-parser kimi_k2 --enable-auto-tool-choice --reasoning-parser kimi_k2 --max-num-batched-tokens 4096 --enable-prefix-caching --shutdown-timeout 30
-# Run as the service user vllm (least privilege): root drops to it after reading the
-# 0600 env file above; anyone else must be that user already.
+# The service's environment is read by the service user vllm only, never by root: root
+# opens the 0600 env file (fd 3) and drops privileges first (no new privileges); the shell that
+# then reads it runs as vllm and execs vLLM. Anyone but root must be that user already.
+exec 3< /srv/vllm-orch/units/vllm-kimi-k25-int4.env || exit 1
+run='set -a; eval "$(cat <&3)"; set +a; exec 3<&-; exec "$@"'
 if [ "$(id -un)" != vllm ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
@@ -17,6 +17,6 @@ if [ "$(id -un)" != vllm ]; then
     HOME=$(getent passwd vllm | cut -d: -f6)
     export HOME
     exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
-        --init-groups --no-new-privs -- "$@"
+        --init-groups --no-new-privs -- /bin/sh -c "$run" sh "$@"
 fi
-exec "$@"
+exec /bin/sh -c "$run" sh "$@"

@@ -2,13 +2,13 @@
 # Managed by vllm-orch 0.1.0: start script of minimax-m25 for a host without systemd.
 # manifest sha256: 31e1ac3aee26cc7d127a338030c965d775154e921d82dfc44d6e011bc626738b
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
-set -a
-. /srv/vllm-orch/units/vllm-minimax-m25.env
-set +a
 cd /srv/models/minimax-m25 || exit 1
 set -- /srv/venv/bin/vllm serve /srv/models/minimax-m25 --served-model-name minimax-m2.5 --host 0.0.0.0 --port 8000 --tensor-parallel-size 4 --max-model-len 196608 --gpu-memory-utilization 0.9 --trust-remote-code --tool-call-parser minimax_m2 --enable-auto-tool-choice --reasoning-parser minimax_m2 --shutdown-timeout 30 --compilation-config '{"cudagraph_mode":"PIECEWISE"}'
-# Run as the service user vllm (least privilege): root drops to it after reading the
-# 0600 env file above; anyone else must be that user already.
+# The service's environment is read by the service user vllm only, never by root: root
+# opens the 0600 env file (fd 3) and drops privileges first (no new privileges); the shell that
+# then reads it runs as vllm and execs vLLM. Anyone but root must be that user already.
+exec 3< /srv/vllm-orch/units/vllm-minimax-m25.env || exit 1
+run='set -a; eval "$(cat <&3)"; set +a; exec 3<&-; exec "$@"'
 if [ "$(id -un)" != vllm ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
@@ -17,6 +17,6 @@ if [ "$(id -un)" != vllm ]; then
     HOME=$(getent passwd vllm | cut -d: -f6)
     export HOME
     exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
-        --init-groups --no-new-privs -- "$@"
+        --init-groups --no-new-privs -- /bin/sh -c "$run" sh "$@"
 fi
-exec "$@"
+exec /bin/sh -c "$run" sh "$@"

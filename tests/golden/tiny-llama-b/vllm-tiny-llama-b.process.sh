@@ -2,13 +2,13 @@
 # Managed by vllm-orch 0.1.0: start script of tiny-llama-b for a host without systemd.
 # manifest sha256: 37f254fdd737f2a3cf342fba820d55f1cf2dbd669c72ff995469ab67b5be49a3
 # vllm-orch runs it as: setsid <this script> >> <log> 2>&1 &   and records the PID.
-set -a
-. /srv/vllm-orch/units/vllm-tiny-llama-b.env
-set +a
 cd /srv/models/tiny-llama-b || exit 1
 set -- /srv/venv/bin/vllm serve /srv/models/tiny-llama-b --served-model-name tiny-llama-b --host 127.0.0.1 --port 8101 --tensor-parallel-size 1 --max-model-len 1024 --gpu-memory-utilization 0.1 --shutdown-timeout 30 --enforce-eager
-# Run as the service user vllm (least privilege): root drops to it after reading the
-# 0600 env file above; anyone else must be that user already.
+# The service's environment is read by the service user vllm only, never by root: root
+# opens the 0600 env file (fd 3) and drops privileges first (no new privileges); the shell that
+# then reads it runs as vllm and execs vLLM. Anyone but root must be that user already.
+exec 3< /srv/vllm-orch/units/vllm-tiny-llama-b.env || exit 1
+run='set -a; eval "$(cat <&3)"; set +a; exec 3<&-; exec "$@"'
 if [ "$(id -un)" != vllm ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
@@ -17,6 +17,6 @@ if [ "$(id -un)" != vllm ]; then
     HOME=$(getent passwd vllm | cut -d: -f6)
     export HOME
     exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
-        --init-groups --no-new-privs -- "$@"
+        --init-groups --no-new-privs -- /bin/sh -c "$run" sh "$@"
 fi
-exec "$@"
+exec /bin/sh -c "$run" sh "$@"

@@ -1,0 +1,72 @@
+"""The API key goes only to the service's own listener. vLLM binds its port early and listens only
+once its engine is up (vllm/entrypoints/launchers/launcher.py: create_server_socket at start-up,
+the HTTP server later), and the SIMULATED vLLM does the same: for the whole load (and any
+restart) another local user can listen on 127.0.0.1 at the same port (SO_REUSEADDR beside a
+socket that is bound but not listening), answer /health and /v1/models, and collect what the
+readiness gates send. vllm-orch's gates send the key only once the host facts show every process
+bound to the port is the service's (the ownership rule: its process group here, its cgroup on
+systemd hosts); the units' own probe checks the peer of each connection
+(tests/integration/test_unit_probe.py)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sim import manager
+
+from .deployhelp import deploy, entry, tuned
+from .test_unit_probe import ATTACKER
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the port is held by another user")
+
+
+def bound(log: Path) -> bool:
+    """The simulated vLLM has bound its port (its log's line right before the bind, as the real
+    one's engine set-up follows create_server_socket): a socket bound but not listening is in no
+    table of /proc/net/tcp."""
+    return log.exists() and "Chunked prefill is enabled" in log.read_text(errors="replace")
+
+
+def test_the_gates_never_send_the_key_to_another_user_listening_while_vllm_loads(sim_host, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "sk-only-for-vllm")
+    m = tuned("minimax-m25", serving={"secret_env": ["VLLM_API_KEY"]})
+    manager.add_fault("sim", "slow-start", model=m.name, home=sim_host.home, factor=25)   # a load of seconds
+    shared = Path(tempfile.mkdtemp(prefix="vllm-orch-stranger-", dir="/tmp"))
+    shared.chmod(0o777)
+    seen = shared / "requests"
+    done: dict = {}
+    run = threading.Thread(target=lambda: done.update(result=deploy(entry(sim_host), m, budget_s=120)))
+    run.start()
+    stranger = None
+    try:
+        deadline = time.monotonic() + 120
+        log = Path(entry(sim_host).log_dir) / f"vllm-{m.name}.log"
+        while not bound(log):
+            assert time.monotonic() < deadline and run.is_alive(), done.get("result") and done["result"].error
+            time.sleep(0.05)
+        nobody = pwd.getpwnam("nobody")
+        stranger = subprocess.Popen(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+                                     "--clear-groups", "/usr/bin/python3", "-c", ATTACKER, str(m.serving.port),
+                                     str(seen)], stdout=subprocess.PIPE, text=True, cwd="/")
+        assert stranger.stdout.readline().strip() == "listening"
+        run.join(timeout=240)
+        result = done["result"]
+        asked = seen.read_text() if seen.exists() else ""
+        assert "sk-only-for-vllm" not in asked and "Authorization" not in asked, asked
+        assert not result.ok and getattr(result.error, "kind", None) == "port", result.error
+        assert "the API key was not sent" in str(result.error) and "user nobody" in str(result.error)
+        assert "GET /health" in asked                       # it did answer /health: no key needed there
+    finally:
+        if stranger is not None:
+            stranger.kill()
+        run.join(timeout=240)
+        shutil.rmtree(shared)
