@@ -36,7 +36,6 @@ REAL_CPU_MEMORY_PER_GPU_GIB = DEFAULT_CPU_MEMORY_PER_GPU_GIB
 PARSER_CHECKS = ["flags", "env"]
 # ...and the one vLLM's CPU build fails by design (its torch is not a CUDA build).
 CPU_BUILD_CHECKS = ["torch-cuda"]
-SHARED_FOLDER_CHECKS = ["root-programs", "root-folders"]
 
 
 def _me() -> str:
@@ -105,12 +104,5 @@ class SimHost:
                 entry["service_user"] = "root"
         elif not self.real_vllm:
             entry["skip_checks"] = list(PARSER_CHECKS)
-        if self.container:
-            # The host folder bound at /opt/sim holds what root runs (nvidia-smi, site-packages) and
-            # the models, AND the simulated GPU bookkeeping the unprivileged service writes (it is
-            # made 0777 for that, sim/manager.prepare_host): a real host laid out like this is refused
-            # by these checks, rightly. Until the test hosts' folders are split (issue 27, finding
-            # 12), the containers skip them, and say so in every plan ("host setting").
-            entry["skip_checks"] = [*entry.get("skip_checks", []), *SHARED_FOLDER_CHECKS]
         HostEntry(name=self.name, **entry)      # the product must accept what we write
         return entry
