@@ -442,14 +442,12 @@ def shutdown(info: dict, timeout: float = 15.0) -> dict[str, float]:
             _wait_exit(pid, 5)
     stopped = time.monotonic() - t
     _release(info)
+    # nspawn's own runtime folders of this container (it cannot remove them itself where /run is not
+    # a tmpfs: "Attempted to remove disk file system"). The shared parents stay: removing one while
+    # it is empty races with another container's start, which then fails creating its own in it.
     for leftover in (NSPAWN_RUN / "propagate" / info["_name"],
                      NSPAWN_RUN / "unix-export" / info["_name"]):
         _rmdir_tree(leftover)
-    for empty in (NSPAWN_RUN / "propagate", NSPAWN_RUN / "locks", NSPAWN_RUN):
-        try:
-            empty.rmdir()                   # only when no other container still uses it
-        except OSError:
-            pass
     return {"stop": stopped, "total": time.monotonic() - t}
 
 

@@ -149,8 +149,10 @@ def test_sse_lines_carry_their_arrival_time(host, raw_port):
                                             "data: [DONE]"]
     stamps = [t for t, _ in lines]
     assert stamps == sorted(stamps) and stamps[0] >= t0
-    # the server sleeps 0.25 s between events: arrival times show it (sleeps only get longer)
-    assert stamps[2] - stamps[0] >= 0.45
+    # the server sleeps 0.25 s between events, so the third cannot arrive before t0 + 0.5 s (sleeps
+    # only get longer); how far apart the stamps are depends on how promptly a busy machine reads
+    # them (a stalled reader stamps two lines together), so that gap is not asserted
+    assert stamps[2] - t0 >= 0.5
 
 
 def test_stdlib_server_and_status_codes(host, stdlib_port):

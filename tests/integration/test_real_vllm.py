@@ -255,7 +255,8 @@ def _pgid(pid: int) -> int | None:
 def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host, monkeypatch):
     """Status's own /metrics scrape happens while one request runs on each engine, and the engines are
     frozen (SIGSTOP) for the length of it: when status asks for /metrics, the test starts two requests
-    (a 2000-word prompt each), waits until both engines run one with its KV allocated, stops the two
+    (a 2000-word prompt each, the second once the first runs), waits until both engines run one with
+    its KV allocated, stops the two
     EngineCore processes, and lets status scrape. The API server still answers /metrics with the last
     figures the engines sent, so the per-engine series scraped just before and just after status's
     scrape are equal, and status must report their mean, not their sum. (Timing real requests against
@@ -272,15 +273,30 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
         return [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == leader
                 and _cmd(int(d)).startswith("VLLM::EngineCore_DP")]
 
-    def fetch_while_both_run(ep, **kw):
-        seen["threads"] = _long_streams(PORT_DP, "tiny-dp2", 2, 1800, prompt_words=2000)
-        deadline = time.monotonic() + 60
-        while not (set(_engine_series(PORT_DP, "vllm:num_requests_running").values()) == {1.0}
-                   and min(_engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0):
-            assert time.monotonic() < deadline, (
-                "the two requests were not both running with their KV allocated within 60 s: "
-                f"{_engine_series(PORT_DP, 'vllm:num_requests_running')}, threads {seen['threads']}")
+    def running() -> list[float]:
+        return sorted(_engine_series(PORT_DP, "vllm:num_requests_running").values())
+
+    def wait_for(what: str, done) -> bool:
+        deadline = time.monotonic() + 120
+        while not done():
+            if time.monotonic() > deadline:
+                seen["timeout"] = f"{what} within 120 s: running {running()}, threads {seen['threads']}"
+                return False
             time.sleep(0.05)
+        return True
+
+    def fetch_while_both_run(ep, **kw):
+        # One request, then the second once the first runs: the DP load balancer sends a request to
+        # the engine with the least work as the coordinator last reported it, so two sent at once can
+        # both land on one engine (seen on a busy machine); one after the other they land on both.
+        seen["threads"] = _long_streams(PORT_DP, "tiny-dp2", 1, 1800, prompt_words=2000)
+        if not wait_for("the first request was not running", lambda: running() == [0.0, 1.0]):
+            return real_fetch(ep, **kw)
+        seen["threads"] += _long_streams(PORT_DP, "tiny-dp2", 1, 1800, prompt_words=2000)
+        if not wait_for("the two requests were not running one on each engine with their KV allocated",
+                        lambda: running() == [1.0, 1.0] and min(
+                            _engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0):
+            return real_fetch(ep, **kw)
         seen["frozen"] = engine_cores()
         for pid in seen["frozen"]:
             os.kill(pid, signal.SIGSTOP)
@@ -300,6 +316,7 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
     finally:
         for t in seen.get("threads", []):
             t.join(120)
+    assert "timeout" not in seen, seen["timeout"]
     assert len(seen["frozen"]) == 2, seen
     before, after = seen["before"], seen["after"]
     assert set(seen["running"].values()) == {1.0} and min(before.values()) > 0 and before == after, seen

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.devtools import real_vllm_venv
-from tests.integration.probehelp import head_watch
+from tests.integration.probehelp import head_watch, root_restart
 from tests.plugins.real_vllm import READY_TIMEOUT
 from tests.plugins.remote_hosts import routed_namespaces
 
@@ -168,7 +168,8 @@ def test_a_real_two_node_tensor_parallel_service_serves_and_a_dead_node_is_named
 def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lone_head, two_nodes):
     """... and a headless node's head watch (the units' probe, watch-head) holds its idle connection to
     the real head's store without counting as a rank (still 1/2 clients joined), then sees the head go
-    and restarts its unit (systemctl is a stand-in here: these namespaces run no systemd)."""
+    and asks for a restart (exit 75), which the unit's root part carries out (systemctl is a stand-in
+    here: these namespaces run no systemd)."""
     _, (_, b) = two_nodes
     head, watch, tmp_path = lone_head
     head.wait_for(f"distributed_init_method=tcp://{b}:{MASTER_PORT + 1} backend=gloo")
@@ -178,8 +179,12 @@ def test_a_rank_that_never_joins_fails_the_head_after_its_distributed_timeout(lo
     assert "EngineCore failed to start." in log
     assert "Application startup complete." not in log
     out, _ = watch.communicate(timeout=60)
-    assert watch.returncode == 0, out
+    assert watch.returncode == 75, out          # the watch (the service user's) asks; root restarts
     assert f"holding a connection to the head's store at {b}:{MASTER_PORT + 1}" in out
+    assert not (tmp_path / "systemctl.log").exists()
+    done = root_restart(tmp_path, watch.returncode, "head-lost-restart", "x", "--address", b,
+                        "--port", str(MASTER_PORT + 1))    # the unit's ExecStopPost=+, as systemd runs it
+    assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
     record = json.loads((tmp_path / "state" / "history.jsonl").read_text().splitlines()[-1])
     assert record["operation"] == "head-lost-restart" and record["ok"] and "closed (its vLLM exited)" in record["reason"]
