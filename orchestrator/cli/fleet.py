@@ -124,7 +124,7 @@ def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_
     finish_fleet(title, rows, as_json, note_header)
 
 
-def rolling_swap(app, m, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
+def rolling_swap(app, name: str, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
                  as_json: bool, dry_run: bool, accept_new_host_key: bool) -> NoReturn:
     """swap across hosts: at most max_unavailable hosts swapping at a time, in the order given; each
     host's own swap stages, gates and rolls back as on one host. The first failed host stops the
@@ -133,7 +133,7 @@ def rolling_swap(app, m, entries: Sequence[HostEntry], run_one, max_unavailable:
     from orchestrator.ops.fleet import outcome_of
 
     if dry_run:                                   # a dry run changes nothing: every host's plan at once
-        fleet_op(f"swap to {m.name}", entries, None, as_json, True, run_one)
+        fleet_op(f"swap to {name}", entries, None, as_json, True, run_one)
 
     def one(entry, reporter):
         result = run_one(entry, reporter)
@@ -143,7 +143,7 @@ def rolling_swap(app, m, entries: Sequence[HostEntry], run_one, max_unavailable:
             out.cause = f"{out.cause}; rollback: {rb['result']}"
         return out
 
-    title = f"rolling swap to {m.name} ({max_unavailable} host{'s' if max_unavailable > 1 else ''} at a time)"
+    title = f"rolling swap to {name} ({max_unavailable} host{'s' if max_unavailable > 1 else ''} at a time)"
     rows = run_with_view(title, entries, one, max_unavailable, as_json, stop_on_failure=not continue_on_failure)
     serving = serves(app, entries, accept_new_host_key)
     for r in rows:

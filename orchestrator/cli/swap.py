@@ -12,7 +12,7 @@ from orchestrator.cli.common import (
     resolved_models_dir,
     terminal_ask,
 )
-from orchestrator.cli.deploy import finish, make_options, placed, placement_options
+from orchestrator.cli.deploy import finish, make_options, placement_options, service_request
 from orchestrator.cli.options import (
     DEFAULT_EXIT_CODES,
     dry_run_option,
@@ -27,7 +27,7 @@ from orchestrator.cli.options import (
 )
 
 
-def _replaces_a_multinode_service(entry, m, opts, accept_new_host_key: bool) -> bool:
+def _replaces_a_multinode_service(entry, m, request, opts, accept_new_host_key: bool) -> bool:
     """Whether the service a one-host swap replaces spans several hosts (its records name nodes):
     one read of the host's records, and the facts only when one of them spans nodes."""
     from orchestrator.host.connect import open_host
@@ -38,7 +38,7 @@ def _replaces_a_multinode_service(entry, m, opts, accept_new_host_key: bool) -> 
         records = read_records(host, entry)
     if not any(isinstance(r.get("nodes"), list) and len(r["nodes"]) > 1 for r in records.values()):
         return False
-    return len(swap_source(entry, m, opts, accept_new_host_key)[1]) > 1
+    return len(swap_source(entry, m, request, opts, accept_new_host_key)[1]) > 1
 
 
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
@@ -103,30 +103,30 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     from orchestrator.ops.execute import Reporter
     from orchestrator.ops.swap import run_swap
 
-    manifest = load_model(app, model)
-    entry, m = placed(hosts[0], manifest, gpus, port, service_name)     # bad --gpus: exit 2 before any host
+    m = load_model(app, model)
+    request = service_request(m, service_name, gpus, port)
+    entry = hosts[0]
     manifests, _bad = load_all(resolved_models_dir(app))
     opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
-    if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, opts,
+    if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, request, opts,
                                                                                      accept_new_host_key)):
         from orchestrator.cli.ops import _inventory_lookup
         from orchestrator.ops.multinode import run_swap_nodes
 
-        nodes = [placed(e, manifest, gpus, port, service_name)[0] for e in hosts]
-        finish(run_swap_nodes(nodes, m, manifests, opts, Reporter(console(), quiet=as_json), dry_run,
-                              accept_new_host_key, ask=terminal_ask(as_json), node_entry=_inventory_lookup(app)),
-               as_json)
+        finish(run_swap_nodes(hosts, m, manifests, opts, Reporter(console(), quiet=as_json), dry_run,
+                              accept_new_host_key, ask=terminal_ask(as_json), node_entry=_inventory_lookup(app),
+                              request=request), as_json)
     if len(hosts) > 1:
         from orchestrator.cli.fleet import rolling_swap
 
         def swap_one(e, rep):
-            host_entry, placed_m = placed(e, manifest, gpus, port, service_name)
-            return run_swap(host_entry, placed_m, manifests, opts, rep, dry_run, accept_new_host_key)
+            return run_swap(e, m, manifests, opts, rep, dry_run, accept_new_host_key, request=request)
 
-        rolling_swap(app, m, hosts, swap_one, max_unavailable, continue_on_failure, as_json, dry_run,
-                     accept_new_host_key)
+        rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure, as_json,
+                     dry_run, accept_new_host_key)
     reporter = Reporter(console(), quiet=as_json)
-    result = run_swap(entry, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json))
+    result = run_swap(entry, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
+                      request=request)
     if not as_json and not dry_run:
         extra = result.extra
         if extra.get("downtime_s") is not None and result.ok:

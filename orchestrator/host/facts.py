@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.placement import Recorded
 from orchestrator.errors import CommandFailed
 from orchestrator.host import nvidia_smi as gpu
 from orchestrator.host import scripts
@@ -88,6 +89,22 @@ class HostFacts:
         unless deployed with --name): its record, else its installed record, else NAME."""
         rec = self.record(name) or self.installed.get(name) or {}
         return str(rec.get("model") or name)
+
+    def recorded_placement(self, name: str) -> Recorded | None:
+        """Where the service NAME was installed (installed/NAME.json: its GPUs and port, and which of
+        them a run placed there); None: not installed, or a record without them."""
+        rec = self.installed.get(name)
+        if not isinstance(rec, dict):
+            return None
+        try:
+            gpus = tuple(int(i) for i in rec.get("gpus") or ())
+            port = int(rec.get("port") or 0)
+        except (TypeError, ValueError):
+            return None                 # a hand-edited record: the inventory and manifest decide
+        placed = rec.get("placed")
+        placed = placed if isinstance(placed, dict) else {}
+        return Recorded(gpus, port, gpus_placed=bool(gpus) and placed.get("gpu_ids") is not None,
+                        port_placed=bool(port) and placed.get("port") is not None)
 
     def models_in_use(self) -> set[str]:
         """The model folders the host's services use: every recorded and every running service's

@@ -10,6 +10,7 @@ import time
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import Request
 from orchestrator.errors import Interrupted
 from orchestrator.host import state
 from orchestrator.ops import gather
@@ -24,26 +25,28 @@ from orchestrator.probe.readiness import failure_fields
 
 
 def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter, dry_run: bool,
-               accept_new_host_key: bool = False, ask: Ask | None = None) -> OpResult:
-    """`ask` (a terminal's yes/no question) is put when the plan deletes model folders and opts.yes
-    is not set; without it such a plan is refused."""
+               accept_new_host_key: bool = False, ask: Ask | None = None, request: Request = Request()) -> OpResult:
+    """Deploy model M as the service `request` names (--name, --gpus, --port; default: M's own
+    service, kept where an earlier run placed it). `ask` (a terminal's yes/no question) is put when
+    the plan deletes model folders and opts.yes is not set; without it such a plan is refused."""
     t0 = time.monotonic()
-    with session(entry, f"deploy {m.name}", dry_run, accept_new_host_key) as s:
-        inp = gather.for_deploy(s.host, entry, m, opts, s.lock)
+    name = request.name or m.name
+    with session(entry, f"deploy {name}", dry_run, accept_new_host_key) as s:
+        inp = gather.deploy_input(s.host, entry, m, request, opts, s.lock)
         plan = plan_deploy(inp)
-        result = OpResult("deploy", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan)
+        result = OpResult("deploy", entry.name, name, ok=False, dry_run=dry_run, plan=plan)
         if not_run(plan, result, reporter, opts, ask, entry.name):
             if plan.refusal and not dry_run:
-                state.append_history(s.host, entry, refused_record(m, plan))
+                state.append_history(s.host, entry, refused_record(inp, plan))
             result.seconds = time.monotonic() - t0
             return result
         if not plan.changes and all(a.noop for a in plan.actions if a.step != "lock"):
-            reporter.print(f"[green]{m.name} is already deployed and serving on {entry.name}: nothing to do.[/]")
+            reporter.print(f"[green]{name} is already deployed and serving on {entry.name}: nothing to do.[/]")
         env = RunEnv(s.host, entry, opts, reporter, guard=s.guard)
         outcome = run_plan(plan, env, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
-        record = history_record(m, inp, plan, outcome, env, result)
+        record = history_record(inp, plan, outcome, env, result)
         if s.holds_lock():                       # without the lock, write nothing more
             state.append_history(s.host, entry, record)
         result.extra["history"] = record
@@ -66,16 +69,17 @@ def not_run(plan: Plan, result: OpResult, reporter: Reporter, opts: Options, ask
     return dry_run
 
 
-def refused_record(m: Manifest, plan: Plan) -> dict:
-    return {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": False,
+def refused_record(inp: PlanInput, plan: Plan) -> dict:
+    return {"operation": "deploy", "model": inp.target.model, "service": inp.name, "ok": False,
             "refused": str(plan.refusal)}
 
 
-def history_record(m: Manifest, inp: PlanInput, plan: Plan, outcome: RunOutcome, env: RunEnv, result: OpResult) -> dict:
+def history_record(inp: PlanInput, plan: Plan, outcome: RunOutcome, env: RunEnv, result: OpResult) -> dict:
     """A deploy's line in history.jsonl (with what the result shows: perf, warnings, the record): its
     steps and timings, hashes, gates and smoke result, recovery, failure kind."""
+    m = inp.target.manifest
     ready = env.record.ready.get(m.name)
-    record = {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": outcome.ok,
+    record = {"operation": "deploy", "model": inp.target.model, "service": m.name, "ok": outcome.ok,
               "seconds": round(result.seconds, 2),
               "steps": outcome.timings(), "manifest_hash": inp.target.rendered.manifest_hash,
               "unit_hash": inp.target.rendered.unit_hash, "vllm_version": inp.facts.vllm_version,

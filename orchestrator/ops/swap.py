@@ -13,6 +13,7 @@ import time
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import Request
 from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.host import state
 from orchestrator.ops import gather
@@ -26,10 +27,12 @@ from orchestrator.probe.readiness import failure_fields
 
 def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
              reporter: Reporter, dry_run: bool, accept_new_host_key: bool = False,
-             ask: Ask | None = None) -> OpResult:
+             ask: Ask | None = None, request: Request = Request()) -> OpResult:
+    """Swap to model M as the service `request` names (default: M's own)."""
     t0 = time.monotonic()
-    with session(entry, f"swap to {m.name}", dry_run, accept_new_host_key) as s:
-        inp = gather.for_swap(s.host, entry, m, manifests, opts, s.lock)
+    with session(entry, f"swap to {request.name or m.name}", dry_run, accept_new_host_key) as s:
+        inp = gather.for_swap(s.host, entry, m, request, manifests, opts, s.lock)
+        m = inp.target.manifest                  # the service as it runs here (its name, its place)
         plan = plan_swap(inp)
         info = dict(plan.info)
         result = OpResult("swap", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
@@ -70,7 +73,7 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
             if result.error is not None and result.error.details:
                 result.error.details[-1] = f"rollback: {text}"     # the executor's line, with the smoke answer
         result.seconds = time.monotonic() - t0
-        record = {"operation": "swap", "from": info.get("from"), "model": m.model_name, "service": m.name,
+        record = {"operation": "swap", "from": info.get("from"), "model": inp.target.model, "service": m.name,
                   "ok": outcome.ok,
                   "staged": info.get("staged"), "seconds": round(result.seconds, 2), "steps": outcome.timings(),
                   "downtime_s": result.extra.get("downtime_s"), "unit_hash": inp.target.rendered.unit_hash}

@@ -34,7 +34,7 @@ def unpinned_warning(inp: PlanInput) -> list[str]:
 
 def placement_refusal(inp: PlanInput) -> RefusedError | None:
     """Another service on the host takes this placement's GPUs or port (plan/placements.py)."""
-    return clash_refusal(inp.facts, inp.target.manifest, inp.entry.name)
+    return clash_refusal(inp.facts, inp.target, inp.entry.name)
 
 
 def plan_deploy(inp: PlanInput) -> Plan:
@@ -67,7 +67,7 @@ def plan_deploy(inp: PlanInput) -> Plan:
     plan.add(install)
     start = service.start_action(inp, unit_changed)
     if inp.opts.warm and not start.noop:        # deploy --warm: a start after a stop reads from RAM
-        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.model_name), before="the start", what="start-up")
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, inp.target.model), before="the start", what="start-up")
         plan.add(warm_action)
         plan.info["expected_start_s"] = exp.as_dict()
     plan.add(start)

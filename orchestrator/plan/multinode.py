@@ -100,7 +100,7 @@ def verify_same_action(inputs: Sequence[PlanInput]) -> tuple[Action, RefusedErro
     """Every node's verified record names the same commit and the same hash of every file, checked
     after the downloads and before any start. Refused at plan time already when the nodes resolve
     the revision to different commits (a node behind another mirror, a branch that moved)."""
-    head, m = inputs[0], inputs[0].target.manifest
+    head, m, model = inputs[0], inputs[0].target.manifest, inputs[0].target.model
     names = [i.entry.name for i in inputs]
     planned = {i.entry.name: i.download.commit for i in inputs if i.download is not None and i.download.commit}
     base = planned.get(head.entry.name)
@@ -117,13 +117,13 @@ def verify_same_action(inputs: Sequence[PlanInput]) -> tuple[Action, RefusedErro
         records = {}
         for n in names:
             e = env.nodes[n]
-            records[n] = state.read_json(e.host, f"{prepare.model_path(e.entry, m.model_name)}/{path}")
+            records[n] = state.read_json(e.host, f"{prepare.model_path(e.entry, model)}/{path}")
         differs = weights_differ(records, names[0])
         if differs is not None:
             bad, why = differs
             raise DeployFailed(f"{bad} {why}: the nodes must load the same weights", host=bad,
                                step="verify-same",
-                               hint=f"delete {m.model_name} on {bad} (`vllm-orch gc --host {bad}`) and deploy again")
+                               hint=f"delete {model} on {bad} (`vllm-orch gc --host {bad}`) and deploy again")
         fp = weights_fingerprint(records[names[0]])
         assert fp is not None
         return f"{len(names)} nodes hold commit {str(fp[0])[:12]}, {len(fp[1])} files with the same hashes"
@@ -306,7 +306,7 @@ def plan_swap_nodes(inputs: list[PlanInput], old: OldService | None, entries: Ma
     for i in inputs:
         node = i.entry.name
         replacing = {old_name} if old_name and i.old is not None else set()
-        clash = clash_refusal(i.facts, i.target.manifest, node, replacing=replacing)
+        clash = clash_refusal(i.facts, i.target, node, replacing=replacing)
         if clash:
             return plan.refuse(on(node, Action("placement", clash.message)), clash)
         half = half_done(i.facts, node)
@@ -324,7 +324,7 @@ def plan_swap_nodes(inputs: list[PlanInput], old: OldService | None, entries: Ma
         plan.refusal = refusals[0]
         return plan
     for i in inputs:
-        keep = {i.old.name, i.old.manifest.model_name} if i.old is not None else set()
+        keep = {i.old.name, i.old.model} if i.old is not None else set()
         action, refusal = checked_on(i.entry.name, prepare.disk_action(i, keep=keep))
         if refusal is not None:
             refusal.hint = (refusal.hint or "") + "; a swap across nodes always stages (free space, or stop " \

@@ -8,13 +8,13 @@ record cleared by `stop`) takes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
-from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
 from orchestrator.host.ownership import gpu_list
+from orchestrator.plan.inputs import ServiceInput
 
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
@@ -31,24 +31,30 @@ def service_names(facts: HostFacts) -> list[str]:
     return sorted(set(facts.records) | set(facts.running()))
 
 
-def placement_of(m: Manifest, host: str) -> Placement:
-    """The placement a manifest (as it runs on the host: config/effective.py) asks for."""
-    return Placement(m.name, m.model_name, host, tuple(m.serving.visible_devices), m.serving.port)
+def placement_of(svc: ServiceInput, host: str) -> Placement:
+    """The placement a service (as it runs on the host: config/effective.py) takes."""
+    m = svc.manifest
+    return Placement(m.name, svc.model, host, tuple(m.serving.visible_devices), m.serving.port)
 
 
-def clash_refusal(facts: HostFacts, m: Manifest, host: str, replacing: Collection[str] = ()) -> RefusedError | None:
+def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Collection[str] = (),
+                  planned: Mapping[str, Placement] | None = None) -> RefusedError | None:
     """Refuse a placement whose GPUs or port another service takes (naming it); `replacing`: the
-    services this operation stops first (a swap's old one)."""
-    want = placement_of(m, host)
+    services this operation stops first (a swap's old one); `planned`: other services' placements as
+    this same operation leaves them (regen re-renders several at once), instead of as recorded."""
+    want = placement_of(svc, host)
+    name = want.name
+    swap = f"vllm-orch swap {svc.model}" + (f" --name {name}" if name != svc.model else "")
     for other in host_placements(facts, host):
         if other.name in replacing:
             continue
+        other = (planned or {}).get(other.name, other)
         what = want.clash(other)
         if what:
             named = other.name if other.model == other.name else f"{other.name} ({other.model})"
             return RefusedError(
-                f"{named} already takes {what} on {host}: {m.name} needs {gpu_list(want.gpus)} and "
+                f"{named} already takes {what} on {host}: {name} needs {gpu_list(want.gpus)} and "
                 f"port {want.port}", host=host, step="placement",
-                hint=f"place {m.name} elsewhere (--gpus, --port), `vllm-orch swap {m.name} --replace "
-                     f"{other.name} --host {host}`, or `vllm-orch stop {other.name} --host {host}` first")
+                hint=f"place {name} elsewhere (--gpus, --port), `{swap} --replace {other.name} --host {host}`, "
+                     f"or `vllm-orch stop {other.name} --host {host}` first")
     return None

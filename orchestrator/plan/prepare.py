@@ -124,7 +124,7 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
                               f"available ({limit_txt})", noop=True), None
     # Never a model another service on the host uses: running ones, and recorded ones (stopped by
     # a crash, or by the swap under way) come back with their files.
-    protected = set(keep) | {inp.name, inp.target.manifest.model_name} | f.models_in_use()
+    protected = set(keep) | {inp.name, inp.target.model} | f.models_in_use()
     candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
                         key=lambda d: d.last_used)
     theirs = not_ours(f.models, protected)
@@ -185,7 +185,7 @@ def user_action(entry: HostEntry, users: dict) -> Action:
 # -- download --------------------------------------------------------------------------------------
 
 def download_action(inp: PlanInput) -> Action:
-    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.manifest.model_name
+    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.model
     assert dl is not None
     commit = dl.commit or src.revision
     where = f"{src.repo}@{commit[:12]}"

@@ -1,16 +1,20 @@
 """regen's planner, pure: re-render the unit and env file of every model vllm-orch installed on a
-host, each with its OWN manifest and rendered files; show a unified diff per file; install what
-changed; daemon-reload. Running services keep running unless --restart; then each changed, running
+host, each with its OWN manifest and rendered files, where it is placed (a service placed by a
+command line or a swap's --replace stays there; ops/gather.recorded_spec); refuse when a service
+would take another's GPUs or port (a changed manifest or inventory moved it); show a unified diff
+per file; install what changed; daemon-reload. Running services keep running unless --restart; then each changed, running
 model is restarted through its readiness gates, and if it fails them its previous files are put
 back and it is restarted again (the recovery branch of that one step).
 """
 
 from __future__ import annotations
 
+from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.plan import prepare, service
 from orchestrator.plan.inputs import RegenInput, ServiceInput
 from orchestrator.plan.model import Action, Plan
+from orchestrator.plan.placements import clash_refusal, host_placements, placement_of
 from orchestrator.plan.run import RunEnv
 
 
@@ -28,12 +32,30 @@ def record_hashes_action(svc: ServiceInput) -> Action:
                                         f"(its revision and deploy time stay)", run=run)
 
 
+def regen_clash(inp: RegenInput) -> RefusedError | None:
+    """Every service keeps its place (config/placement.resolve: a placed one where it was placed), but
+    a changed manifest or inventory may move one that followed them: refuse when a service that takes
+    GPUs and a port now (recorded or running) would take another's, as the others are re-rendered."""
+    host = inp.entry.name
+    taking = {p.name for p in host_placements(inp.facts, host)}
+    planned = {s.name: placement_of(s, host) for s in inp.services}
+    for svc in inp.services:
+        if svc.name in taking:
+            clash = clash_refusal(inp.facts, svc, host, planned=planned)
+            if clash is not None:
+                return clash
+    return None
+
+
 def plan_regen(inp: RegenInput) -> Plan:
     entry, facts = inp.entry, inp.facts
     names = [s.name for s in inp.services] + inp.orphaned
     plan = Plan("regen", entry.describe(), ", ".join(sorted(names)) or "(no models installed)")
     plan.warnings += [f"{name} is installed but has no manifest now: left as it is" for name in inp.orphaned]
     plan.add(prepare.lock_action(inp.lock))
+    clash = regen_clash(inp)
+    if clash is not None:
+        return plan.refuse(Action("placement", clash.message), clash)
     user = prepare.user_action(entry, facts.users)
     if not user.noop and inp.services:           # the units name the service user: it must exist
         plan.add(user)

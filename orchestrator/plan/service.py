@@ -145,22 +145,14 @@ def _mask_env(text: str, shown_keys: set[str]) -> str:
 
 def installed_record(r: Rendered, placed: dict | None = None) -> dict:
     """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
-    `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
-    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is.
-    A node of a multi-node service: its nodes and rank too (stop finds every node from any one,
+    `placed`: the part of it a run chose (deploy --gpus/--port, swap --replace), which later runs
+    keep (config/placement.resolve, Origin.RECORD) so a redeploy or regen keeps the service where it
+    is. A node of a multi-node service: its nodes and rank too (stop finds every node from any one,
     even after a deploy that failed before its record step)."""
-    return {"model": r.manifest.model_name, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
+    return {"model": r.model, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
             "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
             **({"placed": placed} if placed else {}), **node_fields(r.role)}
-
-
-def command_line_placement(svc: ServiceInput) -> dict:
-    """{gpu_ids, port} as far as the command line (now or recorded) chose them."""
-    origins = svc.effective.origins if svc.effective is not None else {}
-    s = svc.manifest.serving
-    return {k: v for k, v, path in (("gpu_ids", s.visible_devices, "serving.gpu_ids"), ("port", s.port, "serving.port"))
-            if origins.get(path, "").startswith("command line")}
 
 
 def placement_lines(svc: ServiceInput) -> list[str]:
@@ -189,7 +181,7 @@ def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -
         details += _diff(old, f.text, f.path)
 
     def record(env: RunEnv) -> None:
-        state.write_installed(env.host, env.entry, name, {**installed_record(r, command_line_placement(svc)),
+        state.write_installed(env.host, env.entry, name, {**installed_record(r, svc.placed()),
                                                           "installed_at": state.now_iso()})
 
     if not changed:
@@ -335,7 +327,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()
-        state.touch_usage(env.host, env.entry, m.model_name)        # by folder: disk eviction reads it
+        state.touch_usage(env.host, env.entry, svc.model)        # by folder: disk eviction reads it
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
@@ -403,7 +395,7 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
-    return {"model": m.model_name, "service": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
+    return {"model": r.model, "service": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
             "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
             "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
             "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,

@@ -86,12 +86,12 @@ def plan_swap(inp: PlanInput) -> Plan:
     plan = Plan("swap", entry.describe(), title, warnings=unpinned_warning(inp),
                 info={"from": old.name if old else None, "to": m.name, "staged": True})
     plan.add(prepare.lock_action(inp.lock))
-    clash = clash_refusal(f, m, entry.name, replacing={old.name} if old else set())
+    clash = clash_refusal(f, inp.target, entry.name, replacing={old.name} if old else set())
     if clash:
         return plan.refuse(Action("placement", clash.message), clash)
     if plan.add_checked(*prepare.preflight_action(inp)):
         return plan
-    keep = {old.name, old.manifest.model_name} if old else set()
+    keep = {old.name, old.model} if old else set()
     disk, err = prepare.disk_action(inp, keep=keep)
     if err is not None and old is not None:
         return _unstaged(plan, inp, err)
@@ -106,7 +106,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     old_enabled = old is not None and service.enabled_at_boot(f, old.name)
     start = service.start_action(inp, unit_changed=not install.noop)
     if not start.noop:          # a new service already running (an interrupted swap) loads nothing
-        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.model_name),
+        warm_action, exp = warm_step(inp, prepare.model_path(entry, inp.target.model),
                                      before=f"{old.name} stops" if old is not None and old_running else "the start")
         plan.add(warm_action)
         plan.info["expected_downtime_s"] = exp.as_dict()
@@ -170,7 +170,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     """The disk cannot hold both models: stop the old one and delete its folder first (--yes)."""
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     assert old is not None and inp.download is not None
-    folder = old.manifest.model_name
+    folder = old.model
     sharing = sorted(n for n in f.records if n != old.name and f.model_of(n) == folder)
     if sharing:
         return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} is used by {', '.join(sharing)}"),

@@ -173,7 +173,7 @@ def test_verify_same_fails_naming_the_node_whose_weights_differ():
     def env_with(worker_record: dict) -> RunEnv:
         envs = {}
         for i, rec in zip(inputs, (record(), worker_record), strict=True):
-            path = f"{i.entry.models_root}/{i.target.manifest.model_name}/.vllm-orch/verified.json"
+            path = f"{i.entry.models_root}/{i.target.model}/.vllm-orch/verified.json"
             envs[i.entry.name] = RunEnv(FakeHost(i.entry.name, {path: json.dumps(rec).encode()}), i.entry, Options())
         envs["gpu1"].nodes = envs
         return envs["gpu1"]
