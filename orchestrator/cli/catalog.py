@@ -244,17 +244,27 @@ def _print_rendered(host, eff, r) -> None:
         out.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
 
-@click.command(epilog=exit_codes("0 ok."))
+@click.command(epilog=exit_codes("0 ok, 2 both --hosts and --records."))
 @click.option("--hosts", "for_hosts", is_flag=True, help="The inventory (hosts.yaml) schema instead.")
-def schema(for_hosts):
+@click.option("--records", "for_records", is_flag=True,
+              help="The schemas of the records vllm-orch keeps on a host (services/NAME.json, installed/NAME.json, "
+                   "history.jsonl lines, swap.json) instead, with their version.")
+def schema(for_hosts, for_records):
     """Print the JSON schema of model manifests (for editor completion and checks).
 
     \b
     Example:
       vllm-orch schema > manifest.schema.json
       vllm-orch schema --hosts > hosts.schema.json
+      vllm-orch schema --records > records.schema.json
     """
-    if for_hosts:
+    if for_hosts and for_records:
+        raise ConfigError("--hosts and --records: give one of them")
+    if for_records:
+        from orchestrator.host.records import record_schemas
+
+        click.echo(json.dumps(record_schemas(), indent=2))
+    elif for_hosts:
         from orchestrator.config.inventory import inventory_schema
 
         click.echo(json.dumps(inventory_schema(), indent=2))

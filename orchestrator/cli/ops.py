@@ -138,10 +138,8 @@ def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_jso
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
             choose_service(read_records(host, entry), None, entry.name, f"history SERVICE --host {entry.name}")
-        records = read_history(host, entry)
-    if model:
-        records = [r for r in records if model in (r.get("service"), r.get("model"), r.get("to"), r.get("from"))]
-    records = records[-limit:]
+        lines = read_history(host, entry)
+    records = [r.shown() for r in lines if model is None or r.about(model)][-limit:]
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
         return
@@ -193,21 +191,21 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
     from orchestrator.errors import ConfigError
     from orchestrator.host.connect import open_host
     from orchestrator.host.services import Service
-    from orchestrator.host.state import read_history, read_json
+    from orchestrator.host.state import read_history, read_installed
     from orchestrator.ops.stop import deploy_started_at
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
             model = the_only_service(host, entry, "logs")
-        if read_json(host, f"{entry.state_dir}/installed/{model}.json") is None:
+        if read_installed(host, entry, model) is None:
             listing = host.run(["ls", f"{entry.state_dir}/installed"])
             names = sorted(n[:-5] for n in listing.stdout.split() if n.endswith(".json"))
             raise ConfigError(f"{model} has no service installed on {entry.name}",
                               hint=f"installed: {', '.join(names) or 'none'}")
         since = None
         if since_deploy:
-            since = deploy_started_at(read_history(host, entry), model)
+            since = deploy_started_at([r.shown() for r in read_history(host, entry)], model)
             if since is None:
                 since = time.time() - 24 * 3600   # no deploy on record: the last day (process: last start)
         nodes: list[str] = []

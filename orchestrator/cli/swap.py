@@ -36,7 +36,7 @@ def _replaces_a_multinode_service(entry, m, request, opts, accept_new_host_key: 
 
     with open_host(entry, accept_new_host_key) as host:
         records = read_records(host, entry)
-    if not any(isinstance(r.get("nodes"), list) and len(r["nodes"]) > 1 for r in records.values()):
+    if not any(r.multinode for r in records.values()):
         return False
     return len(swap_source(entry, m, request, opts, accept_new_host_key)[1]) > 1
 

@@ -170,6 +170,8 @@ def render_host_details(console, r: HostStatus) -> None:
     if r.interrupted_swap:
         console.print(f"  [bold red]half-done swap[/]: {escape(r.interrupted_swap['text'])}")
         console.print(f"  [yellow]hint:[/] {escape(r.interrupted_swap['hint'])}")
+    for bad in r.bad_records:
+        console.print(f"  [yellow]unreadable record[/] (left out): {escape(bad)}")
     for line in unit_lines(r):
         console.print(f"  {line}", markup=False)
     if r.lock:

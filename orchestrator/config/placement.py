@@ -68,12 +68,6 @@ class Placement:
     gpus: tuple[int, ...]
     port: int
 
-    @classmethod
-    def from_record(cls, name: str, host: str, record: Mapping) -> Placement:
-        """A service as its record on the host names it (the GPUs and port it was started with)."""
-        return cls(name, str(record.get("model") or name), host,
-                   tuple(int(i) for i in record.get("gpus") or ()), int(record.get("port") or 0))
-
     def clash(self, other: Placement) -> str | None:
         """What `other` takes of this placement's GPUs or port (None: they can run side by side)."""
         if other.host != self.host or other.name == self.name:
@@ -202,11 +196,6 @@ class NodeSpec:
     port: int
     gpus_from: Origin = Origin.MANIFEST
     port_from: Origin = Origin.MANIFEST
-
-    def placed(self) -> dict:
-        """{gpu_ids, port} as far as a run placed them (kept by later runs: Recorded)."""
-        return {k: v for k, v, o in (("gpu_ids", list(self.gpus), self.gpus_from), ("port", self.port, self.port_from))
-                if o.placed}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Request
 from orchestrator.errors import Interrupted
 from orchestrator.host import state
+from orchestrator.host.records import HistoryEntry
 from orchestrator.ops import gather
 from orchestrator.ops.execute import Ask, Reporter, RunOutcome, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
@@ -37,7 +38,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         result = OpResult("deploy", entry.name, name, ok=False, dry_run=dry_run, plan=plan)
         if not_run(plan, result, reporter, opts, ask, entry.name):
             if plan.refusal and not dry_run:
-                state.append_history(s.host, entry, refused_record(inp, plan))
+                state.append_history(s.host, entry, HistoryEntry(**refused_record(inp, plan)))
             result.seconds = time.monotonic() - t0
             return result
         if not plan.changes and all(a.noop for a in plan.actions if a.step != "lock"):
@@ -48,7 +49,7 @@ def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter,
         result.seconds = time.monotonic() - t0
         record = history_record(inp, plan, outcome, env, result)
         if s.holds_lock():                       # without the lock, write nothing more
-            state.append_history(s.host, entry, record)
+            state.append_history(s.host, entry, HistoryEntry(**record))
         result.extra["history"] = record
         return result
 

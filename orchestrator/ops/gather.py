@@ -35,7 +35,7 @@ from orchestrator.plan.deploy import placement_refusal
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
-from orchestrator.plan.service import placement_holders, recorded_role
+from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe import api
 from orchestrator.render.artifacts import is_ray_worker, render, secrets_from_environ
@@ -221,13 +221,6 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
     return inp
 
 
-def replaced_placement(facts: HostFacts, host: str, name: str) -> Placement | None:
-    """Where the service NAME runs on the host (its record, else its installed record): the place a
-    swap's new service takes with --replace."""
-    rec = facts.record(name) or facts.installed.get(name)
-    return Placement.from_record(name, host, rec) if isinstance(rec, dict) else None
-
-
 def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manifests: dict[str, Manifest],
              opts: Options, lock: LockFacts, spec: ServiceSpec | None = None,
              facts: HostFacts | None = None) -> PlanInput:
@@ -237,7 +230,7 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
     facts = facts or host_facts(host, entry, m, request, manifests)
     old_name = old_model_name(facts, name, entry.name, opts.replace)
     if spec is None:
-        took = replaced_placement(facts, entry.name, old_name) \
+        took = facts.placement(old_name, entry.name) \
             if opts.replace and old_name and old_name != name else None
         spec = service_spec(m, [entry], request, {entry.name: facts}, {entry.name: took} if took else None)
     old = None
@@ -260,7 +253,8 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
 def recorded_spec(m: Manifest, entry: HostEntry, name: str, facts: HostFacts) -> ServiceSpec:
     """The service NAME of model M on this host as it is installed: where it was placed, and a node
     of a multi-node service as the node its installed record names (its role)."""
-    role = recorded_role(facts.installed.get(name))
+    installed = facts.installed.get(name)
+    role = installed.role() if installed is not None else None
     return resolve(m, [entry], Request(), {entry.name: facts.recorded_placement(name)}, name=name,
                    roles=(role,) if role is not None else None)
 

@@ -25,6 +25,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.host import state
 from orchestrator.host.connect import open_host
 from orchestrator.host.facts import gather as host_facts
+from orchestrator.host.records import HistoryEntry, NodeFields
 from orchestrator.ops import gather
 from orchestrator.ops.deploy import history_record, not_run, refused_record
 from orchestrator.ops.execute import Ask, Reporter, run_plan
@@ -33,7 +34,6 @@ from orchestrator.ops.stop import recorded_nodes
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.multinode import OldService, plan_deploy_nodes, plan_swap_nodes
 from orchestrator.plan.run import Options, RunEnv
-from orchestrator.plan.service import node_fields
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe.readiness import failure_fields
 
@@ -81,7 +81,7 @@ def run_deploy_nodes(entries: Sequence[HostEntry], m: Manifest, opts: Options, r
             if plan.refusal and not dry_run:
                 for e, role in zip(entries, roles, strict=True):
                     state.append_history(sessions[e.name].host, e,
-                                         {**refused_record(inputs[0], plan), **node_fields(role)})
+                                         HistoryEntry(**refused_record(inputs[0], plan), **NodeFields.of(role)))
             result.seconds = time.monotonic() - t0
             return result
         if not plan.changes and all(a.noop for a in plan.actions if a.step not in ("lock", "verify-same")):
@@ -96,10 +96,10 @@ def run_deploy_nodes(entries: Sequence[HostEntry], m: Manifest, opts: Options, r
         record = history_record(inputs[0], plan, outcome, head, result)
         for e, inp, role in zip(entries, inputs, roles, strict=True):
             if sessions[e.name].holds_lock():              # without its lock, write nothing more there
-                state.append_history(sessions[e.name].host, e, {
+                state.append_history(sessions[e.name].host, e, HistoryEntry(**{
                     **record, "unit_hash": inp.target.rendered.unit_hash,
-                    "manifest_hash": inp.target.rendered.manifest_hash, **node_fields(role)})
-        result.extra["history"] = {**record, **node_fields(roles[0])}
+                    "manifest_hash": inp.target.rendered.manifest_hash, **NodeFields.of(role)}))
+        result.extra["history"] = {**record, **NodeFields.of(roles[0])}
         result.extra["nodes"] = names
         return result
 
@@ -193,5 +193,6 @@ def run_swap_nodes(entries: Sequence[HostEntry], m: Manifest, manifests: dict[st
             record["rollback"] = result.extra["rollback"] = outcome.recovery.as_dict()
         for n, e in by_name.items():
             if sessions[n].holds_lock():
-                state.append_history(sessions[n].host, e, {**record, **({"rank": names.index(n)} if n in names else {})})
+                rank = {"rank": names.index(n)} if n in names else {}
+                state.append_history(sessions[n].host, e, HistoryEntry(**record, **rank))
         return result

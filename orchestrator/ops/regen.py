@@ -8,6 +8,7 @@ import time
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.host import state
+from orchestrator.host.records import HistoryEntry
 from orchestrator.ops import gather
 from orchestrator.ops.deploy import not_run
 from orchestrator.ops.execute import Reporter, run_plan
@@ -25,7 +26,7 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
         result = OpResult("regen", entry.name, plan.model, ok=False, dry_run=dry_run, plan=plan)
         if not_run(plan, result, reporter, opts, None, entry.name):     # a dry run, or refused (a clash)
             if plan.refusal and not dry_run:
-                state.append_history(s.host, entry, {"operation": "regen", "ok": False, "refused": str(plan.refusal)})
+                state.append_history(s.host, entry, HistoryEntry(operation="regen", ok=False, refused=str(plan.refusal)))
             result.seconds = time.monotonic() - t0
             return result
         outcome = run_plan(plan, RunEnv(s.host, entry, opts, reporter, guard=s.guard), reporter)
@@ -39,5 +40,5 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
         if s.holds_lock():                       # without the lock, write nothing more
-            state.append_history(s.host, entry, record)
+            state.append_history(s.host, entry, HistoryEntry(**record))
         return result

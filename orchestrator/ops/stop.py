@@ -26,6 +26,7 @@ from orchestrator.host import modeldirs, state
 from orchestrator.host.base import Host
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import Holders, Proc, gpu_list, holders, kill_commands, read_gpus, wait_released
+from orchestrator.host.records import HistoryEntry
 from orchestrator.host.services import Service
 from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
 
@@ -58,11 +59,11 @@ class StopResult:
 
 
 def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) -> list[int]:
-    """The GPUs a service uses: its record, else its installed record, else its manifest, else the
-    GPUs its own processes sit on."""
-    for rec in (facts.record(model), facts.installed.get(model)):
-        if isinstance(rec, dict) and rec.get("gpus"):
-            return sorted(int(i) for i in rec["gpus"])
+    """The GPUs a service uses: its record, else its installed record (HostFacts.placement), else
+    its manifest, else the GPUs its own processes sit on."""
+    placed = facts.placement(model, facts.hostname)
+    if placed is not None and placed.gpus:
+        return sorted(placed.gpus)
     if manifest_gpus:
         return sorted(manifest_gpus)
     return sorted({p.gpu_index for p in facts.procs
@@ -153,13 +154,13 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active \
         and not res.disabled
     res.seconds = round(time.monotonic() - t0, 3)
-    state.append_history(host, entry, {"operation": "stop", "service": model,
+    state.append_history(host, entry, HistoryEntry(**{"operation": "stop", "service": model,
                                        "model": facts.model_of(model),
                                        "ok": res.ok, "disabled": res.disabled,
                                        "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
                                        "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
                                        "foreign": res.foreign,
-                                       "noop": res.nothing_to_do, **({"error": res.error} if res.error else {})})
+                                       "noop": res.nothing_to_do, **({"error": res.error} if res.error else {})}))
     return res
 
 
@@ -167,12 +168,9 @@ def recorded_nodes(host: Host, entry: HostEntry, name: str) -> list[str]:
     """The nodes of the multi-node service NAME as this host's records say (services/NAME.json,
     else installed/NAME.json: a deploy that failed before its record step), head first; [] for a
     one-host service."""
-    for path in (state.record_path(entry, name), f"{entry.state_dir}/installed/{name}.json"):
-        rec = state.read_json(host, path)
-        if isinstance(rec, dict):
-            nodes = rec.get("nodes")
-            if isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes):
-                return list(nodes)
+    for rec in (state.read_record(host, entry, name), state.read_installed(host, entry, name)):
+        if rec is not None and rec.nodes:
+            return list(rec.nodes)
     return []
 
 
@@ -250,7 +248,7 @@ def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None, gu
     record = {"operation": "gc", "ok": not kept, "deleted": deleted,
               "freed_bytes": sum(d["bytes"] for d in deleted), "kept": kept,
               "seconds": round(time.monotonic() - t0, 3)}
-    state.append_history(host, entry, record)
+    state.append_history(host, entry, HistoryEntry(**record))
     return record
 
 

@@ -16,6 +16,7 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Request
 from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.host import state
+from orchestrator.host.records import HistoryEntry
 from orchestrator.ops import gather
 from orchestrator.ops.execute import Ask, Reporter, confirmation, run_plan
 from orchestrator.ops.session import OpResult, session
@@ -102,7 +103,7 @@ def run_swap(entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts
                                      + f" swap to {m.name}"})
         for rec in records:
             try:
-                state.append_history(s.host, entry, rec)
+                state.append_history(s.host, entry, HistoryEntry(**rec))
             except OrchestratorError as exc:     # the connection is gone: the result still reaches the user
                 if result.error is not None:
                     result.error.details.append(f"history not recorded: {exc}")

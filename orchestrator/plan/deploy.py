@@ -20,7 +20,7 @@ from orchestrator.plan import prepare, service
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
-from orchestrator.plan.placements import clash_refusal
+from orchestrator.plan.placements import clash_refusal, record_warnings
 from orchestrator.plan.warm import warm_step
 
 
@@ -39,7 +39,7 @@ def placement_refusal(inp: PlanInput) -> RefusedError | None:
 
 def plan_deploy(inp: PlanInput) -> Plan:
     m, f, entry = inp.target.manifest, inp.facts, inp.entry
-    plan = Plan("deploy", entry.describe(), m.name, warnings=unpinned_warning(inp))
+    plan = Plan("deploy", entry.describe(), m.name, warnings=unpinned_warning(inp) + record_warnings(f))
     plan.add(prepare.lock_action(inp.lock))
     half = half_done(f, entry.name)
     if half:
@@ -71,7 +71,7 @@ def plan_deploy(inp: PlanInput) -> Plan:
         plan.add(warm_action)
         plan.info["expected_start_s"] = exp.as_dict()
     plan.add(start)
-    recorded = (f.record(m.name) or {}).get("unit_hash") == inp.target.rendered.unit_hash
+    recorded = (rec := f.record(m.name)) is not None and rec.unit_hash == inp.target.rendered.unit_hash
     # A running service that was never recorded (a deploy killed while waiting) goes through the
     # gates again, smoke test included, before it is recorded.
     serving = running and not unit_changed and recorded and inp.target.serving

@@ -93,13 +93,6 @@ class ServiceInput:
         """The model it serves (its manifest, its weights folder): the service's name unless --name."""
         return self.rendered.model or self.manifest.name
 
-    def placed(self) -> dict:
-        """{gpu_ids, port} as far as a run placed them on this host (the command line, a swap's
-        --replace, or kept from before): the installed record keeps them for later runs."""
-        if self.spec is None:
-            return {}
-        return self.spec.node(self.rendered.host.name).placed()
-
     @property
     def api_key(self) -> Secret | None:
         return self.secrets.get("VLLM_API_KEY")

@@ -247,7 +247,8 @@ def plan_deploy_nodes(inputs: list[PlanInput]) -> Plan:
                          if restart else service.start_action(i, False)))
     for a in starts:
         plan.add(a)
-    recorded = all((i.facts.record(m.name) or {}).get("unit_hash") == i.target.rendered.unit_hash for i in inputs)
+    recorded = all((rec := i.facts.record(m.name)) is not None and rec.unit_hash == i.target.rendered.unit_hash
+                   for i in inputs)
     serving = not restart and recorded and head.target.serving
     plan.add(on(head.entry.name, service.ready_action(head.target, head.opts.budget_s, serving, workers=names[1:])))
     plan.add(on(head.entry.name, service.perf_action(head, already_serving=serving)))

@@ -19,11 +19,8 @@ from orchestrator.plan.inputs import ServiceInput
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
     """Every service that takes GPUs and a port on the host now, by name."""
-    out = {name: Placement.from_record(name, host, rec) for name, rec in facts.records.items()}
-    for name in facts.running():
-        if name not in out and isinstance(facts.installed.get(name), dict):
-            out[name] = Placement.from_record(name, host, facts.installed[name])
-    return [out[n] for n in sorted(out)]
+    names = set(facts.records) | set(facts.running())
+    return [p for n in sorted(names) if (p := facts.placement(n, host)) is not None]
 
 
 def service_names(facts: HostFacts) -> list[str]:
@@ -58,3 +55,9 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
                 hint=f"place {name} elsewhere (--gpus, --port), `{swap} --replace {other.name} --host {host}`, "
                      f"or `vllm-orch stop {other.name} --host {host}` first")
     return None
+
+
+def record_warnings(facts: HostFacts) -> list[str]:
+    """A plan's warnings about record files that did not parse: the services they describe are
+    not seen (their GPUs and port are checked only while they run)."""
+    return [f"unreadable record {bad}: left out (fix or remove the file)" for bad in facts.bad_records]

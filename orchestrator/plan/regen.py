@@ -14,7 +14,7 @@ from orchestrator.host import state
 from orchestrator.plan import prepare, service
 from orchestrator.plan.inputs import RegenInput, ServiceInput
 from orchestrator.plan.model import Action, Plan
-from orchestrator.plan.placements import clash_refusal, host_placements, placement_of
+from orchestrator.plan.placements import clash_refusal, host_placements, placement_of, record_warnings
 from orchestrator.plan.run import RunEnv
 
 
@@ -52,6 +52,7 @@ def plan_regen(inp: RegenInput) -> Plan:
     names = [s.name for s in inp.services] + inp.orphaned
     plan = Plan("regen", entry.describe(), ", ".join(sorted(names)) or "(no models installed)")
     plan.warnings += [f"{name} is installed but has no manifest now: left as it is" for name in inp.orphaned]
+    plan.warnings += record_warnings(facts)
     plan.add(prepare.lock_action(inp.lock))
     clash = regen_clash(inp)
     if clash is not None:

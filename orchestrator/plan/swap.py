@@ -32,7 +32,7 @@ from orchestrator.plan.deploy import unpinned_warning
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
-from orchestrator.plan.placements import clash_refusal, service_names
+from orchestrator.plan.placements import clash_refusal, record_warnings, service_names
 from orchestrator.plan.warm import warm_step
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
@@ -42,11 +42,11 @@ def old_model_name(facts: HostFacts, target: str, host: str = "", replace: str |
     """The service a swap to `target` replaces: the other side of a half-done swap; else `replace`
     (`swap NEW --replace OLD`); else, on a host with one service, that one (running, else recorded).
     A host with several services asks for --replace (ConfigError, exit 2, naming them)."""
-    half = facts.half_swap or {}
-    if target == half.get("to") and half.get("from"):
-        return half["from"]
-    if target == half.get("from") and half.get("to"):
-        return half["to"]
+    half = facts.half_swap
+    if half is not None and target == half.to:
+        return half.from_
+    if half is not None and target == half.from_:
+        return half.to
     names = service_names(facts)
     if replace is not None:
         if replace not in names:
@@ -67,14 +67,15 @@ def already_done(inp: PlanInput) -> bool:
     """Swapping to the active, healthy, unchanged model does nothing."""
     f, t = inp.facts, inp.target
     st = f.services.get(t.name)
-    return bool(st and st.active and t.serving and (f.record(t.name) or {}).get("unit_hash") == t.rendered.unit_hash)
+    rec = f.record(t.name)
+    return bool(st and st.active and t.serving and rec is not None and rec.unit_hash == t.rendered.unit_hash)
 
 
 def plan_swap(inp: PlanInput) -> Plan:
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     title = f"{old.name if old else '(nothing)'} -> {m.name}"
     half = half_done(f, entry.name)
-    if half and m.name not in ((f.half_swap or {}).get("from"), (f.half_swap or {}).get("to")):
+    if half and f.half_swap is not None and m.name not in (f.half_swap.from_, f.half_swap.to):
         plan = Plan("swap", entry.describe(), title, info={"from": old.name if old else None, "to": m.name})
         return plan.refuse(Action("swap", half[0]), RefusedError(
             f"{half[0]}: finish or undo it before swapping to {m.name}", host=entry.name, step="swap", hint=half[1]))
@@ -83,7 +84,7 @@ def plan_swap(inp: PlanInput) -> Plan:
                     info={"from": m.name, "to": m.name, "staged": True, "noop": True})
         plan.add(Action("swap", f"nothing to do, because {m.name} is already active and healthy", noop=True))
         return plan
-    plan = Plan("swap", entry.describe(), title, warnings=unpinned_warning(inp),
+    plan = Plan("swap", entry.describe(), title, warnings=unpinned_warning(inp) + record_warnings(f),
                 info={"from": old.name if old else None, "to": m.name, "staged": True})
     plan.add(prepare.lock_action(inp.lock))
     clash = clash_refusal(f, inp.target, entry.name, replacing={old.name} if old else set())
@@ -125,7 +126,7 @@ def plan_swap(inp: PlanInput) -> Plan:
     # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
     # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
     # its rollback stops the new service although the run that was cut short started it.
-    going_back = half is not None and m.name == (f.half_swap or {}).get("from")
+    going_back = f.half_swap is not None and m.name == f.half_swap.from_
     if old is not None and (stop is not None or half) and not going_back:
         plan.recover(stop or gpus, f"roll back to {old.name}", rollback_actions(inp, new_started_before=stop is None))
     return plan
@@ -150,8 +151,8 @@ def rollback_actions(inp: PlanInput, new_started_before: bool = False) -> list[A
     give it back its start at boot, and end the swap."""
     old, entry, new, f = inp.old, inp.entry, inp.target, inp.facts
     assert old is not None
-    half = f.half_swap or {}
-    old_enabled = bool(half.get("from_enabled")) if half.get("from") == old.name \
+    half = f.half_swap
+    old_enabled = half.from_enabled if half is not None and half.from_ == old.name \
         else service.enabled_at_boot(f, old.name)
     actions = [service.stop_action(entry, new.name, "the swap failed", only_if_started=not new_started_before,
                                    drain=False),

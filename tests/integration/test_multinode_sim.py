@@ -85,9 +85,9 @@ def test_deploy_status_logs_and_stop_of_a_two_node_service(cluster):
     assert done["ready[sim]"] == "done" and done["record[sim-2]"] == "done"
     for e in entries.values():                    # a record and a history line on every node
         host = LocalHost(e.name, env=e.env)
-        rec = read_records(host, e)[NAME]
+        rec = read_records(host, e)[NAME].shown()
         assert rec["nodes"] == ["sim", "sim-2"] and rec["head"] == "sim" and rec["rank"] == (e.name == "sim-2")
-        last = read_history(host, e)[-1]
+        last = read_history(host, e)[-1].shown()
         assert last["operation"] == "deploy" and last["ok"] and last["nodes"] == ["sim", "sim-2"]
         assert running(e)
 
@@ -131,7 +131,7 @@ def test_a_rank_failing_while_loading_fails_the_deploy_naming_its_node(cluster, 
     assert "root cause:" in r.stderr and line in r.stderr
     for e in entries.values():                    # the recovery stopped every node
         assert not running(e)
-        last = read_history(LocalHost(e.name, env=e.env), e)[-1]
+        last = read_history(LocalHost(e.name, env=e.env), e)[-1].shown()
         assert last["operation"] == "deploy" and not last["ok"] and last["recovery"]["ok"]
 
 
@@ -178,7 +178,7 @@ def test_swap_from_one_node_to_two_and_back_with_a_rollback_on_every_node(cluste
     assert r.returncode == 0 and out["ok"], r.stdout[-3000:] + r.stderr[-2000:]
     assert running(sim, ONE) and not running(sim) and not running(sim2)
     assert set(read_records(LocalHost("sim-2", env=sim2.env), sim2)) == set()
-    last = read_history(LocalHost("sim-2", env=sim2.env), sim2)[-1]
+    last = read_history(LocalHost("sim-2", env=sim2.env), sim2)[-1].shown()
     assert last["operation"] == "swap" and last["ok"] and last["from_nodes"] == ["sim", "sim-2"]
 
 

@@ -59,7 +59,7 @@ def test_regen_redeploy_and_swap_keep_a_placed_service_where_it_is(sim_host, tmp
     assert not any(f"--port {pa} " in line and "mm-b" in line for line in r.stdout.splitlines())
     r = cli(env, "regen", "--host", "sim", "--restart")
     assert r.returncode == 0, r.stdout + r.stderr
-    records = read_records(sim_host.host, e)
+    records = {n: r.shown() for n, r in read_records(sim_host.host, e).items()}
     assert (records["mm-b"]["gpus"], records["mm-b"]["port"]) == ([4, 5, 6, 7], pb)
     assert (records[MM]["gpus"], records[MM]["port"]) == ([0, 1, 2, 3], pa)
     assert health(Endpoint(sim_host.host, pb)) == 200 and health(Endpoint(sim_host.host, pa)) == 200

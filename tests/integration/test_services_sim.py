@@ -81,13 +81,13 @@ def two(sim_host):
 
 def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     e, a, b, pb = two
-    records = read_records(sim_host.host, e)
+    records = {n: r.shown() for n, r in read_records(sim_host.host, e).items()}
     assert sorted(records) == sorted(["mm-b", MM])
     assert records["mm-b"]["gpus"] == [4, 5, 6, 7] and records["mm-b"]["port"] == pb
     assert records["mm-b"]["model"] == MM and records["mm-b"]["service"] == "mm-b"
     assert records[MM]["gpus"] == [0, 1, 2, 3]
     installed = json.loads((Path(e.state_dir) / "installed" / "mm-b.json").read_text())
-    assert installed["model"] == MM and installed["placed"] == {"gpu_ids": [4, 5, 6, 7], "port": pb}
+    assert installed["model"] == MM and (installed["gpus_from"], installed["port_from"]) == ("command line",) * 2
 
     st = host_status(e)
     rows = {s.name: s for s in st.services}
@@ -127,11 +127,11 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
         loop.stop()
     assert res.ok, res.error
     assert loop.ok > 5 and loop.failed == [], loop.failed[:3]
-    records = read_records(sim_host.host, e)
+    records = {n: r.shown() for n, r in read_records(sim_host.host, e).items()}
     assert sorted(records) == sorted(["mm-c", MM])
     assert records["mm-c"]["gpus"] == [4, 5, 6, 7] and records["mm-c"]["port"] == pb
     assert health(Endpoint(sim_host.host, pb)) == 200
-    last = read_history(sim_host.host, e)[-1]
+    last = read_history(sim_host.host, e)[-1].shown()
     assert last["operation"] == "swap" and last["from"] == "mm-b" and last["service"] == "mm-c"
 
     # Without --replace on a host with several services: asked for it, nothing touched.

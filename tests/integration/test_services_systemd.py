@@ -41,7 +41,7 @@ def test_two_services_on_a_systemd_host_swap_one_the_other_keeps_answering(clean
     assert swapped.ok, swapped.error
     assert loop.ok > 5 and loop.failed == [], loop.failed[:3]
     with open_host(e) as host:
-        records = read_records(host, e)
+        records = {n: r.shown() for n, r in read_records(host, e).items()}
         assert sorted(records) == sorted(["mm-c", MM]) and records["mm-c"]["gpus"] == [4, 5, 6, 7]
         assert host.run(["systemctl", "is-active", "vllm-mm-b.service"]).stdout.strip() != "active"
         assert host.run(["systemctl", "is-active", "vllm-mm-c.service"]).stdout.strip() == "active"

@@ -84,12 +84,13 @@ def test_the_workers_unit_has_the_headless_argv_and_the_record_names_every_node(
     head, worker = (i.target.rendered for i in inputs)
     assert "--headless" in worker.argv and "--headless" not in head.argv
     assert worker.argv[worker.argv.index("--master-addr") + 1] == "10.0.0.1"
-    from orchestrator.plan.service import node_fields, recorded_role
+    from orchestrator.host.records import InstalledRecord, NodeFields
 
-    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1", "head_address": "10.0.0.1"}
-    assert recorded_role(node_fields(worker.role)) == worker.role          # regen re-renders the node as it is
-    assert recorded_role({"nodes": ["gpu1"], "rank": 3, "head_address": "x"}) is None
-    assert node_fields(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
+    fields = NodeFields.of(worker.role)
+    assert fields == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1", "head_address": "10.0.0.1"}
+    assert InstalledRecord(**fields).role() == worker.role          # regen re-renders the node as it is
+    assert InstalledRecord(nodes=["gpu1"], rank=3, head_address="x").role() is None
+    assert NodeFields.of(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
 
 
 def test_a_running_unchanged_service_on_every_node_is_all_noops():

@@ -13,6 +13,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
 from orchestrator.host.modeldirs import delete_script
 from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
+from orchestrator.host.records import ServiceRecord
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
 from orchestrator.ops.stop import deploy_started_at, leftovers, model_gpus, plan_gc
@@ -51,9 +52,9 @@ def test_failure_words_say_why_and_whether_the_restarts_ran_out():
 
 
 def test_pick_model_prefers_the_running_recorded_model_then_a_loading_one():
-    assert pick_model({"model": "a"}, ["a"]) == "a"
-    assert pick_model({"model": "a"}, []) == "a"             # recorded, now failed/stopped
-    assert pick_model({"model": "a"}, ["b"]) == "b"          # a swap loading b before it is recorded
+    assert pick_model("a", ["a"]) == "a"
+    assert pick_model("a", []) == "a"             # recorded, now failed/stopped
+    assert pick_model("a", ["b"]) == "b"          # a swap loading b before it is recorded
     assert pick_model(None, ["b"]) == "b"                    # a first deploy still loading
     assert pick_model(None, []) is None
 
@@ -96,7 +97,7 @@ def facts(**kw) -> HostFacts:
 
 
 def test_model_gpus_from_record_then_manifest_then_processes():
-    f = facts(active={"model": "m", "gpus": [3, 1]}, procs=[proc(1, 6, left_by="m")])
+    f = facts(active=ServiceRecord(model="m", gpus=[3, 1]), procs=[proc(1, 6, left_by="m")])
     assert model_gpus(f, "m", [0]) == [1, 3]
     assert model_gpus(f, "x", [4, 5]) == [4, 5]
     assert model_gpus(facts(procs=[proc(1, 6, left_by="m")]), "m", None) == [6]
@@ -106,7 +107,7 @@ def test_plan_gc_keeps_active_and_running_and_orders_by_last_use():
     record = {"repo": "a/b", "files": {}, "complete": True}
     models = {n: ModelDir(n, b, dict(record, complete=n != "c"), t)
               for n, b, t in (("a", 10, 5.0), ("b", 20, 1.0), ("c", 30, 2.0), ("d", 40, 3.0))}
-    f = facts(models=models, active={"model": "a"},
+    f = facts(models=models, active=ServiceRecord(model="a"),
               services={"d": ServiceState(active=True, main_pid=9)})
     plan = plan_gc(f)
     assert [c.name for c in plan.delete] == ["b", "c"] and [c.verified for c in plan.delete] == [True, False]

@@ -18,6 +18,7 @@ from orchestrator.config.manifest import load_all
 from orchestrator.host.facts import HostFacts, Memory, ModelDir
 from orchestrator.host.nvidia_smi import Gpu
 from orchestrator.host.ownership import FOREIGN, LEFT, Proc
+from orchestrator.host.records import InstalledRecord, ServiceRecord, SwapMarker
 from orchestrator.host.services import ServiceState
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.deploy import plan_deploy
@@ -50,12 +51,19 @@ RAM = Memory(total=1536 * GIB, available=1100 * 10 ** 9)        # a typical 8-GP
 
 def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None,
           users=None, memory=RAM) -> HostFacts:
+    """Facts of an 8-GPU host; `active` (a legacy active.json) and `installed` as the JSON of the records."""
     gpus = [Gpu(index=i, name=RTX, memory_total_mib=97887, memory_used_mib=0, uuid=f"GPU-{i}") for i in range(8)]
     return HostFacts(hostname="gpu1", disk_path="/var/lib/vllm-orch/models", disk_total=4000 * GIB,
                      disk_free=disk_free, gpus=gpus, gpu_error=None, driver_version="580.95.05",
                      cuda_version="13.0", procs=list(procs), vllm_version="0.33.0", vllm_error=None,
-                     models=models or {}, active=active, installed=installed or {}, services=services or {},
-                     usage={}, users=VLLM_USER if users is None else users, memory=memory)
+                     models=models or {}, active=ServiceRecord(**active) if active is not None else None,
+                     installed={n: InstalledRecord(**r) for n, r in (installed or {}).items()},
+                     services=services or {}, usage={}, users=VLLM_USER if users is None else users, memory=memory)
+
+
+def records(**by_name: dict) -> dict[str, ServiceRecord]:
+    """services/NAME.json records from their JSON (a name with - as a keyword: pass a dict)."""
+    return {n: ServiceRecord(**r) for n, r in by_name.items()}
 
 
 def weights(name: str, shards: int, total: int, cached: int = 0) -> WarmFacts:
@@ -239,8 +247,8 @@ def half_done_facts(old: str, new: str, new_state: ServiceState | None) -> HostF
         services[new] = new_state
     f = facts(services=services, active={"model": old, "gpus": list(range(8))},
               models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
-    f.half_swap = {"from": old, "to": new, "since": "2026-11-30T10:00:00+00:00", "by": "me@ctl pid 7",
-                   "from_enabled": True}
+    f.half_swap = SwapMarker.model_validate({"from": old, "to": new, "since": "2026-11-30T10:00:00+00:00",
+                                             "by": "me@ctl pid 7", "from_enabled": True})
     return f
 
 

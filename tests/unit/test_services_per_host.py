@@ -16,13 +16,14 @@ from orchestrator.errors import ConfigError
 from orchestrator.host import state
 from orchestrator.host.local import LocalHost
 from orchestrator.host.ownership import LEFT, SERVICE, Proc, holders
+from orchestrator.host.records import RECORDS_VERSION, HistoryEntry, ServiceRecord
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.placements import clash_refusal, host_placements
 from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import old_model_name, plan_swap
 from orchestrator.render.artifacts import render
 from orchestrator.render.sources import source_lines
-from tests.unit.test_planners import ENTRY, MODELS, RTX, download, facts, inp, running
+from tests.unit.test_planners import ENTRY, MODELS, RTX, download, facts, inp, records, running
 
 MM = "minimax-m25"              # TP4 on GPUs 0-3, port 8000
 
@@ -90,12 +91,11 @@ def test_a_placed_service_stays_where_it_was_placed_unless_told_otherwise():
     placed = Recorded((4, 5, 6, 7), 8001, gpus_placed=True, port_placed=True)
     kept = resolve(m, [ENTRY], Request("mm-b"), {"gpu1": placed})
     assert (kept.name, kept.model, kept.head.gpus, kept.head.port) == ("mm-b", MM, (4, 5, 6, 7), 8001)
-    assert kept.head.gpus_from == kept.head.port_from == Origin.RECORD and kept.head.placed() == {
-        "gpu_ids": [4, 5, 6, 7], "port": 8001}
+    assert kept.head.gpus_from == kept.head.port_from == Origin.RECORD
     moved = resolve(m, [ENTRY], Request("mm-b", port=8002), {"gpu1": placed})
     assert (moved.head.gpus, moved.head.port, moved.head.port_from) == ((4, 5, 6, 7), 8002, Origin.COMMAND_LINE)
     followed = resolve(m, [ENTRY], Request(), {"gpu1": Recorded((0, 1, 2, 3), 8000)})
-    assert followed.head.gpus_from == Origin.MANIFEST and followed.head.placed() == {}
+    assert followed.head.gpus_from == followed.head.port_from == Origin.MANIFEST
     took = resolve(m, [ENTRY], Request("mm-c"), {"gpu1": placed},
                    replaced={"gpu1": Placement("mm-x", MM, "gpu1", (0, 1, 2, 3), 8009)})
     assert (took.head.gpus, took.head.port, took.head.gpus_from) == ((0, 1, 2, 3), 8009, Origin.REPLACED)
@@ -118,8 +118,8 @@ def test_placements_clash_on_shared_gpus_or_the_same_port_only():
 
 def two_services(second_gpus=(4, 5, 6, 7), second_port=8001, second_running=True):
     """MM recorded on GPUs 0-3 (port 8000) and tiny-llama-a recorded on `second_gpus`."""
-    recs = {MM: {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000},
-            "tiny-llama-a": {"model": "tiny-llama-a", "gpus": list(second_gpus), "port": second_port}}
+    recs = records(**{MM: {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000},
+                      "tiny-llama-a": {"model": "tiny-llama-a", "gpus": list(second_gpus), "port": second_port}})
     f = facts(services=running(MM, *(["tiny-llama-a"] if second_running else [])))
     f.records = recs
     return f
@@ -196,30 +196,33 @@ def test_another_services_processes_are_never_ours_to_kill():
 
 def test_a_legacy_active_record_reads_as_its_models_record():
     f = facts(services=running(MM), active={"model": MM, "gpus": [0, 1, 2, 3], "port": 8000})
-    assert f.record(MM)["port"] == 8000 and list(f.records) == [MM]
+    assert f.record(MM).port == 8000 and list(f.records) == [MM]
 
 
 def test_records_are_upgraded_in_place_and_read_back(tmp_path):
     entry = HostEntry(name="local", address="localhost", state_dir=str(tmp_path / "state"))
     host = LocalHost("local")
     (tmp_path / "state").mkdir()
-    legacy = {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000, "enabled": True}
+    legacy = {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000, "enabled": True, "a_later_field": 1}
     (tmp_path / "state" / "active.json").write_text(json.dumps(legacy))
-    assert state.read_records(host, entry) == {MM: legacy}
-    assert state.read_active(host, entry) == legacy
+    read = state.read_records(host, entry)
+    assert list(read) == [MM] and (read[MM].port, read[MM].gpus, read[MM].enabled, read[MM].version) == (
+        8000, [0, 1, 2, 3], True, 0)
+    assert state.read_active(host, entry) == read[MM]
     assert state.upgrade_records(host, entry) == f"moved {entry.state_dir}/active.json to services/{MM}.json"
     assert not (tmp_path / "state" / "active.json").exists()
-    assert json.loads((tmp_path / "state" / "services" / f"{MM}.json").read_text()) == legacy
+    moved = json.loads((tmp_path / "state" / "services" / f"{MM}.json").read_text())
+    assert moved == {**legacy, "version": RECORDS_VERSION, "argv": []}          # written new, nothing lost
     assert state.upgrade_records(host, entry) is None                        # once
-    state.write_record(host, entry, "tiny-llama-a", {"model": "tiny-llama-a", "port": 8101, "deployed_at": "z"})
+    state.write_record(host, entry, "tiny-llama-a", ServiceRecord(model="tiny-llama-a", port=8101, deployed_at="z"))
     assert sorted(state.read_records(host, entry)) == [MM, "tiny-llama-a"]
-    assert state.update_record(host, entry, MM, unit_hash="u1") and state.read_records(host, entry)[MM]["unit_hash"] == "u1"
+    assert state.update_record(host, entry, MM, unit_hash="u1") and state.read_records(host, entry)[MM].unit_hash == "u1"
     assert not state.update_record(host, entry, "nope", unit_hash="u1")
     state.write_record(host, entry, MM, None)
     assert list(state.read_records(host, entry)) == ["tiny-llama-a"]
     # a stale legacy file beside a newer record: the record wins, the legacy file goes
     (tmp_path / "state" / "active.json").write_text(json.dumps({**legacy, "model": "tiny-llama-a"}))
-    assert state.read_records(host, entry)["tiny-llama-a"]["port"] == 8101
+    assert state.read_records(host, entry)["tiny-llama-a"].port == 8101
     assert "stale" in (state.upgrade_records(host, entry) or "")
 
 
@@ -236,8 +239,8 @@ def test_per_service_commands_name_the_service_only_when_a_host_has_several():
 def test_history_records_carry_the_service(tmp_path):
     entry = HostEntry(name="local", address="localhost", state_dir=str(tmp_path / "state"))
     host = LocalHost("local")
-    state.append_history(host, entry, {"operation": "deploy", "model": MM})
-    assert state.read_history(host, entry)[-1]["service"] == MM
+    state.append_history(host, entry, HistoryEntry(operation="deploy", model=MM))
+    assert state.read_history(host, entry)[-1].service == MM
 
 
 
@@ -303,7 +306,7 @@ def test_freeing_disk_never_deletes_a_model_another_service_uses():
     models = {MM: ModelDir(MM, 300 * 10 ** 9, verified, 1.0),                 # the oldest: first to go...
               "old-x": ModelDir("old-x", 300 * 10 ** 9, verified, 2.0)}
     f = facts(models=models, disk_free=400 * 1024 ** 3)
-    f.records = {"mm-b": {"model": MM, "gpus": [4, 5, 6, 7], "port": 8001}}     # ...but mm-b (stopped) runs it
+    f.records = records(**{"mm-b": {"model": MM, "gpus": [4, 5, 6, 7], "port": 8001}})  # ...but mm-b (stopped) runs it
     action, refusal = prepare.disk_action(inp(placed_svc("kimi-k25-int4"), f, download(547 * 10 ** 9)), keep=set())
     assert refusal is None and action.confirm == "delete 1 model folder on gpu1 (old-x 300.0 GB)", action
     f.records = {}
@@ -321,9 +324,9 @@ def test_stop_and_logs_without_a_name_take_the_hosts_only_service_else_exit_2(tm
         the_only_service(host, entry, "stop")
     assert err.value.exit_code == 2 and "runs no recorded service" in err.value.message
     assert "`vllm-orch stop SERVICE --host local`" in err.value.message
-    state.write_record(host, entry, MM, {"model": MM, "port": 8000})
+    state.write_record(host, entry, MM, ServiceRecord(model=MM, port=8000))
     assert the_only_service(host, entry, "logs") == MM
-    state.write_record(host, entry, "mm-b", {"model": MM, "port": 8001})
+    state.write_record(host, entry, "mm-b", ServiceRecord(model=MM, port=8001))
     with pytest.raises(ConfigError) as err:
         the_only_service(host, entry, "logs")
     assert err.value.exit_code == 2 and "(minimax-m25, mm-b)" in err.value.message
