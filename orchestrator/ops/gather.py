@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
@@ -94,7 +95,28 @@ def service_spec(m: Manifest, entries: list[HostEntry], request: Request, facts:
                                          for e in entries if e.name in facts}, replaced, name=service)
 
 
-def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts, spec: ServiceSpec) -> ServiceInput:
+class Reads(Protocol):
+    """What gathering reads off a host besides its facts: installed files, and whether a service
+    answers right now. HostReads asks the host; the case matrix (tests/unit/test_plan_cases.py)
+    answers from its case file."""
+
+    def get(self, path: str) -> bytes | None: ...
+
+    def serving(self, m: Manifest, api_key: Secret | None) -> bool: ...
+
+
+@dataclass(frozen=True)
+class HostReads:
+    host: Host
+
+    def get(self, path: str) -> bytes | None:
+        return self.host.get(path)
+
+    def serving(self, m: Manifest, api_key: Secret | None) -> bool:
+        return serving_now(self.host, m, api_key)
+
+
+def service_input(reads: Reads, entry: HostEntry, m: Manifest, facts: HostFacts, spec: ServiceSpec) -> ServiceInput:
     """The model M as the service `spec` on this host (its GPUs' hardware class and the host's
     settings applied; as this node of a multi-node service), rendered, what is installed now, and
     whether it already serves (a worker node serves no HTTP: never asked)."""
@@ -103,10 +125,10 @@ def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts, s
     role = spec.role(entry.name)
     secrets = secrets_from_environ(em)
     rendered = render(em, entry, secrets, role=role, model=spec.model)
-    installed = {f.path: host.get(f.path) for f in rendered.files}
+    installed = {f.path: reads.get(f.path) for f in rendered.files}
     st = facts.services.get(em.name)
     serving = bool(st and st.active) and (role is None or role.head) and \
-        serving_now(host, em, secrets.get("VLLM_API_KEY"))
+        reads.serving(em, secrets.get("VLLM_API_KEY"))
     return ServiceInput(manifest=em, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving,
                         effective=eff, spec=spec)
 
@@ -180,7 +202,7 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts
               facts: HostFacts) -> PlanInput:
     """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy), for this
     host as a node of the service `spec` (its own argv is what the parser checks)."""
-    target = service_input(host, entry, m, facts, spec)
+    target = service_input(HostReads(host), entry, m, facts, spec)
     checks = preflight(host, entry, target, facts, opts)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
                      hf_token=hf_token())
@@ -221,29 +243,40 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
     return inp
 
 
+def swap_services(facts: HostFacts, entry: HostEntry, m: Manifest, request: Request,
+                  manifests: Mapping[str, Manifest], opts: Options,
+                  spec: ServiceSpec | None = None) -> tuple[ServiceSpec, tuple[Manifest, ServiceSpec] | None]:
+    """Pure: the new service of a swap to M on this host (taking the replaced service's GPUs and
+    port with --replace) and the service it replaces (its model's manifest, and the service as it
+    is installed), None when it replaces none. `spec`: the new service resolved over all its nodes
+    already (a swap across nodes)."""
+    name = request.name or m.name
+    old_name = old_model_name(facts, name, entry.name, opts.replace)
+    if spec is None:
+        took = facts.placement(old_name, entry.name) if opts.replace and old_name and old_name != name else None
+        spec = service_spec(m, [entry], request, {entry.name: facts}, {entry.name: took} if took else None)
+    if not old_name or old_name == name:
+        return spec, None
+    old_m = service_manifest(old_name, facts, manifests)
+    if old_m is None:
+        raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
+                          f"could not be rolled back to", host=entry.name,
+                          hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
+    return spec, (old_m, recorded_spec(old_m, entry, old_name, facts))
+
+
 def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manifests: dict[str, Manifest],
              opts: Options, lock: LockFacts, spec: ServiceSpec | None = None,
              facts: HostFacts | None = None) -> PlanInput:
     """A swap to M (the service `request` names) on this host. `spec` and `facts`: given by a swap
     across nodes, which resolved the new service over all its nodes (this host one of them)."""
-    name = request.name or m.name
     facts = facts or host_facts(host, entry, m, request, manifests)
-    old_name = old_model_name(facts, name, entry.name, opts.replace)
-    if spec is None:
-        took = facts.placement(old_name, entry.name) \
-            if opts.replace and old_name and old_name != name else None
-        spec = service_spec(m, [entry], request, {entry.name: facts}, {entry.name: took} if took else None)
-    old = None
-    if old_name and old_name != name:
-        old_m = service_manifest(old_name, facts, manifests)
-        if old_m is None:
-            raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
-                              f"could not be rolled back to", host=entry.name,
-                              hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
-        old = service_input(host, entry, old_m, facts, recorded_spec(old_m, entry, old_name, facts))
-    target = service_input(host, entry, m, facts, spec)
+    spec, replaced = swap_services(facts, entry, m, request, manifests, opts, spec)
+    reads = HostReads(host)
+    old = service_input(reads, entry, replaced[0], facts, replaced[1]) if replaced is not None else None
+    target = service_input(reads, entry, m, facts, spec)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
-    if old is None and old_name == name and target.serving:
+    if old is None and target.serving:
         return inp                               # the planner decides whether there is nothing to do
     checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set())
     inp = replace(inp, preflight=checks)
@@ -259,17 +292,24 @@ def recorded_spec(m: Manifest, entry: HostEntry, name: str, facts: HostFacts) ->
                    roles=(role,) if role is not None else None)
 
 
+def regen_services(facts: HostFacts, entry: HostEntry,
+                   manifests: Mapping[str, Manifest]) -> tuple[list[tuple[Manifest, ServiceSpec]], list[str]]:
+    """Pure: every installed service with a manifest, each where it is installed (its placement
+    kept; a node of a multi-node service as the node its installed record names), and the
+    installed services without a manifest now."""
+    found = {n: service_manifest(n, facts, manifests) for n in sorted(facts.installed)}
+    return ([(m, recorded_spec(m, entry, n, facts)) for n, m in found.items() if m is not None],
+            [n for n, m in found.items() if m is None])
+
+
 def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts: Options, lock: LockFacts,
               restart: bool) -> RegenInput:
     facts = gather(host, entry)
-    installed = sorted(facts.installed)
-    found = {n: service_manifest(n, facts, manifests) for n in installed}
-    # each service re-rendered where it is installed (its placement kept), a node of a multi-node
-    # service as that node (its installed record names its role)
-    services = [service_input(host, entry, m, facts, recorded_spec(m, entry, n, facts))
-                for n, m in found.items() if m is not None]
-    return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
-                      orphaned=[n for n, m in found.items() if m is None], restart=restart)
+    found, orphaned = regen_services(facts, entry, manifests)
+    reads = HostReads(host)
+    services = [service_input(reads, entry, m, facts, spec) for m, spec in found]
+    return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services, orphaned=orphaned,
+                      restart=restart)
 
 
 def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:

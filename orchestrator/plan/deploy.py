@@ -37,7 +37,13 @@ def placement_refusal(inp: PlanInput) -> RefusedError | None:
     return clash_refusal(inp.facts, inp.target, inp.entry.name)
 
 
-def plan_deploy(inp: PlanInput) -> Plan:
+def plan_deploy(*nodes: PlanInput) -> Plan:
+    """The plan of a service over its nodes (head first; one for a one-host service)."""
+    if len(nodes) > 1:
+        from orchestrator.plan.multinode import plan_deploy_nodes
+
+        return plan_deploy_nodes(list(nodes))
+    inp = nodes[0]
     m, f, entry = inp.target.manifest, inp.facts, inp.entry
     plan = Plan("deploy", entry.describe(), m.name, warnings=unpinned_warning(inp) + record_warnings(f))
     plan.add(prepare.lock_action(inp.lock))
