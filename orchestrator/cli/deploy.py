@@ -127,24 +127,19 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
+    from orchestrator.ops.fleet import per_host
 
     m = load_model(app, model)
     request = service_request(m, service_name, gpus, port)
     name = request.name or m.name
     opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
-    if m.multinode is not None:                 # the selected hosts are its nodes, the first the head
-        from orchestrator.ops.multinode import run_deploy_nodes
-
-        reporter = Reporter(console(), quiet=as_json)
-        finish(run_deploy_nodes(hosts, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
-                                request=request), as_json)
-    if len(hosts) > 1:
+    if per_host(m, hosts):                      # the same service on each host: a fleet run
         from orchestrator.cli.fleet import fleet_op
 
         fleet_op(f"deploy {name}", hosts, parallel, as_json, dry_run,
                  lambda e, rep: run_deploy(e, m, opts, rep, dry_run, accept_new_host_key, request=request))
-    reporter = Reporter(console(), quiet=as_json)
-    result = run_deploy(hosts[0], m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
+    reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)
+    result = run_deploy(hosts, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
                         request=request)
     finish(result, as_json)
 

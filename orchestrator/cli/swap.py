@@ -27,20 +27,6 @@ from orchestrator.cli.options import (
 )
 
 
-def _replaces_a_multinode_service(entry, m, request, opts, accept_new_host_key: bool) -> bool:
-    """Whether the service a one-host swap replaces spans several hosts (its records name nodes):
-    one read of the host's records, and the facts only when one of them spans nodes."""
-    from orchestrator.host.connect import open_host
-    from orchestrator.host.state import read_records
-    from orchestrator.ops.multinode import swap_source
-
-    with open_host(entry, accept_new_host_key) as host:
-        records = read_records(host, entry)
-    if not any(r.multinode for r in records.values()):
-        return False
-    return len(swap_source(entry, m, request, opts, accept_new_host_key)[1]) > 1
-
-
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
                                  "see the rollback line), 2 bad input, 3 refused by a safety check or for "
                                  "want of --yes (nothing changed), 130 interrupted (the rollback ran: see its "
@@ -101,22 +87,14 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     from orchestrator.cli.views import warm_summary
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
+    from orchestrator.ops.fleet import per_host
     from orchestrator.ops.swap import run_swap
 
     m = load_model(app, model)
     request = service_request(m, service_name, gpus, port)
-    entry = hosts[0]
     manifests, _bad = load_all(resolved_models_dir(app))
     opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
-    if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, request, opts,
-                                                                                     accept_new_host_key)):
-        from orchestrator.cli.ops import _inventory_lookup
-        from orchestrator.ops.multinode import run_swap_nodes
-
-        finish(run_swap_nodes(hosts, m, manifests, opts, Reporter(console(), quiet=as_json), dry_run,
-                              accept_new_host_key, ask=terminal_ask(as_json), node_entry=_inventory_lookup(app),
-                              request=request), as_json)
-    if len(hosts) > 1:
+    if per_host(m, hosts):                      # the same swap on each host: rolling
         from orchestrator.cli.fleet import rolling_swap
 
         def swap_one(e, rep):
@@ -124,9 +102,11 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
 
         rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure, as_json,
                      dry_run, accept_new_host_key)
-    reporter = Reporter(console(), quiet=as_json)
-    result = run_swap(entry, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
-                      request=request)
+    from orchestrator.cli.ops import _inventory_lookup
+
+    reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)
+    result = run_swap(hosts, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
+                      request=request, node_entry=_inventory_lookup(app))
     if not as_json and not dry_run:
         extra = result.extra
         if extra.get("downtime_s") is not None and result.ok:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
 from orchestrator.errors import OrchestratorError
 from orchestrator.ops.execute import Reporter
 
@@ -27,6 +28,12 @@ DEFAULT_PARALLEL_CAP = 16      # hosts at once when --parallel is not given: one
 # Which exit code wins when hosts end differently: an interrupt, then a failure (something changed
 # and did not work), then a refusal (nothing changed), then bad input, then ok.
 SEVERITY = {130: 5, 1: 4, 3: 3, 2: 2, 0: 0}
+
+
+def per_host(m: Manifest, hosts: Sequence[HostEntry]) -> bool:
+    """Whether a command on these hosts is one run per host (a fleet: the same service on each) or
+    ONE run of one service over them (one host, or the nodes of a multi-node model, head first)."""
+    return m.multinode is None and len(hosts) > 1
 
 
 def worst_exit(codes: Sequence[int]) -> int:

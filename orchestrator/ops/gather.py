@@ -216,14 +216,6 @@ def for_deploy(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opt
     return _with_download(host, inp)
 
 
-def deploy_input(host: Host, entry: HostEntry, m: Manifest, request: Request, opts: Options,
-                 lock: LockFacts) -> PlanInput:
-    """A one-host deploy's input: the facts, the service value (kept where an earlier run placed
-    it unless the command line says otherwise), the rest."""
-    facts = host_facts(host, entry, m, request)
-    return for_deploy(host, entry, m, service_spec(m, [entry], request, {entry.name: facts}), opts, lock, facts)
-
-
 def warm_facts(host: Host, entry: HostEntry, model: str) -> WarmFacts:
     """The model's weight files in vLLM's load order and how much of each is cached (no reads)."""
     model_dir = prepare.model_path(entry, model)
@@ -243,6 +235,18 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
     return inp
 
 
+def swap_spec(facts: Mapping[str, HostFacts], entries: list[HostEntry], m: Manifest, request: Request,
+              opts: Options) -> ServiceSpec:
+    """Pure: the new service of a swap over its nodes (head first); with --replace it takes the
+    replaced service's GPUs (when it needs as many) and port on each node that service runs on."""
+    name, head = request.name or m.name, entries[0]
+    old_name = old_model_name(facts[head.name], name, head.name, opts.replace)
+    took = {}
+    if opts.replace and old_name and old_name != name:
+        took = {e.name: p for e in entries if e.name in facts and (p := facts[e.name].placement(old_name, e.name))}
+    return service_spec(m, entries, request, facts, took or None)
+
+
 def swap_services(facts: HostFacts, entry: HostEntry, m: Manifest, request: Request,
                   manifests: Mapping[str, Manifest], opts: Options,
                   spec: ServiceSpec | None = None) -> tuple[ServiceSpec, tuple[Manifest, ServiceSpec] | None]:
@@ -252,9 +256,7 @@ def swap_services(facts: HostFacts, entry: HostEntry, m: Manifest, request: Requ
     already (a swap across nodes)."""
     name = request.name or m.name
     old_name = old_model_name(facts, name, entry.name, opts.replace)
-    if spec is None:
-        took = facts.placement(old_name, entry.name) if opts.replace and old_name and old_name != name else None
-        spec = service_spec(m, [entry], request, {entry.name: facts}, {entry.name: took} if took else None)
+    spec = spec or swap_spec({entry.name: facts}, [entry], m, request, opts)
     if not old_name or old_name == name:
         return spec, None
     old_m = service_manifest(old_name, facts, manifests)

@@ -92,7 +92,7 @@ class RunEnv:
     # Called before every step: None while the host lock is ours, a note when it was re-taken after
     # a dropped connection; raises (LockLost) when it is not ours any more. None for no lock.
     guard: Callable[[], str | None] | None = None
-    # A multi-node run (orchestrator.ops.multinode): every node's env by inventory name, this one's
+    # A run over several nodes (orchestrator.ops.nodes): every node's env by inventory name, this one's
     # (the head's) included; an action naming a node runs with its env. Empty for one host.
     nodes: dict[str, RunEnv] = field(default_factory=dict)
 

@@ -188,8 +188,8 @@ def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout
     --distributed-timeout-seconds, which the simulator obeys like vLLM) the deploy fails naming
     sim-2 and torch's line, and stops both nodes."""
     from orchestrator.config.manifest import Manifest
+    from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
-    from orchestrator.ops.multinode import run_deploy_nodes
     from orchestrator.plan.run import Options
 
     env, entries, m = cluster
@@ -198,7 +198,7 @@ def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout
     m = Manifest.model_validate(data)
     nodes = list(entries.values())
     assert cli(env, "sim", "fault", "sim-2", "unreachable-head").returncode == 0
-    res = run_deploy_nodes(nodes, m, Options(poll_s=0.2), Reporter(None, quiet=True), False)
+    res = run_deploy(nodes, m, Options(poll_s=0.2), Reporter(None, quiet=True), False)
     assert not res.ok and res.error is not None and res.error.host == "sim-2", res.error
     assert "never reached the head" in res.error.message
     assert "The client socket has timed out after 10000ms" in " ".join(res.error.details)
