@@ -105,15 +105,19 @@ def cli(ctx, models_dir, inventory_path, debug):
 
 
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    from orchestrator.host import cancel
+
+    if not cancel.request():        # no operation runs (status, logs -f...): stop where it is
+        raise KeyboardInterrupt
 
 
 def interrupt_on_termination() -> None:
-    """SIGTERM (kill, a CI runner, systemd) and SIGHUP (the terminal or the SSH session to this
-    machine went away) stop an operation the way Ctrl-C does: the running step fails and the plan's
-    recovery branch runs (a swap's rollback puts the old model back) instead of the process
-    vanishing half way. See orchestrator.ops.execute."""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    """Ctrl-C, SIGTERM (kill, a CI runner, systemd) and SIGHUP (the terminal or the SSH session to
+    this machine went away) cancel a running operation cooperatively (orchestrator/host/cancel.py):
+    it stops at its next check, between steps or inside a wait, the running step fails and the
+    plan's recovery branch runs (a swap's rollback puts the old model back) instead of the process
+    vanishing half way; on a fleet every host's run does. See orchestrator.ops.execute."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import OrchestratorError
-from orchestrator.host import state
+from orchestrator.host import cancel, state
 from orchestrator.host.base import Host
 from orchestrator.host.connect import open_host
 from orchestrator.ops.execute import RunOutcome
@@ -74,7 +74,14 @@ class Session:
 
 @contextmanager
 def session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key: bool = False) -> Iterator[Session]:
-    """Open the host and, unless dry-run, hold its deploy lock for the whole operation."""
+    """Open the host and, unless dry-run, hold its deploy lock for the whole operation, which
+    Ctrl-C, SIGTERM and SIGHUP cancel cooperatively (host/cancel.py)."""
+    with cancel.cancellation(), _session(entry, operation, dry_run, accept_new_host_key) as s:
+        yield s
+
+
+@contextmanager
+def _session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key: bool) -> Iterator[Session]:
     host = open_host(entry, accept_new_host_key)
     lock = None
     try:
