@@ -9,7 +9,7 @@ import difflib
 import json
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import click
@@ -35,6 +35,14 @@ def progress_table(board: Board, title: str) -> Table:
 def run_with_view(title: str, entries: Sequence[HostEntry], per_host: PerHost, parallel: int | None,
                   as_json: bool, stop_on_failure: bool = False) -> list[HostRow]:
     """Run per_host on the hosts with the progress view (none for --json); the rows."""
+    return with_view(title, entries, as_json,
+                     lambda board: run_fleet(entries, per_host, parallel, board, stop_on_failure))
+
+
+def with_view(title: str, entries: Sequence[HostEntry], as_json: bool,
+              run: Callable[[Board], list[HostRow]]) -> list[HostRow]:
+    """run(board) with the progress view of the board: one live line per host on a terminal,
+    plain `host: phase` lines otherwise, nothing for --json."""
     names = [e.name for e in entries]
     c = console()
     if as_json or not is_tty():
@@ -47,13 +55,13 @@ def run_with_view(title: str, entries: Sequence[HostEntry], per_host: PerHost, p
 
         if not as_json:
             click.echo(f"{title}: {', '.join(names)}")
-        return run_fleet(entries, per_host, parallel, Board(names, plain), stop_on_failure)
+        return run(Board(names, plain))
     from rich.live import Live
 
     board = Board(names)
     with Live(get_renderable=lambda: progress_table(board, title), console=c, refresh_per_second=4,
               transient=True):
-        rows = run_fleet(entries, per_host, parallel, board, stop_on_failure)
+        rows = run(board)
     return rows
 
 
@@ -126,43 +134,19 @@ def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_
 
 def rolling_swap(app, name: str, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
                  as_json: bool, dry_run: bool, accept_new_host_key: bool) -> NoReturn:
-    """swap across hosts: at most max_unavailable hosts swapping at a time, in the order given; each
-    host's own swap stages, gates and rolls back as on one host. The first failed host stops the
-    rollout (hosts not started stay as they are) unless continue_on_failure. The summary says what
-    every host serves afterwards, asked of the hosts themselves (`status`)."""
-    from orchestrator.ops.fleet import outcome_of
+    """swap across hosts, rolling (the policy: orchestrator.ops.fleet.rolling_swap), shown live; the
+    summary says what every host serves afterwards, asked of the hosts themselves (`status`)."""
+    from orchestrator.cli.ops import _manifest_lookups
+    from orchestrator.ops import fleet
+    from orchestrator.ops.status import serving
 
     if dry_run:                                   # a dry run changes nothing: every host's plan at once
         fleet_op(f"swap to {name}", entries, None, as_json, True, run_one)
-
-    def one(entry, reporter):
-        result = run_one(entry, reporter)
-        out = outcome_of(result)
-        rb = result.extra.get("rollback")
-        if rb is not None and out.cause:
-            out.cause = f"{out.cause}; rollback: {rb['result']}"
-        return out
-
     title = f"rolling swap to {name} ({max_unavailable} host{'s' if max_unavailable > 1 else ''} at a time)"
-    rows = run_with_view(title, entries, one, max_unavailable, as_json, stop_on_failure=not continue_on_failure)
-    serving = serves(app, entries, accept_new_host_key)
-    for r in rows:
-        r.note = serving.get(r.host, "?")
-        if not r.ran:
-            r.cause = "not started: the rollout stopped at the failed host" if r.cause is None else r.cause
-    finish_fleet(title, rows, as_json, "serves")
-
-
-def serves(app, entries: Sequence[HostEntry], accept_new_host_key: bool) -> dict[str, str]:
-    """host -> what it serves now, e.g. `kimi-k25-int4 (ready)`, from each host's status."""
-    from orchestrator.cli.ops import _manifest_lookups
-    from orchestrator.ops.status import gather_status
-
+    rows = with_view(title, entries, as_json,
+                     lambda board: fleet.rolling_swap(entries, run_one, max_unavailable, continue_on_failure, board))
     port_of, served_name_of, api_key_of = _manifest_lookups(app)
-    out = {}
-    for st in gather_status(list(entries), port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of):
-        if not st.reachable:
-            out[st.host] = "unreachable"
-        else:
-            out[st.host] = f"{st.active_model} ({st.state})" if st.active_model else "nothing"
-    return out
+    now = serving(entries, port_of, served_name_of, api_key_of, accept_new_host_key)
+    for r in rows:
+        r.note = now.get(r.host, "?")
+    finish_fleet(title, rows, as_json, "serves")

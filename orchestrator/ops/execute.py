@@ -15,7 +15,8 @@ records then say what is half done (orchestrator.plan.swap).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from orchestrator.host import cancel
 from orchestrator.host.base import printable
 from orchestrator.host.state import LockLost
 from orchestrator.plan.model import Action, Plan, Recovery
-from orchestrator.plan.run import RunEnv
+from orchestrator.plan.run import Progress, RunEnv
 
 
 @dataclass
@@ -119,6 +120,19 @@ class Reporter:
             self.console.print(f"      [yellow]warning[/]: {escape(text)}", soft_wrap=True)
         else:
             self._emit(f"      {text}", markup=False)
+
+    @contextmanager
+    def progress(self, kind: str, label: str, total: int = 0) -> Iterator[Progress | None]:
+        """A live progress bar of a download or a warm-up (ops/progress.py); None when quiet."""
+        if self.quiet:
+            yield None
+            return
+        from orchestrator.ops.progress import DownloadProgress, WarmProgress
+
+        bar: DownloadProgress | WarmProgress = DownloadProgress(self.console, label=label) if kind == "download" \
+            else WarmProgress(total, self.console, label=label)
+        with bar:
+            yield bar
 
     def close(self) -> None:
         self._stop_status()

@@ -223,6 +223,29 @@ def _wait(threads: list[threading.Thread], stop: threading.Event, token: cancel.
     return token.count > 0
 
 
+# -- a rolling swap ------------------------------------------------------------------------------------
+
+def rolling_swap(entries: Sequence[HostEntry], run_one: Callable[[HostEntry, PhaseReporter], Any],
+                 max_unavailable: int, continue_on_failure: bool, board: Board | None = None) -> list[HostRow]:
+    """swap across hosts: at most max_unavailable hosts swapping at a time, in the order given; each
+    host's own swap stages, gates and rolls back as on one host (run_one: its OpResult). The first
+    failed host stops the rollout (hosts not started stay as they are) unless continue_on_failure,
+    so every host serves the old or the new model. A failed host's cause names its rollback."""
+    def one(entry: HostEntry, reporter: PhaseReporter) -> HostOutcome:
+        result = run_one(entry, reporter)
+        out = outcome_of(result)
+        rb = result.extra.get("rollback")
+        if rb is not None and out.cause:
+            out.cause = f"{out.cause}; rollback: {rb['result']}"
+        return out
+
+    rows = run_fleet(entries, one, max_unavailable, board, stop_on_failure=not continue_on_failure)
+    for r in rows:
+        if not r.ran and r.cause is None:
+            r.cause = "not started: the rollout stopped at the failed host"
+    return rows
+
+
 # -- the fleet's dry run: identical per-host plans once ----------------------------------------------
 
 _TIMES = re.compile(r"\s*\(\d+(\.\d+)?\s?m?s\)")

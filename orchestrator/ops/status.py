@@ -496,3 +496,16 @@ def fold_nodes(results: list[HostStatus], others: Sequence[HostStatus] = ()) -> 
             for name in PRIMARY_FIELDS:
                 setattr(r, name, getattr(first, name))
             r.port = r.served_name = None
+
+
+def serving(entries: list[HostEntry] | Sequence[HostEntry], port_of=None, served_name_of=None,
+            api_key_of: Callable[[str], Secret | None] | None = None,
+            accept_new_host_key: bool = False) -> dict[str, str]:
+    """host -> what it serves now, e.g. `kimi-k25-int4 (ready)`, from each host's status."""
+    out = {}
+    for st in gather_status(list(entries), port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of):
+        if not st.reachable:
+            out[st.host] = "unreachable"
+        else:
+            out[st.host] = f"{st.active_model} ({st.state})" if st.active_model else "nothing"
+    return out
