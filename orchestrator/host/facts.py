@@ -111,6 +111,19 @@ class HostFacts:
         rec = self.installed.get(name)
         return rec.placement() if rec is not None else None
 
+    def placements(self, name: str, host: str) -> list[Placement]:
+        """Every place the service NAME takes on this host: where it runs (its record) and, when its
+        installed files name another place (regen installed them without --restart), where its next
+        start puts it (a restart, the health timer, a reboot, a swap's rollback)."""
+        out: list[Placement] = []
+        for rec in (self.record(name), self.installed.get(name)):
+            if rec is None or not (rec.gpus or rec.port):
+                continue
+            p = Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port)
+            if all((p.gpus, p.port) != (q.gpus, q.port) for q in out):
+                out.append(p)
+        return out
+
     def placement(self, name: str, host: str) -> Placement | None:
         """Where the service NAME runs on this host, as far as vllm-orch knows: its record (the GPUs
         and port it was started with), else its installed record; None: neither. The one answer to

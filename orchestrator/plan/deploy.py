@@ -32,7 +32,7 @@ from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.multinode import download_all_action, nodes_desc, on, verify_same_action
-from orchestrator.plan.placements import clash_refusal, record_warnings
+from orchestrator.plan.placements import clash_refusal, name_refusal, record_warnings
 from orchestrator.plan.warm import warm_step
 
 
@@ -90,7 +90,7 @@ def plan_deploy(*nodes: PlanInput) -> Plan:
             return plan.refuse(tag(i.entry.name, Action("swap", half[0])), RefusedError(
                 f"{half[0]}: deploy does not start anything while a swap is half done", host=i.entry.name,
                 step="swap", hint=half[1]))
-        clash = placement_refusal(i)
+        clash = name_refusal(i.facts, i.target, i.entry.name) or placement_refusal(i)
         if clash:
             return plan.refuse(tag(i.entry.name, Action("placement", clash.message)), clash)
     if preflights(plan, nodes, tag):
@@ -107,7 +107,8 @@ def plan_deploy(*nodes: PlanInput) -> Plan:
     # running group, and a new rank must not meet the old head's rendezvous. So every running node
     # stops first (the head first: it stops serving), and all start again, workers before the head.
     # One host restarts its own service in its start step.
-    changed = any(not a.noop for a in installs) or (not one and not all(running.values()))
+    changed = any(not a.noop for a in installs) or (not one and not all(running.values())) or \
+        any(service.runs_older_files(i.facts, i.target) for i in nodes)
     if changed and not one:
         for i in nodes:
             if running[i.entry.name]:

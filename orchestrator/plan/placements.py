@@ -18,9 +18,10 @@ from orchestrator.plan.inputs import ServiceInput
 
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
-    """Every service that takes GPUs and a port on the host now, by name."""
+    """Where every service that takes GPUs and a port on the host now is, by name: where it runs,
+    and where its installed files would start it when that is elsewhere (HostFacts.placements)."""
     names = set(facts.records) | set(facts.running())
-    return [p for n in sorted(names) if (p := facts.placement(n, host)) is not None]
+    return [p for n in sorted(names) for p in facts.placements(n, host)]
 
 
 def service_names(facts: HostFacts) -> list[str]:
@@ -38,14 +39,15 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
                   planned: Mapping[str, Placement] | None = None) -> RefusedError | None:
     """Refuse a placement whose GPUs or port another service takes (naming it); `replacing`: the
     services this operation stops first (a swap's old one); `planned`: other services' placements as
-    this same operation leaves them (regen re-renders several at once), instead of as recorded."""
+    this same operation leaves them (regen re-renders several at once), besides where they are now."""
     want = placement_of(svc, host)
     name = want.name
     swap = f"vllm-orch swap {svc.model}" + (f" --name {name}" if name != svc.model else "")
-    for other in host_placements(facts, host):
+    others = host_placements(facts, host)
+    others += [p for p in (planned or {}).values() if p.name in {o.name for o in others}]
+    for other in others:
         if other.name in replacing:
             continue
-        other = (planned or {}).get(other.name, other)
         what = want.clash(other)
         if what:
             named = other.name if other.model == other.name else f"{other.name} ({other.model})"
@@ -61,3 +63,21 @@ def record_warnings(facts: HostFacts) -> list[str]:
     """A plan's warnings about record files that did not parse: the services they describe are
     not seen (their GPUs and port are checked only while they run)."""
     return [f"unreadable record {bad}: left out (fix or remove the file)" for bad in facts.bad_records]
+
+
+def name_refusal(facts: HostFacts, svc: ServiceInput, host: str) -> RefusedError | None:
+    """Refuse to put model M under a service name that serves another model now (recorded, or its
+    unit running): one unit, one set of records, cannot hold both, and replacing it in place would
+    leave nothing to roll back to. A stopped, unrecorded name is free to reuse."""
+    name = svc.name
+    st = facts.services.get(name)
+    if facts.record(name) is None and not (st is not None and st.active):
+        return None
+    other = facts.model_of(name)
+    if other == svc.model:
+        return None
+    return RefusedError(
+        f"the service {name} on {host} serves {other}: {svc.model} cannot take its name while it does",
+        host=host, step="placement",
+        hint=f"swap to it under another name: `vllm-orch swap {svc.model} --name NAME --replace {name} --host {host}`,"
+             f" or `vllm-orch stop {name} --host {host}` first")

@@ -10,26 +10,10 @@ back and it is restarted again (the recovery branch of that one step).
 from __future__ import annotations
 
 from orchestrator.errors import RefusedError
-from orchestrator.host import state
 from orchestrator.plan import prepare, service
-from orchestrator.plan.inputs import RegenInput, ServiceInput
+from orchestrator.plan.inputs import RegenInput
 from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.placements import clash_refusal, host_placements, placement_of, record_warnings
-from orchestrator.plan.run import RunEnv
-
-
-def record_hashes_action(svc: ServiceInput) -> Action:
-    """After a restart with new files, the service's record names the new hashes; its revision and
-    deploy time stay (regen changes how the model runs, not which weights it serves)."""
-    r = svc.rendered
-
-    def run(env: RunEnv) -> str:
-        if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash):
-            return f"services/{svc.name}.json: its unit hash updated"
-        return f"{svc.name} has no record (it was never recorded serving): nothing to update"
-
-    return Action(f"record {svc.name}", f"update {svc.name}'s unit and manifest hashes in its record "
-                                        f"(its revision and deploy time stay)", run=run)
 
 
 def regen_clash(inp: RegenInput) -> RefusedError | None:
@@ -64,7 +48,9 @@ def plan_regen(inp: RegenInput) -> Plan:
     for svc in inp.services:
         install = plan.add(service.install_action(entry, svc, step=f"install {svc.name}"))
         st = facts.services.get(svc.name)
-        if install.noop or not (st and st.active):
+        # restarted when its files change, or when it still runs older files than those installed
+        # (an earlier regen without --restart)
+        if (install.noop and not service.runs_older_files(facts, svc)) or not (st and st.active):
             continue
         if not inp.restart:
             plan.add(Action(f"restart {svc.name}", f"nothing to do, because {svc.name} keeps running with "
@@ -81,7 +67,7 @@ def plan_regen(inp: RegenInput) -> Plan:
                                          f"with its previous unit"),
             service.ready_action(svc, inp.opts.budget_s, already_serving=False, marks_ready=False)],
             last=ready)
-        plan.add(record_hashes_action(svc))
+        plan.add(service.rerecord_action(svc, step=f"record {svc.name}"))
         restarts.append(svc.name)
     plan.info["restarts"] = restarts
     return plan

@@ -426,6 +426,40 @@ def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False
                   + ("; the swap has ended" if ends_swap else ""), run=run)
 
 
+def rerecord_action(svc: ServiceInput, step: str = "record") -> Action:
+    """After a restart with the files rendered now (regen --restart, a rollback that started an old
+    service from files newer than it last ran), the service's record says how it runs: the hashes,
+    its command line, GPUs, port and served name (what the overlap check and status trust); its
+    revision and deploy time stay (which weights it serves did not change)."""
+    r, s = svc.rendered, svc.manifest.serving
+
+    def run(env: RunEnv) -> str:
+        if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash,
+                               argv=list(r.argv), gpus=list(s.visible_devices), port=s.port,
+                               served_name=svc.manifest.served_name):
+            return f"services/{svc.name}.json: how it runs now (hashes, command line, GPUs, port)"
+        return f"{svc.name} has no record (it was never recorded serving): nothing to update"
+
+    return Action(step, f"update {svc.name}'s record to the files it runs (hashes, command line, GPUs, port; "
+                        f"its revision and deploy time stay)", run=run)
+
+
+def rerecord_installed_action(entry: HostEntry, name: str) -> Action:
+    """A service restarted from installed files other than those it ran (regen installed them
+    without --restart): its record takes their GPUs, port and hashes (installed/NAME.json), so it
+    says where it runs."""
+    def run(env: RunEnv) -> str:
+        installed = state.read_installed(env.host, env.entry, name)
+        if installed is None or not state.update_record(env.host, env.entry, name, gpus=installed.gpus,
+                                                        port=installed.port, unit_hash=installed.unit_hash,
+                                                        manifest_hash=installed.manifest_hash):
+            return f"{name} has no record or installed record: nothing to update"
+        return f"services/{name}.json: the GPUs, port and hashes of the files it runs now"
+
+    return Action("record", f"update {name}'s record to its installed files, which it runs now (GPUs, port, "
+                            f"hashes)", run=run)
+
+
 def forget_swap_action(entry: HostEntry, why: str) -> Action:
     """The last step of a rollback: the host no longer has a swap under way."""
     def run(env: RunEnv) -> str:
@@ -433,6 +467,16 @@ def forget_swap_action(entry: HostEntry, why: str) -> Action:
         return f"removed {env.entry.state_dir}/swap.json"
 
     return Action("record", f"remove {entry.state_dir}/swap.json ({why})", run=run)
+
+
+def runs_older_files(facts: HostFacts, svc: ServiceInput) -> bool:
+    """The service runs, and runs other files than those rendered now: its record names another
+    unit hash (regen installed new files without --restart, so the process still runs the old
+    ones). Such a service is restarted by a deploy, swap or regen --restart even when its installed
+    files are already the new ones."""
+    st, rec = facts.services.get(svc.name), facts.record(svc.name)
+    return bool(st and st.active) and rec is not None and rec.unit_hash is not None \
+        and rec.unit_hash != svc.rendered.unit_hash
 
 
 def enabled_at_boot(facts: HostFacts, model: str) -> bool:

@@ -49,7 +49,7 @@ from orchestrator.plan.inputs import LockFacts, PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.multinode import OldService, download_all_action, forget_record_action, on, verify_same_action
-from orchestrator.plan.placements import clash_refusal, record_warnings, service_names
+from orchestrator.plan.placements import clash_refusal, name_refusal, record_warnings, service_names
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
@@ -122,7 +122,8 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
         plan.add(on(n, prepare.lock_action(lock)))
     for i in nodes:
         node = i.entry.name
-        clash = clash_refusal(i.facts, i.target, node, replacing={old.name} if old and i.old is not None else set())
+        clash = name_refusal(i.facts, i.target, node) or \
+            clash_refusal(i.facts, i.target, node, replacing={old.name} if old and i.old is not None else set())
         if clash:
             return plan.refuse(tag(node, Action("placement", clash.message)), clash)
         node_half = half_done(i.facts, node)
@@ -150,7 +151,8 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
     # After an interrupted swap the old model may already be stopped and the new one running: then
     # there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
     running = {i.entry.name: bool((st := i.facts.services.get(m.name)) and st.active) for i in nodes}
-    changed = any(not a.noop for a in installs) or not all(running.values())
+    changed = any(not a.noop for a in installs) or not all(running.values()) or \
+        any(service.runs_older_files(i.facts, i.target) for i in nodes)
     starts = start_actions(nodes, changed, tag)
     old_running = [n for n in old.nodes if n in old.running] if old is not None else []
     warm_before(plan, nodes, starts, tag, what="downtime",
@@ -194,7 +196,9 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
         assert first is not None
         plan.recover(first, f"roll back to {old.name}" + ("" if one else f" on {', '.join(old.nodes)}"),
                      rollback_actions(nodes, old, elsewhere, tag, new_started_before=not stops))
-    elif old is None and (first_start := next((a for a in starts if not a.noop), None)) is not None:
+    elif (first_start := next((a for a in starts if not a.noop), None)) is not None:
+        # nothing to roll back to (a swap from nothing, or from a service that does not run): a
+        # failed start is stopped, so it cannot hold the GPUs
         plan.recover(first_start, stop_title(m.name, len(nodes) == 1), stop_everywhere(nodes, tag))
     return plan
 
@@ -245,6 +249,12 @@ def rollback_actions(nodes: Sequence[PlanInput], old: OldService,
                 for n in [*ran[1:], ran[0]]]
     actions.append(tag(old.nodes[0], service.ready_action(old.head, head.opts.budget_s, already_serving=False,
                                                           marks_ready=False, workers=ran[1:])))
+    # the old service started from its installed files, which may be newer than those it ran (regen
+    # without --restart since its start): its record says how it runs now
+    for i in nodes:
+        rec, inst = i.facts.record(old.name), i.facts.installed.get(old.name)
+        if i.entry.name in ran and rec is not None and inst is not None and rec.unit_hash != inst.unit_hash:
+            actions.append(tag(i.entry.name, service.rerecord_installed_action(i.entry, old.name)))
     if old_enabled:       # the boot step may have run: the old model starts at boot again, the new not
         for n in ran:
             keep_new = service.enabled_at_boot(facts_of(nodes, n, f), new)

@@ -289,5 +289,8 @@ def test_going_back_from_a_half_done_swap_has_no_rollback_to_the_model_that_neve
     f = half_done_facts(old, new, ServiceState(active=True, main_pid=2000, ready=False, enabled=False))
     plan = plan_swap(inp(svc(old, installed=True), f, download(0, 547 * 10 ** 9), old=svc(new, installed=True)))
     steps = [a.step for a in plan.actions]
-    assert plan.refusal is None and steps.index("stop") < steps.index("start") and not plan.recoveries
+    assert plan.refusal is None and steps.index("stop") < steps.index("start")
     assert plan.actions[steps.index("stop")].summary.startswith(f"stop {new}")
+    # nothing to roll back to; a failed start is stopped so it cannot hold the GPUs (as a deploy's)
+    assert [(r.title, [a.step for a in r.actions]) for r in plan.recoveries] == [
+        (f"stop {old} so a failed start cannot hold the GPUs (model files kept)", ["stop"])]
