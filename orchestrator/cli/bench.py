@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -335,8 +334,7 @@ def compare_cmd(results, as_json, fail_on_worse):
         click.echo(json.dumps({"runs": [r["_path"] for r in loaded], "rows": rows}, indent=1))
     else:
         print_wide(Console(highlight=False), render(loaded, rows))
-    if fail_on_worse and any("worse" in r["verdicts"] for r in rows):
-        sys.exit(1)
+    return 1 if fail_on_worse and any("worse" in r["verdicts"] for r in rows) else 0
 
 
 # -- --host mode -------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -58,12 +57,12 @@ def service_request(m, name: str | None, gpus: str | None, port: int | None):
     return Request.parse(m, name, gpus, port)
 
 
-def finish(result, as_json: bool) -> None:
-    """Print the result (JSON or a closing line) and exit with the documented code."""
-    code = 0 if result.ok else (result.error.exit_code if result.error else 1)
+def finish(result, as_json: bool):
+    """Print the result (JSON or a closing line); the command returns it (cli/main.py exits with its
+    exit_code). A failure not shown as JSON is raised: the error boundary prints it."""
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2, default=str))
-        sys.exit(code)
+        return result
     if result.ok:
         from rich.markup import escape
 
@@ -72,10 +71,10 @@ def finish(result, as_json: bool) -> None:
         if not result.dry_run:
             console().print(f"[bold green]{result.operation} {result.model} on {result.host}: ok[/] "
                             f"({result.seconds:.1f}s)")
-        sys.exit(0)
+        return result
     if result.error is not None:
         raise result.error
-    sys.exit(code)
+    return result
 
 
 @click.command(epilog=exit_codes("0 ok, 1 failed, 2 bad input (nothing changed), 3 refused by a safety check "
@@ -136,12 +135,12 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     if per_host(m, hosts):                      # the same service on each host: a fleet run
         from orchestrator.cli.fleet import fleet_op
 
-        fleet_op(f"deploy {name}", hosts, parallel, as_json, dry_run,
+        return fleet_op(f"deploy {name}", hosts, parallel, as_json, dry_run,
                  lambda e, rep: run_deploy(e, m, opts, rep, dry_run, accept_new_host_key, request=request))
     reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)
     result = run_deploy(hosts, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
                         request=request)
-    finish(result, as_json)
+    return finish(result, as_json)
 
 
 @click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
@@ -183,14 +182,14 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json
             return HostOutcome(0 if refusal is None else refusal.exit_code,
                                None if refusal is None else root_cause(refusal), action.summary, data)
 
-        finish_fleet(f"check {name}", run_with_view(f"check {name}", hosts, one, parallel, as_json),
+        return finish_fleet(f"check {name}", run_with_view(f"check {name}", hosts, one, parallel, as_json),
                      as_json, "checks")
     entry = hosts[0]
     action, refusal = preflight_on(entry, m, request, opts, accept_new_host_key, hosts)
     if as_json:
         click.echo(json.dumps({"host": entry.name, "model": name, "ok": refusal is None,
                                "checks": action.details}, indent=2))
-        sys.exit(0 if refusal is None else refusal.exit_code)
+        return 0 if refusal is None else refusal.exit_code
     console().print(f"Preflight of {name} on {entry.describe()}: {action.summary}", markup=False)
     for line in action.details:
         console().print(f"  {line}", markup=False, soft_wrap=True)

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import difflib
 import json
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 import click
 from rich.markup import escape
@@ -82,19 +80,19 @@ def summary_table(rows: Sequence[HostRow], note_header: str = "") -> Table:
     return t
 
 
-def finish_fleet(title: str, rows: Sequence[HostRow], as_json: bool, note_header: str = "") -> NoReturn:
-    """Print the summary (or the JSON list) and exit with the worst of the hosts' codes."""
+def finish_fleet(title: str, rows: Sequence[HostRow], as_json: bool, note_header: str = "") -> int:
+    """Print the summary (or the JSON list); the command's exit code: the worst of the hosts'."""
     code = worst_exit([r.code for r in rows])
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
-        sys.exit(code)
+        return code
     c = console()
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.result] = counts.get(r.result, 0) + 1
     c.print(f"[bold]{escape(title)}[/]: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     c.print(summary_table(rows, note_header))
-    sys.exit(code)
+    return code
 
 
 def show_fleet_plans(rows: Sequence[HostRow], entries: Sequence[HostEntry]) -> None:
@@ -120,7 +118,7 @@ def show_fleet_plans(rows: Sequence[HostRow], entries: Sequence[HostEntry]) -> N
 
 
 def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_json: bool, dry_run: bool,
-             run_one, note_header: str = "", stop_on_failure: bool = False) -> NoReturn:
+             run_one, note_header: str = "", stop_on_failure: bool = False) -> int:
     """A per-host operation returning an OpResult (deploy, swap, regen) across the hosts: the view,
     the fleet plan for a dry run, the summary, the exit (never returns)."""
     from orchestrator.ops.fleet import outcome_of
@@ -129,11 +127,11 @@ def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_
                          lambda e, rep: outcome_of(run_one(e, rep)), parallel, as_json, stop_on_failure)
     if dry_run and not as_json:
         show_fleet_plans(rows, entries)
-    finish_fleet(title, rows, as_json, note_header)
+    return finish_fleet(title, rows, as_json, note_header)
 
 
 def rolling_swap(app, name: str, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
-                 as_json: bool, dry_run: bool, accept_new_host_key: bool) -> NoReturn:
+                 as_json: bool, dry_run: bool, accept_new_host_key: bool) -> int:
     """swap across hosts, rolling (the policy: orchestrator.ops.fleet.rolling_swap), shown live; the
     summary says what every host serves afterwards, asked of the hosts themselves (`status`)."""
     from orchestrator.cli.ops import _manifest_lookups
@@ -141,7 +139,7 @@ def rolling_swap(app, name: str, entries: Sequence[HostEntry], run_one, max_unav
     from orchestrator.ops.status import serving
 
     if dry_run:                                   # a dry run changes nothing: every host's plan at once
-        fleet_op(f"swap to {name}", entries, None, as_json, True, run_one)
+        return fleet_op(f"swap to {name}", entries, None, as_json, True, run_one)
     title = f"rolling swap to {name} ({max_unavailable} host{'s' if max_unavailable > 1 else ''} at a time)"
     rows = with_view(title, entries, as_json,
                      lambda board: fleet.rolling_swap(entries, run_one, max_unavailable, continue_on_failure, board))
@@ -149,4 +147,4 @@ def rolling_swap(app, name: str, entries: Sequence[HostEntry], run_one, max_unav
     now = serving(entries, port_of, served_name_of, api_key_of, accept_new_host_key)
     for r in rows:
         r.note = now.get(r.host, "?")
-    finish_fleet(title, rows, as_json, "serves")
+    return finish_fleet(title, rows, as_json, "serves")

@@ -100,7 +100,7 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
         def swap_one(e, rep):
             return run_swap(e, m, manifests, opts, rep, dry_run, accept_new_host_key, request=request)
 
-        rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure, as_json,
+        return rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure, as_json,
                      dry_run, accept_new_host_key)
     from orchestrator.cli.ops import _inventory_lookup
 
@@ -118,7 +118,7 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
             rb = extra["rollback"]
             style = "green" if rb["ok"] else "bold red"
             console().print(f"[{style}]rollback: {escape(rb['result'])} ({rb['seconds']:.1f}s)[/]")
-    finish(result, as_json)
+    return finish(result, as_json)
 
 
 @click.command(epilog=exit_codes(DEFAULT_EXIT_CODES))
@@ -149,10 +149,10 @@ def regen(app, hosts, parallel, accept_new_host_key, dry_run, as_json, restart):
     if len(hosts) > 1:
         from orchestrator.cli.fleet import fleet_op
 
-        fleet_op("regen", hosts, parallel, as_json, dry_run,
+        return fleet_op("regen", hosts, parallel, as_json, dry_run,
                  lambda e, rep: run_regen(e, manifests, make_options((), False), rep, dry_run, restart,
                                           accept_new_host_key))
     entry = hosts[0]
     result = run_regen(entry, manifests, make_options((), False), Reporter(console(), quiet=as_json), dry_run,
                        restart, accept_new_host_key)
-    finish(result, as_json)
+    return finish(result, as_json)

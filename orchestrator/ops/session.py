@@ -31,6 +31,11 @@ class OpResult:
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
 
+    @property
+    def exit_code(self) -> int:
+        """0 ok, else the error's (2 bad input, 3 refused, 130 interrupted, 1 failed)."""
+        return 0 if self.ok else (self.error.exit_code if self.error is not None else 1)
+
     def as_dict(self) -> dict:
         d = {"operation": self.operation, "host": self.host, "model": self.model, "ok": self.ok,
              "dry_run": self.dry_run, "seconds": round(self.seconds, 3),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.base import Host
+from orchestrator.host.ownership import Proc
 
 if TYPE_CHECKING:
     from orchestrator.probe.readiness import Ready
@@ -76,6 +77,9 @@ class RunRecord:
     log_cursors: dict[str, str] = field(default_factory=dict)     # model -> log position at start
     perf: dict[str, dict] = field(default_factory=dict)           # model -> its throughput measurement
     warnings: list[str] = field(default_factory=list)             # said during the run, kept for the end
+    killed: list[Proc] = field(default_factory=list)              # stop: the leftovers it killed
+    deleted: list[tuple[str, int]] = field(default_factory=list)  # gc: (folder, bytes) deleted
+    kept: list[tuple[str, str]] = field(default_factory=list)     # gc: (folder, why) the host refused to delete
 
     def downtime_s(self) -> float | None:
         if self.stopped_at is None or self.ready_at is None:

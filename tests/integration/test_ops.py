@@ -258,7 +258,7 @@ def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_d
     beside.mkdir()
 
     dry = cli("gc", "--host", "sim", "--dry-run")
-    assert dry.returncode == 0 and "old-model" in dry.stdout and "keep    kimi-k25-int4" in dry.stdout
+    assert dry.returncode == 0 and "old-model" in dry.stdout and "kimi-k25-int4: the active model" in dry.stdout
     assert old.exists()
     refused = cli("gc", "--host", "sim", input="")     # no TTY, no --yes
     assert refused.returncode == 3 and "--yes" in refused.stderr

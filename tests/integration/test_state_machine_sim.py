@@ -27,7 +27,8 @@ from orchestrator.host.facts import gather
 from orchestrator.host.ownership import SERVICE
 from orchestrator.ops.execute import Reporter
 from orchestrator.ops.regen import run_regen
-from orchestrator.ops.stop import gc_facts, plan_gc, run_gc, stop_model
+from orchestrator.ops.stop import gc_plan, run_gc, stop_model
+from orchestrator.plan.inputs import LockFacts
 from orchestrator.sim import manager
 
 from .deployhelp import deploy, entry, free_port, opts, swap, tuned
@@ -117,7 +118,7 @@ def make_machine(sim_host):
         @rule()
         def gc(self) -> None:
             STATS["steps"] += 1
-            run_gc(sim_host.host, e, plan_gc(gc_facts(sim_host.host, e)))
+            run_gc(sim_host.host, e, gc_plan(sim_host.host, e, LockFacts(held=True)))
 
         @invariant()
         def the_host_agrees(self) -> None:

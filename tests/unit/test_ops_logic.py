@@ -16,7 +16,8 @@ from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
 from orchestrator.host.records import ServiceRecord
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.ops.stop import deploy_started_at, leftovers, model_gpus, plan_gc
+from orchestrator.ops.stop import deploy_started_at
+from orchestrator.plan.stop import gc_choice, leftovers, model_gpus
 
 
 @pytest.mark.parametrize("active,failed,health,listed,expected", [
@@ -109,10 +110,17 @@ def test_plan_gc_keeps_active_and_running_and_orders_by_last_use():
               for n, b, t in (("a", 10, 5.0), ("b", 20, 1.0), ("c", 30, 2.0), ("d", 40, 3.0))}
     f = facts(models=models, active=ServiceRecord(model="a"),
               services={"d": ServiceState(active=True, main_pid=9)})
-    plan = plan_gc(f)
-    assert [c.name for c in plan.delete] == ["b", "c"] and [c.verified for c in plan.delete] == [True, False]
-    assert plan.bytes == 50
-    assert dict(plan.keep) == {"a": "the active model", "d": "its service is running"}
+    delete, keep = gc_choice(f)
+    assert [c.name for c in delete] == ["b", "c"] and [c.verified for c in delete] == [True, False]
+    assert sum(c.bytes for c in delete) == 50
+    assert dict(keep) == {"a": "the active model", "d": "its service is running"}
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.plan.inputs import LockFacts
+    from orchestrator.plan.stop import plan_gc
+
+    plan = plan_gc(HostEntry(name="h", address="h"), f, LockFacts(held=False, path="/l"))
+    assert [a.step for a in plan.actions] == ["lock", "keep", "delete", "delete"] and len(plan.confirmations()) == 2
+    assert plan.info["bytes"] == 50 and "the active model" in plan.text()
 
 
 @pytest.mark.parametrize("name", ["", "..", ".", "a/b", ".vllm-orch"])

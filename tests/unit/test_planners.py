@@ -17,7 +17,7 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
 from orchestrator.host.facts import HostFacts, Memory, ModelDir
 from orchestrator.host.nvidia_smi import Gpu
-from orchestrator.host.ownership import FOREIGN, LEFT, Proc
+from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, Proc
 from orchestrator.host.records import InstalledRecord, ServiceRecord, SwapMarker
 from orchestrator.host.services import ServiceState
 from orchestrator.paths import shipped_dir
@@ -294,3 +294,25 @@ def test_going_back_from_a_half_done_swap_has_no_rollback_to_the_model_that_neve
     # nothing to roll back to; a failed start is stopped so it cannot hold the GPUs (as a deploy's)
     assert [(r.title, [a.step for a in r.actions]) for r in plan.recoveries] == [
         (f"stop {old} so a failed start cannot hold the GPUs (model files kept)", ["stop"])]
+
+
+def test_stop_is_a_plan_with_its_recovery_and_gc_a_plan_that_asks():
+    from orchestrator.errors import RefusedError as Refused
+    from orchestrator.plan.stop import StopInput, plan_gc, plan_stop
+
+    name = "kimi-k25-int4"
+    services = {name: ServiceState(active=True, main_pid=4242, enabled=True)}
+    procs = [Proc(pid=4300 + i, name=f"VLLM::Worker_TP{i}", used_mib=90000, gpu_index=i, kind=SERVICE, model=name)
+             for i in range(2)]
+    f = facts(services=services, active={"model": name, "gpus": list(range(8)), "port": 8000}, procs=procs)
+    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+    plan = plan_stop(StopInput(ENTRY, f, lock, name))
+    assert [a.step for a in plan.actions] == ["lock", "stop", "boot", "leftovers", "gpus", "record"]
+    rec = plan.recovery_for(4)
+    assert rec is not None and (rec.first, rec.last) == (4, 5) and [a.step for a in rec.actions] == ["record"]
+    golden("plan-stop-running.txt", plan.text())
+    refused = plan_stop(StopInput(ENTRY, facts(), lock, "nothing"))
+    assert isinstance(refused.refusal, Refused) and refused.refusal.exit_code == 3
+    old = ModelDir("old", 10 ** 9, {"repo": "a/b", "files": {}, "complete": True}, 1.0)
+    gc = plan_gc(ENTRY, facts(models={"old": old}), lock)
+    assert gc.confirmations() == ["delete /var/lib/vllm-orch/models/old on gpu1 (1.0 GB)"]

@@ -47,6 +47,7 @@ from orchestrator.ops.execute import Reporter, run_plan
 from orchestrator.paths import shipped_dir
 from orchestrator.plan import prepare
 from orchestrator.plan import service as service_steps
+from orchestrator.plan import stop as stop_steps
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput
 from orchestrator.plan.preflight import OK, Check
@@ -344,7 +345,7 @@ class Operations(RuleBasedStateMachine):
     def stop(self, which) -> None:
         names = sorted(self.host.json_files(f"{ENTRY.state_dir}/installed"))
         STATS["steps"] += 1
-        stop_ops.stop_model(self.host, ENTRY, names[which % len(names)], release_timeout=1, poll=0.0)
+        stop_ops.stop_model(self.host, ENTRY, names[which % len(names)], release_timeout=1, poll=0.0, lock=LOCK)
 
     @rule(restart=st.booleans(), change=st.sampled_from([None, "utilization", "port", "gpus"]))
     def regen(self, restart, change) -> None:
@@ -384,8 +385,7 @@ class Operations(RuleBasedStateMachine):
     @rule()
     def gc(self) -> None:
         STATS["steps"] += 1
-        facts = stop_ops.gc_facts(self.host, ENTRY)
-        stop_ops.run_gc(self.host, ENTRY, stop_ops.plan_gc(facts))
+        stop_ops.run_gc(self.host, ENTRY, stop_ops.gc_plan(self.host, ENTRY, LOCK))
 
     # -- invariants ---------------------------------------------------------------------------------
     @invariant()
@@ -423,9 +423,10 @@ def fake_world(monkeypatch):
     monkeypatch.setattr(service_steps, "wait_ready", fake_ready)
     monkeypatch.setattr(prepare, "run_download", fake_download)
     monkeypatch.setattr(stop_ops, "gather", lambda host, entry, models=None, ports=None: host.facts())
-    monkeypatch.setattr(stop_ops, "read_gpus", lambda host, entry: ({}, {}))
-    monkeypatch.setattr(stop_ops, "wait_released", lambda *a, **kw: "released")
-    monkeypatch.setattr(stop_ops.modeldirs, "delete_script",
+    monkeypatch.setattr(stop_steps, "gather", lambda host, entry, models=None, ports=None: host.facts())
+    monkeypatch.setattr(stop_steps, "read_gpus", lambda host, entry: ({}, {}))
+    monkeypatch.setattr(stop_steps, "wait_released", lambda *a, **kw: "released")
+    monkeypatch.setattr(stop_steps.modeldirs, "delete_script",
                         lambda root, name: Script(f"rm -rf {shlex.quote(root + '/' + name)}"))
 
 
