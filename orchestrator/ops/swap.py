@@ -35,7 +35,7 @@ from orchestrator.ops.session import OpResult
 from orchestrator.ops.stop import recorded_nodes
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.multinode import OldService
-from orchestrator.plan.run import Options
+from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.swap import old_model_name, plan_swap
 from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
@@ -119,69 +119,93 @@ def run_swap(nodes: HostEntry | Sequence[HostEntry], m: Manifest, manifests: dic
             result.seconds = time.monotonic() - t0
             return result
         head = node_envs(sessions, by_name, names[0], opts, reporter)
-        envs = head.nodes or {names[0]: head}
         outcome = run_plan(plan, head, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
-        ready = head.record.ready.get(name)
-        stopped = [e.record.stopped_at for e in envs.values() if e.record.stopped_at is not None]
-        if outcome.ok:
-            result.extra["downtime_s"] = round(head.record.ready_at - min(stopped), 3) \
-                if stopped and head.record.ready_at is not None else 0.0
-            if ready is not None:
-                result.extra["load_s"] = round(ready.seconds, 3)
-        old_name = info.get("from")
-        rb = outcome.recovery
-        half = inputs[0].facts.half_swap is not None or any(r.step.startswith("stop") and r.status in ("done", "failed")
-                                                             for r in outcome.results)
-        if not outcome.ok and half and not (rb is not None and rb.ok) and result.error is not None and old_name:
-            host = names[0]
-            result.extra["half_done"] = True
-            result.error.hint = (f"the swap is half done ({entries[0].state_dir}/swap.json says so): run `vllm-orch "
-                                 f"swap {m.name} --host {','.join(names)}` to finish it (it rolls back to {old_name} "
-                                 f"if {name} fails), or `vllm-orch swap {old_name} --host {host}` to go back")
-        if rb is not None and old_name and info.get("staged"):
-            old_ready = head.record.ready.get(old_name)
-            text = (f"{old_name} serves again ({old_ready.smoke.summary()})" if rb.ok and old_ready
-                    else f"{old_name} did not come back: {rb.error.message if rb.error else '?'}")
-            result.extra["rollback"] = {"ok": rb.ok, "result": text, "seconds": round(rb.seconds, 3)}
-            if result.error is not None and result.error.details:
-                result.error.details[-1] = f"rollback: {text}"     # the executor's line, with the smoke answer
+        _read_outcome(result, head, inputs, entries, m.name)
         result.seconds = time.monotonic() - t0
-        record = {"operation": "swap", "from": old_name, "model": spec.model, "service": name, "ok": outcome.ok,
-                  "staged": info.get("staged"), "seconds": round(result.seconds, 2), "steps": outcome.timings(),
-                  "downtime_s": result.extra.get("downtime_s"), "unit_hash": inputs[0].target.rendered.unit_hash}
-        if len(by_name) > 1:
-            record.update(nodes=names, from_nodes=old_nodes or [names[0]])
-        record.update(failure_fields(result.error))
-        if isinstance(result.error, Interrupted):
-            record["interrupted"] = result.error.step
-        if result.extra.get("half_done"):
-            record["half_done"] = True
-        record.update(history_fields(head.record, name, info.get("expected_downtime_s")))
-        result.extra.update({k: v for k, v in record.items() if k in ("warm", "weights_s")})
-        if "rollback" in result.extra:
-            record["rollback"] = result.extra["rollback"]
-        if ready is not None:
-            record["tokens_per_s"] = ready.smoke.tokens_per_s
-        if name in head.record.perf:
-            record["perf"] = result.extra["perf"] = head.record.perf[name]
-        if head.record.warnings:
-            result.extra["warnings"] = list(head.record.warnings)
-        records = [record]
-        if "rollback" in result.extra:
-            records.append({"operation": "rollback", "model": old_name, "ok": result.extra["rollback"]["ok"],
-                            "seconds": result.extra["rollback"]["seconds"],
-                            "after": ("interrupted" if isinstance(result.error, Interrupted) else "failed")
-                                     + f" swap to {name}"})
-        for n, e in by_name.items():
-            if not sessions[n].holds_lock():    # without its lock, write nothing more there
-                continue
-            rank = {"rank": names.index(n)} if n in names and len(names) > 1 else {}
-            for rec in records:
-                try:
-                    state.append_history(sessions[n].host, e, HistoryEntry(**rec, **rank))
-                except OrchestratorError as exc:     # the connection is gone: the result still reaches the user
-                    if result.error is not None:
-                        result.error.details.append(f"history not recorded on {n}: {exc}")
-                    break
+        records = _history(result, head, spec.model, inputs, old_nodes if len(by_name) > 1 else None)
+        _append_everywhere(sessions, by_name, names, records, result)
         return result
+
+
+def _read_outcome(result: OpResult, head: RunEnv, inputs: Sequence[PlanInput], entries: Sequence[HostEntry],
+                  model: str) -> None:
+    """The swap's figures and what to say about its end: downtime (the first stop of the old service
+    -> the new one ready), load time, a half-done swap's hint, the rollback's result."""
+    name, names, outcome = result.model, [e.name for e in entries], result.outcome
+    assert outcome is not None
+    envs = head.nodes or {names[0]: head}
+    ready = head.record.ready.get(name)
+    stopped = [e.record.stopped_at for e in envs.values() if e.record.stopped_at is not None]
+    if outcome.ok:
+        result.extra["downtime_s"] = round(head.record.ready_at - min(stopped), 3) \
+            if stopped and head.record.ready_at is not None else 0.0
+        if ready is not None:
+            result.extra["load_s"] = round(ready.seconds, 3)
+    old_name, rb = result.extra.get("from"), outcome.recovery
+    half = inputs[0].facts.half_swap is not None or any(r.step.startswith("stop") and r.status in ("done", "failed")
+                                                         for r in outcome.results)
+    if not outcome.ok and half and not (rb is not None and rb.ok) and result.error is not None and old_name:
+        result.extra["half_done"] = True
+        result.error.hint = (f"the swap is half done ({entries[0].state_dir}/swap.json says so): run `vllm-orch "
+                             f"swap {model} --host {','.join(names)}` to finish it (it rolls back to {old_name} "
+                             f"if {name} fails), or `vllm-orch swap {old_name} --host {names[0]}` to go back")
+    if rb is not None and old_name and result.extra.get("staged"):
+        old_ready = head.record.ready.get(old_name)
+        text = (f"{old_name} serves again ({old_ready.smoke.summary()})" if rb.ok and old_ready
+                else f"{old_name} did not come back: {rb.error.message if rb.error else '?'}")
+        result.extra["rollback"] = {"ok": rb.ok, "result": text, "seconds": round(rb.seconds, 3)}
+        if result.error is not None and result.error.details:
+            result.error.details[-1] = f"rollback: {text}"     # the executor's line, with the smoke answer
+
+
+def _history(result: OpResult, head: RunEnv, model: str, inputs: Sequence[PlanInput],
+             old_nodes: list[str] | None) -> list[dict]:
+    """The swap's history line (and the rollback's, if one ran); `old_nodes`: with several hosts."""
+    name, outcome, extra = result.model, result.outcome, result.extra
+    assert outcome is not None
+    record = {"operation": "swap", "from": extra.get("from"), "model": model, "service": name, "ok": outcome.ok,
+              "staged": extra.get("staged"), "seconds": round(result.seconds, 2), "steps": outcome.timings(),
+              "downtime_s": extra.get("downtime_s"), "unit_hash": inputs[0].target.rendered.unit_hash}
+    if old_nodes is not None:
+        names = [i.entry.name for i in inputs]
+        record.update(nodes=names, from_nodes=old_nodes or names[:1])
+    record.update(failure_fields(result.error))
+    if isinstance(result.error, Interrupted):
+        record["interrupted"] = result.error.step
+    if extra.get("half_done"):
+        record["half_done"] = True
+    record.update(history_fields(head.record, name, extra.get("expected_downtime_s")))
+    extra.update({k: v for k, v in record.items() if k in ("warm", "weights_s")})
+    if "rollback" in extra:
+        record["rollback"] = extra["rollback"]
+    ready = head.record.ready.get(name)
+    if ready is not None:
+        record["tokens_per_s"] = ready.smoke.tokens_per_s
+    if name in head.record.perf:
+        record["perf"] = extra["perf"] = head.record.perf[name]
+    if head.record.warnings:
+        extra["warnings"] = list(head.record.warnings)
+    if "rollback" not in extra:
+        return [record]
+    return [record, {"operation": "rollback", "model": extra.get("from"), "ok": extra["rollback"]["ok"],
+                     "seconds": extra["rollback"]["seconds"],
+                     "after": ("interrupted" if isinstance(result.error, Interrupted) else "failed")
+                              + f" swap to {name}"}]
+
+
+def _append_everywhere(sessions: dict, by_name: dict[str, HostEntry], names: list[str], records: list[dict],
+                       result: OpResult) -> None:
+    """The history lines on every host the swap touched (its rank on a node of the new service),
+    where the lock is still ours."""
+    for n, e in by_name.items():
+        if not sessions[n].holds_lock():        # without its lock, write nothing more there
+            continue
+        rank = {"rank": names.index(n)} if n in names and len(names) > 1 else {}
+        for rec in records:
+            try:
+                state.append_history(sessions[n].host, e, HistoryEntry(**rec, **rank))
+            except OrchestratorError as exc:     # the connection is gone: the result still reaches the user
+                if result.error is not None:
+                    result.error.details.append(f"history not recorded on {n}: {exc}")
+                break

@@ -116,35 +116,9 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
         return plan
     plan = Plan("swap", hosts_desc(nodes), title, info=info,
                 warnings=unpinned_warning(head) + [w for i in nodes for w in record_warnings(i.facts)])
-    for i in nodes:
-        plan.add(tag(i.entry.name, prepare.lock_action(i.lock)))
-    for n, (_e, lock) in elsewhere.items():
-        plan.add(on(n, prepare.lock_action(lock)))
-    for i in nodes:
-        node = i.entry.name
-        clash = name_refusal(i.facts, i.target, node) or \
-            clash_refusal(i.facts, i.target, node, replacing={old.name} if old and i.old is not None else set())
-        if clash:
-            return plan.refuse(tag(node, Action("placement", clash.message)), clash)
-        node_half = half_done(i.facts, node)
-        if node_half and not one:
-            return plan.refuse(on(node, Action("swap", node_half[0])), RefusedError(
-                f"{node_half[0]}: finish or undo it first", host=node, step="swap", hint=node_half[1]))
-    if preflights(plan, nodes, tag):
-        return plan
-    for i in nodes:
-        keep = {i.old.name, i.old.model} if i.old is not None else set()
-        disk, err = prepare.disk_action(i, keep=keep)
-        if err is not None and one and i.old is not None:
-            return _unstaged(plan, i, err)
-        if err is not None and not one:
-            err.hint = (err.hint or "") + "; a swap across nodes always stages (free space, or stop the old " \
-                                          "service and deploy)"
-        if plan.add_checked(tag(i.entry.name, disk), err):
-            return plan
-    plan.add(prepare.download_action(head) if one else download_all_action(nodes))
-    if len(nodes) > 1 and plan.add_checked(*verify_same_action(nodes)):
-        return plan
+    ended = _stage(plan, nodes, old, elsewhere, tag, one)
+    if ended is not None:
+        return ended
     for i in nodes:
         plan.add(tag(i.entry.name, prepare.user_action(i.entry, i.facts.users)))
     installs = [plan.add(tag(i.entry.name, service.install_action(i.entry, i.target))) for i in nodes]
@@ -175,18 +149,7 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
     plan.add(tag(entry.name, service.ready_action(head.target, head.opts.budget_s, already_serving=False,
                                                   workers=names[1:])))
     plan.add(tag(entry.name, service.perf_action(head)))
-    for i in nodes:
-        plan.add(tag(i.entry.name, boot_action(i, old_enabled and i.old is not None)))
-    enabled = old_enabled or head.opts.enable or service.enabled_at_boot(f, m.name)
-    swap_host = old.nodes[0] if old is not None else entry.name        # where swap.json is kept
-    for i in nodes:
-        plan.add(tag(i.entry.name, service.record_action(i, enabled=enabled, ends_swap=i.entry.name == swap_host,
-                                                         replaces=old.name if old and i.old is not None else None)))
-    for n, (e, _lock) in elsewhere.items():
-        if old is not None and old_enabled:
-            plan.add(on(n, service.boot_action(e, None, [old.name], f"disable {old.name} (this host is no node "
-                                                                     f"of the new service)")))
-        plan.add(on(n, forget_record_action(e, old.name if old else "")))
+    _hand_over(plan, nodes, old, elsewhere, tag, old_enabled)
     # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
     # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
     # its rollback stops the new service although the run that was cut short started it.
@@ -201,6 +164,67 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
         # failed start is stopped, so it cannot hold the GPUs
         plan.recover(first_start, stop_title(m.name, len(nodes) == 1), stop_everywhere(nodes, tag))
     return plan
+
+
+def _hand_over(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
+               elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], tag: Callable[[str, Action], Action],
+               old_enabled: bool) -> None:
+    """Once the new service serves: it takes the old one's start at boot (each node), its records
+    are written and the old one's removed (the swap ends on the old head, where swap.json is), and
+    the old one's nodes that are none of the new one's let it go."""
+    head = nodes[0]
+    m = head.target.manifest
+    for i in nodes:
+        plan.add(tag(i.entry.name, boot_action(i, old_enabled and i.old is not None)))
+    enabled = old_enabled or head.opts.enable or service.enabled_at_boot(head.facts, m.name)
+    swap_host = old.nodes[0] if old is not None else head.entry.name        # where swap.json is kept
+    for i in nodes:
+        plan.add(tag(i.entry.name, service.record_action(i, enabled=enabled, ends_swap=i.entry.name == swap_host,
+                                                         replaces=old.name if old and i.old is not None else None)))
+    for n, (e, _lock) in elsewhere.items():
+        if old is not None and old_enabled:
+            plan.add(on(n, service.boot_action(e, None, [old.name], f"disable {old.name} (this host is no node "
+                                                                     f"of the new service)")))
+        plan.add(on(n, forget_record_action(e, old.name if old else "")))
+
+
+def _stage(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
+           elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], tag: Callable[[str, Action], Action],
+           one: bool) -> Plan | None:
+    """The swap's steps while the old service still serves: every lock, the overlap and half-done
+    refusals, preflight, disk room for both (one host without it: the unstaged swap), the download
+    on every node, verify-same. The plan to return when they end it (a refusal, an unstaged swap)."""
+    head = nodes[0]
+    for i in nodes:
+        plan.add(tag(i.entry.name, prepare.lock_action(i.lock)))
+    for n, (_e, lock) in elsewhere.items():
+        plan.add(on(n, prepare.lock_action(lock)))
+    for i in nodes:
+        node = i.entry.name
+        clash = name_refusal(i.facts, i.target, node) or \
+            clash_refusal(i.facts, i.target, node, replacing={old.name} if old and i.old is not None else set())
+        if clash:
+            return plan.refuse(tag(node, Action("placement", clash.message)), clash)
+        node_half = half_done(i.facts, node)
+        if node_half and not one:
+            return plan.refuse(on(node, Action("swap", node_half[0])), RefusedError(
+                f"{node_half[0]}: finish or undo it first", host=node, step="swap", hint=node_half[1]))
+    if preflights(plan, nodes, tag):
+        return plan
+    for i in nodes:
+        keep = {i.old.name, i.old.model} if i.old is not None else set()
+        disk, err = prepare.disk_action(i, keep=keep)
+        if err is not None and one and i.old is not None:
+            return _unstaged(plan, i, err)
+        if err is not None and not one:
+            err.hint = (err.hint or "") + "; a swap across nodes always stages (free space, or stop the old " \
+                                          "service and deploy)"
+        if plan.add_checked(tag(i.entry.name, disk), err):
+            return plan
+    plan.add(prepare.download_action(head) if one else download_all_action(nodes))
+    if len(nodes) > 1 and plan.add_checked(*verify_same_action(nodes)):
+        return plan
+    return None
 
 
 def facts_of(nodes: Sequence[PlanInput], host: str, default: HostFacts) -> HostFacts:
