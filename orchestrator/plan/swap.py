@@ -99,7 +99,8 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
         old = OldService(head.old.name, (entry.name,), head.old,
                          frozenset({entry.name} if (st := f.services.get(head.old.name)) and st.active else ()))
     elsewhere = elsewhere or {}
-    tag, one = tagger(nodes), len(nodes) == 1 and (old is None or old.nodes == (entry.name,))
+    one = len(nodes) == 1 and (old is None or old.nodes == (entry.name,))
+    tag = tagger(nodes) if one else on          # several hosts (the old service's too): each step names its node
     names = [i.entry.name for i in nodes]
     title = f"{old.name if old else '(nothing)'} -> {m.name}"
     info: dict = {"from": old.name if old else None, "to": m.name, "staged": True,

@@ -224,7 +224,7 @@ def test_after_a_swap_and_a_reboot_the_swapped_in_model_comes_back(sd, tmp_path)
         return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], env=env, capture_output=True,
                               text=True, timeout=300)
     stopped = cli("stop", b.name, "--host", "sim")
-    assert stopped.returncode == 0 and "disabling vllm-minimax-m25-ep.service at boot" in stopped.stdout
+    assert stopped.returncode == 0 and "disable vllm-minimax-m25-ep.service at boot" in stopped.stdout
     with open_host(e) as host:
         assert host.run(["systemctl", "is-enabled", b.unit_name]).stdout.strip() == "disabled"
         host.run(["systemctl", "enable", a.unit_name]).check(e.name)          # enabled by hand, then ...

@@ -246,3 +246,26 @@ def test_the_parallel_download_runs_every_node_and_fails_naming_the_node_that_fa
     assert sorted(seen) == ["gpu1", "gpu2"] and err.value.host == "gpu2" and "503" in err.value.message
     assert any(d.startswith("gpu1: ") for d in err.value.details)        # what the other node did
     assert envs["gpu1"].record.download is not None and envs["gpu2"].record.download is None
+
+
+def test_a_swap_from_two_nodes_back_to_one_stops_the_old_service_on_every_node():
+    """The new service on one host, the old one on two: every step names its node, so the old
+    service's stop on the other host runs there (it ran on the head twice before)."""
+    from orchestrator.plan.multinode import OldService
+    from orchestrator.plan.swap import plan_swap
+
+    from .test_planners import inp, svc
+
+    old_head = node_inputs(two_node())[0].target
+    f = facts(services={old_head.name: ServiceState(active=True, main_pid=7)},
+              active={"model": old_head.name, "gpus": list(range(8))})
+    new = inp(svc("kimi-k25-int4"), f, download(0, 547 * 10 ** 9), old=old_head)
+    new = replace(new, entry=HEAD)
+    old = OldService(old_head.name, ("gpu1", "gpu2"), old_head, frozenset({"gpu1", "gpu2"}))
+    lock = new.lock
+    plan = plan_swap(new, old=old, elsewhere={"gpu2": (WORKER, lock)})
+    assert plan.refusal is None, plan.refusal
+    k = keys(plan)
+    assert "stop[gpu1]" in k and "stop[gpu2]" in k and "lock[gpu2]" in k and "record[gpu2]" in k
+    rb = plan.recovery_for(k.index("stop[gpu1]") + 1)
+    assert rb is not None and "start[gpu2]" in [a.key for a in rb.actions]
