@@ -44,7 +44,6 @@ def main() -> None:
     from orchestrator.host.local import LocalHost
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
-    from orchestrator.ops.multinode import run_deploy_nodes
     from orchestrator.ops.stop import stop_model
     from orchestrator.paths import shipped_dir
     from orchestrator.plan.run import Options
@@ -78,7 +77,7 @@ def main() -> None:
         return run_deploy(sim, one, opts, Clock(), False)
 
     def deploy_two(reporter=None):
-        return run_deploy_nodes([sim, sim2], two, opts, reporter or Clock(), False)
+        return run_deploy([sim, sim2], two, opts, reporter or Clock(), False)
 
     def parts(result) -> tuple[float, float, float]:
         """(total, vLLM's own time: the ready step and the throughput measurement, orchestration)."""

@@ -95,14 +95,14 @@ def hang_to_restart(e, home, m) -> tuple[float, float]:
 
     def restarted():
         with open_host(e) as host:
-            return [r for r in read_history(host, e) if r.get("operation") == "health-restart"]
+            return [r for r in read_history(host, e) if r.operation == "health-restart"]
     wait(restarted, 1800)
     record = restarted()[-1]
     wait(lambda: active_state(e, m.unit_name) != ("active", pid) and active_state(e, m.unit_name)[0] == "active",
          600)
     serving = time.time()
     hung = [json.loads(line) for line in fired.read_text().splitlines() if '"phase": "hung"' in line][-1]["at"]
-    return datetime.fromisoformat(record["at"]).timestamp() - hung, serving - hung
+    return datetime.fromisoformat(record.at or "").timestamp() - hung, serving - hung
 
 
 def main() -> None:

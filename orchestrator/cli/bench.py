@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -335,8 +334,7 @@ def compare_cmd(results, as_json, fail_on_worse):
         click.echo(json.dumps({"runs": [r["_path"] for r in loaded], "rows": rows}, indent=1))
     else:
         print_wide(Console(highlight=False), render(loaded, rows))
-    if fail_on_worse and any("worse" in r["verdicts"] for r in rows):
-        sys.exit(1)
+    return 1 if fail_on_worse and any("worse" in r["verdicts"] for r in rows) else 0
 
 
 # -- --host mode -------------------------------------------------------------------------------------
@@ -361,6 +359,7 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
     from orchestrator.config.placement import choose_service
     from orchestrator.host import state
     from orchestrator.host.connect import open_host
+    from orchestrator.host.records import HistoryEntry
 
     entry = get_host(load_inventory(getattr(app, "inventory_path", None)), host_name)
     host = open_host(entry, accept_new_host_key)
@@ -369,7 +368,7 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
         host.close()
         raise ConfigError(f"{host_name}: no active deployment to benchmark",
                           hint=f"vllm-orch deploy MODEL --host {host_name}")
-    match = [n for n, r in records.items() if model in (n, r.get("model"), r.get("served_name"))] if model else []
+    match = [n for n, r in records.items() if model in (n, r.model, r.served_name)] if model else []
     if model and not match:
         host.close()
         raise ConfigError(f"{host_name} serves {', '.join(sorted(records))}, not {model!r}",
@@ -380,7 +379,7 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
         host.close()
         raise
     active = records[name or ""]
-    port = int(active["port"])
+    port = active.port
     address = "127.0.0.1" if entry.is_local else entry.address
     closers = [host.close]
     if _reachable(address, port):
@@ -391,7 +390,8 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
         local_port, closer = forward_local(host, port)
         closers.insert(0, closer)
         base_url = f"http://127.0.0.1:{local_port}"
-    metadata = {k: v for k, v in active.items() if k not in ("port", "served_name")}
+    metadata = {k: v for k, v in active.model_dump(mode="json", exclude_none=True).items()
+                if k not in ("port", "served_name", "version")}
     metadata["host"] = host_name
     metadata["host_label"] = entry.label
     try:
@@ -407,8 +407,8 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
     def close() -> None:
         for c in closers:
             c()
-    return Target(base_url, active.get("served_name") or active["model"], metadata, close,
-                  lambda e: state.append_history(host, entry, e))
+    return Target(base_url, active.served_name or active.model, metadata, close,
+                  lambda e: state.append_history(host, entry, HistoryEntry(**e)))
 
 
 def _reachable(address: str, port: int, timeout: float = 1.0) -> bool:

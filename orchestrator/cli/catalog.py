@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.common import console, load_host_entry, pass_app, resolved_models_dir
-from orchestrator.cli.deploy import placed, placement_options
+from orchestrator.cli.deploy import placement_options, service_request
 from orchestrator.cli.options import exit_codes, host_option, json_option, model_argument
 from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.errors import ConfigError
@@ -179,10 +179,11 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     from orchestrator.config.effective import effective
     from orchestrator.config.inventory import HostEntry
     from orchestrator.config.manifest import get_manifest
-    from orchestrator.config.placement import NodeRole, node_roles
+    from orchestrator.config.placement import resolve
     from orchestrator.render.artifacts import render as do_render
 
     manifest, _ = get_manifest(model, resolved_models_dir(app))
+    request = service_request(manifest, service_name, gpus, port)
     names = [n.strip() for n in (host_name or "").split(",") if n.strip()]
     mn = manifest.multinode
     if names:
@@ -194,12 +195,11 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     if mn is None and len(entries) > 1:
         raise ConfigError(f"{manifest.name} runs on one host (its manifest has no multinode section) but "
                           f"{len(entries)} hosts were given: {', '.join(names)}", hint="pass one --host NAME")
-    roles: list[NodeRole | None] = list(node_roles(manifest, entries)) if mn is not None else [None]
+    spec = resolve(manifest, entries, request)          # no host is asked: no earlier placement is known
     shown = []
-    for entry, role in zip(entries, roles):
-        host, m = placed(entry, manifest, gpus, port, service_name)
-        eff = effective(m, host, hardware=hardware)
-        shown.append((host, eff, do_render(eff.manifest, host, role=role)))
+    for entry in entries:
+        eff = effective(manifest, entry, hardware=hardware, spec=spec)
+        shown.append((entry, eff, do_render(eff.manifest, entry, role=spec.role(entry.name), model=spec.model)))
     if out_dir:
         for host, _eff, r in shown:
             folder = out_dir / host.name if r.role is not None else out_dir
@@ -244,17 +244,27 @@ def _print_rendered(host, eff, r) -> None:
         out.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
 
-@click.command(epilog=exit_codes("0 ok."))
+@click.command(epilog=exit_codes("0 ok, 2 both --hosts and --records."))
 @click.option("--hosts", "for_hosts", is_flag=True, help="The inventory (hosts.yaml) schema instead.")
-def schema(for_hosts):
+@click.option("--records", "for_records", is_flag=True,
+              help="The schemas of the records vllm-orch keeps on a host (services/NAME.json, installed/NAME.json, "
+                   "history.jsonl lines, swap.json) instead, with their version.")
+def schema(for_hosts, for_records):
     """Print the JSON schema of model manifests (for editor completion and checks).
 
     \b
     Example:
       vllm-orch schema > manifest.schema.json
       vllm-orch schema --hosts > hosts.schema.json
+      vllm-orch schema --records > records.schema.json
     """
-    if for_hosts:
+    if for_hosts and for_records:
+        raise ConfigError("--hosts and --records: give one of them")
+    if for_records:
+        from orchestrator.host.records import record_schemas
+
+        click.echo(json.dumps(record_schemas(), indent=2))
+    elif for_hosts:
         from orchestrator.config.inventory import inventory_schema
 
         click.echo(json.dumps(inventory_schema(), indent=2))

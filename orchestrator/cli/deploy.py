@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -50,25 +49,20 @@ def _slug(_ctx, _param, value):
     return value
 
 
-def placed(entry, m, gpus: str | None, port: int | None, name: str | None = None):
-    """(host entry, manifest) for a run that places `m` as the service NAME on the GPUs / port given
-    on the command line."""
-    m = m.as_service(name)
-    if gpus is None and port is None:
-        return entry, m
-    from orchestrator.config.inventory import ServingOverride
-    from orchestrator.config.placement import parse_gpus
+def service_request(m, name: str | None, gpus: str | None, port: int | None):
+    """The command line's --name, --gpus and --port for model M (config/placement.Request; a bad
+    --gpus list is exit 2 before any host is asked)."""
+    from orchestrator.config.placement import Request
 
-    return entry.with_command_line(m.name, ServingOverride(gpu_ids=parse_gpus(gpus) if gpus else None,
-                                                           port=port)), m
+    return Request.parse(m, name, gpus, port)
 
 
-def finish(result, as_json: bool) -> None:
-    """Print the result (JSON or a closing line) and exit with the documented code."""
-    code = 0 if result.ok else (result.error.exit_code if result.error else 1)
+def finish(result, as_json: bool):
+    """Print the result (JSON or a closing line); the command returns it (cli/main.py exits with its
+    exit_code). A failure not shown as JSON is raised: the error boundary prints it."""
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2, default=str))
-        sys.exit(code)
+        return result
     if result.ok:
         from rich.markup import escape
 
@@ -77,10 +71,10 @@ def finish(result, as_json: bool) -> None:
         if not result.dry_run:
             console().print(f"[bold green]{result.operation} {result.model} on {result.host}: ok[/] "
                             f"({result.seconds:.1f}s)")
-        sys.exit(0)
+        return result
     if result.error is not None:
         raise result.error
-    sys.exit(code)
+    return result
 
 
 @click.command(epilog=exit_codes("0 ok, 1 failed, 2 bad input (nothing changed), 3 refused by a safety check "
@@ -132,30 +126,23 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     """
     from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
+    from orchestrator.ops.fleet import per_host
     from orchestrator.render.artifacts import secrets_from_environ
 
-    manifest = load_model(app, model)
-    entry, m = placed(hosts[0], manifest, gpus, port, service_name)    # bad --gpus: exit 2 before any host
+    m = load_model(app, model)
+    request = service_request(m, service_name, gpus, port)     # bad --gpus: exit 2 before any host
     secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
+    name = request.name or m.name
     opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
-    if m.multinode is not None:                 # the selected hosts are its nodes, the first the head
-        from orchestrator.ops.multinode import run_deploy_nodes
-
-        nodes = [placed(e, manifest, gpus, port, service_name)[0] for e in hosts]
-        reporter = Reporter(console(), quiet=as_json)
-        finish(run_deploy_nodes(nodes, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json)),
-               as_json)
-    if len(hosts) > 1:
+    if per_host(m, hosts):                      # the same service on each host: a fleet run
         from orchestrator.cli.fleet import fleet_op
 
-        def deploy_one(e, rep):
-            host_entry, placed_m = placed(e, manifest, gpus, port, service_name)
-            return run_deploy(host_entry, placed_m, opts, rep, dry_run, accept_new_host_key)
-
-        fleet_op(f"deploy {m.name}", hosts, parallel, as_json, dry_run, deploy_one)
-    reporter = Reporter(console(), quiet=as_json)
-    result = run_deploy(entry, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json))
-    finish(result, as_json)
+        return fleet_op(f"deploy {name}", hosts, parallel, as_json, dry_run,
+                 lambda e, rep: run_deploy(e, m, opts, rep, dry_run, accept_new_host_key, request=request))
+    reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)
+    result = run_deploy(hosts, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
+                        request=request)
+    return finish(result, as_json)
 
 
 @click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
@@ -179,45 +166,49 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json
       vllm-orch check kimi-k25-int4 --host sim
       vllm-orch check kimi-k25-int4 --group prod
     """
-    manifest = load_model(app, model)
-    entry, m = placed(hosts[0], manifest, gpus, port, service_name)
+    m = load_model(app, model)
+    request = service_request(m, service_name, gpus, port)
+    name = request.name or m.name
     opts = make_options(skip_checks, False)
-    roles: dict = {}
     if m.multinode is not None:                 # every node's own argv, through its own vLLM's parser
         from orchestrator.config.placement import node_roles
 
-        roles = {r.host: r for r in node_roles(m, hosts)}
+        node_roles(m, hosts)                    # the wrong number of hosts: exit 2 before any is asked
     if len(hosts) > 1:
         from orchestrator.cli.fleet import finish_fleet, run_with_view
         from orchestrator.ops.fleet import HostOutcome, root_cause
 
         def one(entry, _reporter) -> HostOutcome:
-            host_entry, placed_m = placed(entry, manifest, gpus, port, service_name)
-            action, refusal = preflight_on(host_entry, placed_m, opts, accept_new_host_key, roles.get(entry.name))
-            data = {"host": entry.name, "model": m.name, "ok": refusal is None, "checks": action.details}
+            action, refusal = preflight_on(entry, m, request, opts, accept_new_host_key, hosts)
+            data = {"host": entry.name, "model": name, "ok": refusal is None, "checks": action.details}
             return HostOutcome(0 if refusal is None else refusal.exit_code,
                                None if refusal is None else root_cause(refusal), action.summary, data)
 
-        finish_fleet(f"check {m.name}", run_with_view(f"check {m.name}", hosts, one, parallel, as_json),
+        return finish_fleet(f"check {name}", run_with_view(f"check {name}", hosts, one, parallel, as_json),
                      as_json, "checks")
-    action, refusal = preflight_on(entry, m, opts, accept_new_host_key)
+    entry = hosts[0]
+    action, refusal = preflight_on(entry, m, request, opts, accept_new_host_key, hosts)
     if as_json:
-        click.echo(json.dumps({"host": entry.name, "model": m.name, "ok": refusal is None,
+        click.echo(json.dumps({"host": entry.name, "model": name, "ok": refusal is None,
                                "checks": action.details}, indent=2))
-        sys.exit(0 if refusal is None else refusal.exit_code)
-    console().print(f"Preflight of {m.name} on {entry.describe()}: {action.summary}", markup=False)
+        return 0 if refusal is None else refusal.exit_code
+    console().print(f"Preflight of {name} on {entry.describe()}: {action.summary}", markup=False)
     for line in action.details:
         console().print(f"  {line}", markup=False, soft_wrap=True)
     if refusal is not None:
         raise refusal
 
 
-def preflight_on(entry, m, opts, accept_new_host_key: bool, role=None):
-    """The preflight action of MODEL on one host (as a node of a multi-node service: `role`) and
-    its refusal (None: every check passed)."""
-    from orchestrator.ops.gather import for_check
+def preflight_on(entry, m, request, opts, accept_new_host_key: bool, nodes):
+    """The preflight action of model M as the service `request` names on one host (a node of a
+    multi-node service among `nodes`, checked with its own argv) and its refusal (None: every
+    check passed)."""
+    from orchestrator.ops import gather
     from orchestrator.ops.session import session
     from orchestrator.plan.prepare import preflight_action
 
-    with session(entry, f"check {m.name}", True, accept_new_host_key) as s:
-        return preflight_action(for_check(s.host, entry, m, opts, s.lock, role))
+    with session(entry, f"check {request.name or m.name}", True, accept_new_host_key) as s:
+        facts = gather.host_facts(s.host, entry, m, request)
+        spec = gather.service_spec(m, list(nodes) if m.multinode is not None else [entry], request,
+                                   {entry.name: facts})
+        return preflight_action(gather.for_check(s.host, entry, m, spec, opts, s.lock, facts))

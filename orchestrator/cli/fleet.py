@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import difflib
 import json
-import sys
 import threading
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
 
 import click
 from rich.markup import escape
@@ -35,6 +33,14 @@ def progress_table(board: Board, title: str) -> Table:
 def run_with_view(title: str, entries: Sequence[HostEntry], per_host: PerHost, parallel: int | None,
                   as_json: bool, stop_on_failure: bool = False) -> list[HostRow]:
     """Run per_host on the hosts with the progress view (none for --json); the rows."""
+    return with_view(title, entries, as_json,
+                     lambda board: run_fleet(entries, per_host, parallel, board, stop_on_failure))
+
+
+def with_view(title: str, entries: Sequence[HostEntry], as_json: bool,
+              run: Callable[[Board], list[HostRow]]) -> list[HostRow]:
+    """run(board) with the progress view of the board: one live line per host on a terminal,
+    plain `host: phase` lines otherwise, nothing for --json."""
     names = [e.name for e in entries]
     c = console()
     if as_json or not is_tty():
@@ -47,13 +53,13 @@ def run_with_view(title: str, entries: Sequence[HostEntry], per_host: PerHost, p
 
         if not as_json:
             click.echo(f"{title}: {', '.join(names)}")
-        return run_fleet(entries, per_host, parallel, Board(names, plain), stop_on_failure)
+        return run(Board(names, plain))
     from rich.live import Live
 
     board = Board(names)
     with Live(get_renderable=lambda: progress_table(board, title), console=c, refresh_per_second=4,
               transient=True):
-        rows = run_fleet(entries, per_host, parallel, board, stop_on_failure)
+        rows = run(board)
     return rows
 
 
@@ -74,19 +80,19 @@ def summary_table(rows: Sequence[HostRow], note_header: str = "") -> Table:
     return t
 
 
-def finish_fleet(title: str, rows: Sequence[HostRow], as_json: bool, note_header: str = "") -> NoReturn:
-    """Print the summary (or the JSON list) and exit with the worst of the hosts' codes."""
+def finish_fleet(title: str, rows: Sequence[HostRow], as_json: bool, note_header: str = "") -> int:
+    """Print the summary (or the JSON list); the command's exit code: the worst of the hosts'."""
     code = worst_exit([r.code for r in rows])
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
-        sys.exit(code)
+        return code
     c = console()
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.result] = counts.get(r.result, 0) + 1
     c.print(f"[bold]{escape(title)}[/]: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     c.print(summary_table(rows, note_header))
-    sys.exit(code)
+    return code
 
 
 def show_fleet_plans(rows: Sequence[HostRow], entries: Sequence[HostEntry]) -> None:
@@ -112,7 +118,7 @@ def show_fleet_plans(rows: Sequence[HostRow], entries: Sequence[HostEntry]) -> N
 
 
 def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_json: bool, dry_run: bool,
-             run_one, note_header: str = "", stop_on_failure: bool = False) -> NoReturn:
+             run_one, note_header: str = "", stop_on_failure: bool = False) -> int:
     """A per-host operation returning an OpResult (deploy, swap, regen) across the hosts: the view,
     the fleet plan for a dry run, the summary, the exit (never returns)."""
     from orchestrator.ops.fleet import outcome_of
@@ -121,48 +127,24 @@ def fleet_op(title: str, entries: Sequence[HostEntry], parallel: int | None, as_
                          lambda e, rep: outcome_of(run_one(e, rep)), parallel, as_json, stop_on_failure)
     if dry_run and not as_json:
         show_fleet_plans(rows, entries)
-    finish_fleet(title, rows, as_json, note_header)
+    return finish_fleet(title, rows, as_json, note_header)
 
 
-def rolling_swap(app, m, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
-                 as_json: bool, dry_run: bool, accept_new_host_key: bool) -> NoReturn:
-    """swap across hosts: at most max_unavailable hosts swapping at a time, in the order given; each
-    host's own swap stages, gates and rolls back as on one host. The first failed host stops the
-    rollout (hosts not started stay as they are) unless continue_on_failure. The summary says what
-    every host serves afterwards, asked of the hosts themselves (`status`)."""
-    from orchestrator.ops.fleet import outcome_of
+def rolling_swap(app, name: str, entries: Sequence[HostEntry], run_one, max_unavailable: int, continue_on_failure: bool,
+                 as_json: bool, dry_run: bool, accept_new_host_key: bool) -> int:
+    """swap across hosts, rolling (the policy: orchestrator.ops.fleet.rolling_swap), shown live; the
+    summary says what every host serves afterwards, asked of the hosts themselves (`status`)."""
+    from orchestrator.cli.ops import _manifest_lookups
+    from orchestrator.ops import fleet
+    from orchestrator.ops.status import serving
 
     if dry_run:                                   # a dry run changes nothing: every host's plan at once
-        fleet_op(f"swap to {m.name}", entries, None, as_json, True, run_one)
-
-    def one(entry, reporter):
-        result = run_one(entry, reporter)
-        out = outcome_of(result)
-        rb = result.extra.get("rollback")
-        if rb is not None and out.cause:
-            out.cause = f"{out.cause}; rollback: {rb['result']}"
-        return out
-
-    title = f"rolling swap to {m.name} ({max_unavailable} host{'s' if max_unavailable > 1 else ''} at a time)"
-    rows = run_with_view(title, entries, one, max_unavailable, as_json, stop_on_failure=not continue_on_failure)
-    serving = serves(app, entries, accept_new_host_key)
-    for r in rows:
-        r.note = serving.get(r.host, "?")
-        if not r.ran:
-            r.cause = "not started: the rollout stopped at the failed host" if r.cause is None else r.cause
-    finish_fleet(title, rows, as_json, "serves")
-
-
-def serves(app, entries: Sequence[HostEntry], accept_new_host_key: bool) -> dict[str, str]:
-    """host -> what it serves now, e.g. `kimi-k25-int4 (ready)`, from each host's status."""
-    from orchestrator.cli.ops import _manifest_lookups
-    from orchestrator.ops.status import gather_status
-
+        return fleet_op(f"swap to {name}", entries, None, as_json, True, run_one)
+    title = f"rolling swap to {name} ({max_unavailable} host{'s' if max_unavailable > 1 else ''} at a time)"
+    rows = with_view(title, entries, as_json,
+                     lambda board: fleet.rolling_swap(entries, run_one, max_unavailable, continue_on_failure, board))
     port_of, served_name_of, api_key_of = _manifest_lookups(app)
-    out = {}
-    for st in gather_status(list(entries), port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of):
-        if not st.reachable:
-            out[st.host] = "unreachable"
-        else:
-            out[st.host] = f"{st.active_model} ({st.state})" if st.active_model else "nothing"
-    return out
+    now = serving(entries, port_of, served_name_of, api_key_of, accept_new_host_key)
+    for r in rows:
+        r.note = now.get(r.host, "?")
+    return finish_fleet(title, rows, as_json, "serves")

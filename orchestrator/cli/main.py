@@ -104,16 +104,43 @@ def cli(ctx, models_dir, inventory_path, debug):
     ctx.obj = AppContext(models_dir=models_dir, inventory_path=inventory_path, debug=debug)
 
 
+@cli.result_callback()
+@click.pass_context
+def _exit_with(ctx, result, **_params) -> None:
+    """Every command returns its result (or a code); this is where it becomes the exit code, for
+    `vllm-orch` (main) and for click's own runner alike."""
+    code = exit_code(result)
+    if code:
+        ctx.exit(code)
+
+
+def exit_code(result: object) -> int:
+    """The one place a command's result becomes the process's exit code: an operation's result (its
+    `exit_code`: 0 ok, 1 failed, 2 bad input, 3 refused, 130 interrupted), or a code the command
+    computed (a fleet's worst host, status's unreachable host); nothing returned is 0. Errors
+    raised instead are mapped by main (OrchestratorError.exit_code)."""
+    if isinstance(result, bool) or result is None:
+        return 0
+    if isinstance(result, int):
+        return result
+    code = getattr(result, "exit_code", 0)
+    return code if isinstance(code, int) else 0
+
+
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    from orchestrator.host import cancel
+
+    if not cancel.request():        # no operation runs (status, logs -f...): stop where it is
+        raise KeyboardInterrupt
 
 
 def interrupt_on_termination() -> None:
-    """SIGTERM (kill, a CI runner, systemd) and SIGHUP (the terminal or the SSH session to this
-    machine went away) stop an operation the way Ctrl-C does: the running step fails and the plan's
-    recovery branch runs (a swap's rollback puts the old model back) instead of the process
-    vanishing half way. See orchestrator.ops.execute."""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    """Ctrl-C, SIGTERM (kill, a CI runner, systemd) and SIGHUP (the terminal or the SSH session to
+    this machine went away) cancel a running operation cooperatively (orchestrator/host/cancel.py):
+    it stops at its next check, between steps or inside a wait, the running step fails and the
+    plan's recovery branch runs (a swap's rollback puts the old model back) instead of the process
+    vanishing half way; on a fleet every host's run does. See orchestrator.ops.execute."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
 
 
@@ -121,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     interrupt_on_termination()
     try:
-        cli.main(args=argv, prog_name="vllm-orch", standalone_mode=False)
+        result = cli.main(args=argv, prog_name="vllm-orch", standalone_mode=False)
     except OrchestratorError as err:
         _print_error(err)
         if debug:
@@ -144,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
         click.echo("hint: run again with --debug for the traceback, and report it", err=True)
         sys.exit(1)
+    sys.exit(exit_code(result))
 
 
 def _print_error(err: OrchestratorError) -> None:

@@ -9,7 +9,7 @@ import time
 import click
 from rich.markup import escape
 
-from orchestrator.cli.common import console, is_tty, load_host_entry, pass_app
+from orchestrator.cli.common import console, load_host_entry, pass_app
 from orchestrator.cli.options import (
     complete_models,
     dry_run_option,
@@ -103,7 +103,7 @@ def status(app, hosts, parallel, accept_new_host_key, as_json):
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
         render_status(console(), results)
-    sys.exit(0 if all(r.reachable for r in results) else 1)
+    return 0 if all(r.reachable for r in results) else 1
 
 
 # -- history ---------------------------------------------------------------------------------------
@@ -138,10 +138,8 @@ def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_jso
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
             choose_service(read_records(host, entry), None, entry.name, f"history SERVICE --host {entry.name}")
-        records = read_history(host, entry)
-    if model:
-        records = [r for r in records if model in (r.get("service"), r.get("model"), r.get("to"), r.get("from"))]
-    records = records[-limit:]
+        lines = read_history(host, entry)
+    records = [r.shown() for r in lines if model is None or r.about(model)][-limit:]
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
         return
@@ -193,21 +191,21 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
     from orchestrator.errors import ConfigError
     from orchestrator.host.connect import open_host
     from orchestrator.host.services import Service
-    from orchestrator.host.state import read_history, read_json
+    from orchestrator.host.state import read_history, read_installed
     from orchestrator.ops.stop import deploy_started_at
 
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
             model = the_only_service(host, entry, "logs")
-        if read_json(host, f"{entry.state_dir}/installed/{model}.json") is None:
+        if read_installed(host, entry, model) is None:
             listing = host.run(["ls", f"{entry.state_dir}/installed"])
             names = sorted(n[:-5] for n in listing.stdout.split() if n.endswith(".json"))
             raise ConfigError(f"{model} has no service installed on {entry.name}",
                               hint=f"installed: {', '.join(names) or 'none'}")
         since = None
         if since_deploy:
-            since = deploy_started_at(read_history(host, entry), model)
+            since = deploy_started_at([r.shown() for r in read_history(host, entry)], model)
             if since is None:
                 since = time.time() - 24 * 3600   # no deploy on record: the last day (process: last start)
         nodes: list[str] = []
@@ -232,15 +230,15 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
             except KeyboardInterrupt:
                 return
     if nodes:
-        _node_logs(app, entry, model, nodes, accept_new_host_key, follow, since, lines)
-        return
+        return _node_logs(app, entry, model, nodes, accept_new_host_key, follow, since, lines)
     if not r.ok and r.stderr.strip():
         click.echo(r.stderr.strip().splitlines()[-1], err=True)
-        sys.exit(1)
+        return 1
+    return 0
 
 
 def _node_logs(app, entry, model: str, nodes: list[str], accept_new_host_key: bool, follow: bool,
-               since: float | None, lines: int) -> None:
+               since: float | None, lines: int) -> int:
     """Every node's log of a multi-node service, read at once (one thread and connection per node),
     merged by time (ops/stop.merge_logs); with follow, each line as it arrives, prefixed by its node."""
     import threading
@@ -274,7 +272,7 @@ def _node_logs(app, entry, model: str, nodes: list[str], accept_new_host_key: bo
     try:
         results = list(pool.map(read, entries))
     except KeyboardInterrupt:
-        return
+        return 0                                # -f ends with Ctrl-C: that is how it is used
     finally:
         pool.shutdown(wait=not follow, cancel_futures=True)
     for line in merge_logs([(name, got) for name, got, _ in results]):
@@ -283,8 +281,7 @@ def _node_logs(app, entry, model: str, nodes: list[str], accept_new_host_key: bo
     problems = [f"{name}: {p}" for name, _, p in results if p]
     for p in problems:
         click.echo(p, err=True)
-    if problems:
-        sys.exit(1)
+    return 1 if problems else 0
 
 
 # -- stop ------------------------------------------------------------------------------------------
@@ -324,31 +321,32 @@ def stop(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, gpu
         from orchestrator.cli.fleet import finish_fleet, run_with_view
         from orchestrator.ops.fleet import HostOutcome
 
-        def one(entry, _reporter) -> HostOutcome:
-            res, _holder = _stop_on(app, entry, model, accept_new_host_key, dry_run, timeout, lambda text: None)
+        def one(entry, reporter) -> HostOutcome:
+            res = _stop_on(app, entry, model, accept_new_host_key, dry_run, timeout, reporter)
             note = "already stopped" if res.nothing_to_do else (res.gpus_free or "")
             return HostOutcome(0 if res.ok else 1, None if res.ok else f"stop: {res.error or 'GPUs not released'}",
                                note, res.as_dict(), res)
 
         title = f"stop {model or 'its service'}{' (dry run)' if dry_run else ''}"
-        finish_fleet(title, run_with_view(title, hosts, one, parallel, as_json), as_json, "GPUs")
+        return finish_fleet(title, run_with_view(title, hosts, one, parallel, as_json), as_json, "GPUs")
+    from orchestrator.ops.execute import Reporter
+
     entry = hosts[0]
-    say = (lambda text: None) if as_json else (lambda text: console().print(f"  {text}", markup=False))
-    res, lock_holder = _stop_on(app, entry, model, accept_new_host_key, dry_run, timeout, say)
+    reporter = Reporter(console(), quiet=as_json)
+    res = _stop_on(app, entry, model, accept_new_host_key, dry_run, timeout, reporter)
     model = res.model       # the host's one service when none was named
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
-        sys.exit(0 if res.ok else 1)
+        return res
     c = console()
     if dry_run:
-        from orchestrator.cli.views import render_stop_plan
-
-        render_stop_plan(c, entry, res, lock_holder, timeout)
-        return
+        assert res.plan is not None
+        reporter.plan(res.plan)                 # exactly what a stop runs, its recovery included
+        return res
     if res.nothing_to_do:
         c.print(f"{model} on {entry.name} is already stopped: nothing to do "
                 f"({res.gpus_free or 'no GPUs recorded'}).", markup=False)
-        return
+        return res
     if res.orphans:
         c.print(f"  {len(res.orphans)} processes of {model} outlived its main process: "
                 + ", ".join(f"{o['pid']} {o['name']}" for o in res.orphans), markup=False)
@@ -361,6 +359,7 @@ def stop(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, gpu
                            hint="find the holders with `fuser -v /dev/nvidia*`")
     c.print(f"[bold green]stopped {model} on {entry.name}[/] ({res.seconds:.1f}s): "
             f"{escape(res.gpus_free or 'no GPUs recorded for it')}")
+    return res
 
 
 def _every_node(app, entry, model: str | None, accept_new_host_key: bool):
@@ -377,8 +376,8 @@ def _every_node(app, entry, model: str | None, accept_new_host_key: bool):
     return name, [entry if n == entry.name else load_host_entry(app, n) for n in nodes]
 
 
-def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: bool, timeout: float, say):
-    """Stop MODEL on one host (its session and lock): (the stop result, the lock holder seen)."""
+def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: bool, timeout: float, reporter):
+    """Stop MODEL on one host (its session and lock): the stop's result (its plan with it)."""
     from orchestrator.ops.session import session
     from orchestrator.ops.stop import stop_model
 
@@ -399,8 +398,8 @@ def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: 
     except Exception:
         pass    # a manifest removed since the deploy (or a --name service): its record or the processes say
     with session(entry, f"stop {model}", dry_run, accept_new_host_key) as s:
-        res = stop_model(s.host, entry, model, manifest_gpus, release_timeout=timeout, say=say, dry_run=dry_run)
-        return res, s.lock.holder
+        return stop_model(s.host, entry, model, manifest_gpus, release_timeout=timeout, reporter=reporter,
+                          dry_run=dry_run, lock=s.lock, guard=s.guard)
 
 
 # -- gc --------------------------------------------------------------------------------------------
@@ -421,36 +420,27 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
     Example:
       vllm-orch gc --host sim --dry-run
     """
-    from orchestrator.cli.views import render_gc_plan
-    from orchestrator.errors import RefusedError
+    from orchestrator.cli.common import terminal_ask
+    from orchestrator.ops.execute import Reporter, confirmation
     from orchestrator.ops.session import session
-    from orchestrator.ops.stop import gc_facts, plan_gc, run_gc
+    from orchestrator.ops.stop import gc_plan, run_gc
 
     entry = load_host_entry(app, host_name)
     c = console()
+    reporter = Reporter(c, quiet=as_json)
     with session(entry, "gc", dry_run, accept_new_host_key) as s:
-        host, holder = s.host, s.lock.holder
-        plan = plan_gc(gc_facts(host, entry))
-        data = {"host": entry.name, "dry_run": dry_run,
-                "delete": [vars(x) for x in plan.delete], "keep": [list(k) for k in plan.keep],
-                "bytes": plan.bytes}
-        if not as_json:
-            render_gc_plan(c, entry, plan, holder)
-        if dry_run or not plan.delete:
+        plan = gc_plan(s.host, entry, s.lock)
+        data = {"host": entry.name, "dry_run": dry_run, "delete": plan.info["delete"], "keep": plan.info["keep"],
+                "bytes": plan.info["bytes"]}
+        reporter.plan(plan)                     # exactly what gc deletes (each step asks first)
+        if dry_run or not plan.changes:
             if as_json:
                 click.echo(json.dumps(data, indent=2))
-            elif not plan.delete:
-                c.print("nothing to delete.")
-            return
-        if not yes:
-            if as_json or not is_tty() or not sys.stdin.isatty():
-                raise RefusedError(f"gc would delete {len(plan.delete)} folders and needs confirmation",
-                                   host=entry.name, step="gc",
-                                   hint="pass --yes to delete without asking (or --dry-run to look)")
-            if not click.confirm(f"Delete these {len(plan.delete)} folders on {entry.name}?", default=False):
-                raise RefusedError("not confirmed: nothing deleted", host=entry.name, step="gc")
-        say = (lambda text: None) if as_json else (lambda text: c.print(f"  {text}", markup=False))
-        record = run_gc(host, entry, plan, say, guard=s.guard)
+            return 0
+        refusal = confirmation(plan, yes, terminal_ask(as_json), entry.name)
+        if refusal is not None:
+            raise refusal
+        record = run_gc(s.host, entry, plan, reporter, guard=s.guard)
     if as_json:
         click.echo(json.dumps({**data, **record}, indent=2))
     else:
@@ -459,4 +449,4 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
         c.print(f"[bold]gc on {entry.name}:[/] deleted {len(record['deleted'])} folders, freed "
                 f"{fmt_bytes(record['freed_bytes'])}" + (f"; kept {len(record['kept'])} (see above)"
                                                         if record["kept"] else ""))
-    sys.exit(0 if record["ok"] else 1)
+    return 0 if record["ok"] else 1

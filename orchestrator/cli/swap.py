@@ -12,7 +12,7 @@ from orchestrator.cli.common import (
     resolved_models_dir,
     terminal_ask,
 )
-from orchestrator.cli.deploy import finish, make_options, placed, placement_options
+from orchestrator.cli.deploy import finish, make_options, placement_options, service_request
 from orchestrator.cli.options import (
     DEFAULT_EXIT_CODES,
     dry_run_option,
@@ -25,20 +25,6 @@ from orchestrator.cli.options import (
     skip_check_option,
     yes_option,
 )
-
-
-def _replaces_a_multinode_service(entry, m, opts, accept_new_host_key: bool) -> bool:
-    """Whether the service a one-host swap replaces spans several hosts (its records name nodes):
-    one read of the host's records, and the facts only when one of them spans nodes."""
-    from orchestrator.host.connect import open_host
-    from orchestrator.host.state import read_records
-    from orchestrator.ops.multinode import swap_source
-
-    with open_host(entry, accept_new_host_key) as host:
-        records = read_records(host, entry)
-    if not any(isinstance(r.get("nodes"), list) and len(r["nodes"]) > 1 for r in records.values()):
-        return False
-    return len(swap_source(entry, m, opts, accept_new_host_key)[1]) > 1
 
 
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "
@@ -101,34 +87,28 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     from orchestrator.cli.views import warm_summary
     from orchestrator.config.manifest import load_all
     from orchestrator.ops.execute import Reporter
+    from orchestrator.ops.fleet import per_host
     from orchestrator.ops.swap import run_swap
     from orchestrator.render.artifacts import secrets_from_environ
 
-    manifest = load_model(app, model)
-    entry, m = placed(hosts[0], manifest, gpus, port, service_name)     # bad --gpus: exit 2 before any host
+    m = load_model(app, model)
+    request = service_request(m, service_name, gpus, port)     # bad --gpus: exit 2 before any host
     secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
     manifests, _bad = load_all(resolved_models_dir(app))
     opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
-    if m.multinode is not None or (len(hosts) == 1 and _replaces_a_multinode_service(entry, m, opts,
-                                                                                     accept_new_host_key)):
-        from orchestrator.cli.ops import _inventory_lookup
-        from orchestrator.ops.multinode import run_swap_nodes
-
-        nodes = [placed(e, manifest, gpus, port, service_name)[0] for e in hosts]
-        finish(run_swap_nodes(nodes, m, manifests, opts, Reporter(console(), quiet=as_json), dry_run,
-                              accept_new_host_key, ask=terminal_ask(as_json), node_entry=_inventory_lookup(app)),
-               as_json)
-    if len(hosts) > 1:
+    if per_host(m, hosts):                      # the same swap on each host: rolling
         from orchestrator.cli.fleet import rolling_swap
 
         def swap_one(e, rep):
-            host_entry, placed_m = placed(e, manifest, gpus, port, service_name)
-            return run_swap(host_entry, placed_m, manifests, opts, rep, dry_run, accept_new_host_key)
+            return run_swap(e, m, manifests, opts, rep, dry_run, accept_new_host_key, request=request)
 
-        rolling_swap(app, m, hosts, swap_one, max_unavailable, continue_on_failure, as_json, dry_run,
-                     accept_new_host_key)
-    reporter = Reporter(console(), quiet=as_json)
-    result = run_swap(entry, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json))
+        return rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure, as_json,
+                     dry_run, accept_new_host_key)
+    from orchestrator.cli.ops import _inventory_lookup
+
+    reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)
+    result = run_swap(hosts, m, manifests, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
+                      request=request, node_entry=_inventory_lookup(app))
     if not as_json and not dry_run:
         extra = result.extra
         if extra.get("downtime_s") is not None and result.ok:
@@ -140,7 +120,7 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
             rb = extra["rollback"]
             style = "green" if rb["ok"] else "bold red"
             console().print(f"[{style}]rollback: {escape(rb['result'])} ({rb['seconds']:.1f}s)[/]")
-    finish(result, as_json)
+    return finish(result, as_json)
 
 
 @click.command(epilog=exit_codes(DEFAULT_EXIT_CODES))
@@ -171,10 +151,10 @@ def regen(app, hosts, parallel, accept_new_host_key, dry_run, as_json, restart):
     if len(hosts) > 1:
         from orchestrator.cli.fleet import fleet_op
 
-        fleet_op("regen", hosts, parallel, as_json, dry_run,
+        return fleet_op("regen", hosts, parallel, as_json, dry_run,
                  lambda e, rep: run_regen(e, manifests, make_options((), False), rep, dry_run, restart,
                                           accept_new_host_key))
     entry = hosts[0]
     result = run_regen(entry, manifests, make_options((), False), Reporter(console(), quiet=as_json), dry_run,
                        restart, accept_new_host_key)
-    finish(result, as_json)
+    return finish(result, as_json)

@@ -177,6 +177,8 @@ def render_host_details(console, r: HostStatus) -> None:
     if r.interrupted_swap:
         console.print(f"  [bold red]half-done swap[/]: {escape(r.interrupted_swap['text'])}")
         console.print(f"  [yellow]hint:[/] {escape(r.interrupted_swap['hint'])}")
+    for bad in r.bad_records:
+        console.print(f"  [yellow]unreadable record[/] (left out): {escape(bad)}")
     for line in unit_lines(r):
         console.print(f"  {line}", markup=False)
     if r.lock:
@@ -359,55 +361,3 @@ def render_history(console, host: str, records: list[dict]) -> None:
                       history_result(rec), fmt_duration(secs) if isinstance(secs, (int, float)) else "-",
                       escape(history_details(rec, cold_before)))
     console.print(table)
-
-
-def render_gc_plan(console, entry, plan, holder: dict | None) -> None:
-    if holder:
-        console.print(f"[yellow]note:[/] {escape(str(holder.get('operation')))} holds the lock "
-                      f"({escape(str(holder.get('holder')))}); a real gc would be refused now")
-    for name, why in plan.keep:
-        console.print(f"  keep    {name}: {why}", markup=False)
-    if not plan.delete:
-        return
-    table = Table(title=f"inactive model folders in {entry.models_root} on {entry.name}", title_justify="left")
-    for col in ("folder", "size", "last used", "verified"):
-        table.add_column(col)
-    for c in plan.delete:
-        table.add_row(escape(c.name), fmt_bytes(c.bytes), fmt_ago(c.last_used), "yes" if c.verified else "no")
-    console.print(table)
-    console.print(f"total: {fmt_bytes(plan.bytes)}")
-    enabled = [c.name for c in plan.delete if c.enabled]
-    if enabled:
-        console.print(f"  their units start at boot and are disabled with the folders: {', '.join(enabled)}",
-                      markup=False)
-
-
-def render_stop_plan(console, entry, res, holder: dict | None, release_timeout: float) -> None:
-    """What `stop --dry-run` found and what a real stop would do (orchestrator.ops.stop.StopResult)."""
-    lines = [f"Plan: stop {res.model} on {entry.describe()}"]
-    if holder:
-        lines.append(f"  note: {holder.get('operation')} holds the lock ({holder.get('holder')}); a real stop "
-                     "would be refused now")
-    gpus = gpu_list(res.gpus) if res.gpus else "its GPUs"
-    if res.nothing_to_do:
-        lines.append(f"  nothing to do, because {res.model} is stopped and no process of it is left on {gpus}")
-    else:
-        steps = [f"stop the service ({res.was})" if res.was != "stopped" else
-                 "the service is already stopped: only what outlived it is left"]
-        if res.gpus:
-            procs = res.leftovers
-            if res.was == "stopped":     # orphans: each one is a process the stop will kill
-                there = ", ".join(f"{p['pid']} {p['name']} (GPU {p['gpu']})" for p in procs)
-            else:                        # the service's own processes, which its stop should end
-                there = f"{len(procs)} processes of it, e.g. PID {procs[0]['pid']} {procs[0]['name']}" if procs else ""
-            steps.append(f"kill what of it is still on {gpus} after the stop (SIGTERM, then SIGKILL)"
-                         + (f"; there now: {there}" if there else ""))
-            steps.append(f"wait up to {release_timeout:g}s until nvidia-smi shows their memory released")
-        if res.disabled:
-            steps.append("disable its unit at boot (it is enabled; a stopped model must not come back at reboot)")
-        if res.cleared_active:
-            steps.append(f"remove {res.model}'s record (services/{res.model}.json)")
-        lines += [f"  {i}. {text}" for i, text in enumerate(steps, 1)]
-    lines.append("Dry run: nothing changed.")
-    for line in lines:
-        console.print(line, markup=False, soft_wrap=True)

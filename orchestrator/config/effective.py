@@ -8,8 +8,10 @@ Precedence and conflicts (docs/user-guide.md, "Per-host settings"):
 - the host's `overrides` (`*`, then the model's own entry) win over both for the few fields that
   follow a machine (port, bind address, GPU ids, memory fraction, batch limits, load format,
   start-up budgets). The result must still be a valid manifest, else the host setting is blamed.
-- the command line's placement (`deploy --gpus 4-7 --port 8001`, HostEntry.with_command_line)
-  wins over the host's overrides; its GPU count must be the manifest's.
+- the service's placement (config/placement.py ServiceSpec: the command line's `--gpus 4-7 --port
+  8001`, a swap's --replace, or where an earlier run placed the service) wins over the host's
+  overrides; its GPU count is the manifest's. The service's name (`--name`) names its unit and
+  records; the model's name stays what its weights folder and the inventory's overrides are keyed by.
 - the host's `service_env` (then the override's) ADDS environment. A name the model already sets to
   another value is an error: the host would silently change the model's tuning, or the model the
   host's; one of them has to drop it. The same value twice is accepted.
@@ -28,10 +30,10 @@ from pydantic import ValidationError
 from orchestrator.config.hardware import CLASS_KEYS, by_key, classify
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import RENDERED_ENV, Manifest
+from orchestrator.config.placement import ServiceSpec
 from orchestrator.errors import ConfigError
 
 MANIFEST = "manifest"
-COMMAND_LINE = {"serving.gpu_ids": "command line --gpus", "serving.port": "command line --port"}
 
 
 @dataclass(frozen=True)
@@ -84,23 +86,25 @@ def _hardware(m: Manifest, gpu_ids: list[int], gpu_names: Mapping[int, str] | No
 
 
 def effective(m: Manifest, entry: HostEntry, gpu_names: Mapping[int, str] | None = None,
-              hardware: str | None = None) -> Effective:
-    """The manifest for this host. `gpu_names`: nvidia-smi's names by index (None: not read, e.g.
-    `render` offline); `hardware`: a class chosen explicitly (`render --hardware`)."""
-    overrides = entry.override_for(m.model_name)        # the inventory names models, not services
-    cli = entry.command_line_for(m.name)
-    gpu_ids = list(m.serving.visible_devices)
-    for _, ov in overrides:
-        if ov.serving.gpu_ids is not None:
-            gpu_ids = list(ov.serving.gpu_ids)
-    if cli is not None and cli.gpu_ids is not None:
-        if len(cli.gpu_ids) != m.serving.gpus:
-            raise ConfigError(f"--gpus {','.join(map(str, cli.gpu_ids))}: {len(cli.gpu_ids)} GPUs, but {m.name} "
-                              f"runs on {m.serving.gpus} (serving.gpus: its tensor x data parallel layout)")
-        gpu_ids = list(cli.gpu_ids)
+              hardware: str | None = None, spec: ServiceSpec | None = None) -> Effective:
+    """The manifest M (a model's, as loaded) as it runs on this host. `gpu_names`: nvidia-smi's
+    names by index (None: not read, e.g. `render` offline); `hardware`: a class chosen explicitly
+    (`render --hardware`); `spec`: the service it runs as (config/placement.resolve: its name, and
+    this node's GPUs and port); None: the model's own service where its manifest and the inventory
+    place it."""
+    overrides = entry.override_for(m.name)        # the inventory names models, not services
+    node = spec.node(entry.name) if spec is not None else None
+    gpu_ids = list(node.gpus) if node is not None else list(m.serving.visible_devices)
+    if node is None:
+        for _, ov in overrides:
+            if ov.serving.gpu_ids is not None:
+                gpu_ids = list(ov.serving.gpu_ids)
     cls, problem = _hardware(m, gpu_ids, gpu_names, hardware)
     data = m.model_dump()
     origins: dict[str, str] = {}
+    if spec is not None and spec.name != m.name:   # the model as another service (--name): the same served name
+        data["name"] = spec.name
+        data["serving"]["served_model_name"] = m.served_name
     needs = m.requires.hardware.get(cls) if cls else None
     if needs is not None:
         where = f"requires.hardware.{cls}"
@@ -140,12 +144,14 @@ def effective(m: Manifest, entry: HostEntry, gpu_names: Mapping[int, str] | None
         for path, value in ov.set_fields().items():
             _set(data, path, value)
             origins[path] = entry.where("overrides", key, *path.split("."))
-    for path, value in (cli.model_dump(exclude_none=True) if cli is not None else {}).items():
-        _set(data, f"serving.{path}", value)
-        origins[f"serving.{path}"] = COMMAND_LINE.get(f"serving.{path}", f"command line serving.{path}")
+    if node is not None and spec is not None:      # placed by a run: wins over the host's overrides
+        for what, path, value, origin in (("gpus", "serving.gpu_ids", list(node.gpus), node.gpus_from),
+                                          ("port", "serving.port", node.port, node.port_from)):
+            if origin.placed:
+                _set(data, path, value)
+                origins[path] = spec.origin_label(what, origin)
     try:
         result = Manifest.model_validate(data)
-        result._model = m._model
     except ValidationError as exc:
         err = exc.errors()[0]
         msg = err["msg"].removeprefix("Value error, ")

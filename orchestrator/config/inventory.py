@@ -322,7 +322,6 @@ class HostEntry(Strict):
         return v
 
     _doc: YamlDoc | None = PrivateAttr(None)       # the file this entry was read from (for file:line)
-    _command_line: dict[str, ServingOverride] = PrivateAttr(default_factory=dict)   # deploy --gpus/--port
 
     @field_validator("env")
     @classmethod
@@ -350,18 +349,6 @@ class HostEntry(Strict):
             return f"host {self.name}: {format_loc(path)}"
         line = self._doc.line_of(loc)
         return f"{self._doc.display}{':' + str(line) if line else ''}: {format_loc(loc)}"
-
-    def with_command_line(self, model: str, serving: ServingOverride) -> HostEntry:
-        """This entry for one run that places `model` on the GPUs and port given on the command
-        line (`deploy --gpus 4-7 --port 8001`): they win over the inventory's overrides
-        (config/effective.py applies them last and names the option as their origin)."""
-        copy = self.model_copy()
-        copy._doc = self._doc
-        copy._command_line = {**self._command_line, model: serving}
-        return copy
-
-    def command_line_for(self, model: str) -> ServingOverride | None:
-        return self._command_line.get(model)
 
     def override_for(self, model: str) -> list[tuple[str, HostOverride]]:
         """The overrides that apply to `model`, weakest first: (`*` entry), then its own."""

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.config import vllmflags
 from orchestrator.config.hardware import CLASS_KEYS
@@ -822,26 +822,6 @@ class Manifest(Strict):
     @property
     def unit_name(self) -> str:
         return f"vllm-{self.name}.service"
-
-    # A service of this model under another name (deploy --name): `name` is then the service's
-    # (unit, records, health timer), `model_name` the model's (its manifest, its weights folder).
-    _model: str | None = PrivateAttr(None)
-
-    @property
-    def model_name(self) -> str:
-        return self._model or self.name
-
-    def as_service(self, name: str | None) -> Manifest:
-        """This model as the service NAME (the same served name: clients tell services apart by
-        port). The model's own name gives the same manifest back."""
-        if not name or name == self.name:
-            return self
-        data = self.model_dump()
-        data["name"] = name
-        data["serving"]["served_model_name"] = self.served_name
-        out = Manifest.model_validate(data)
-        out._model = self.model_name
-        return out
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

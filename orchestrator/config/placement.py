@@ -1,15 +1,26 @@
-"""Where a service runs: a placement is (service name, model, host, GPU ids, port). Pure.
+"""Where a service runs. Pure.
+
+The service value (ServiceSpec) is what every later layer is handed about the service an operation
+is for: its name, its model, and per node (one for a one-host service) the host, GPU ids and port,
+each with where it came from (Origin, an enum). It is built once per operation by `resolve`, from
+the command line (Request), the inventory, the manifest and what an earlier run placed (the
+installed record's placement, Recorded), and carried to render, the planners, the records and
+regen.
 
 A host may run several services on disjoint GPUs and ports. The service's name keys everything
 vllm-orch keeps for it on the host (unit, env file, records, history entries, health timer,
-process record); it is its model's name, so a host from before several services per host keeps its
-unit names. The GPU ids and port come from the manifest, then the inventory's per-model overrides
-(config/inventory.py ServingOverride), then the command line (`deploy --gpus 4-7 --port 8001`),
-which wins: config/effective.py applies them and says where each came from.
+process record); it is its model's name unless `--name` says otherwise, so a host from before
+several services per host keeps its unit names. Each node's GPU ids and port, strongest first:
+  the command line (`deploy --gpus 4-7 --port 8001`)
+  the replaced service's (`swap NEW --replace OLD`: NEW takes OLD's GPUs, when it needs as many, and port)
+  the installed record, when an earlier run placed the service there (a command line or --replace),
+  so a redeploy, swap or regen without --gpus/--port keeps a placed service where it is
+  the inventory's per-model overrides (config/inventory.py ServingOverride)
+  the manifest
+config/effective.py applies the result and names where each value came from.
 
-A multi-node service (a manifest with `multinode:`) is one placement per node, each with the
-node's GPUs (serving.gpus per node) and the overlap rule per host; `node_roles` binds the selected
-hosts to its ranks (the first is the head).
+A multi-node service (a manifest with `multinode:`) has one node per selected host, each checked by
+the overlap rule on its host; `node_roles` binds the hosts to ranks (the first is the head).
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
@@ -63,12 +75,6 @@ class Placement:
     host: str
     gpus: tuple[int, ...]
     port: int
-
-    @classmethod
-    def from_record(cls, name: str, host: str, record: Mapping) -> Placement:
-        """A service as its record on the host names it (the GPUs and port it was started with)."""
-        return cls(name, str(record.get("model") or name), host,
-                   tuple(int(i) for i in record.get("gpus") or ()), int(record.get("port") or 0))
 
     def clash(self, other: Placement) -> str | None:
         """What `other` takes of this placement's GPUs or port (None: they can run side by side)."""
@@ -132,3 +138,167 @@ def node_roles(m: Manifest, entries: Sequence[HostEntry]) -> list[NodeRole]:
         raise ConfigError(f"{m.name}: host {twice[0]} is given twice: every node is its own host")
     head = [e.node_address(m.name) for e in entries][0]
     return [NodeRole(rank, tuple(names), head) for rank in range(len(names))]
+
+
+# -- the service value -----------------------------------------------------------------------------
+
+class Origin(StrEnum):
+    """Where a node's GPU ids or port came from."""
+
+    MANIFEST = "manifest"
+    INVENTORY = "inventory"             # the host's overrides for the model
+    RECORD = "record"                   # kept where an earlier run placed it (installed/NAME.json)
+    REPLACED = "replaced"               # took the place of the service a swap replaces (--replace)
+    COMMAND_LINE = "command line"       # --gpus / --port
+
+    @property
+    def placed(self) -> bool:
+        """Chosen for this service by a run (a command line, a swap's --replace) and kept since: a
+        later run without --gpus/--port keeps it. A manifest's or inventory's value follows them."""
+        return self in (Origin.COMMAND_LINE, Origin.REPLACED, Origin.RECORD)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the command line says about the service: its name (--name), GPUs (--gpus), port (--port)."""
+
+    name: str | None = None
+    gpus: tuple[int, ...] | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, m: Manifest, name: str | None = None, gpus: str | None = None,
+              port: int | None = None) -> Request:
+        """The command line's options for model M (a --gpus list of another length than M's layout:
+        ConfigError, exit 2, before any host is asked)."""
+        ids = tuple(parse_gpus(gpus)) if gpus else None
+        if ids is not None:
+            _check_count(m, ids)
+        return cls(name, ids, port)
+
+
+def _check_count(m: Manifest, gpus: Sequence[int]) -> None:
+    if len(gpus) != m.serving.gpus:
+        raise ConfigError(f"--gpus {','.join(map(str, gpus))}: {len(gpus)} GPUs, but {m.name} runs on "
+                          f"{m.serving.gpus} (serving.gpus: its tensor x data parallel layout)")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A service's placement on one host as its installed record keeps it: the GPUs and port it was
+    installed with, and whether a run placed each there (Origin.placed)."""
+
+    gpus: tuple[int, ...]
+    port: int
+    gpus_placed: bool = False
+    port_placed: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of a service (the only one of a one-host service): its host, GPUs and port, and
+    where each came from."""
+
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+    gpus_from: Origin = Origin.MANIFEST
+    port_from: Origin = Origin.MANIFEST
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """The service an operation is about: name, model, and its nodes (head first; one for a
+    one-host service). `roles`: each node's rank and the head's address (multi-node only)."""
+
+    name: str
+    model: str
+    nodes: tuple[NodeSpec, ...]
+    roles: tuple[NodeRole, ...] = ()
+    replaces: str | None = None         # the service whose place it takes (swap --replace)
+
+    @property
+    def head(self) -> NodeSpec:
+        return self.nodes[0]
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(n.host for n in self.nodes)
+
+    def node(self, host: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.host == host:
+                return n
+        raise KeyError(f"{self.name} has no node on {host}")
+
+    def role(self, host: str) -> NodeRole | None:
+        """The node's role in a multi-node service (None: a one-host service)."""
+        return next((r for r in self.roles if r.host == host), None)
+
+    def placement(self, host: str) -> Placement:
+        n = self.node(host)
+        return Placement(self.name, self.model, host, n.gpus, n.port)
+
+    def origin_label(self, what: str, origin: Origin) -> str:
+        """How a plan or `render` names where the GPUs (`what` gpus) or the port came from."""
+        option = "--gpus" if what == "gpus" else "--port"
+        return {Origin.COMMAND_LINE: f"command line {option}",
+                Origin.RECORD: f"placed earlier (installed/{self.name}.json keeps it)",
+                Origin.REPLACED: f"--replace {self.replaces} (its {'GPUs' if what == 'gpus' else 'port'})",
+                }.get(origin, str(origin))
+
+
+def _node(m: Manifest, entry: HostEntry, request: Request, recorded: Recorded | None,
+          replaced: Placement | None, service: str) -> NodeSpec:
+    want = m.serving.gpus
+    gpus, gpus_from = tuple(m.serving.visible_devices), Origin.MANIFEST
+    port, port_from = m.serving.port, Origin.MANIFEST
+    for _, ov in entry.override_for(m.name):
+        if ov.serving.gpu_ids is not None:
+            gpus, gpus_from = tuple(ov.serving.gpu_ids), Origin.INVENTORY
+        if ov.serving.port is not None:
+            port, port_from = ov.serving.port, Origin.INVENTORY
+    if recorded is not None:
+        if recorded.gpus_placed:
+            if len(recorded.gpus) != want:
+                raise ConfigError(
+                    f"{service} was placed on GPUs {','.join(map(str, recorded.gpus))} of {entry.name}, but "
+                    f"{m.name} now runs on {want} (serving.gpus)", host=entry.name,
+                    hint=f"place it anew: `vllm-orch deploy {m.name} --name {service} --host {entry.name} "
+                         f"--gpus IDS`")
+            gpus, gpus_from = recorded.gpus, Origin.RECORD
+        if recorded.port_placed:
+            port, port_from = recorded.port, Origin.RECORD
+    if replaced is not None:
+        if len(replaced.gpus) == want:
+            gpus, gpus_from = replaced.gpus, Origin.REPLACED
+        if replaced.port:
+            port, port_from = replaced.port, Origin.REPLACED
+    if request.gpus is not None:
+        _check_count(m, request.gpus)
+        gpus, gpus_from = request.gpus, Origin.COMMAND_LINE
+    if request.port is not None:
+        port, port_from = request.port, Origin.COMMAND_LINE
+    return NodeSpec(entry.name, gpus, port, gpus_from, port_from)
+
+
+def resolve(m: Manifest, entries: Sequence[HostEntry], request: Request = Request(),
+            recorded: Mapping[str, Recorded | None] | None = None,
+            replaced: Mapping[str, Placement] | None = None, name: str | None = None,
+            roles: Sequence[NodeRole] | None = None) -> ServiceSpec:
+    """The service value of model M on `entries` (its nodes, head first; one for a one-host model):
+    its name (the command line's, else `name`, else the model's), and each node's GPUs and port by
+    the precedence above. `recorded`: each host's installed record of the service; `replaced`: per
+    host, the service a swap replaces (--replace); `roles`: the nodes' roles as recorded (regen of
+    one node of a multi-node service; default: `entries` are all its nodes). A wrong GPU count or
+    node count: ConfigError (exit 2)."""
+    service = request.name or name or m.name
+    if roles is None:
+        if m.multinode is None and len(entries) != 1:
+            raise ConfigError(f"{m.name} runs on one host (its manifest has no multinode section) but "
+                              f"{len(entries)} hosts were given")
+        roles = tuple(node_roles(m, entries)) if m.multinode is not None else ()
+    recorded, replaced = recorded or {}, replaced or {}
+    nodes = tuple(_node(m, e, request, recorded.get(e.name), replaced.get(e.name), service) for e in entries)
+    replaces = next(iter(replaced.values())).name if replaced else None
+    return ServiceSpec(service, m.name, nodes, tuple(roles), replaces)

@@ -1,5 +1,5 @@
 """Controller side of the Download step: run orchestrator/host/remote/download.py with the HOST's Python
-and turn its JSON lines into a plan, a rich progress bar and a result.
+and turn its JSON lines into a plan and a result (its progress bar: ops/progress.py).
 
 Transport: orchestrator/host/scripts.py (`python - ARGS`, the script on stdin), streamed so that
 progress arrives as the bytes do. The HF token never appears in argv or in the shell text: given
@@ -14,17 +14,6 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from orchestrator.errors import DeployFailed, RefusedError
 from orchestrator.host import scripts
@@ -149,78 +138,3 @@ def run_download(host: Host, python: str, repo: str, revision: str, local_dir: s
                            step="download", hint=HINTS["network"])
     return {"plan": next((e for e in events if e["event"] == "plan"), None), "done": done[0],
             "files": [e for e in events if e["event"] == "file"], "seconds": time.monotonic() - started}
-
-
-class DownloadProgress:
-    """Renders the script's events: one bar for the bytes to fetch (rate, ETA, files done), and a
-    one-line summary. Feed it with `handle(event)`; use as a context manager to show it live."""
-
-    def __init__(self, console: Console | None = None, label: str = "download"):
-        self.console = console or Console(stderr=True)
-        self.label = label
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[files]}"), console=self.console, transient=False)
-        self.task: TaskID | None = None
-        self.plan: dict | None = None
-        self.done_event: dict | None = None
-        self.error: dict | None = None
-        self.per_file: dict[str, int] = {}
-        self.sizes: dict[str, int] = {}
-        self.files_done = 0
-        self.skipped = 0
-        self.refetched = 0
-
-    def __enter__(self) -> DownloadProgress:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def _files_text(self) -> str:
-        total = len(self.plan.get("to_fetch", [])) if self.plan else 0
-        return f"{self.files_done}/{total} files"
-
-    def _refresh(self) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, completed=sum(self.per_file.values()), files=self._files_text())
-
-    def handle(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "plan":
-            self.plan = event
-            self.task = self.progress.add_task(self.label, total=event.get("to_fetch_bytes") or 0,
-                                               files=self._files_text())
-        elif kind == "progress":
-            self.per_file[event["file"]] = int(event.get("done", 0))
-            self._refresh()
-        elif kind == "file":
-            if event.get("status") == "skipped":
-                self.skipped += 1
-                return
-            self.per_file[event["file"]] = int(event.get("size", 0))
-            self.files_done += 1
-            self.refetched += event.get("status") == "refetched"
-            self._refresh()
-        elif kind == "error":
-            self.error = event
-        elif kind == "done":
-            self.done_event = event
-            self._refresh()
-
-    def summary(self) -> str:
-        if self.error:
-            return f"download failed ({self.error.get('kind')}): {self.error.get('message')}"
-        if not self.done_event:
-            return "download did not finish"
-        d = self.done_event
-        secs = max(float(d.get("seconds", 0)), 1e-6)
-        mb = d.get("bytes", 0) / 1e6
-        parts = [f"{d.get('files', 0)} files verified ({d.get('total_bytes', 0) / 1e9:.2f} GB)",
-                 f"fetched {mb:.1f} MB in {secs:.1f} s ({mb / secs:.1f} MB/s)"]
-        if self.skipped:
-            parts.append(f"{self.skipped} already verified")
-        if self.refetched:
-            parts.append(f"{self.refetched} re-fetched after a checksum mismatch")
-        return ", ".join(parts)

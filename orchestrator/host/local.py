@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from orchestrator.host import cancel
 from orchestrator.host.base import Command, Host, Result, Spawned, printable
 
 
@@ -62,18 +64,31 @@ def _feed(pipe, data: bytes) -> None:
         pass
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End a command and what it started (its own session: its process group), on timeout or Ctrl-C."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:                 # gone already, or another user's (sudo): the shell at least
+        proc.kill()
+
+
 class LocalHost(Host):
     def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
             env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
         started = time.monotonic()
         text = self.wrap(cmd, env, sudo)
-        try:
-            proc = subprocess.run(["sh", "-c", text], input=input, capture_output=True,
-                                  timeout=timeout)
-            code, out, err = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            code, out, err = 124, exc.stdout or b"", (exc.stderr or b"") + b"\n(timed out)"
+        proc = subprocess.Popen(["sh", "-c", text], stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        with cancel.on_cancel(lambda: _kill_group(proc)):     # Ctrl-C ends the command (host/cancel.py)
+            try:
+                out, err = proc.communicate(input, timeout=timeout)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                out, err = proc.communicate()
+                code, err = 124, err + b"\n(timed out)"
         self._count(started)
+        cancel.check()
         return Result(printable(cmd), code, out.decode(errors="replace"),
                       err.decode(errors="replace"), time.monotonic() - started)
 
@@ -82,7 +97,7 @@ class LocalHost(Host):
                sudo: bool | None = None) -> Result:
         started = time.monotonic()
         proc = subprocess.Popen(["sh", "-c", self.wrap(cmd, env, sudo)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
                                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
         if input is not None:
             threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
@@ -91,15 +106,16 @@ class LocalHost(Host):
         stderr = proc.stderr
         t = threading.Thread(target=lambda: err_chunks.append(stderr.read()), daemon=True)
         t.start()
-        timer = threading.Timer(timeout, proc.kill)
+        timer = threading.Timer(timeout, _kill_group, (proc,))
         timer.start()
         out_lines = []
         try:
-            for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip("\n")
-                out_lines.append(line)
-                on_line(line)
-            code = proc.wait()
+            with cancel.on_cancel(lambda: _kill_group(proc)):     # Ctrl-C ends the command (host/cancel.py)
+                for raw in proc.stdout:
+                    line = raw.decode(errors="replace").rstrip("\n")
+                    out_lines.append(line)
+                    on_line(line)
+                code = proc.wait()
         finally:
             timer.cancel()
             if proc.poll() is None:
@@ -107,6 +123,7 @@ class LocalHost(Host):
                 proc.wait()
         t.join(5)
         self._count(started)
+        cancel.check()
         return Result(printable(cmd), code, "\n".join(out_lines),
                       b"".join(err_chunks).decode(errors="replace"), time.monotonic() - started)
 

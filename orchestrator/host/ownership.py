@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import CommandFailed, DeployFailed
-from orchestrator.host import nvidia_smi
+from orchestrator.host import cancel, nvidia_smi
 from orchestrator.host.base import Command, Host, Script
 
 if TYPE_CHECKING:
@@ -276,4 +276,4 @@ def wait_released(host: Host, entry: HostEntry, indices: list[int], timeout: flo
                 ", ".join(f"GPU {i}: {u} MiB" for i, u in busy.items())
             raise DeployFailed(f"GPU memory not released after {timeout:.0f}s ({last})", host=entry.name,
                                step="gpus", hint="find the holders with `fuser -v /dev/nvidia*`")
-        time.sleep(poll)
+        cancel.sleep(poll)               # Ctrl-C ends the wait here (host/cancel.py)

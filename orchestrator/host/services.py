@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import CommandFailed
+from orchestrator.host import cancel
 from orchestrator.host.base import Command, Host, Script
 
 
@@ -178,7 +179,7 @@ class SystemdService(Service):
             if st.main_pid or st.failed or (raw.get("ActiveState") == "inactive" and not raw.get("Job")) \
                     or time.monotonic() > deadline:
                 return st
-            time.sleep(poll)
+            cancel.sleep(poll)
 
     def log_cursor(self) -> str:
         r = self.host.run(["journalctl", "-u", self.unit, "-n", "1", "--show-cursor", "-o", "cat", "--no-pager"])

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 import paramiko
 
 from orchestrator.errors import ConnectError
+from orchestrator.host import cancel
 from orchestrator.host.base import Command, Host, Result, Spawned, printable
 from orchestrator.host.ssh_connect import Target, connect, resolve_target
 
@@ -131,12 +132,20 @@ class SshHost(Host):
         return Result(printable(cmd), code, "\n".join(lines), err.decode(errors="replace"),
                       time.monotonic() - started)
 
+    def _kill_group(self, err: bytearray, sudo: bool) -> None:
+        """Kill the process group of a command whose stderr began with its PID mark."""
+        pgid, _ = _strip_mark(err)
+        if pgid:
+            kill = f"kill -KILL -- -{pgid}"
+            self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None, bound=False, cancellable=False)
+
     def _exec(self, text: str, timeout: float, input: bytes | None,
               on_stdout: Callable[[bytes], None] | None,
-              sudo: bool = False, bound: bool = True) -> tuple[int, bytes, bytes]:
+              sudo: bool = False, bound: bool = True, cancellable: bool = True) -> tuple[int, bytes, bytes]:
         """Run shell text on one channel; stdout goes to on_stdout as it arrives (or is kept).
-        On timeout the command's whole process group is killed (with sudo when it ran so); `bound`
-        also puts it under the host's `timeout`, so it ends even if we are gone (see bounded)."""
+        On timeout, or when the operation is cancelled (host/cancel.py: Ctrl-C), the command's whole
+        process group is killed (with sudo when it ran so) and its channel closed; `bound` also puts
+        it under the host's `timeout`, so it ends even if we are gone (see bounded)."""
         chan = self._session(timeout)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
@@ -145,7 +154,11 @@ class SshHost(Host):
             if input:
                 chan.sendall(input)
             chan.shutdown_write()
+            token = cancel.current() if cancellable else None
             while True:
+                if token is not None and token.requested:      # Ctrl-C (host/cancel.py): end the command,
+                    self._kill_group(err, sudo)                # then its channel (below)
+                    raise KeyboardInterrupt
                 while chan.recv_ready():
                     chunk = chan.recv(65536)
                     on_stdout(chunk) if on_stdout else out.extend(chunk)
@@ -168,11 +181,8 @@ class SshHost(Host):
                     raise EOFError("the channel closed before the command ended")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    pgid, errors = _strip_mark(err)
-                    if pgid:
-                        kill = f"kill -KILL -- -{pgid}"
-                        self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None, bound=False)
-                    return TIMED_OUT, bytes(out), errors + \
+                    self._kill_group(err, sudo)
+                    return TIMED_OUT, bytes(out), _strip_mark(err)[1] + \
                         f"\n(timed out after {timeout:g} s)".encode()
                 select.select([chan], [], [], min(remaining, 0.5))
         except (paramiko.SSHException, EOFError, OSError) as exc:

@@ -20,6 +20,7 @@ from typing import Any
 import paramiko
 
 from orchestrator.errors import ConnectError, RefusedError
+from orchestrator.host import cancel
 
 ACCEPT_FLAG = "--accept-new-host-key"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -138,7 +139,7 @@ def connect(target: Target, *, attempts: int = 3) -> paramiko.SSHClient:
             pause = min(0.2 * 2 ** attempt * random.uniform(0.5, 1.5), deadline - time.monotonic())
             if attempt == attempts - 1 or pause <= 0:
                 raise ConnectError(f"cannot connect to {target.where}: {exc}", host=target.name)
-            time.sleep(pause)
+            cancel.sleep(pause)
     raise AssertionError("unreachable")
 
 

@@ -1,18 +1,20 @@
 """vllm-orch's records on each host (under the inventory's state_dir), and the host lock.
 
-  services/NAME.json   one record per service that vllm-orch started and proved serving: model,
-                       served name, port, GPUs, hashes, vLLM version (NAME: the service, which is
-                       its model's name). A host from before several services per host has one
-                       `active.json` instead: it is read as its model's record, and the first
-                       locked operation moves it to services/MODEL.json (upgrade_records)
-  installed/NAME.json  each model whose unit vllm-orch installed (regen re-renders these)
+The records are versioned pydantic models (host/records.py: read old, write new); this module
+reads and writes them:
+  services/NAME.json   ServiceRecord, one per service that vllm-orch started and proved serving
+                       (NAME: the service, its model's name unless --name). A host from before
+                       several services per host has one `active.json` instead: it is read as its
+                       model's record, and the first locked operation moves it to
+                       services/MODEL.json (upgrade_records)
+  installed/NAME.json  InstalledRecord, each service whose unit vllm-orch installed (regen re-renders these)
   usage.json           last time each model was started (least-recently-used disk eviction)
-  history.jsonl        one line per deploy / swap / rollback / stop / gc / bench, with timings, and
-                       per health-restart (written by the units' health timer on the host) and
-                       head-lost-restart (a headless node's head watch)
-  swap.json            a swap under way: written when it stops the old model, removed when it ends
-                       (the new model recorded, or the old one back); left behind by a swap that
-                       was killed or lost its connection, so the next command can say what to run
+  history.jsonl        HistoryEntry, one line per deploy / swap / rollback / stop / gc / bench, with
+                       timings, and per health-restart (written by the units' health timer on the
+                       host) and head-lost-restart (a headless node's head watch)
+  swap.json            SwapMarker: a swap under way: written when it stops the old model, removed
+                       when it ends (the new model recorded, or the old one back); left behind by a
+                       swap that was killed or lost its connection, so the next command can say what to run
   health/NAME.json     the health timer's last check of NAME and its count of failures in a row
   deploy.lock          flock(1) file; deploy.lock.json names the holder (and its token)
 The lock is held by a `flock ...` process on the host whose stdin is our connection: when the
@@ -36,6 +38,7 @@ from typing import Any
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import DeployFailed, OrchestratorError, RefusedError
 from orchestrator.host.base import Host, Script, Spawned
+from orchestrator.host.records import HistoryEntry, InstalledRecord, ServiceRecord, SwapMarker
 
 LOCK_BUSY_EXIT = 75
 LOCKED = "VLLM_ORCH_LOCKED"
@@ -70,111 +73,130 @@ def record_path(entry: HostEntry, name: str) -> str:
     return _path(entry, "services", f"{name}.json")
 
 
-def write_record(host: Host, entry: HostEntry, name: str, record: dict | None) -> None:
+def write_record(host: Host, entry: HostEntry, name: str, record: ServiceRecord | None) -> None:
     """The record of the service NAME (None: it no longer serves, the record goes)."""
     if record is None:
         host.run(["rm", "-f", record_path(entry, name)]).check(entry.name, f"clear {name}'s record")
     else:
-        write_json(host, record_path(entry, name), record)
+        write_json(host, record_path(entry, name), record.dump())
 
 
 _REC_MARK = "@@vllm-orch-record "
 
 
-def read_records(host: Host, entry: HostEntry) -> dict[str, dict]:
+def read_records(host: Host, entry: HostEntry) -> dict[str, ServiceRecord]:
     """Every service's record, by name, in one round trip (a legacy active.json reads as its
-    model's record unless services/ has one): for commands that do not read the host's facts."""
+    model's record unless services/ has one): for commands that do not read the host's facts. A
+    file that is no record is left out."""
     d = shlex.quote(entry.state_dir)
     r = host.run(Script(f"for f in {d}/services/*.json {d}/{LEGACY_ACTIVE}; do [ -f \"$f\" ] && "
                         f"printf '{_REC_MARK}%s ' \"$(basename \"$f\" .json)\" && tr -d '\\n' < \"$f\" && echo; "
                         f"done 2>/dev/null; true"), timeout=30)
-    out: dict[str, dict] = {}
+    out: dict[str, ServiceRecord] = {}
     legacy = None
     for line in r.stdout.splitlines():
         if not line.startswith(_REC_MARK):
             continue
         name, _, text = line[len(_REC_MARK):].partition(" ")
         try:
-            value = json.loads(text)
+            value = ServiceRecord.read(json.loads(text))
         except ValueError:
             continue
-        if not isinstance(value, dict):
+        if value is None:
             continue
         if name == LEGACY_ACTIVE[:-5]:
             legacy = value
         else:
             out[name] = value
-    if legacy and isinstance(legacy.get("model"), str) and legacy["model"] not in out:
-        out[legacy["model"]] = legacy
+    if legacy is not None and legacy.model not in out:
+        out[legacy.model] = legacy
     return out
 
 
-def read_active(host: Host, entry: HostEntry) -> dict | None:
+def read_active(host: Host, entry: HostEntry) -> ServiceRecord | None:
     """The record of the host's service when it runs one (None: none); on a host with several, the
     one deployed last. For callers that think of a host as serving one model (bench, fleet views)."""
     records = read_records(host, entry)
     if not records:
         return None
-    return max(records.values(), key=lambda r: str(r.get("deployed_at") or ""))
+    return max(records.values(), key=lambda r: r.deployed_at or "")
+
+
+def read_record(host: Host, entry: HostEntry, name: str) -> ServiceRecord | None:
+    return ServiceRecord.read(read_json(host, record_path(entry, name)))
 
 
 def update_record(host: Host, entry: HostEntry, name: str, **fields) -> bool:
     """Change some fields of NAME's record (False: NAME has none)."""
-    record = read_json(host, record_path(entry, name))
-    if not isinstance(record, dict):
+    record = read_record(host, entry, name)
+    if record is None:
         return False
-    write_record(host, entry, name, {**record, **fields})
+    write_record(host, entry, name, record.model_copy(update=fields))
     return True
 
 
 def upgrade_records(host: Host, entry: HostEntry) -> str | None:
-    """Move a host's legacy active.json to services/MODEL.json (in place: the same content), once,
-    under the host lock. A record already under services/ for that model wins (the legacy file is
-    then stale) and the legacy file goes either way. Says what it did (None: nothing to do)."""
-    legacy = read_json(host, _path(entry, LEGACY_ACTIVE))
-    if legacy is None and host.get(_path(entry, LEGACY_ACTIVE)) is None:
+    """Move a host's legacy active.json to services/MODEL.json (written as this version's record),
+    once, under the host lock. A record already under services/ for that model wins (the legacy file
+    is then stale) and the legacy file goes either way. Says what it did (None: nothing to do)."""
+    raw = read_json(host, _path(entry, LEGACY_ACTIVE))
+    if raw is None and host.get(_path(entry, LEGACY_ACTIVE)) is None:
         return None
-    model = legacy.get("model") if isinstance(legacy, dict) else None
+    legacy = ServiceRecord.read(raw)
     moved = None
-    if isinstance(model, str) and model and host.get(record_path(entry, model)) is None:
-        write_json(host, record_path(entry, model), legacy)
-        moved = f"moved {entry.state_dir}/{LEGACY_ACTIVE} to services/{model}.json"
+    if legacy is not None and legacy.model and host.get(record_path(entry, legacy.model)) is None:
+        write_record(host, entry, legacy.model, legacy)
+        moved = f"moved {entry.state_dir}/{LEGACY_ACTIVE} to services/{legacy.model}.json"
     host.run(["rm", "-f", _path(entry, LEGACY_ACTIVE)]).check(entry.name, "remove the legacy active record")
     return moved or f"removed a stale {entry.state_dir}/{LEGACY_ACTIVE}"
 
 
 def write_swap(host: Host, entry: HostEntry, old: str, new: str, old_enabled: bool) -> None:
     """Mark a swap as half done (its old model is about to stop)."""
-    write_json(host, _path(entry, "swap.json"), {"from": old, "to": new, "since": now_iso(), "by": whoami(),
-                                                 "from_enabled": old_enabled})
+    marker = SwapMarker(from_=old, to=new, since=now_iso(), by=whoami(), from_enabled=old_enabled)
+    write_json(host, _path(entry, "swap.json"), marker.dump())
 
 
 def clear_swap(host: Host, entry: HostEntry) -> None:
     host.run(["rm", "-f", _path(entry, "swap.json")]).check(entry.name, "clear the swap record")
 
 
-def write_installed(host: Host, entry: HostEntry, model: str, record: dict) -> None:
-    write_json(host, _path(entry, "installed", f"{model}.json"), record)
+def installed_path(entry: HostEntry, name: str) -> str:
+    return _path(entry, "installed", f"{name}.json")
 
 
-def append_history(host: Host, entry: HostEntry, record: dict) -> None:
-    """One line per operation; it names its service (`history SERVICE` filters on it), which is
-    the model's name unless the record says otherwise."""
-    named = {"service": record["model"]} if record.get("model") and "service" not in record else {}
-    line = json.dumps({"at": now_iso(), **named, **record}, sort_keys=True)
+def write_installed(host: Host, entry: HostEntry, name: str, record: InstalledRecord) -> None:
+    write_json(host, installed_path(entry, name), record.dump())
+
+
+def read_installed(host: Host, entry: HostEntry, name: str) -> InstalledRecord | None:
+    return InstalledRecord.read(read_json(host, installed_path(entry, name)))
+
+
+def append_history(host: Host, entry: HostEntry, record: HistoryEntry) -> None:
+    """One line per operation, stamped now; it names its service (`history SERVICE` filters on it),
+    which is the model's name unless the record says otherwise."""
+    line = json.dumps({**record.dump(), "at": now_iso(), "service": record.subject}, sort_keys=True)
     path = _path(entry, "history.jsonl")
     host.run(Script(f"mkdir -p {shlex.quote(entry.state_dir)} && "
                     f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}")).check(entry.name, "append history")
 
 
-def read_history(host: Host, entry: HostEntry) -> list[dict]:
+def read_history(host: Host, entry: HostEntry) -> list[HistoryEntry]:
+    """history.jsonl's lines, oldest first (a line that is no history entry is left out)."""
     data = host.get(_path(entry, "history.jsonl"))
+    return parse_history((data or b"").decode(errors="replace").splitlines())
+
+
+def parse_history(lines: list[str]) -> list[HistoryEntry]:
     out = []
-    for line in (data or b"").decode(errors="replace").splitlines():
+    for line in lines:
         try:
-            out.append(json.loads(line))
+            rec = HistoryEntry.read(json.loads(line))
         except ValueError:
             continue
+        if rec is not None:
+            out.append(rec)
     return out
 
 

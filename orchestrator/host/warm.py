@@ -1,7 +1,7 @@
 """Controller side of the page-cache warm-up: run orchestrator/host/remote/warm.py with the HOST's
 Python, in plan-only mode while gathering facts (which weight files, in vLLM's load order, and how
 much of them is cached already) and streamed when the warm step runs (JSON lines turned into a
-rich progress bar and a result), like the download (orchestrator/host/download.py).
+result; its progress bar: ops/progress.py), like the download (orchestrator/host/download.py).
 """
 
 from __future__ import annotations
@@ -9,19 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-
 from orchestrator.errors import DeployFailed
-from orchestrator.fmt import fmt_bytes
 from orchestrator.host import scripts
 from orchestrator.host.base import Host
 
@@ -84,34 +72,3 @@ def run_warm(host: Host, python: str, model_dir: str, *, meminfo: str, budget: i
         raise DeployFailed("the warm script ended without a result", host=host.name, step="warm")
     return {**done[0], "files": [e for e in events if e["event"] == "file"],
             "wall_s": time.monotonic() - started}
-
-
-class WarmProgress:
-    """Renders the script's events: one bar over the bytes to cover (rate, ETA, the memory
-    headroom left), like the download's. Feed it with `handle(event)`; a context manager."""
-
-    def __init__(self, target_bytes: int, console: Console | None = None, label: str = "warm"):
-        self.console = console or Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[note]}"), console=self.console, transient=False)
-        self.task: TaskID = self.progress.add_task(label, total=max(target_bytes, 1), note="")
-        self.done_event: dict | None = None
-
-    def __enter__(self) -> WarmProgress:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def handle(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "progress":
-            headroom = event.get("headroom")
-            note = f"headroom {fmt_bytes(headroom)}" if isinstance(headroom, int) else ""
-            self.progress.update(self.task, completed=int(event.get("covered", 0)), note=note)
-        elif kind == "done":
-            self.done_event = event
-            self.progress.update(self.task, completed=int(event.get("covered_bytes", 0)),
-                                 note=REASONS.get(event.get("reason", ""), ""))

@@ -1,20 +1,29 @@
-"""deploy: session -> gather -> plan (orchestrator.plan.deploy) -> show or run -> history record.
+"""deploy: sessions on the service's nodes (one host, or the hosts of a multi-node service) ->
+gather on every node at once -> ONE plan (orchestrator.plan.deploy) -> show or run it, each step on
+its node -> a history record on every node (with the nodes and its rank).
 
 A refused safety check stops before anything changes (exit 3). A start that fails its readiness
-gates is stopped again by the plan's recovery branch, so it cannot crash-loop holding the GPUs (exit 1).
+gates is stopped again by the plan's recovery branch, so it cannot crash-loop holding the GPUs
+(exit 1). A wrong number of hosts for a multi-node model, a host given twice or a node without a
+cluster address is bad input (exit 2) before any host is reached (config/placement.node_roles).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from contextlib import ExitStack
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import Request, node_roles
 from orchestrator.errors import Interrupted
 from orchestrator.host import state
+from orchestrator.host.records import HistoryEntry, NodeFields
 from orchestrator.ops import gather
 from orchestrator.ops.execute import Ask, Reporter, RunOutcome, confirmation, run_plan
-from orchestrator.ops.session import OpResult, session
+from orchestrator.ops.nodes import as_nodes, node_envs, open_sessions, parallel
+from orchestrator.ops.session import OpResult
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.model import Plan
@@ -23,30 +32,48 @@ from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
 
 
-def run_deploy(entry: HostEntry, m: Manifest, opts: Options, reporter: Reporter, dry_run: bool,
-               accept_new_host_key: bool = False, ask: Ask | None = None) -> OpResult:
-    """`ask` (a terminal's yes/no question) is put when the plan deletes model folders and opts.yes
-    is not set; without it such a plan is refused."""
+def run_deploy(nodes: HostEntry | Sequence[HostEntry], m: Manifest, opts: Options, reporter: Reporter, dry_run: bool,
+               accept_new_host_key: bool = False, ask: Ask | None = None, request: Request = Request()) -> OpResult:
+    """Deploy model M as the service `request` names (--name, --gpus, --port; default: M's own
+    service, kept where an earlier run placed it) on its nodes (head first; one host for a one-host
+    model). `ask` (a terminal's yes/no question) is put when the plan deletes model folders and
+    opts.yes is not set; without it such a plan is refused."""
     t0 = time.monotonic()
-    with session(entry, f"deploy {m.name}", dry_run, accept_new_host_key) as s:
-        inp = gather.for_deploy(s.host, entry, m, opts, s.lock)
-        plan = plan_deploy(inp)
-        result = OpResult("deploy", entry.name, m.name, ok=False, dry_run=dry_run, plan=plan)
-        if not_run(plan, result, reporter, opts, ask, entry.name):
+    entries = as_nodes(nodes)
+    name, names = request.name or m.name, [e.name for e in entries]
+    if m.multinode is not None:
+        node_roles(m, entries)                  # the wrong hosts: exit 2 before any is reached
+    with ExitStack() as stack:
+        sessions = open_sessions(stack, entries, f"deploy {name}", dry_run, accept_new_host_key)
+        facts = dict(zip(names, parallel(entries, lambda e: gather.host_facts(sessions[e.name].host, e, m, request)),
+                         strict=True))
+        spec = gather.service_spec(m, entries, request, facts)
+        inputs = parallel(entries, lambda e: gather.for_deploy(sessions[e.name].host, e, m, spec, opts,
+                                                               sessions[e.name].lock, facts[e.name]))
+        plan = plan_deploy(*inputs)
+        result = OpResult("deploy", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan)
+        if not_run(plan, result, reporter, opts, ask, names[0]):
             if plan.refusal and not dry_run:
-                state.append_history(s.host, entry, refused_record(m, plan))
+                for e, inp in zip(entries, inputs, strict=True):
+                    state.append_history(sessions[e.name].host, e,
+                                         HistoryEntry(**refused_record(inp, plan), **NodeFields.of(inp.target.rendered.role)))
             result.seconds = time.monotonic() - t0
             return result
-        if not plan.changes and all(a.noop for a in plan.actions if a.step != "lock"):
-            reporter.print(f"[green]{m.name} is already deployed and serving on {entry.name}: nothing to do.[/]")
-        env = RunEnv(s.host, entry, opts, reporter, guard=s.guard)
-        outcome = run_plan(plan, env, reporter)
+        if not plan.changes and all(a.noop for a in plan.actions if a.step not in ("lock", "verify-same")):
+            reporter.print(f"[green]{name} is already deployed and serving on {', '.join(names)}: nothing to do.[/]")
+        head = node_envs(sessions, {e.name: e for e in entries}, names[0], opts, reporter)
+        outcome = run_plan(plan, head, reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
         result.seconds = time.monotonic() - t0
-        record = history_record(m, inp, plan, outcome, env, result)
-        if s.holds_lock():                       # without the lock, write nothing more
-            state.append_history(s.host, entry, record)
-        result.extra["history"] = record
+        record = history_record(inputs[0], plan, outcome, head, result)
+        for e, inp in zip(entries, inputs, strict=True):
+            if sessions[e.name].holds_lock():              # without its lock, write nothing more there
+                state.append_history(sessions[e.name].host, e, HistoryEntry(**{
+                    **record, "unit_hash": inp.target.rendered.unit_hash,
+                    "manifest_hash": inp.target.rendered.manifest_hash, **NodeFields.of(inp.target.rendered.role)}))
+        result.extra["history"] = {**record, **NodeFields.of(inputs[0].target.rendered.role)}
+        if len(entries) > 1:
+            result.extra["nodes"] = names
         return result
 
 
@@ -66,16 +93,17 @@ def not_run(plan: Plan, result: OpResult, reporter: Reporter, opts: Options, ask
     return dry_run
 
 
-def refused_record(m: Manifest, plan: Plan) -> dict:
-    return {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": False,
+def refused_record(inp: PlanInput, plan: Plan) -> dict:
+    return {"operation": "deploy", "model": inp.target.model, "service": inp.name, "ok": False,
             "refused": str(plan.refusal)}
 
 
-def history_record(m: Manifest, inp: PlanInput, plan: Plan, outcome: RunOutcome, env: RunEnv, result: OpResult) -> dict:
+def history_record(inp: PlanInput, plan: Plan, outcome: RunOutcome, env: RunEnv, result: OpResult) -> dict:
     """A deploy's line in history.jsonl (with what the result shows: perf, warnings, the record): its
     steps and timings, hashes, gates and smoke result, recovery, failure kind."""
+    m = inp.target.manifest
     ready = env.record.ready.get(m.name)
-    record = {"operation": "deploy", "model": m.model_name, "service": m.name, "ok": outcome.ok,
+    record = {"operation": "deploy", "model": inp.target.model, "service": m.name, "ok": outcome.ok,
               "seconds": round(result.seconds, 2),
               "steps": outcome.timings(), "manifest_hash": inp.target.rendered.manifest_hash,
               "unit_hash": inp.target.rendered.unit_hash, "vllm_version": inp.facts.vllm_version,

@@ -4,26 +4,30 @@ runs the plan's recovery branch for that step, if it has one (a swap's rollback)
 The Reporter is the only thing that prints: a live step list for people (rich), or nothing until
 the end for --json. Readiness shows the loading phase and the latest log line while it waits.
 
-An interrupt (KeyboardInterrupt: Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into one) is a
-failure of the step it stopped: the recovery branch covering that step runs as for any failure (a
-swap's rollback), and the run ends with an `Interrupted` error (exit 130). A second interrupt during
-the recovery abandons it; the host's records then say what is half done (orchestrator.plan.swap).
+An interrupt is cooperative (host/cancel.py): Ctrl-C, SIGTERM and SIGHUP cancel the operation's
+token, which is checked before every step and inside every wait and host command, where it stops
+the running step as a KeyboardInterrupt. That is a failure of the step it stopped: the recovery
+branch covering that step runs as for any failure (a swap's rollback), and the run ends with an
+`Interrupted` error (exit 130). A second interrupt during the recovery abandons it; the host's
+records then say what is half done (orchestrator.plan.swap).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.markup import escape
 
 from orchestrator.errors import Interrupted, OrchestratorError, RefusedError
+from orchestrator.host import cancel
 from orchestrator.host.base import printable
 from orchestrator.host.state import LockLost
 from orchestrator.plan.model import Action, Plan, Recovery
-from orchestrator.plan.run import RunEnv
+from orchestrator.plan.run import Progress, RunEnv
 
 
 @dataclass
@@ -117,6 +121,19 @@ class Reporter:
         else:
             self._emit(f"      {text}", markup=False)
 
+    @contextmanager
+    def progress(self, kind: str, label: str, total: int = 0) -> Iterator[Progress | None]:
+        """A live progress bar of a download or a warm-up (ops/progress.py); None when quiet."""
+        if self.quiet:
+            yield None
+            return
+        from orchestrator.ops.progress import DownloadProgress, WarmProgress
+
+        bar: DownloadProgress | WarmProgress = DownloadProgress(self.console, label=label) if kind == "download" \
+            else WarmProgress(total, self.console, label=label)
+        with bar:
+            yield bar
+
     def close(self) -> None:
         self._stop_status()
 
@@ -186,6 +203,7 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
         if not action.noop:
             reporter.step_start(label(i), total, action)
         try:                     # a no-op runs only its bookkeeping `run`, which can fail or be interrupted too
+            cancel.check()       # an interrupt between two steps stops the next one before it starts
             if action.noop:
                 result = action.run(target) if action.run is not None else None
             elif action.run is not None:
@@ -202,6 +220,9 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
             reporter.step_end(res)
             return err
         except KeyboardInterrupt:
+            token = cancel.current()
+            if token is not None:   # answered: this step failed for it (its recovery, the records, still run)
+                token.tolerate()
             res = StepResult(action.key, "failed", action.summary, time.monotonic() - t0, "interrupted")
             results.append(res)
             reporter.step_end(res)
@@ -221,6 +242,9 @@ def _run_actions(actions: list[Action], env: RunEnv, reporter: Reporter, label, 
 
 def run_recovery(recovery: Recovery, env: RunEnv, reporter: Reporter, interrupted: bool = False) -> RecoveryOutcome:
     t0 = time.monotonic()
+    token = cancel.current()
+    if token is not None:
+        token.tolerate()         # the interrupt that led here is answered: only a further one stops the recovery
     note = " (interrupted: press Ctrl-C again to abandon it)" if interrupted else ""
     reporter.print(f"[yellow]recovery: {escape(recovery.title)}{note}[/]")
     out = RecoveryOutcome(recovery.title, ok=True)

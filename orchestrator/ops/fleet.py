@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
 from orchestrator.errors import OrchestratorError
+from orchestrator.host import cancel
 from orchestrator.ops.execute import Reporter
 
 DEFAULT_PARALLEL_CAP = 16      # hosts at once when --parallel is not given: one thread and connection each
@@ -27,6 +29,12 @@ DEFAULT_PARALLEL_CAP = 16      # hosts at once when --parallel is not given: one
 # Which exit code wins when hosts end differently: an interrupt, then a failure (something changed
 # and did not work), then a refusal (nothing changed), then bad input, then ok.
 SEVERITY = {130: 5, 1: 4, 3: 3, 2: 2, 0: 0}
+
+
+def per_host(m: Manifest, hosts: Sequence[HostEntry]) -> bool:
+    """Whether a command on these hosts is one run per host (a fleet: the same service on each) or
+    ONE run of one service over them (one host, or the nodes of a multi-node model, head first)."""
+    return m.multinode is None and len(hosts) > 1
 
 
 def worst_exit(codes: Sequence[int]) -> int:
@@ -150,7 +158,8 @@ def run_fleet(entries: Sequence[HostEntry], per_host: PerHost, parallel: int | N
 
     def next_entry() -> HostEntry | None:
         with lock:
-            if stop.is_set() or not pending:
+            token = cancel.current()
+            if stop.is_set() or not pending or (token is not None and token.count):
                 return None
             return pending.pop(0)
 
@@ -163,7 +172,7 @@ def run_fleet(entries: Sequence[HostEntry], per_host: PerHost, parallel: int | N
             out = HostOutcome(err.exit_code, root_cause(err))
         except Exception as err:                  # a bug on one host must not end the others' runs
             out = HostOutcome(1, root_cause(err))
-        except KeyboardInterrupt:                 # passed on by _wait outside a plan's own handling
+        except KeyboardInterrupt:                 # cancelled (host/cancel.py) outside a plan's own handling
             out = HostOutcome(130, "interrupted")
         return HostRow(entry.name, RESULT_NAMES.get(out.code, "failed"), out.code, time.monotonic() - t0,
                        out.cause, out.note, out.data, out.value)
@@ -178,12 +187,13 @@ def run_fleet(entries: Sequence[HostEntry], per_host: PerHost, parallel: int | N
                     if row.code != 0 and stop_on_failure:
                         stop.set()
                 board.set(entry.name, row.result, end=True)
-        except KeyboardInterrupt:                 # passed on between two hosts: no host is left half-recorded
+        except KeyboardInterrupt:                 # cancelled between two hosts: no host is left half-recorded
             if entry is not None and not rows[entry.name].ran:
                 rows[entry.name] = HostRow(entry.name, "interrupted", 130, cause="interrupted")
 
-    threads = [threading.Thread(target=worker, name=f"fleet-{i}", daemon=True) for i in range(width)]
-    interrupted = _wait(threads, stop)
+    with cancel.cancellation() as token:          # every host's run shares it: an interrupt reaches them all
+        threads = [threading.Thread(target=worker, name=f"fleet-{i}", daemon=True) for i in range(width)]
+        interrupted = _wait(threads, stop, token)
     for name, row in rows.items():
         if not row.ran:
             row.cause = "not started: interrupted" if interrupted else row.cause
@@ -191,38 +201,49 @@ def run_fleet(entries: Sequence[HostEntry], per_host: PerHost, parallel: int | N
     return [rows[e.name] for e in entries]
 
 
-def _wait(threads: list[threading.Thread], stop: threading.Event) -> bool:
-    """Join the workers. Ctrl-C / SIGTERM (a KeyboardInterrupt, which only the main thread gets) is
-    passed on to every worker, so each host's run stops as it would alone: its recovery branch (a
-    swap's rollback) runs and its row says `interrupted`; no more hosts start. A second interrupt is
-    passed on too (each abandons its recovery, as on one host). True when interrupted."""
-    interrupted = False
+def _wait(threads: list[threading.Thread], stop: threading.Event, token: cancel.CancelToken) -> bool:
+    """Start and join the workers. Ctrl-C / SIGTERM cancel the fleet's token (host/cancel.py: the
+    CLI's handler does it; a KeyboardInterrupt this thread gets anyway does it here), which every
+    host's run checks between its steps and in its waits, so each stops as it would alone: its
+    recovery branch (a swap's rollback) runs and its row says `interrupted`; no more hosts start. A
+    second interrupt reaches them too (each abandons its recovery, as on one host). Nothing is
+    raised into another thread. True when interrupted."""
     try:
         for t in threads:
             t.start()
     except KeyboardInterrupt:
-        interrupted = True
-        stop.set()                                # the threads started run their host, or none
-        for t in threads:
-            if t.ident is not None:
-                _raise_in(t, KeyboardInterrupt)
+        token.cancel()
     while any(t.is_alive() for t in threads):
         try:                                      # not Thread.join: a join interrupted by Ctrl-C left a
             time.sleep(0.1)                       # running worker reported dead here (CPython 3.11)
         except KeyboardInterrupt:
-            interrupted = True
-            stop.set()
-            for t in threads:
-                _raise_in(t, KeyboardInterrupt)
-    return interrupted
+            token.cancel()
+        if token.count:
+            stop.set()                            # the hosts started finish (their recovery), no more start
+    return token.count > 0
 
 
-def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
-    """Raise exc in another thread at its next Python instruction (CPython's async exception)."""
-    import ctypes
+# -- a rolling swap ------------------------------------------------------------------------------------
 
-    if thread.is_alive() and thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))
+def rolling_swap(entries: Sequence[HostEntry], run_one: Callable[[HostEntry, PhaseReporter], Any],
+                 max_unavailable: int, continue_on_failure: bool, board: Board | None = None) -> list[HostRow]:
+    """swap across hosts: at most max_unavailable hosts swapping at a time, in the order given; each
+    host's own swap stages, gates and rolls back as on one host (run_one: its OpResult). The first
+    failed host stops the rollout (hosts not started stay as they are) unless continue_on_failure,
+    so every host serves the old or the new model. A failed host's cause names its rollback."""
+    def one(entry: HostEntry, reporter: PhaseReporter) -> HostOutcome:
+        result = run_one(entry, reporter)
+        out = outcome_of(result)
+        rb = result.extra.get("rollback")
+        if rb is not None and out.cause:
+            out.cause = f"{out.cause}; rollback: {rb['result']}"
+        return out
+
+    rows = run_fleet(entries, one, max_unavailable, board, stop_on_failure=not continue_on_failure)
+    for r in rows:
+        if not r.ran and r.cause is None:
+            r.cause = "not started: the rollout stopped at the failed host"
+    return rows
 
 
 # -- the fleet's dry run: identical per-host plans once ----------------------------------------------

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.config.effective import effective
-from orchestrator.config.inventory import HostEntry, ServingOverride
+from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
-from orchestrator.config.placement import NodeRole
+from orchestrator.config.placement import Placement, Request, ServiceSpec, resolve
 from orchestrator.errors import ConfigError, DeployFailed
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Result
@@ -35,7 +36,7 @@ from orchestrator.plan.deploy import placement_refusal
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
-from orchestrator.plan.service import placement_holders, recorded_role
+from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import old_model_name
 from orchestrator.probe import api
 from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
@@ -77,53 +78,74 @@ def gpu_names(facts: HostFacts | None) -> dict[int, str] | None:
     return {g.index: g.name for g in facts.gpus if g.index is not None}
 
 
-def service_port(m: Manifest, entry: HostEntry) -> int:
-    """The model's port on this host (a host override may move it; a hardware class cannot)."""
-    return effective(m, entry).manifest.serving.port
+def service_port(m: Manifest, entry: HostEntry, request: Request = Request()) -> int:
+    """The model's port on this host before its records are read: the command line's, else the
+    inventory's override, else the manifest's (a hardware class cannot move it). The facts read
+    the ports of installed services too, so a recorded placement's port is covered."""
+    return request.port or effective(m, entry).manifest.serving.port
 
 
-def service_input(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
-                  role: NodeRole | None = None, keep_installed_secrets: bool = False) -> ServiceInput:
-    """The manifest as it runs on this host (its GPUs' hardware class and the host's settings
-    applied), rendered (as this node of a multi-node service: `role`), what is installed now, and
+def service_spec(m: Manifest, entries: list[HostEntry], request: Request, facts: Mapping[str, HostFacts],
+                 replaced: Mapping[str, Placement] | None = None, name: str | None = None) -> ServiceSpec:
+    """The service value (config/placement.resolve), from the command line, the inventory, the
+    manifest and each node's installed record of the service (where an earlier run placed it;
+    `facts` of the nodes read, by host)."""
+    service = request.name or name or m.name
+    return resolve(m, entries, request, {e.name: facts[e.name].recorded_placement(service)
+                                         for e in entries if e.name in facts}, replaced, name=service)
+
+
+class Reads(Protocol):
+    """What gathering reads off a host besides its facts: installed files, and whether a service
+    answers right now. HostReads asks the host; the case matrix (tests/unit/test_plan_cases.py)
+    answers from its case file."""
+
+    def get(self, path: str) -> bytes | None: ...
+
+    def serving(self, m: Manifest, api_key: Secret | None) -> bool: ...
+
+
+@dataclass(frozen=True)
+class HostReads:
+    host: Host
+
+    def get(self, path: str) -> bytes | None:
+        return self.host.get(path)
+
+    def serving(self, m: Manifest, api_key: Secret | None) -> bool:
+        return serving_now(self.host, m, api_key)
+
+
+def service_input(reads: Reads, entry: HostEntry, m: Manifest, facts: HostFacts, spec: ServiceSpec,
+                  keep_installed_secrets: bool = False) -> ServiceInput:
+    """The model M as the service `spec` on this host (its GPUs' hardware class and the host's
+    settings applied; as this node of a multi-node service), rendered, what is installed now, and
     whether it already serves (a worker node serves no HTTP: never asked). keep_installed_secrets
     (regen, a swap's rollback target): a secret vllm-orch is not given keeps the value of the
     installed env file instead of refusing (exit 2) or dropping it."""
-    eff = effective(m, entry, gpu_names(facts))
-    m = eff.manifest
-    installed_env = host.get(env_path(m, entry)) if keep_installed_secrets and m.serving.secret_env else None
+    eff = effective(m, entry, gpu_names(facts), spec=spec)
+    em = eff.manifest
+    role = spec.role(entry.name)
+    installed_env = reads.get(env_path(em, entry)) if keep_installed_secrets and em.serving.secret_env else None
     kept = read_env_values(installed_env.decode(errors="replace")) if installed_env else None
-    secrets = secrets_from_environ(m, installed=kept)
-    rendered = render(m, entry, secrets, role=role)
-    installed = {f.path: host.get(f.path) for f in rendered.files}
-    st = facts.services.get(m.name)
+    secrets = secrets_from_environ(em, installed=kept)
+    rendered = render(em, entry, secrets, role=role, model=spec.model)
+    installed = {f.path: reads.get(f.path) for f in rendered.files}
+    st = facts.services.get(em.name)
     serving = bool(st and st.active) and (role is None or role.head) and \
-        serving_now(host, m, secrets.get("VLLM_API_KEY"))
-    return ServiceInput(manifest=m, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving,
-                        effective=eff)
+        reads.serving(em, secrets.get("VLLM_API_KEY"))
+    return ServiceInput(manifest=em, rendered=rendered, secrets=secrets, installed_files=installed, serving=serving,
+                        effective=eff, spec=spec)
 
 
-def with_recorded_placement(entry: HostEntry, name: str, facts: HostFacts) -> HostEntry:
-    """A service placed on the command line (deploy --gpus/--port) stays there: its installed
-    record keeps what the command line chose, and a later deploy, swap or regen without those
-    options re-applies it (a command line that gives them wins)."""
-    placed = (facts.installed.get(name) or {}).get("placed")
-    if entry.command_line_for(name) is not None or not isinstance(placed, dict):
-        return entry
-    try:
-        return entry.with_command_line(name, ServingOverride.model_validate(placed))
-    except ValueError:
-        return entry                    # a hand-edited record: the inventory and manifest decide
-
-
-def download_plan(host: Host, entry: HostEntry, m: Manifest, facts: HostFacts,
+def download_plan(host: Host, entry: HostEntry, m: Manifest, model: str, facts: HostFacts,
                   token: Secret | None) -> DownloadPlan:
     src = m.source
-    folder = facts.models.get(m.model_name)
+    folder = facts.models.get(model)
     known = prepare.download_from_record(folder.verified if folder else None, src.repo, src.revision, src.pinned)
     if known is not None:
         return known
-    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, m.model_name),
+    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, model),
                           src.allow_patterns, src.ignore_patterns, state_dir=entry.state_dir, token=token)
     return DownloadPlan.from_event(event)
 
@@ -156,7 +178,7 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
               stopping: Collection[str] = ()) -> list[Check]:
     m, r = svc.manifest, svc.rendered
-    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{m.model_name}.yaml", effective=svc.effective)
+    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{svc.model}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     # A Ray worker node's unit runs `ray start`, not `vllm serve`: vLLM's parser has nothing to check there
     # (the head's argv carries the service's flags, and is checked on the head).
@@ -176,28 +198,32 @@ def _refused(checks: list[Check]) -> bool:
     return any(c.status == FAIL for c in checks)
 
 
-def for_check(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts,
-              role: NodeRole | None = None) -> PlanInput:
-    """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy); `role`:
-    this host as a node of a multi-node service (its own argv is what the parser checks)."""
-    facts = gather(host, entry, [m.name], ports=[service_port(m, entry)])
-    target = service_input(host, entry, m, facts, role)
+def host_facts(host: Host, entry: HostEntry, m: Manifest, request: Request, names: Collection[str] = ()) -> HostFacts:
+    """The host's facts for an operation on the service the request names (and `names`)."""
+    return gather(host, entry, sorted({request.name or m.name, *names}), ports=[service_port(m, entry, request)])
+
+
+def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,
+              facts: HostFacts) -> PlanInput:
+    """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy), for this
+    host as a node of the service `spec` (its own argv is what the parser checks)."""
+    target = service_input(HostReads(host), entry, m, facts, spec)
     checks = preflight(host, entry, target, facts, opts)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
                      hf_token=hf_token())
 
 
-def for_deploy(host: Host, entry: HostEntry, m: Manifest, opts: Options, lock: LockFacts,
-               role: NodeRole | None = None) -> PlanInput:
-    inp = for_check(host, entry, m, opts, lock, role)
+def for_deploy(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,
+               facts: HostFacts) -> PlanInput:
+    inp = for_check(host, entry, m, spec, opts, lock, facts)
     if _refused(inp.preflight) or placement_refusal(inp):
         return inp
     return _with_download(host, inp)
 
 
-def warm_facts(host: Host, entry: HostEntry, m: Manifest) -> WarmFacts:
+def warm_facts(host: Host, entry: HostEntry, model: str) -> WarmFacts:
     """The model's weight files in vLLM's load order and how much of each is cached (no reads)."""
-    model_dir = prepare.model_path(entry, m.model_name)
+    model_dir = prepare.model_path(entry, model)
     try:
         event = plan_warm(host, entry.python, model_dir, entry.meminfo)
     except DeployFailed as err:
@@ -207,66 +233,94 @@ def warm_facts(host: Host, entry: HostEntry, m: Manifest) -> WarmFacts:
 
 def _with_download(host: Host, inp: PlanInput) -> PlanInput:
     """The download plan, and when the run warms the page cache, the weight files' state."""
-    inp = replace(inp, download=download_plan(host, inp.entry, inp.target.manifest, inp.facts, inp.hf_token))
+    t = inp.target
+    inp = replace(inp, download=download_plan(host, inp.entry, t.manifest, t.model, inp.facts, inp.hf_token))
     if inp.opts.warm:
-        inp = replace(inp, warm=warm_facts(host, inp.entry, inp.target.manifest))
+        inp = replace(inp, warm=warm_facts(host, inp.entry, t.model))
     return inp
 
 
-def for_swap(host: Host, entry: HostEntry, m: Manifest, manifests: dict[str, Manifest], opts: Options,
-             lock: LockFacts, role: NodeRole | None = None) -> PlanInput:
-    """`role`: this host as a node of the new (multi-node) service."""
-    facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
-    old_name = old_model_name(facts, m.name, entry.name, opts.replace)
-    if opts.replace and old_name and old_name != m.name:
-        entry = takes_place_of(entry, m, facts.record(old_name) or facts.installed.get(old_name) or {})
-        if service_port(m, entry) not in facts.ports:
-            facts = gather(host, entry, sorted({m.name, *manifests}), ports=[service_port(m, entry)])
-    old = None
-    if old_name and old_name != m.name:
-        old_m = service_manifest(old_name, facts, manifests)
-        if old_m is None:
-            raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
-                              f"could not be rolled back to", host=entry.name,
-                              hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
-        old = service_input(host, entry, old_m, facts, keep_installed_secrets=True)
-    target = service_input(host, entry, m, facts, role)
+def swap_spec(facts: Mapping[str, HostFacts], entries: list[HostEntry], m: Manifest, request: Request,
+              opts: Options) -> ServiceSpec:
+    """Pure: the new service of a swap over its nodes (head first); with --replace it takes the
+    replaced service's GPUs (when it needs as many) and port on each node that service runs on."""
+    name, head = request.name or m.name, entries[0]
+    old_name = old_model_name(facts[head.name], name, head.name, opts.replace)
+    took = {}
+    if opts.replace and old_name and old_name != name:
+        took = {e.name: p for e in entries if e.name in facts and (p := facts[e.name].placement(old_name, e.name))}
+    return service_spec(m, entries, request, facts, took or None)
+
+
+def swap_services(facts: HostFacts, entry: HostEntry, m: Manifest, request: Request,
+                  manifests: Mapping[str, Manifest], opts: Options,
+                  spec: ServiceSpec | None = None) -> tuple[ServiceSpec, tuple[Manifest, ServiceSpec] | None]:
+    """Pure: the new service of a swap to M on this host (taking the replaced service's GPUs and
+    port with --replace) and the service it replaces (its model's manifest, and the service as it
+    is installed), None when it replaces none. `spec`: the new service resolved over all its nodes
+    already (a swap across nodes)."""
+    name = request.name or m.name
+    old_name = old_model_name(facts, name, entry.name, opts.replace)
+    spec = spec or swap_spec({entry.name: facts}, [entry], m, request, opts)
+    if not old_name or old_name == name:
+        return spec, None
+    old_m = service_manifest(old_name, facts, manifests)
+    if old_m is None:
+        raise ConfigError(f"the active model {old_name!r} has no manifest in the models folder, so it "
+                          f"could not be rolled back to", host=entry.name,
+                          hint=f"restore models/{old_name}.yaml, or `vllm-orch stop {old_name}` first")
+    return spec, (old_m, recorded_spec(old_m, entry, old_name, facts))
+
+
+def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manifests: dict[str, Manifest],
+             opts: Options, lock: LockFacts, spec: ServiceSpec | None = None,
+             facts: HostFacts | None = None) -> PlanInput:
+    """A swap to M (the service `request` names) on this host. `spec` and `facts`: given by a swap
+    across nodes, which resolved the new service over all its nodes (this host one of them)."""
+    facts = facts or host_facts(host, entry, m, request, manifests)
+    spec, replaced = swap_services(facts, entry, m, request, manifests, opts, spec)
+    reads = HostReads(host)
+    old = service_input(reads, entry, replaced[0], facts, replaced[1], True) if replaced is not None else None
+    target = service_input(reads, entry, m, facts, spec)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
-    if old is None and old_name == m.name and target.serving:
+    if old is None and target.serving:
         return inp                               # the planner decides whether there is nothing to do
     checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set())
     inp = replace(inp, preflight=checks)
     return inp if _refused(checks) else _with_download(host, inp)
 
 
-def takes_place_of(entry: HostEntry, m: Manifest, old: Mapping) -> HostEntry:
-    """`swap NEW --replace OLD`: NEW takes OLD's GPUs (when it needs as many) and port, unless the
-    command line placed it (--gpus / --port win)."""
-    given = entry.command_line_for(m.name)
-    gpus = [int(i) for i in old.get("gpus") or []]
-    port = old.get("port")
-    serving = ServingOverride(
-        gpu_ids=given.gpu_ids if given and given.gpu_ids is not None else
-        (gpus if len(gpus) == m.serving.gpus else None),
-        port=given.port if given and given.port is not None else (int(port) if port else None))
-    return entry.with_command_line(m.name, serving)
+def recorded_spec(m: Manifest, entry: HostEntry, name: str, facts: HostFacts) -> ServiceSpec:
+    """The service NAME of model M on this host as it is installed: where it was placed, and a node
+    of a multi-node service as the node its installed record names (its role)."""
+    installed = facts.installed.get(name)
+    role = installed.role() if installed is not None else None
+    return resolve(m, [entry], Request(), {entry.name: facts.recorded_placement(name)}, name=name,
+                   roles=(role,) if role is not None else None)
+
+
+def regen_services(facts: HostFacts, entry: HostEntry,
+                   manifests: Mapping[str, Manifest]) -> tuple[list[tuple[Manifest, ServiceSpec]], list[str]]:
+    """Pure: every installed service with a manifest, each where it is installed (its placement
+    kept; a node of a multi-node service as the node its installed record names), and the
+    installed services without a manifest now."""
+    found = {n: service_manifest(n, facts, manifests) for n in sorted(facts.installed)}
+    return ([(m, recorded_spec(m, entry, n, facts)) for n, m in found.items() if m is not None],
+            [n for n, m in found.items() if m is None])
 
 
 def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts: Options, lock: LockFacts,
               restart: bool) -> RegenInput:
     facts = gather(host, entry)
-    installed = sorted(facts.installed)
-    found = {n: service_manifest(n, facts, manifests) for n in installed}
-    # a node of a multi-node service is re-rendered as that node (its installed record names its role)
-    services = [service_input(host, entry, m, facts, recorded_role(facts.installed.get(m.name)), True)
-                for m in found.values() if m is not None]
-    return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services,
-                      orphaned=[n for n, m in found.items() if m is None], restart=restart)
+    found, orphaned = regen_services(facts, entry, manifests)
+    reads = HostReads(host)
+    services = [service_input(reads, entry, m, facts, spec, True) for m, spec in found]
+    return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services, orphaned=orphaned,
+                      restart=restart)
 
 
 def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:
-    """The manifest of the service NAME on this host: its model's (as its records name it: a
-    service deployed with --name runs a model under another name), as that service."""
+    """The manifest of the model the service NAME runs on this host, as its records name it (a
+    service deployed with --name runs a model under another name)."""
     model = facts.model_of(name)
-    m = manifests.get(model) or manifests.get(name)
-    return m.as_service(name) if m is not None else None
+    return manifests.get(model) or manifests.get(name)

@@ -8,7 +8,9 @@ import time
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.host import state
+from orchestrator.host.records import HistoryEntry
 from orchestrator.ops import gather
+from orchestrator.ops.deploy import not_run
 from orchestrator.ops.execute import Reporter, run_plan
 from orchestrator.ops.session import OpResult, session
 from orchestrator.plan.regen import plan_regen
@@ -22,9 +24,10 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
         inp = gather.for_regen(s.host, entry, manifests, opts, s.lock, restart)
         plan = plan_regen(inp)
         result = OpResult("regen", entry.name, plan.model, ok=False, dry_run=dry_run, plan=plan)
-        if dry_run:
-            reporter.plan(plan)
-            result.ok, result.seconds = True, time.monotonic() - t0
+        if not_run(plan, result, reporter, opts, None, entry.name):     # a dry run, or refused (a clash)
+            if plan.refusal and not dry_run:
+                state.append_history(s.host, entry, HistoryEntry(operation="regen", ok=False, refused=str(plan.refusal)))
+            result.seconds = time.monotonic() - t0
             return result
         outcome = run_plan(plan, RunEnv(s.host, entry, opts, reporter, guard=s.guard), reporter)
         result.outcome, result.ok, result.error = outcome, outcome.ok, outcome.error
@@ -37,5 +40,5 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
         if outcome.recovery is not None:
             record["recovery"] = outcome.recovery.as_dict()
         if s.holds_lock():                       # without the lock, write nothing more
-            state.append_history(s.host, entry, record)
+            state.append_history(s.host, entry, HistoryEntry(**record))
         return result

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import OrchestratorError
-from orchestrator.host import state
+from orchestrator.host import cancel, state
 from orchestrator.host.base import Host
 from orchestrator.host.connect import open_host
 from orchestrator.ops.execute import RunOutcome
@@ -30,6 +30,11 @@ class OpResult:
     error: OrchestratorError | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """0 ok, else the error's (2 bad input, 3 refused, 130 interrupted, 1 failed)."""
+        return 0 if self.ok else (self.error.exit_code if self.error is not None else 1)
 
     def as_dict(self) -> dict:
         d = {"operation": self.operation, "host": self.host, "model": self.model, "ok": self.ok,
@@ -74,7 +79,14 @@ class Session:
 
 @contextmanager
 def session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key: bool = False) -> Iterator[Session]:
-    """Open the host and, unless dry-run, hold its deploy lock for the whole operation."""
+    """Open the host and, unless dry-run, hold its deploy lock for the whole operation, which
+    Ctrl-C, SIGTERM and SIGHUP cancel cooperatively (host/cancel.py)."""
+    with cancel.cancellation(), _session(entry, operation, dry_run, accept_new_host_key) as s:
+        yield s
+
+
+@contextmanager
+def _session(entry: HostEntry, operation: str, dry_run: bool, accept_new_host_key: bool) -> Iterator[Session]:
     host = open_host(entry, accept_new_host_key)
     lock = None
     try:

@@ -28,14 +28,16 @@ timer's last check (state_dir/health/NAME.json), its restarts (history) and a sw
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.base import Host
+from orchestrator.host.facts import StatusExtras
+from orchestrator.host.records import ServiceRecord
+from orchestrator.host.state import parse_history
 from orchestrator.plan.interrupted import half_done
 from orchestrator.probe import api as probes
 from orchestrator.probe import logsig
@@ -122,6 +124,7 @@ class HostStatus:
     health: dict | None = None                   # the health timer's last check (health/NAME.json)
     last_health_restart: dict | None = None      # the health timer's last restart (history)
     interrupted_swap: dict | None = None         # swap.json: from, to, since, by, text, hint
+    bad_records: list[str] = field(default_factory=list)   # record files that did not parse (left out)
     lock: dict | None = None
     vllm_version: str | None = None
     services: list[ServiceStatus] = field(default_factory=list)   # one per service; the host's fields: the first's
@@ -212,29 +215,14 @@ def bench_summary(rec: dict | None) -> dict | None:
     return out
 
 
-def read_extras(extras: dict) -> tuple[list[dict], float | None, dict | None, dict[str, dict]]:
+def read_extras(extras: StatusExtras) -> tuple[list[dict], float | None, dict | None, dict[str, dict]]:
     """The history tail, the host's uptime clock (systemd start times are monotonic), who holds
     the deploy lock (flock, so a stale holder file is not reported) and the health timer's last
-    check of each model, from the facts script's status extras (facts_script.status_extras). The
-    host's answer is untrusted: anything not of the expected shape is left out."""
-    try:
-        uptime = float(extras.get("uptime"))        # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        uptime = None
-    lock = extras.get("lock")
-    checks = extras.get("health")
-    history = [rec for line in extras.get("history") or [] if isinstance(line, str)
-               and (rec := _json_or_none(line)) is not None]
-    return (history, uptime, lock if isinstance(lock, dict) else None,
-            {k: v for k, v in checks.items() if isinstance(v, dict)} if isinstance(checks, dict) else {})
-
-
-def _json_or_none(text: str) -> dict | None:
-    try:
-        value = json.loads(text) if text.strip() else None
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    check of each model, from the facts script's status extras (facts_script.status_extras, read
+    leniently by host/facts.StatusExtras: what is not of its shape is left out)."""
+    history = [h.shown() for h in parse_history([line for line in extras.history if isinstance(line, str)])]
+    return (history, extras.uptime, extras.lock,
+            {k: v for k, v in extras.health.items() if isinstance(v, dict)})
 
 
 def _uptime(svc_raw: dict, host_time: float, host_uptime: float | None) -> float | None:
@@ -247,10 +235,9 @@ def _uptime(svc_raw: dict, host_time: float, host_uptime: float | None) -> float
     return None
 
 
-def pick_model(active: dict | None, running: list[str]) -> str | None:
-    """The model status is about: the recorded active one while it runs (or when nothing else
-    runs); else a running managed model (a first deploy or a swap loading before it is recorded)."""
-    recorded = (active or {}).get("model")
+def pick_model(recorded: str | None, running: list[str]) -> str | None:
+    """The service status is about: the recorded one while it runs (or when nothing else runs);
+    else a running managed one (a first deploy or a swap loading before it is recorded)."""
     if recorded and (recorded in running or not running):
         return recorded
     return running[0] if running else recorded
@@ -285,11 +272,11 @@ def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = 
     return st
 
 
-def service_list(records: dict[str, dict], running: list[str]) -> list[str]:
+def service_list(records: Mapping[str, ServiceRecord], running: list[str]) -> list[str]:
     """The services status shows, every recorded and every running one; the first is the one a
     single-service host's row is about (pick_model), the others follow by name."""
     names = sorted(set(records) | set(running))
-    first = pick_model(next(iter(records.values())) if len(records) == 1 else None, running) \
+    first = pick_model(next(iter(records)) if len(records) == 1 else None, running) \
         if len(records) <= 1 else None
     return ([first] if first else []) + [n for n in names if n != first]
 
@@ -310,9 +297,11 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
             setattr(st, name, getattr(st.services[0], name))
     else:
         st.state, st.state_reason = decide_state(False, False, None, None, None, False)
+    st.bad_records = list(facts.bad_records)
     half = half_done(facts, entry.name)
     if half:
-        st.interrupted_swap = {**(facts.half_swap or {}), "text": half[0], "hint": half[1]}
+        st.interrupted_swap = {**(facts.half_swap.shown() if facts.half_swap else {}), "text": half[0],
+                               "hint": half[1]}
 
     st.gpus = [{"index": g.index, "name": g.name, "memory_used_mib": g.memory_used_mib,
                 "memory_total_mib": g.memory_total_mib, "utilization_pct": g.utilization_pct}
@@ -334,14 +323,16 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
              host_uptime: float | None, port_of, served_name_of, api_key_of) -> ServiceStatus:
     """One service's row: its state (decide_state), probes at its port, unit, health timer."""
     name = row.name
-    rec = facts.record(name) or {}
-    placed = rec if rec.get("nodes") else (facts.installed.get(name) or {})
-    if isinstance(placed.get("nodes"), list) and isinstance(placed.get("rank"), int):
-        row.node_names, row.rank = [str(n) for n in placed["nodes"]], placed["rank"]
-    row.model = rec.get("model") or name
-    row.port = int(rec["port"]) if rec.get("port") else port_of(name)
-    row.served_name = rec.get("served_name") or served_name_of(name)
-    row.gpus = [int(i) for i in rec.get("gpus") or (facts.installed.get(name) or {}).get("gpus") or []]
+    rec: ServiceRecord | None = facts.record(name)
+    installed = facts.installed.get(name)
+    nodes = rec if rec is not None and rec.nodes else installed
+    if nodes is not None and nodes.nodes and nodes.rank is not None:
+        row.node_names, row.rank = list(nodes.nodes), nodes.rank
+    row.model = facts.model_of(name)
+    placement = facts.placement(name, entry.name)      # its record's, else where it was installed
+    row.port = (placement.port if placement is not None else 0) or port_of(name)
+    row.served_name = (rec.served_name if rec is not None else None) or served_name_of(name)
+    row.gpus = list(placement.gpus) if placement is not None else []
     svc = facts.services.get(name)
     health = listed = auth_problem = None
     if row.rank:                                    # a worker node: no HTTP to ask, its unit says it all
@@ -352,11 +343,11 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
             row.unit_state, row.enabled, row.restarts = svc.describe(), svc.enabled, svc.restarts
         if svc is not None and svc.active:
             row.main_pid = svc.main_pid
-            row.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
+            row.uptime_s = _uptime(svc.raw or {}, facts.time or time.time(), host_uptime)
         return row
     if svc is not None and svc.active:
         row.main_pid = svc.main_pid
-        row.uptime_s = _uptime(svc.raw or {}, float(facts.raw.get("time") or time.time()), host_uptime)
+        row.uptime_s = _uptime(svc.raw or {}, facts.time or time.time(), host_uptime)
         if row.port:
             health, listed, auth_problem = _probe(row, probes.Endpoint(host, row.port, api_key_of(name)))
     raw = (svc.raw or {}) if svc is not None else {}
@@ -505,3 +496,16 @@ def fold_nodes(results: list[HostStatus], others: Sequence[HostStatus] = ()) -> 
             for name in PRIMARY_FIELDS:
                 setattr(r, name, getattr(first, name))
             r.port = r.served_name = None
+
+
+def serving(entries: list[HostEntry] | Sequence[HostEntry], port_of=None, served_name_of=None,
+            api_key_of: Callable[[str], Secret | None] | None = None,
+            accept_new_host_key: bool = False) -> dict[str, str]:
+    """host -> what it serves now, e.g. `kimi-k25-int4 (ready)`, from each host's status."""
+    out = {}
+    for st in gather_status(list(entries), port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of):
+        if not st.reachable:
+            out[st.host] = "unreachable"
+        else:
+            out[st.host] = f"{st.active_model} ({st.state})" if st.active_model else "nothing"
+    return out

@@ -1,16 +1,6 @@
-"""Operating a host: stop a model (and prove its GPUs are free), delete inactive model folders,
-find the log window of the last deploy. The click commands live in commands/ops.py.
-
-stop:  lock -> facts -> stop the service -> disable it at boot (a stopped model must not come back
-       at the next reboot) -> kill what it left on ITS GPUs (SIGTERM, SIGKILL) ->
-       wait until nvidia-smi shows the memory released -> clear active.json -> history.
-       Leftovers are the model's own processes (its cgroup / process group) and vLLM processes no
-       running service owns, on the model's GPUs only; a process on another GPU, or one owned by
-       another running model, is never touched.
-gc:    lock -> facts -> folders under models_root that vllm-orch made (its record) and that are neither
-       active nor running -> each path resolved ON THE HOST, checked to be a direct child of the
-       resolved models_root (itself not a system folder) and still ours -> rm (host/modeldirs.py) ->
-       disable the deleted model's unit if it was enabled (it would fail at every boot).
+"""stop and gc: session -> facts -> plan (orchestrator.plan.stop) -> show or run it with the one
+executor (ops/execute.py) -> a history record. The click commands live in cli/ops.py. Also the log
+window of the last deploy, and the merge of several nodes' logs.
 """
 
 from __future__ import annotations
@@ -20,14 +10,15 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import DeployFailed, RefusedError
-from orchestrator.fmt import fmt_bytes
-from orchestrator.host import modeldirs, state
+from orchestrator.host import state
 from orchestrator.host.base import Host
 from orchestrator.host.facts import HostFacts, gather
-from orchestrator.host.ownership import Holders, Proc, gpu_list, holders, kill_commands, read_gpus, wait_released
-from orchestrator.host.services import Service
-from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S
+from orchestrator.host.records import HistoryEntry
+from orchestrator.ops.execute import Reporter, run_plan
+from orchestrator.plan.inputs import LockFacts
+from orchestrator.plan.model import Plan
+from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S, Options, RunEnv
+from orchestrator.plan.stop import StopInput, plan_gc, plan_stop, rows
 
 # -- stop ------------------------------------------------------------------------------------------
 
@@ -50,116 +41,60 @@ class StopResult:
     dry_run: bool = False                # nothing done: `leftovers` and `cleared_active` say what would be
     leftovers: list[dict] = field(default_factory=list)  # on its GPUs now, killed if they outlive the stop
     foreign: list[str] = field(default_factory=list)     # on its GPUs, not ours: left alone, reported
+    plan: Plan | None = field(default=None, repr=False)  # what ran (or, dry, would run)
+
+    @property
+    def exit_code(self) -> int:
+        """0 stopped (or already stopped), 1 its GPUs were not released."""
+        return 0 if self.ok else 1
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
 
-        return asdict(self)
-
-
-def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) -> list[int]:
-    """The GPUs a service uses: its record, else its installed record, else its manifest, else the
-    GPUs its own processes sit on."""
-    for rec in (facts.record(model), facts.installed.get(model)):
-        if isinstance(rec, dict) and rec.get("gpus"):
-            return sorted(int(i) for i in rec["gpus"])
-    if manifest_gpus:
-        return sorted(manifest_gpus)
-    return sorted({p.gpu_index for p in facts.procs
-                   if p.gpu_index is not None and model in (p.owner, p.left_by)})
-
-
-def leftovers(facts: HostFacts, model: str, gpus: list[int]) -> Holders:
-    """The processes on the model's GPUs, sorted by the one ownership rule (orchestrator.host.ownership)
-    as if the model's service were being stopped: its own and what was abandoned may be killed."""
-    return holders(facts.procs, [], model, gpus, stopping={model}, protected=facts.services_known())
-
-
-def _rows(procs: list[Proc]) -> list[dict]:
-    return [{"pid": p.pid, "name": p.name, "gpu": p.gpu_index, "used_mib": p.used_mib} for p in procs]
+        out = asdict(self)
+        out.pop("plan", None)
+        return out
 
 
 def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int] | None = None,
                release_timeout: float = GPU_RELEASE_TIMEOUT_S, poll: float = 0.5,
-               say=lambda text: None, dry_run: bool = False) -> StopResult:
-    """Stop MODEL on a host whose lock the caller holds. Idempotent. dry_run: read the facts and say
-    what a stop would do; change nothing (no lock needed)."""
+               reporter: Reporter | None = None, dry_run: bool = False, lock: LockFacts | None = None,
+               guard=None) -> StopResult:
+    """Stop MODEL on a host whose lock the caller holds (`lock`, `guard`: the session's). Idempotent.
+    dry_run: the plan of what a stop would do; nothing changes (no lock needed). A service that is
+    not installed is refused (RefusedError, exit 3)."""
     t0 = time.monotonic()
-    res = StopResult(entry.name, model)
     facts = gather(host, entry, [model])
-    svc_state = facts.services.get(model)
-    installed = model in facts.installed or model in facts.models or facts.record(model) is not None
-    if not installed and not (svc_state and (svc_state.active or svc_state.failed)):
-        raise RefusedError(f"{model} is not installed on {entry.name}", host=entry.name, step="stop",
-                           hint=f"installed: {', '.join(sorted(facts.installed)) or 'none'}")
-    res.was = "running" if svc_state and svc_state.active else ("failed" if svc_state and svc_state.failed
-                                                                  else "stopped")
-    res.gpus = model_gpus(facts, model, manifest_gpus)
-    held = leftovers(facts, model, res.gpus)
-    before = held.ours + held.kill
-    if res.was != "running":
-        res.orphans = _rows(before)
+    lock = lock or LockFacts(held=not dry_run, path=f"{entry.state_dir}/deploy.lock")
+    plan = plan_stop(StopInput(entry, facts, lock, model, manifest_gpus))
+    if plan.refusal is not None:
+        raise plan.refusal
+    info = plan.info
+    res = StopResult(entry.name, model, was=info["was"], gpus=info["gpus"], orphans=info["orphans"],
+                     leftovers=info["leftovers"], foreign=info["foreign"], plan=plan)
     if dry_run:
         res.dry_run = True
-        res.leftovers = _rows(before)
-        res.cleared_active = facts.record(model) is not None
-        res.disabled = bool(svc_state and svc_state.enabled)
-        res.nothing_to_do = res.was == "stopped" and not before and not res.cleared_active and not res.disabled
+        res.cleared_active, res.disabled = info["recorded"], info["enabled"]
+        res.nothing_to_do = res.was == "stopped" and not res.leftovers and not res.cleared_active and not res.disabled
         return res
-    svc = Service.for_host(host, entry, model)
-    if res.was != "stopped" or before:
-        say(f"stopping {model} ({res.was}" + (f", PID {svc_state.main_pid}" if svc_state and svc_state.main_pid
-                                            else "") + ")")
-        svc.run_all(svc.stop_commands(), f"stop {model}", timeout=600)
-        res.stopped_service = res.was != "stopped"
-    if svc_state and svc_state.enabled:
-        say(f"disabling {svc.describe()} at boot")
-        svc.run_all(svc.disable_commands(), f"disable {model}")
-        res.disabled = True
-    # What the stop left on the model's GPUs (orphaned workers outlive a SIGKILLed parent).
-    if res.gpus:
-        _gpus, apps = read_gpus(host, entry)
-        still = [a.pid for i in res.gpus for a in apps.get(i, [])]
-        candidates = {p.pid: p for p in before}
-        # A process of ours that escaped the group/cgroup is still attributed by the pre-stop facts;
-        # one that is new on our GPUs and vLLM-like is re-read from fresh facts.
-        victims = [candidates[pid] for pid in still if pid in candidates]
-        unknown = [pid for pid in still if pid not in candidates]
-        if unknown:
-            fresh = gather(host, entry, [model])
-            again = leftovers(fresh, model, res.gpus)
-            victims += [p for p in again.ours + again.kill if p.pid in unknown]
-        if victims:
-            pids = sorted({p.pid for p in victims})
-            say(f"killing {len(pids)} leftover process{'es' if len(pids) != 1 else ''} on "
-                f"{gpu_list(res.gpus)}: " + ", ".join(f"{p.pid} {p.name}" for p in victims))
-            for cmd in kill_commands(victims):
-                host.run(cmd, timeout=60).check(entry.name, "kill leftover GPU processes")
-            res.killed = _rows(victims)
-        if held.others:
-            res.gpus_free = (f"not waited for: {', '.join(sorted({p.model or '?' for p in held.others}))} also "
-                             f"runs on {gpu_list(res.gpus)}")
-        else:
-            res.foreign = [p.describe() for p in held.foreign]
-            for line in res.foreign:
-                say(f"left alone (not ours): {line}")
-            try:
-                res.gpus_free = wait_released(host, entry, res.gpus, release_timeout, poll, ignore=held.foreign)
-            except DeployFailed as exc:
-                res.ok, res.error = False, str(exc.message)
-    if facts.record(model) is not None:
-        state.write_record(host, entry, model, None)
-        res.cleared_active = True
-    res.nothing_to_do = res.was == "stopped" and not before and not res.killed and not res.cleared_active \
+    env = RunEnv(host, entry, Options(gpu_release_timeout_s=release_timeout, poll_s=poll), reporter, guard=guard)
+    outcome = run_plan(plan, env, reporter or Reporter(None, quiet=True))
+    done = {r.step: r for r in outcome.results if r.status == "done"}
+    res.stopped_service = "stop" in done and res.was != "stopped"
+    res.disabled = "boot" in done
+    res.killed = rows(env.record.killed)
+    res.gpus_free = done["gpus"].result if "gpus" in done else None
+    res.cleared_active = "record" in done or bool(outcome.recovery and outcome.recovery.ok)
+    res.ok = outcome.ok
+    res.error = outcome.error.message if outcome.error is not None else None
+    res.nothing_to_do = res.was == "stopped" and not res.leftovers and not res.killed and not res.cleared_active \
         and not res.disabled
     res.seconds = round(time.monotonic() - t0, 3)
-    state.append_history(host, entry, {"operation": "stop", "service": model,
-                                       "model": facts.model_of(model),
-                                       "ok": res.ok, "disabled": res.disabled,
-                                       "seconds": res.seconds, "was": res.was, "orphans": res.orphans, "killed": res.killed,
-                                       "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
-                                       "foreign": res.foreign,
-                                       "noop": res.nothing_to_do, **({"error": res.error} if res.error else {})})
+    state.append_history(host, entry, HistoryEntry(**{
+        "operation": "stop", "service": model, "model": facts.model_of(model), "ok": res.ok,
+        "disabled": res.disabled, "seconds": res.seconds, "was": res.was, "orphans": res.orphans,
+        "killed": res.killed, "gpus_free": res.gpus_free, "cleared_active": res.cleared_active,
+        "foreign": res.foreign, "noop": res.nothing_to_do, **({"error": res.error} if res.error else {})}))
     return res
 
 
@@ -167,55 +102,13 @@ def recorded_nodes(host: Host, entry: HostEntry, name: str) -> list[str]:
     """The nodes of the multi-node service NAME as this host's records say (services/NAME.json,
     else installed/NAME.json: a deploy that failed before its record step), head first; [] for a
     one-host service."""
-    for path in (state.record_path(entry, name), f"{entry.state_dir}/installed/{name}.json"):
-        rec = state.read_json(host, path)
-        if isinstance(rec, dict):
-            nodes = rec.get("nodes")
-            if isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes):
-                return list(nodes)
+    for rec in (state.read_record(host, entry, name), state.read_installed(host, entry, name)):
+        if rec is not None and rec.nodes:
+            return list(rec.nodes)
     return []
 
 
 # -- gc --------------------------------------------------------------------------------------------
-
-@dataclass
-class GcCandidate:
-    name: str
-    bytes: int
-    last_used: float
-    verified: bool
-    enabled: bool = False               # its unit starts at boot: disabled with the folder
-
-
-@dataclass
-class GcPlan:
-    delete: list[GcCandidate]
-    keep: list[tuple[str, str]]            # (folder, why it stays)
-
-    @property
-    def bytes(self) -> int:
-        return sum(c.bytes for c in self.delete)
-
-
-def plan_gc(facts: HostFacts) -> GcPlan:
-    """Inactive, not running folders that vllm-orch made go; the models of recorded services (on a
-    host with several services, every one of them), running services and folders without vllm-orch's
-    record stay."""
-    active = {facts.model_of(n) for n in facts.records}
-    running = facts.models_in_use() - active
-    delete, keep = [], []
-    for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
-        if not d.ours:
-            keep.append((d.name, "not made by vllm-orch (no .vllm-orch/verified.json), never deleted"))
-        elif d.name in active:
-            keep.append((d.name, "the active model"))
-        elif d.name in running:
-            keep.append((d.name, "its service is running"))
-        else:
-            st = facts.services.get(d.name)
-            delete.append(GcCandidate(d.name, d.bytes, d.last_used, d.complete, bool(st and st.enabled)))
-    return GcPlan(delete, keep)
-
 
 def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
     """Facts whose service states cover every folder (a folder without an installed record may
@@ -225,32 +118,23 @@ def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
     return gather(host, entry, missing) if missing else facts
 
 
-def run_gc(host: Host, entry: HostEntry, plan: GcPlan, say=lambda text: None, guard=None) -> dict:
-    """Delete the planned folders (the caller holds the lock and has the user's go-ahead); `guard`
-    (the session's) is called before each delete and raises when the lock is not ours any more."""
+def gc_plan(host: Host, entry: HostEntry, lock: LockFacts) -> Plan:
+    return plan_gc(entry, gc_facts(host, entry), lock)
+
+
+def run_gc(host: Host, entry: HostEntry, plan: Plan, reporter: Reporter | None = None, guard=None) -> dict:
+    """Run gc's plan (the caller holds the lock and has the user's go-ahead for its deletions);
+    `guard` (the session's) proves the lock before each step. The history record, returned."""
     t0 = time.monotonic()
-    deleted: list[dict] = []
-    kept: list[dict] = []
-    for c in plan.delete:
-        if guard is not None:
-            guard()
-        r = host.run(modeldirs.delete_script(entry.models_root, c.name), timeout=3600)
-        if r.ok:
-            deleted.append({"name": c.name, "bytes": c.bytes})
-            say(f"deleted {entry.models_root}/{c.name} ({fmt_bytes(c.bytes)})")
-            if c.enabled:
-                svc = Service.for_host(host, entry, c.name)
-                svc.run_all(svc.disable_commands(), f"disable {c.name}")
-                deleted[-1]["disabled"] = True
-                say(f"disabled {svc.describe()} at boot (its weights are gone)")
-        else:
-            why = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
-            kept.append({"name": c.name, "why": why})
-            say(f"kept {entry.models_root}/{c.name}: {why}")
-    record = {"operation": "gc", "ok": not kept, "deleted": deleted,
-              "freed_bytes": sum(d["bytes"] for d in deleted), "kept": kept,
-              "seconds": round(time.monotonic() - t0, 3)}
-    state.append_history(host, entry, record)
+    env = RunEnv(host, entry, Options(), reporter, guard=guard)
+    outcome = run_plan(plan, env, reporter or Reporter(None, quiet=True))
+    deleted = [{"name": n, "bytes": b} for n, b in env.record.deleted]
+    kept = [{"name": n, "why": why} for n, why in env.record.kept]
+    record = {"operation": "gc", "ok": outcome.ok and not kept, "deleted": deleted,
+              "freed_bytes": sum(b for _n, b in env.record.deleted), "kept": kept,
+              "seconds": round(time.monotonic() - t0, 3),
+              **({"error": outcome.error.message} if outcome.error is not None else {})}
+    state.append_history(host, entry, HistoryEntry(**record))
     return record
 
 

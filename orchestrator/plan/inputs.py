@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from orchestrator.config.effective import Effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import ServiceSpec
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan.preflight import Check
 from orchestrator.plan.run import Options
@@ -81,10 +82,16 @@ class ServiceInput:
     installed_files: Mapping[str, bytes | None] = field(default_factory=dict)   # path -> content now
     serving: bool = False                       # /health 200 and the served name listed (probed live)
     effective: Effective | None = None          # which class applied, where each value comes from
+    spec: ServiceSpec | None = None             # the service value it was rendered from (None: tests' shortcut)
 
     @property
     def name(self) -> str:
         return self.manifest.name
+
+    @property
+    def model(self) -> str:
+        """The model it serves (its manifest, its weights folder): the service's name unless --name."""
+        return self.rendered.model or self.manifest.name
 
     @property
     def api_key(self) -> Secret | None:

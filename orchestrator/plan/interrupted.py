@@ -26,10 +26,10 @@ def half_done(facts: HostFacts, host_name: str) -> tuple[str, str] | None:
     """(what is half done, what to run) when the host has a swap that stopped its old model and
     never ended (swap.json: the run was killed, interrupted twice, or lost its connection)."""
     half = facts.half_swap
-    if not half:
+    if half is None:
         return None
-    old, new = half.get("from") or "?", half.get("to") or "?"
-    text = (f"a swap from {old} to {new} (started {half.get('since', '?')} by {half.get('by', '?')}) did not "
+    old, new = half.from_, half.to
+    text = (f"a swap from {old} to {new} (started {half.since or '?'} by {half.by or '?'}) did not "
             f"end: {old} is {service_word(facts.services.get(old))}, {new} is "
             f"{service_word(facts.services.get(new))}")
     hint = (f"run `vllm-orch swap {new} --host {host_name}` to finish it (it rolls back to {old} if {new} "

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.config.manifest import Manifest, Performance
 from orchestrator.errors import DeployFailed
+from orchestrator.host.records import ServiceRecord
 from orchestrator.probe.perf import Measured
 
 
@@ -72,22 +72,21 @@ def _flags(argv: Sequence[str]) -> set[str]:
 
 
 def likely_causes(m: Manifest, argv: Sequence[str], origins: Mapping[str, str],
-                  vllm_version: str | None, previous: Mapping[str, Any] | None) -> list[str]:
+                  vllm_version: str | None, previous: ServiceRecord | None) -> list[str]:
     """What most likely explains a shortfall, most specific first: what changed since the last
-    good measurement of this model on this host, then layout and backends and where they come
-    from, then the host's NCCL settings, then what no configuration shows."""
+    good measurement of this model on this host (its service record), then layout and backends and
+    where they come from, then the host's NCCL settings, then what no configuration shows."""
     causes = []
-    previous = previous or {}
-    prev_perf = previous.get("perf") or {}
-    if prev_perf.get("ok") and prev_perf.get("single_stream_tok_s"):
-        since = f"since {prev_perf['single_stream_tok_s']} tok/s was measured ({previous.get('deployed_at', '?')})"
-        before, now = _flags(previous.get("argv") or []), _flags(argv)
+    prev_perf = (previous.perf if previous is not None else None) or {}
+    if previous is not None and prev_perf.get("ok") and prev_perf.get("single_stream_tok_s"):
+        since = f"since {prev_perf['single_stream_tok_s']} tok/s was measured ({previous.deployed_at or '?'})"
+        before, now = _flags(previous.argv), _flags(argv)
         added, removed = sorted(now - before), sorted(before - now)
         if added or removed:
             causes.append(f"the vLLM command line changed {since}: "
                           + ", ".join([f"+{f}" for f in added] + [f"-{f}" for f in removed]))
-        if previous.get("vllm_version") and vllm_version and previous["vllm_version"] != vllm_version:
-            causes.append(f"vLLM changed from {previous['vllm_version']} to {vllm_version} {since}")
+        if previous.vllm_version and vllm_version and previous.vllm_version != vllm_version:
+            causes.append(f"vLLM changed from {previous.vllm_version} to {vllm_version} {since}")
     v = m.vllm
     if v.decode_context_parallel_size > 1:
         causes.append(f"the layout: decode context parallel {v.decode_context_parallel_size} trades single-stream "

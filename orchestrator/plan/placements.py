@@ -8,22 +8,20 @@ record cleared by `stop`) takes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
-from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
 from orchestrator.host.ownership import gpu_list
+from orchestrator.plan.inputs import ServiceInput
 
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
-    """Every service that takes GPUs and a port on the host now, by name."""
-    out = {name: Placement.from_record(name, host, rec) for name, rec in facts.records.items()}
-    for name in facts.running():
-        if name not in out and isinstance(facts.installed.get(name), dict):
-            out[name] = Placement.from_record(name, host, facts.installed[name])
-    return [out[n] for n in sorted(out)]
+    """Where every service that takes GPUs and a port on the host now is, by name: where it runs,
+    and where its installed files would start it when that is elsewhere (HostFacts.placements)."""
+    names = set(facts.records) | set(facts.running())
+    return [p for n in sorted(names) for p in facts.placements(n, host)]
 
 
 def service_names(facts: HostFacts) -> list[str]:
@@ -31,24 +29,55 @@ def service_names(facts: HostFacts) -> list[str]:
     return sorted(set(facts.records) | set(facts.running()))
 
 
-def placement_of(m: Manifest, host: str) -> Placement:
-    """The placement a manifest (as it runs on the host: config/effective.py) asks for."""
-    return Placement(m.name, m.model_name, host, tuple(m.serving.visible_devices), m.serving.port)
+def placement_of(svc: ServiceInput, host: str) -> Placement:
+    """The placement a service (as it runs on the host: config/effective.py) takes."""
+    m = svc.manifest
+    return Placement(m.name, svc.model, host, tuple(m.serving.visible_devices), m.serving.port)
 
 
-def clash_refusal(facts: HostFacts, m: Manifest, host: str, replacing: Collection[str] = ()) -> RefusedError | None:
+def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Collection[str] = (),
+                  planned: Mapping[str, Placement] | None = None) -> RefusedError | None:
     """Refuse a placement whose GPUs or port another service takes (naming it); `replacing`: the
-    services this operation stops first (a swap's old one)."""
-    want = placement_of(m, host)
-    for other in host_placements(facts, host):
+    services this operation stops first (a swap's old one); `planned`: other services' placements as
+    this same operation leaves them (regen re-renders several at once), besides where they are now."""
+    want = placement_of(svc, host)
+    name = want.name
+    swap = f"vllm-orch swap {svc.model}" + (f" --name {name}" if name != svc.model else "")
+    others = host_placements(facts, host)
+    others += [p for p in (planned or {}).values() if p.name in {o.name for o in others}]
+    for other in others:
         if other.name in replacing:
             continue
         what = want.clash(other)
         if what:
             named = other.name if other.model == other.name else f"{other.name} ({other.model})"
             return RefusedError(
-                f"{named} already takes {what} on {host}: {m.name} needs {gpu_list(want.gpus)} and "
+                f"{named} already takes {what} on {host}: {name} needs {gpu_list(want.gpus)} and "
                 f"port {want.port}", host=host, step="placement",
-                hint=f"place {m.name} elsewhere (--gpus, --port), `vllm-orch swap {m.name} --replace "
-                     f"{other.name} --host {host}`, or `vllm-orch stop {other.name} --host {host}` first")
+                hint=f"place {name} elsewhere (--gpus, --port), `{swap} --replace {other.name} --host {host}`, "
+                     f"or `vllm-orch stop {other.name} --host {host}` first")
     return None
+
+
+def record_warnings(facts: HostFacts) -> list[str]:
+    """A plan's warnings about record files that did not parse: the services they describe are
+    not seen (their GPUs and port are checked only while they run)."""
+    return [f"unreadable record {bad}: left out (fix or remove the file)" for bad in facts.bad_records]
+
+
+def name_refusal(facts: HostFacts, svc: ServiceInput, host: str) -> RefusedError | None:
+    """Refuse to put model M under a service name that serves another model now (recorded, or its
+    unit running): one unit, one set of records, cannot hold both, and replacing it in place would
+    leave nothing to roll back to. A stopped, unrecorded name is free to reuse."""
+    name = svc.name
+    st = facts.services.get(name)
+    if facts.record(name) is None and not (st is not None and st.active):
+        return None
+    other = facts.model_of(name)
+    if other == svc.model:
+        return None
+    return RefusedError(
+        f"the service {name} on {host} serves {other}: {svc.model} cannot take its name while it does",
+        host=host, step="placement",
+        hint=f"swap to it under another name: `vllm-orch swap {svc.model} --name NAME --replace {name} --host {host}`,"
+             f" or `vllm-orch stop {name} --host {host}` first")

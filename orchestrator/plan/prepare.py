@@ -13,7 +13,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host import modeldirs, scripts
 from orchestrator.host.base import Command, Script
-from orchestrator.host.download import SCRIPT, DownloadProgress, download_args, run_download
+from orchestrator.host.download import SCRIPT, download_args, run_download
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.preflight import FAIL, SKIPPED, WARN, Check
@@ -124,7 +124,7 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
                               f"available ({limit_txt})", noop=True), None
     # Never a model another service on the host uses: running ones, and recorded ones (stopped by
     # a crash, or by the swap under way) come back with their files.
-    protected = set(keep) | {inp.name, inp.target.manifest.model_name} | f.models_in_use()
+    protected = set(keep) | {inp.name, inp.target.model} | f.models_in_use()
     candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
                         key=lambda d: d.last_used)
     theirs = not_ours(f.models, protected)
@@ -185,7 +185,7 @@ def user_action(entry: HostEntry, users: dict) -> Action:
 # -- download --------------------------------------------------------------------------------------
 
 def download_action(inp: PlanInput) -> Action:
-    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.manifest.model_name
+    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.model
     assert dl is not None
     commit = dl.commit or src.revision
     where = f"{src.repo}@{commit[:12]}"
@@ -200,18 +200,11 @@ def download_action(inp: PlanInput) -> Action:
         token_file=f"{entry.state_dir}/secrets/hf-token-<run>" if token else None))
 
     def run(env: RunEnv) -> str:
-        quiet = env.reporter is None or env.reporter.quiet
-        progress = None if quiet else DownloadProgress(env.reporter.console, label=name)
-        if progress is not None:
-            progress.__enter__()
-        try:
+        with env.progress("download", name) as progress:
             result = run_download(env.host, env.entry.python, src.repo, src.revision,
                                   model_path(env.entry, name), src.allow_patterns, src.ignore_patterns,
                                   state_dir=env.entry.state_dir, token=token,
                                   on_event=progress.handle if progress else None)
-        finally:
-            if progress is not None:
-                progress.__exit__(None, None, None)
         done = result["done"]
         env.record.download = DownloadResult(bytes=int(done.get("bytes", 0)), seconds=result["seconds"],
                                              files=int(done.get("files", 0)), commit=done.get("commit"))

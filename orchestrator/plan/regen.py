@@ -1,31 +1,34 @@
 """regen's planner, pure: re-render the unit and env file of every model vllm-orch installed on a
-host, each with its OWN manifest and rendered files; show a unified diff per file; install what
-changed; daemon-reload. Running services keep running unless --restart; then each changed, running
+host, each with its OWN manifest and rendered files, where it is placed (a service placed by a
+command line or a swap's --replace stays there; ops/gather.recorded_spec); refuse when a service
+would take another's GPUs or port (a changed manifest or inventory moved it); show a unified diff
+per file; install what changed; daemon-reload. Running services keep running unless --restart; then each changed, running
 model is restarted through its readiness gates, and if it fails them its previous files are put
 back and it is restarted again (the recovery branch of that one step).
 """
 
 from __future__ import annotations
 
-from orchestrator.host import state
+from orchestrator.errors import RefusedError
 from orchestrator.plan import prepare, service
-from orchestrator.plan.inputs import RegenInput, ServiceInput
+from orchestrator.plan.inputs import RegenInput
 from orchestrator.plan.model import Action, Plan
-from orchestrator.plan.run import RunEnv
+from orchestrator.plan.placements import clash_refusal, host_placements, placement_of, record_warnings
 
 
-def record_hashes_action(svc: ServiceInput) -> Action:
-    """After a restart with new files, the service's record names the new hashes; its revision and
-    deploy time stay (regen changes how the model runs, not which weights it serves)."""
-    r = svc.rendered
-
-    def run(env: RunEnv) -> str:
-        if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash):
-            return f"services/{svc.name}.json: its unit hash updated"
-        return f"{svc.name} has no record (it was never recorded serving): nothing to update"
-
-    return Action(f"record {svc.name}", f"update {svc.name}'s unit and manifest hashes in its record "
-                                        f"(its revision and deploy time stay)", run=run)
+def regen_clash(inp: RegenInput) -> RefusedError | None:
+    """Every service keeps its place (config/placement.resolve: a placed one where it was placed), but
+    a changed manifest or inventory may move one that followed them: refuse when a service that takes
+    GPUs and a port now (recorded or running) would take another's, as the others are re-rendered."""
+    host = inp.entry.name
+    taking = {p.name for p in host_placements(inp.facts, host)}
+    planned = {s.name: placement_of(s, host) for s in inp.services}
+    for svc in inp.services:
+        if svc.name in taking:
+            clash = clash_refusal(inp.facts, svc, host, planned=planned)
+            if clash is not None:
+                return clash
+    return None
 
 
 def plan_regen(inp: RegenInput) -> Plan:
@@ -33,7 +36,11 @@ def plan_regen(inp: RegenInput) -> Plan:
     names = [s.name for s in inp.services] + inp.orphaned
     plan = Plan("regen", entry.describe(), ", ".join(sorted(names)) or "(no models installed)")
     plan.warnings += [f"{name} is installed but has no manifest now: left as it is" for name in inp.orphaned]
+    plan.warnings += record_warnings(facts)
     plan.add(prepare.lock_action(inp.lock))
+    clash = regen_clash(inp)
+    if clash is not None:
+        return plan.refuse(Action("placement", clash.message), clash)
     user = prepare.user_action(entry, facts.users)
     if not user.noop and inp.services:           # the units name the service user: it must exist
         plan.add(user)
@@ -41,7 +48,9 @@ def plan_regen(inp: RegenInput) -> Plan:
     for svc in inp.services:
         install = plan.add(service.install_action(entry, svc, step=f"install {svc.name}"))
         st = facts.services.get(svc.name)
-        if install.noop or not (st and st.active):
+        # restarted when its files change, or when it still runs older files than those installed
+        # (an earlier regen without --restart)
+        if (install.noop and not service.runs_older_files(facts, svc)) or not (st and st.active):
             continue
         if not inp.restart:
             plan.add(Action(f"restart {svc.name}", f"nothing to do, because {svc.name} keeps running with "
@@ -58,7 +67,7 @@ def plan_regen(inp: RegenInput) -> Plan:
                                          f"with its previous unit"),
             service.ready_action(svc, inp.opts.budget_s, already_serving=False, marks_ready=False)],
             last=ready)
-        plan.add(record_hashes_action(svc))
+        plan.add(service.rerecord_action(svc, step=f"record {svc.name}"))
         restarts.append(svc.name)
     plan.info["restarts"] = restarts
     return plan

@@ -10,11 +10,13 @@ later step, the recovery branch or the operation's history record needs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.base import Host
+from orchestrator.host.ownership import Proc
 
 if TYPE_CHECKING:
     from orchestrator.probe.readiness import Ready
@@ -75,6 +77,9 @@ class RunRecord:
     log_cursors: dict[str, str] = field(default_factory=dict)     # model -> log position at start
     perf: dict[str, dict] = field(default_factory=dict)           # model -> its throughput measurement
     warnings: list[str] = field(default_factory=list)             # said during the run, kept for the end
+    killed: list[Proc] = field(default_factory=list)              # stop: the leftovers it killed
+    deleted: list[tuple[str, int]] = field(default_factory=list)  # gc: (folder, bytes) deleted
+    kept: list[tuple[str, str]] = field(default_factory=list)     # gc: (folder, why) the host refused to delete
 
     def downtime_s(self) -> float | None:
         if self.stopped_at is None or self.ready_at is None:
@@ -82,20 +87,39 @@ class RunRecord:
         return round(self.ready_at - self.stopped_at, 3)
 
 
+class Progress(Protocol):
+    """A live progress display fed with a host-side script's events (ops/progress.py)."""
+
+    def handle(self, event: dict) -> None: ...
+
+
+class StepReporter(Protocol):
+    """What a step may tell the person watching (ops/execute.Reporter is it): an event line, and a
+    progress display for a download or a warm-up (None when nobody watches, e.g. --json)."""
+
+    def event(self, kind: str, text: str) -> None: ...
+
+    def progress(self, kind: str, label: str, total: int = 0) -> AbstractContextManager[Progress | None]: ...
+
+
 @dataclass
 class RunEnv:
     host: Host
     entry: HostEntry
     opts: Options
-    reporter: Any = None                        # orchestrator.ops.execute.Reporter (or None)
+    reporter: StepReporter | None = None
     record: RunRecord = field(default_factory=RunRecord)
     # Called before every step: None while the host lock is ours, a note when it was re-taken after
     # a dropped connection; raises (LockLost) when it is not ours any more. None for no lock.
     guard: Callable[[], str | None] | None = None
-    # A multi-node run (orchestrator.ops.multinode): every node's env by inventory name, this one's
+    # A run over several nodes (orchestrator.ops.nodes): every node's env by inventory name, this one's
     # (the head's) included; an action naming a node runs with its env. Empty for one host.
     nodes: dict[str, RunEnv] = field(default_factory=dict)
 
     def event(self, kind: str, text: str) -> None:
         if self.reporter is not None:
             self.reporter.event(kind, text)
+
+    def progress(self, kind: str, label: str, total: int = 0) -> AbstractContextManager[Progress | None]:
+        """The reporter's progress display for a download or warm-up (None: nobody watches)."""
+        return self.reporter.progress(kind, label, total) if self.reporter is not None else nullcontext(None)

@@ -13,12 +13,12 @@ from collections.abc import Collection, Sequence
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
-from orchestrator.config.placement import NodeRole
 from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.host.base import Command, Script
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import Holders, gpu_list, holders, kill_commands, wait_released
+from orchestrator.host.records import InstalledRecord, NodeFields, ServiceRecord
 from orchestrator.host.services import Service
 from orchestrator.plan.inputs import PlanInput, ServiceInput
 from orchestrator.plan.model import Action
@@ -27,7 +27,7 @@ from orchestrator.plan.run import RunEnv
 from orchestrator.probe.api import Endpoint
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
-from orchestrator.render.artifacts import ORCH_ENV, Rendered
+from orchestrator.render.artifacts import ORCH_ENV
 from orchestrator.secret import Secret
 
 
@@ -150,24 +150,19 @@ def _mask_env(text: str, shown_keys: set[str]) -> str:
     return "".join(out)
 
 
-def installed_record(r: Rendered, placed: dict | None = None) -> dict:
-    """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port), and
-    `placed`: the part of it the command line chose (deploy --gpus/--port), which regen and later
-    runs re-apply (ops/gather.with_recorded_placement) so a re-render keeps the service where it is.
-    A node of a multi-node service: its nodes and rank too (stop finds every node from any one,
-    even after a deploy that failed before its record step)."""
-    return {"model": r.manifest.model_name, "service": r.manifest.name, "unit": r.unit.path, "env_file": r.env_file.path,
-            "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
-            "gpus": r.manifest.serving.visible_devices, "port": r.manifest.serving.port,
-            **({"placed": placed} if placed else {}), **node_fields(r.role)}
-
-
-def command_line_placement(svc: ServiceInput) -> dict:
-    """{gpu_ids, port} as far as the command line (now or recorded) chose them."""
-    origins = svc.effective.origins if svc.effective is not None else {}
-    s = svc.manifest.serving
-    return {k: v for k, v, path in (("gpu_ids", s.visible_devices, "serving.gpu_ids"), ("port", s.port, "serving.port"))
-            if origins.get(path, "").startswith("command line")}
+def installed_record(svc: ServiceInput) -> InstalledRecord:
+    """What installed/NAME.json keeps: the files, their hashes, the placement (GPUs, port) and where
+    each part came from: a part a run placed (deploy --gpus/--port, swap --replace) is kept by
+    later runs (config/placement.resolve, Origin.RECORD), so a redeploy or regen keeps the service
+    where it is. A node of a multi-node service: its nodes and rank too (stop finds every node from
+    any one, even after a deploy that failed before its record step)."""
+    r = svc.rendered
+    node = svc.spec.node(r.host.name) if svc.spec is not None else None
+    origins = {"gpus_from": node.gpus_from, "port_from": node.port_from} if node is not None else {}
+    return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
+                           manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
+                           gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
+                           installed_at=state.now_iso(), **origins, **NodeFields.of(r.role))
 
 
 def placement_lines(svc: ServiceInput) -> list[str]:
@@ -196,8 +191,7 @@ def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -
         details += _diff(old, f.text, f.path)
 
     def record(env: RunEnv) -> None:
-        state.write_installed(env.host, env.entry, name, {**installed_record(r, command_line_placement(svc)),
-                                                          "installed_at": state.now_iso()})
+        state.write_installed(env.host, env.entry, name, installed_record(svc))
 
     if not changed:
         def bookkeeping(env: RunEnv) -> None:
@@ -342,7 +336,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()
-        state.touch_usage(env.host, env.entry, m.model_name)        # by folder: disk eviction reads it
+        state.touch_usage(env.host, env.entry, svc.model)        # by folder: disk eviction reads it
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
@@ -355,7 +349,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
 
 # -- performance floor -----------------------------------------------------------------------------
 
-def previous_measurement(inp: PlanInput) -> dict | None:
+def previous_measurement(inp: PlanInput) -> ServiceRecord | None:
     """The record of this same service (its last measurement, argv and vLLM version), if any."""
     return inp.facts.record(inp.name)
 
@@ -406,35 +400,16 @@ def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
 
 # -- record ----------------------------------------------------------------------------------------
 
-def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> dict:
+def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
-    return {"model": m.model_name, "service": m.name, "served_name": m.served_name, "port": m.serving.port, "repo": m.source.repo,
-            "revision": commit, "manifest_hash": r.manifest_hash, "unit_hash": r.unit_hash,
-            "vllm_version": inp.facts.vllm_version, "argv": r.argv, "gpus": m.serving.visible_devices,
-            "deployed_at": state.now_iso(), "host_label": inp.entry.label, "enabled": enabled,
-            "hardware": inp.target.effective.hardware if inp.target.effective else None,
-            "perf": env.record.perf.get(m.name), **node_fields(r.role)}
-
-
-def node_fields(role: NodeRole | None) -> dict:
-    """A multi-node service's record (and history record) on each node: every node (head first),
-    this one's rank, the head and the address the nodes meet it at (so regen re-renders the node
-    as it is: recorded_role). Nothing for one host (a record without "nodes" is single-node)."""
-    return {} if role is None else {"nodes": list(role.nodes), "rank": role.rank, "head": role.nodes[0],
-                                    "head_address": role.head_address}
-
-
-def recorded_role(record: dict | None) -> NodeRole | None:
-    """The node role an installed record names (node_fields), None for a one-host service or a
-    record without one."""
-    rec = record or {}
-    nodes, rank, address = rec.get("nodes"), rec.get("rank"), rec.get("head_address")
-    if not (isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes) and isinstance(rank, int)
-            and 0 <= rank < len(nodes) and isinstance(address, str) and address):
-        return None
-    return NodeRole(rank, tuple(nodes), address)
+    return ServiceRecord(model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
+                         repo=m.source.repo, revision=commit, manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
+                         vllm_version=inp.facts.vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
+                         deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
+                         hardware=inp.target.effective.hardware if inp.target.effective else None,
+                         perf=env.record.perf.get(m.name), **NodeFields.of(r.role))
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,
@@ -458,6 +433,40 @@ def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False
                   + ("; the swap has ended" if ends_swap else ""), run=run)
 
 
+def rerecord_action(svc: ServiceInput, step: str = "record") -> Action:
+    """After a restart with the files rendered now (regen --restart, a rollback that started an old
+    service from files newer than it last ran), the service's record says how it runs: the hashes,
+    its command line, GPUs, port and served name (what the overlap check and status trust); its
+    revision and deploy time stay (which weights it serves did not change)."""
+    r, s = svc.rendered, svc.manifest.serving
+
+    def run(env: RunEnv) -> str:
+        if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash,
+                               argv=list(r.argv), gpus=list(s.visible_devices), port=s.port,
+                               served_name=svc.manifest.served_name):
+            return f"services/{svc.name}.json: how it runs now (hashes, command line, GPUs, port)"
+        return f"{svc.name} has no record (it was never recorded serving): nothing to update"
+
+    return Action(step, f"update {svc.name}'s record to the files it runs (hashes, command line, GPUs, port; "
+                        f"its revision and deploy time stay)", run=run)
+
+
+def rerecord_installed_action(entry: HostEntry, name: str) -> Action:
+    """A service restarted from installed files other than those it ran (regen installed them
+    without --restart): its record takes their GPUs, port and hashes (installed/NAME.json), so it
+    says where it runs."""
+    def run(env: RunEnv) -> str:
+        installed = state.read_installed(env.host, env.entry, name)
+        if installed is None or not state.update_record(env.host, env.entry, name, gpus=installed.gpus,
+                                                        port=installed.port, unit_hash=installed.unit_hash,
+                                                        manifest_hash=installed.manifest_hash):
+            return f"{name} has no record or installed record: nothing to update"
+        return f"services/{name}.json: the GPUs, port and hashes of the files it runs now"
+
+    return Action("record", f"update {name}'s record to its installed files, which it runs now (GPUs, port, "
+                            f"hashes)", run=run)
+
+
 def forget_swap_action(entry: HostEntry, why: str) -> Action:
     """The last step of a rollback: the host no longer has a swap under way."""
     def run(env: RunEnv) -> str:
@@ -467,9 +476,20 @@ def forget_swap_action(entry: HostEntry, why: str) -> Action:
     return Action("record", f"remove {entry.state_dir}/swap.json ({why})", run=run)
 
 
+def runs_older_files(facts: HostFacts, svc: ServiceInput) -> bool:
+    """The service runs, and runs other files than those rendered now: its record names another
+    unit hash (regen installed new files without --restart, so the process still runs the old
+    ones). Such a service is restarted by a deploy, swap or regen --restart even when its installed
+    files are already the new ones."""
+    st, rec = facts.services.get(svc.name), facts.record(svc.name)
+    return bool(st and st.active) and rec is not None and rec.unit_hash is not None \
+        and rec.unit_hash != svc.rendered.unit_hash
+
+
 def enabled_at_boot(facts: HostFacts, model: str) -> bool:
     """Whether a model's unit starts at boot: systemd's word, else what vllm-orch recorded."""
     st = facts.services.get(model)
     if st is not None and st.enabled is not None:
         return st.enabled
-    return bool((facts.record(model) or {}).get("enabled"))
+    rec = facts.record(model)
+    return rec is not None and rec.enabled

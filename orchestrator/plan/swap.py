@@ -1,39 +1,55 @@
-"""swap's planner, pure: replace the active model with another, staged, measured, with its rollback.
-On a host with several services, `--replace OLD` names the one replaced; the others keep serving
-(the new model takes OLD's GPUs and port unless given, ops/gather.for_swap).
+"""swap's planner, pure: replace a service with another, staged, measured, with its rollback, over
+the new service's nodes (one host, or the hosts of a multi-node service) and the old one's. On a
+host with several services, `--replace OLD` names the one replaced; the others keep serving (the
+new one takes OLD's GPUs and port unless given: config/placement.resolve).
 
-    lock -> preflight -> disk (room for BOTH models) -> download while the old model serves ->
-    install the new unit -> warm the new weights into the page cache (orchestrator.plan.warm) ->
-    stop old -> GPUs free -> start new -> ready -> perf -> boot -> record
+    lock -> preflight -> disk (room for BOTH models) -> download while the old model serves (every
+    node at once) -> verify-same (several nodes) -> install the new unit -> warm the new weights into
+    each node's page cache (orchestrator.plan.warm) -> stop old (on every node it runs on) -> GPUs
+    free -> start new (workers, then the head) -> ready -> perf -> boot -> record
     if a step from `stop old` on fails (a performance floor the manifest says to fail on included):
-    stop the new one, wait for the GPUs, start the old one with its unchanged unit, wait for its
-    gates (the rollback, printed by --dry-run like every step).
+    stop the new one on every node, wait for the GPUs, start the old one with its unchanged unit
+    (workers first), wait for its gates, give it back its start at boot (the rollback, printed by
+    --dry-run like every step). A swap from nothing stops what it started instead.
 
-The stop of the old model first writes state_dir/swap.json (the swap is half done); `record` (or a
-finished rollback) removes it. A run that is killed or loses its connection in between leaves it,
-and the next swap / deploy / status on the host reads it (half_done): swap to its new model again
-resumes it (nothing to stop, the running new service is waited for, and a failure still rolls back
-to the old model); deploy refuses and says what to run. `boot` moves the start-at-boot of the old
-model to the new one once the new one serves (systemd `enable` / `disable`; the active record
-says it too), so a reboot brings back the model vllm-orch's record names.
+The stop of the old model first writes state_dir/swap.json on its head (the swap is half done);
+`record` (or a finished rollback) removes it. A run that is killed or loses its connection in
+between leaves it, and the next swap / deploy / status on the host reads it (half_done): swap to
+its new model again resumes it (nothing to stop, the running new service is waited for, and a
+failure still rolls back to the old model); deploy refuses and says what to run. `boot` moves the
+start-at-boot of the old model to the new one once the new one serves (systemd `enable` /
+`disable`; the record says it too), so a reboot brings back the model vllm-orch's record names.
 
-The old model's files are never touched by a staged swap. When the disk cannot hold both, the plan
-explains the cost and refuses without --yes; with --yes the old model is stopped and its folder
-deleted before the download (no rollback is possible then: the plan says so).
+The old model's files are never touched by a staged swap. When one host's disk cannot hold both,
+the plan explains the cost and refuses without --yes; with --yes the old model is stopped and its
+folder deleted before the download (no rollback is possible then: the plan says so). A swap across
+nodes always stages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+
+from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan import prepare, service
-from orchestrator.plan.deploy import unpinned_warning
-from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.deploy import (
+    hosts_desc,
+    preflights,
+    start_actions,
+    stop_everywhere,
+    stop_title,
+    tagger,
+    unpinned_warning,
+    warm_before,
+)
+from orchestrator.plan.inputs import LockFacts, PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
-from orchestrator.plan.placements import clash_refusal, service_names
-from orchestrator.plan.warm import warm_step
+from orchestrator.plan.multinode import OldService, download_all_action, forget_record_action, on, verify_same_action
+from orchestrator.plan.placements import clash_refusal, name_refusal, record_warnings, service_names
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
@@ -42,11 +58,11 @@ def old_model_name(facts: HostFacts, target: str, host: str = "", replace: str |
     """The service a swap to `target` replaces: the other side of a half-done swap; else `replace`
     (`swap NEW --replace OLD`); else, on a host with one service, that one (running, else recorded).
     A host with several services asks for --replace (ConfigError, exit 2, naming them)."""
-    half = facts.half_swap or {}
-    if target == half.get("to") and half.get("from"):
-        return half["from"]
-    if target == half.get("from") and half.get("to"):
-        return half["to"]
+    half = facts.half_swap
+    if half is not None and target == half.to:
+        return half.from_
+    if half is not None and target == half.from_:
+        return half.to
     names = service_names(facts)
     if replace is not None:
         if replace not in names:
@@ -67,72 +83,162 @@ def already_done(inp: PlanInput) -> bool:
     """Swapping to the active, healthy, unchanged model does nothing."""
     f, t = inp.facts, inp.target
     st = f.services.get(t.name)
-    return bool(st and st.active and t.serving and (f.record(t.name) or {}).get("unit_hash") == t.rendered.unit_hash)
+    rec = f.record(t.name)
+    return bool(st and st.active and t.serving and rec is not None and rec.unit_hash == t.rendered.unit_hash)
 
 
-def plan_swap(inp: PlanInput) -> Plan:
-    m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
+def plan_swap(*nodes: PlanInput, old: OldService | None = None,
+              elsewhere: Mapping[str, tuple[HostEntry, LockFacts]] | None = None) -> Plan:
+    """nodes: the new service's nodes, head first (one for a one-host service), each with the old
+    service's ServiceInput (`old`) on the nodes it runs on. `old`: the service replaced across its
+    nodes; by default the head's `old` as a one-host service. `elsewhere`: the entry and lock of
+    each node of the old service that is no node of the new one."""
+    head = nodes[0]
+    m, f, entry = head.target.manifest, head.facts, head.entry
+    if old is None and head.old is not None:
+        old = OldService(head.old.name, (entry.name,), head.old,
+                         frozenset({entry.name} if (st := f.services.get(head.old.name)) and st.active else ()))
+    elsewhere = elsewhere or {}
+    one = len(nodes) == 1 and (old is None or old.nodes == (entry.name,))
+    tag = tagger(nodes) if one else on          # several hosts (the old service's too): each step names its node
+    names = [i.entry.name for i in nodes]
     title = f"{old.name if old else '(nothing)'} -> {m.name}"
+    info: dict = {"from": old.name if old else None, "to": m.name, "staged": True,
+                  **({} if one else {"nodes": names})}
     half = half_done(f, entry.name)
-    if half and m.name not in ((f.half_swap or {}).get("from"), (f.half_swap or {}).get("to")):
-        plan = Plan("swap", entry.describe(), title, info={"from": old.name if old else None, "to": m.name})
+    swap_of_it = f.half_swap is not None and m.name in (f.half_swap.from_, f.half_swap.to)
+    if half and one and not swap_of_it:
+        plan = Plan("swap", entry.describe(), title, info=info)
         return plan.refuse(Action("swap", half[0]), RefusedError(
             f"{half[0]}: finish or undo it before swapping to {m.name}", host=entry.name, step="swap", hint=half[1]))
-    if old is None and not half and f.record(m.name) is not None and already_done(inp):
-        plan = Plan("swap", entry.describe(), f"{m.name} -> {m.name}",
-                    info={"from": m.name, "to": m.name, "staged": True, "noop": True})
+    if old is None and not half and all(already_done(i) for i in nodes):
+        plan = Plan("swap", hosts_desc(nodes), f"{m.name} -> {m.name}", info={**info, "from": m.name, "noop": True})
         plan.add(Action("swap", f"nothing to do, because {m.name} is already active and healthy", noop=True))
         return plan
-    plan = Plan("swap", entry.describe(), title, warnings=unpinned_warning(inp),
-                info={"from": old.name if old else None, "to": m.name, "staged": True})
-    plan.add(prepare.lock_action(inp.lock))
-    clash = clash_refusal(f, m, entry.name, replacing={old.name} if old else set())
-    if clash:
-        return plan.refuse(Action("placement", clash.message), clash)
-    if plan.add_checked(*prepare.preflight_action(inp)):
-        return plan
-    keep = {old.name, old.manifest.model_name} if old else set()
-    disk, err = prepare.disk_action(inp, keep=keep)
-    if err is not None and old is not None:
-        return _unstaged(plan, inp, err)
-    if plan.add_checked(disk, err):
-        return plan
-    plan.add(prepare.download_action(inp))
-    plan.add(prepare.user_action(entry, f.users))
-    install = plan.add(service.install_action(entry, inp.target))
-    # After an interrupted swap the old model may already be stopped and the new one running:
-    # then there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
-    old_running = old is not None and bool(f.services.get(old.name) and f.services[old.name].active)
-    old_enabled = old is not None and service.enabled_at_boot(f, old.name)
-    start = service.start_action(inp, unit_changed=not install.noop)
-    if not start.noop:          # a new service already running (an interrupted swap) loads nothing
-        warm_action, exp = warm_step(inp, prepare.model_path(entry, m.model_name),
-                                     before=f"{old.name} stops" if old is not None and old_running else "the start")
-        plan.add(warm_action)
-        plan.info["expected_downtime_s"] = exp.as_dict()
-    stop = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True, swap_to=m.name,
-                                        enabled=old_enabled)) \
-        if old is not None and old_running else None
-    gpus, refusal = service.gpus_action(inp, stopping={old.name} if old_running and old else set())
-    if plan.add_checked(gpus, refusal):
-        return plan
-    plan.add(start)
-    plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
-    plan.add(service.perf_action(inp))
-    plan.add(boot_action(inp, old_enabled))
-    enabled = old_enabled or inp.opts.enable or service.enabled_at_boot(f, m.name)
-    plan.add(service.record_action(inp, enabled=enabled, ends_swap=True, replaces=old.name if old else None))
+    plan = Plan("swap", hosts_desc(nodes), title, info=info,
+                warnings=unpinned_warning(head) + [w for i in nodes for w in record_warnings(i.facts)])
+    ended = _stage(plan, nodes, old, elsewhere, tag, one)
+    if ended is not None:
+        return ended
+    for i in nodes:
+        plan.add(tag(i.entry.name, prepare.user_action(i.entry, i.facts.users)))
+    installs = [plan.add(tag(i.entry.name, service.install_action(i.entry, i.target))) for i in nodes]
+    # After an interrupted swap the old model may already be stopped and the new one running: then
+    # there is nothing to stop, and a running, unchanged new service is waited for, not restarted.
+    running = {i.entry.name: bool((st := i.facts.services.get(m.name)) and st.active) for i in nodes}
+    changed = any(not a.noop for a in installs) or not all(running.values()) or \
+        any(service.runs_older_files(i.facts, i.target) for i in nodes)
+    starts = start_actions(nodes, changed, tag)
+    old_running = [n for n in old.nodes if n in old.running] if old is not None else []
+    warm_before(plan, nodes, starts, tag, what="downtime",
+                before=f"{old.name} stops" if old is not None and old_running else "the start")
+    old_enabled = old is not None and service.enabled_at_boot(facts_of(nodes, old.nodes[0], f), old.name)
+    stops = [plan.add(tag(n, service.stop_action(
+        entry_of(nodes, elsewhere, n), old.name, "downtime starts" if k == 0 else "with its head",
+        downtime_starts=k == 0, swap_to=m.name if n == old.nodes[0] else None,
+        enabled=old_enabled if n == old.nodes[0] else False)))
+        for k, n in enumerate(old_running)] if old is not None else []
+    gpus: Action | None = None
+    for i in nodes:
+        stopping = {old.name} if old is not None and i.entry.name in old_running else set()
+        action, refusal = service.gpus_action(i, stopping=stopping)
+        gpus = gpus or tag(i.entry.name, action)
+        if plan.add_checked(tag(i.entry.name, action), refusal):
+            return plan
+    for a in starts:
+        plan.add(a)
+    plan.add(tag(entry.name, service.ready_action(head.target, head.opts.budget_s, already_serving=False,
+                                                  workers=names[1:])))
+    plan.add(tag(entry.name, service.perf_action(head)))
+    _hand_over(plan, nodes, old, elsewhere, tag, old_enabled)
     # Going back from a half-done swap (to its old model) has nothing to roll back to: the model it
     # stops never served. Resuming one (to its new model) rolls back to the old model as usual, and
     # its rollback stops the new service although the run that was cut short started it.
-    going_back = half is not None and m.name == (f.half_swap or {}).get("from")
-    if old is not None and (stop is not None or half) and not going_back:
-        plan.recover(stop or gpus, f"roll back to {old.name}", rollback_actions(inp, new_started_before=stop is None))
+    going_back = f.half_swap is not None and m.name == f.half_swap.from_
+    if old is not None and (stops or half) and not going_back:
+        first = stops[0] if stops else gpus
+        assert first is not None
+        plan.recover(first, f"roll back to {old.name}" + ("" if one else f" on {', '.join(old.nodes)}"),
+                     rollback_actions(nodes, old, elsewhere, tag, new_started_before=not stops))
+    elif (first_start := next((a for a in starts if not a.noop), None)) is not None:
+        # nothing to roll back to (a swap from nothing, or from a service that does not run): a
+        # failed start is stopped, so it cannot hold the GPUs
+        plan.recover(first_start, stop_title(m.name, len(nodes) == 1), stop_everywhere(nodes, tag))
     return plan
 
 
+def _hand_over(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
+               elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], tag: Callable[[str, Action], Action],
+               old_enabled: bool) -> None:
+    """Once the new service serves: it takes the old one's start at boot (each node), its records
+    are written and the old one's removed (the swap ends on the old head, where swap.json is), and
+    the old one's nodes that are none of the new one's let it go."""
+    head = nodes[0]
+    m = head.target.manifest
+    for i in nodes:
+        plan.add(tag(i.entry.name, boot_action(i, old_enabled and i.old is not None)))
+    enabled = old_enabled or head.opts.enable or service.enabled_at_boot(head.facts, m.name)
+    swap_host = old.nodes[0] if old is not None else head.entry.name        # where swap.json is kept
+    for i in nodes:
+        plan.add(tag(i.entry.name, service.record_action(i, enabled=enabled, ends_swap=i.entry.name == swap_host,
+                                                         replaces=old.name if old and i.old is not None else None)))
+    for n, (e, _lock) in elsewhere.items():
+        if old is not None and old_enabled:
+            plan.add(on(n, service.boot_action(e, None, [old.name], f"disable {old.name} (this host is no node "
+                                                                     f"of the new service)")))
+        plan.add(on(n, forget_record_action(e, old.name if old else "")))
+
+
+def _stage(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
+           elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], tag: Callable[[str, Action], Action],
+           one: bool) -> Plan | None:
+    """The swap's steps while the old service still serves: every lock, the overlap and half-done
+    refusals, preflight, disk room for both (one host without it: the unstaged swap), the download
+    on every node, verify-same. The plan to return when they end it (a refusal, an unstaged swap)."""
+    head = nodes[0]
+    for i in nodes:
+        plan.add(tag(i.entry.name, prepare.lock_action(i.lock)))
+    for n, (_e, lock) in elsewhere.items():
+        plan.add(on(n, prepare.lock_action(lock)))
+    for i in nodes:
+        node = i.entry.name
+        clash = name_refusal(i.facts, i.target, node) or \
+            clash_refusal(i.facts, i.target, node, replacing={old.name} if old and i.old is not None else set())
+        if clash:
+            return plan.refuse(tag(node, Action("placement", clash.message)), clash)
+        node_half = half_done(i.facts, node)
+        if node_half and not one:
+            return plan.refuse(on(node, Action("swap", node_half[0])), RefusedError(
+                f"{node_half[0]}: finish or undo it first", host=node, step="swap", hint=node_half[1]))
+    if preflights(plan, nodes, tag):
+        return plan
+    for i in nodes:
+        keep = {i.old.name, i.old.model} if i.old is not None else set()
+        disk, err = prepare.disk_action(i, keep=keep)
+        if err is not None and one and i.old is not None:
+            return _unstaged(plan, i, err)
+        if err is not None and not one:
+            err.hint = (err.hint or "") + "; a swap across nodes always stages (free space, or stop the old " \
+                                          "service and deploy)"
+        if plan.add_checked(tag(i.entry.name, disk), err):
+            return plan
+    plan.add(prepare.download_action(head) if one else download_all_action(nodes))
+    if len(nodes) > 1 and plan.add_checked(*verify_same_action(nodes)):
+        return plan
+    return None
+
+
+def facts_of(nodes: Sequence[PlanInput], host: str, default: HostFacts) -> HostFacts:
+    return next((i.facts for i in nodes if i.entry.name == host), default)
+
+
+def entry_of(nodes: Sequence[PlanInput], elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], host: str) -> HostEntry:
+    return next((i.entry for i in nodes if i.entry.name == host), None) or elsewhere[host][0]
+
+
 def boot_action(inp: PlanInput, old_enabled: bool) -> Action:
-    """Once the new model serves: it takes over the old one's start at boot (or --enable's)."""
+    """Once the new model serves: it takes over the old one's start at boot (or --enable's), on
+    this node."""
     f, entry, m, old = inp.facts, inp.entry, inp.target.manifest, inp.old
     enable = m.name if (old_enabled or inp.opts.enable) and not service.enabled_at_boot(f, m.name) else None
     disable = [old.name] if old is not None and old_enabled else []
@@ -145,24 +251,43 @@ def boot_action(inp: PlanInput, old_enabled: bool) -> Action:
         f" ({m.name} takes {old.name}'s place at boot)" if old is not None and old_enabled else ""))
 
 
-def rollback_actions(inp: PlanInput, new_started_before: bool = False) -> list[Action]:
-    """Stop the new model, free the GPUs, start the old one with its installed unit, wait for it,
+def rollback_actions(nodes: Sequence[PlanInput], old: OldService,
+                     elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], tag: Callable[[str, Action], Action],
+                     new_started_before: bool = False) -> list[Action]:
+    """Stop the new service on every node (workers first), free the old one's GPUs, start the old
+    one with its installed unit on every node it ran on (workers first), wait for it at its head,
     give it back its start at boot, and end the swap."""
-    old, entry, new, f = inp.old, inp.entry, inp.target, inp.facts
-    assert old is not None
-    half = f.half_swap or {}
-    old_enabled = bool(half.get("from_enabled")) if half.get("from") == old.name \
+    head = nodes[0]
+    new = head.target.manifest.name
+    f = facts_of(nodes, old.nodes[0], head.facts)
+    half = f.half_swap
+    old_enabled = half.from_enabled if half is not None and half.from_ == old.name \
         else service.enabled_at_boot(f, old.name)
-    actions = [service.stop_action(entry, new.name, "the swap failed", only_if_started=not new_started_before,
-                                   drain=False),
-               service.release_action(old.manifest.serving.visible_devices, f"for {old.name}"),
-               service.start_service_action(entry, old.name, summary=f"start {old.name} with its previous unit"),
-               service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
+    ran = [n for n in old.nodes if n in old.running] or list(old.nodes)      # stopped already: every node
+    actions = [tag(i.entry.name, service.stop_action(i.entry, new, "the swap failed", drain=False,
+                                                     only_if_started=not new_started_before))
+               for i in [*nodes[1:], head]]
+    gpus = old.head.manifest.serving.visible_devices
+    actions += [tag(n, service.release_action(gpus, f"for {old.name}")) for n in ran]
+    actions += [tag(n, service.start_service_action(entry_of(nodes, elsewhere, n), old.name,
+                                                    summary=f"start {old.name} with its previous unit"))
+                for n in [*ran[1:], ran[0]]]
+    actions.append(tag(old.nodes[0], service.ready_action(old.head, head.opts.budget_s, already_serving=False,
+                                                          marks_ready=False, workers=ran[1:])))
+    # the old service started from its installed files, which may be newer than those it ran (regen
+    # without --restart since its start): its record says how it runs now
+    for i in nodes:
+        rec, inst = i.facts.record(old.name), i.facts.installed.get(old.name)
+        if i.entry.name in ran and rec is not None and inst is not None and rec.unit_hash != inst.unit_hash:
+            actions.append(tag(i.entry.name, service.rerecord_installed_action(i.entry, old.name)))
     if old_enabled:       # the boot step may have run: the old model starts at boot again, the new not
-        keep_new = service.enabled_at_boot(f, new.name)
-        actions.append(service.boot_action(entry, old.name, [] if keep_new else [new.name],
-                                           f"{old.name} starts at boot again"))
-    actions.append(service.forget_swap_action(entry, f"{old.name} serves again"))
+        for n in ran:
+            keep_new = service.enabled_at_boot(facts_of(nodes, n, f), new)
+            actions.append(tag(n, service.boot_action(entry_of(nodes, elsewhere, n), old.name,
+                                                      [] if keep_new or n not in {i.entry.name for i in nodes}
+                                                      else [new], f"{old.name} starts at boot again")))
+    actions.append(tag(old.nodes[0], service.forget_swap_action(entry_of(nodes, elsewhere, old.nodes[0]),
+                                                                f"{old.name} serves again")))
     return actions
 
 
@@ -170,7 +295,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     """The disk cannot hold both models: stop the old one and delete its folder first (--yes)."""
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     assert old is not None and inp.download is not None
-    folder = old.manifest.model_name
+    folder = old.model
     sharing = sorted(n for n in f.records if n != old.name and f.model_of(n) == folder)
     if sharing:
         return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} is used by {', '.join(sharing)}"),

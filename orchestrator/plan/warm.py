@@ -31,7 +31,7 @@ from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host import scripts
 from orchestrator.host.facts import Memory
-from orchestrator.host.warm import REASONS, SCRIPT, WarmProgress, run_warm, warm_args
+from orchestrator.host.warm import REASONS, SCRIPT, run_warm, warm_args
 from orchestrator.plan.inputs import PlanInput, WarmFacts
 from orchestrator.plan.model import Action
 from orchestrator.plan.run import RunEnv, RunRecord, WarmResult
@@ -174,19 +174,13 @@ def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downt
 
 
 def _run(env: RunEnv, model_dir: str, b: Budget, rate: float, target: int, label: str) -> str:
-    quiet = env.reporter is None or env.reporter.quiet
-    progress = None if quiet else WarmProgress(target, env.reporter.console, label=f"warm {label}")
-    if progress is not None:
-        progress.__enter__()
     try:
-        done = run_warm(env.host, env.entry.python, model_dir, meminfo=env.entry.meminfo, budget=b.budget,
-                        floor=b.floor, rate=rate, on_event=progress.handle if progress else None)
+        with env.progress("warm", f"warm {label}", target) as progress:
+            done = run_warm(env.host, env.entry.python, model_dir, meminfo=env.entry.meminfo, budget=b.budget,
+                            floor=b.floor, rate=rate, on_event=progress.handle if progress else None)
     except DeployFailed as err:            # an optimisation that failed: the load reads from disk
         env.record.warm = WarmResult(error=err.message)
         return f"{err.message}; the load reads from disk"
-    finally:
-        if progress is not None:
-            progress.__exit__(None, None, None)
     res = WarmResult(warmed_bytes=int(done.get("warmed_bytes") or 0), cached_bytes=int(done.get("cached_bytes") or 0),
                      total_bytes=int(done.get("total_bytes") or 0), seconds=float(done.get("seconds") or 0),
                      reason=str(done.get("reason") or ""), min_headroom=done.get("min_headroom"))

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConnectError, DeployFailed
+from orchestrator.host import cancel
 from orchestrator.host.base import Host
 from orchestrator.host.facts import gather
 from orchestrator.host.ownership import listener_problem
@@ -220,7 +221,7 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
         if held is not None:                    # waiting for the cause of what a node said
             if now - held[0] >= CONSEQUENCE_GRACE_S:
                 report(held[1])
-            time.sleep(poll_s)
+            cancel.sleep(poll_s)          # Ctrl-C ends the wait here (host/cancel.py)
             continue
         stage = len(passed)
         if stage in (3, 4) and ep.api_key is not None and verified_for != [state.main_pid]:
@@ -281,4 +282,4 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
         if elapsed > budget:
             fail("timeout", f"not ready within the start-up budget of {budget:.0f}s "
                             f"(passed: {', '.join(g for g, _ in passed) or 'nothing'})")
-        time.sleep(poll_s)
+        cancel.sleep(poll_s)

@@ -158,6 +158,7 @@ class Rendered:
 
     extra: list[RenderedFile] = field(default_factory=list)   # systemd: health check units, probe
     role: NodeRole | None = None           # a node of a multi-node service; None: a one-host service
+    model: str = ""                        # the model served (its weights folder): m.name unless --name
 
     @property
     def runs_vllm(self) -> bool:
@@ -180,8 +181,9 @@ def manifest_hash(m: Manifest) -> str:
     return hashlib.sha256(m.model_dump_json(exclude_defaults=True).encode()).hexdigest()
 
 
-def model_dir(m: Manifest, host: HostEntry) -> str:
-    return f"{host.models_root}/{m.model_name}"
+def model_dir(model: str, host: HostEntry) -> str:
+    """The weights folder of a model (by the model's name: services of one model share it)."""
+    return f"{host.models_root}/{model}"
 
 
 def ray_executable(host: HostEntry) -> str:
@@ -260,10 +262,12 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
     return out
 
 
-def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,
+               model: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """The argv the service's unit runs and, for each token, the manifest field that produced it:
     `vllm serve ...`; for a node of a multi-node service (role) with its rank's flags; on a Ray worker
-    node, `ray start --address HEAD:PORT` (vLLM runs on the head only)."""
+    node, `ray start --address HEAD:PORT` (vLLM runs on the head only). `model`: the model whose
+    weights folder it serves, when the service has another name (--name; default m.name)."""
     _check_role(m, host, role)
     if role is not None and is_ray_worker(m, role):
         ray = _ray_argv(m, host, role)
@@ -276,7 +280,7 @@ def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None) -> tu
     v, s = m.vllm, m.serving
     add("host.vllm", host.vllm)
     add("(command)", "serve")
-    add("name", model_dir(m, host))
+    add("name", model_dir(model or m.name, host))
     add("serving.served_model_name", "--served-model-name", m.served_name)
     add("serving.host", "--host", s.host)
     add("serving.port", "--port", s.port)
@@ -465,16 +469,18 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
 
 
 def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = None,
-           role: NodeRole | None = None) -> Rendered:
-    """The files of the service on `host`; for a node of a multi-node service (`role`), that
+           role: NodeRole | None = None, model: str | None = None) -> Rendered:
+    """The files of the service m.name on `host`; for a node of a multi-node service (`role`), that
     node's: its rank's argv, its own address and interfaces in the env file, and on a worker node
-    (rank > 0) a unit without the readiness probe and the health timer (it serves no HTTP)."""
+    (rank > 0) a unit without the readiness probe and the health timer (it serves no HTTP).
+    `model`: the model it serves, when the service has another name (ServiceSpec.model)."""
     secrets = dict(secrets or {})
-    argv, provenance = build_argv(m, host, role)
-    mdir = model_dir(m, host)
+    model = model or m.name
+    argv, provenance = build_argv(m, host, role, model)
+    mdir = model_dir(model, host)
     mhash = manifest_hash(m)
     epath = env_path(m, host)
-    common = dict(version=__version__, m=m, host=host, model_dir=mdir, env_path=epath,
+    common = dict(version=__version__, m=m, model=model, host=host, model_dir=mdir, env_path=epath,
                   manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
                   restart_exit=RESTART_EXIT)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
@@ -530,4 +536,4 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     else:
         text = _template("vllm-process.sh.j2").render(**common, argv=argv)
         unit = RenderedFile(unit_path(m, host), text, 0o755)
-    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role)
+    return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role, model)

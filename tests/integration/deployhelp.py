@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest, load_all
+from orchestrator.config.placement import Request
 from orchestrator.ops.deploy import run_deploy
 from orchestrator.ops.execute import Reporter
 from orchestrator.ops.swap import run_swap
@@ -64,12 +65,13 @@ def opts(**kw) -> Options:
     return Options(**base)
 
 
-def deploy(e: HostEntry, m: Manifest, dry_run: bool = False, **kw):
-    return run_deploy(e, m, opts(**kw), Reporter(None, quiet=True), dry_run)
+def deploy(e: HostEntry, m: Manifest, dry_run: bool = False, request: Request = Request(), **kw):
+    """`deploy M` (as the service `request` names: --name, --gpus, --port), quiet."""
+    return run_deploy(e, m, opts(**kw), Reporter(None, quiet=True), dry_run, request=request)
 
 
-def swap(e: HostEntry, m: Manifest, manifests: dict, dry_run: bool = False, **kw):
-    return run_swap(e, m, manifests, opts(**kw), Reporter(None, quiet=True), dry_run)
+def swap(e: HostEntry, m: Manifest, manifests: dict, dry_run: bool = False, request: Request = Request(), **kw):
+    return run_swap(e, m, manifests, opts(**kw), Reporter(None, quiet=True), dry_run, request=request)
 
 
 def statuses(result) -> dict[str, str]:

@@ -25,7 +25,7 @@ def test_bench_against_a_deployed_host_is_recorded_and_shown_by_status(sim_host,
     result = json.loads((out / "result.json").read_text())
     assert result["metadata"]["host_label"] == "SIMULATED" and result["metadata"]["host"] == "sim"
     assert result["metadata"]["served_name"] == m.served_name
-    record = read_history(sim_host.host, e)[-1]
+    record = read_history(sim_host.host, e)[-1].shown()
     assert record["operation"] == "bench" and record["single_stream_tok_s"] > 10
     status = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "status", "--host", "sim", "--json"],
                             env=env, capture_output=True, text=True, timeout=60)

@@ -32,14 +32,14 @@ def test_deploy_each_shipped_model_then_nothing_to_do(sim_host, model):
     assert result.ok, result.error
     assert statuses(result)["ready"] == "done" and statuses(result)["download"] == "done"
     active = read_active(sim_host.host, e)
-    assert active["model"] == model and active["port"] == m.serving.port
-    history = read_history(sim_host.host, e)
+    assert active is not None and active.model == model and active.port == m.serving.port
+    history = [h.shown() for h in read_history(sim_host.host, e)]
     assert history[-1]["ok"] and history[-1]["smoke"].startswith("answer '4'")
     assert history[-1]["tokens_per_s"] > 10
     again = deploy(e, m)
     assert again.ok and not again.plan.changes
     assert all(a.noop for a in again.plan.actions if a.step != "lock")
-    assert read_history(sim_host.host, e)[-1]["noop"] is True
+    assert read_history(sim_host.host, e)[-1].shown()["noop"] is True
 
 
 def _normalise(text: str, sim_host, port: int) -> str:
@@ -97,7 +97,7 @@ def test_fault_fails_fast_with_the_root_cause(sim_host, fault, kinds, signature)
     assert time.monotonic() - t0 < 20
     # the failed service was stopped: its GPUs are free again
     assert "VLLM::" not in sim_host.nvidia_smi("--query-compute-apps=pid,process_name", "--format=csv,noheader")
-    assert read_history(sim_host.host, e)[-1]["failure_kind"] == result.error.kind
+    assert read_history(sim_host.host, e)[-1].shown()["failure_kind"] == result.error.kind
 
 
 def test_package_mismatch_is_refused_by_preflight_before_any_download(sim_host):
@@ -240,7 +240,7 @@ def test_a_killed_deploy_converges_when_run_again(sim_host, tmp_path):
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already running" in second.stdout          # it did not start a second server
-    assert read_active(sim_host.host, entry(sim_host))["model"] == m.name
+    assert read_active(sim_host.host, entry(sim_host)).model == m.name
 
 
 def test_cli_exit_codes(sim_host, tmp_path):

@@ -111,7 +111,7 @@ def test_probes_reach_a_server_bound_to_the_hosts_loopback(systemd_sim):
     with open_host(e) as host:                 # this module's host is shared: stop what serves
         active = read_active(host, e)
         if active:
-            stop_model(host, e, active["model"])
+            stop_model(host, e, active.model)
     data = on_port("minimax-m25", 8000).model_dump()
     data["serving"]["host"] = "127.0.0.1"
     m = Manifest.model_validate(data)

@@ -14,8 +14,9 @@ import pytest
 from rich.console import Console
 
 from orchestrator.errors import DeployFailed
-from orchestrator.host.download import DownloadProgress, plan_download, run_download
+from orchestrator.host.download import plan_download, run_download
 from orchestrator.host.local import LocalHost
+from orchestrator.ops.progress import DownloadProgress
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 from orchestrator.sim.hub import SIM_TOKEN

@@ -58,7 +58,7 @@ def test_dry_run_changes_nothing_on_the_host(sim_host, tmp_path):
     }
     assert set(outputs) == set(HOST_CHANGING)
     assert "VLLM_ORCH_TEST_CHANGED" in outputs["regen"]                  # the diff is shown...
-    assert "stop the service (running)" in outputs["stop"] and "services/kimi-k25-int4.json" in outputs["stop"]
+    assert "stop the service (running, PID" in outputs["stop"] and "services/kimi-k25-int4.json" in outputs["stop"]
     assert "old-model" in outputs["gc"]
     assert snapshot(sim_host.dir) == before                                # ...and nothing is written
     assert (Path(e.state_dir) / "run" / f"vllm-{kimi.name}.pid").read_text().strip() == server_record

@@ -85,9 +85,9 @@ def test_deploy_status_logs_and_stop_of_a_two_node_service(cluster):
     assert done["ready[sim]"] == "done" and done["record[sim-2]"] == "done"
     for e in entries.values():                    # a record and a history line on every node
         host = LocalHost(e.name, env=e.env)
-        rec = read_records(host, e)[NAME]
+        rec = read_records(host, e)[NAME].shown()
         assert rec["nodes"] == ["sim", "sim-2"] and rec["head"] == "sim" and rec["rank"] == (e.name == "sim-2")
-        last = read_history(host, e)[-1]
+        last = read_history(host, e)[-1].shown()
         assert last["operation"] == "deploy" and last["ok"] and last["nodes"] == ["sim", "sim-2"]
         assert running(e)
 
@@ -131,7 +131,7 @@ def test_a_rank_failing_while_loading_fails_the_deploy_naming_its_node(cluster, 
     assert "root cause:" in r.stderr and line in r.stderr
     for e in entries.values():                    # the recovery stopped every node
         assert not running(e)
-        last = read_history(LocalHost(e.name, env=e.env), e)[-1]
+        last = read_history(LocalHost(e.name, env=e.env), e)[-1].shown()
         assert last["operation"] == "deploy" and not last["ok"] and last["recovery"]["ok"]
 
 
@@ -178,7 +178,7 @@ def test_swap_from_one_node_to_two_and_back_with_a_rollback_on_every_node(cluste
     assert r.returncode == 0 and out["ok"], r.stdout[-3000:] + r.stderr[-2000:]
     assert running(sim, ONE) and not running(sim) and not running(sim2)
     assert set(read_records(LocalHost("sim-2", env=sim2.env), sim2)) == set()
-    last = read_history(LocalHost("sim-2", env=sim2.env), sim2)[-1]
+    last = read_history(LocalHost("sim-2", env=sim2.env), sim2)[-1].shown()
     assert last["operation"] == "swap" and last["ok"] and last["from_nodes"] == ["sim", "sim-2"]
 
 
@@ -188,8 +188,8 @@ def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout
     --distributed-timeout-seconds, which the simulator obeys like vLLM) the deploy fails naming
     sim-2 and torch's line, and stops both nodes."""
     from orchestrator.config.manifest import Manifest
+    from orchestrator.ops.deploy import run_deploy
     from orchestrator.ops.execute import Reporter
-    from orchestrator.ops.multinode import run_deploy_nodes
     from orchestrator.plan.run import Options
 
     env, entries, m = cluster
@@ -198,7 +198,7 @@ def test_a_node_that_cannot_reach_the_head_is_named_after_its_rendezvous_timeout
     m = Manifest.model_validate(data)
     nodes = list(entries.values())
     assert cli(env, "sim", "fault", "sim-2", "unreachable-head").returncode == 0
-    res = run_deploy_nodes(nodes, m, Options(poll_s=0.2), Reporter(None, quiet=True), False)
+    res = run_deploy(nodes, m, Options(poll_s=0.2), Reporter(None, quiet=True), False)
     assert not res.ok and res.error is not None and res.error.host == "sim-2", res.error
     assert "never reached the head" in res.error.message
     assert "The client socket has timed out after 10000ms" in " ".join(res.error.details)

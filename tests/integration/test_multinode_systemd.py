@@ -102,7 +102,7 @@ def records(hosts, name: str) -> dict[str, dict | None]:
     out = {}
     for e, _d, _h in hosts:
         with open_host(e) as host:
-            out[e.name] = read_records(host, e).get(name)
+            out[e.name] = rec.shown() if (rec := read_records(host, e).get(name)) else None
     return out
 
 

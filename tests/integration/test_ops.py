@@ -209,7 +209,7 @@ def test_stop_kills_its_orphaned_workers_on_its_gpus_only(sim_host, models_dir):
         assert other.poll() is None and foreign.poll() is None
         assert {h["pid"] for h in holders(sim_host)} == {other.pid, foreign.pid}
         assert read_active(LocalHost("sim"), entry) is None
-        last = read_history(LocalHost("sim"), entry)[-1]
+        last = read_history(LocalHost("sim"), entry)[-1].shown()
         assert last["operation"] == "stop" and len(last["killed"]) == 4
         again = cli("stop", "minimax-m25", "--host", "sim")
         assert again.returncode == 0 and "already stopped" in again.stdout
@@ -258,7 +258,7 @@ def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_d
     beside.mkdir()
 
     dry = cli("gc", "--host", "sim", "--dry-run")
-    assert dry.returncode == 0 and "old-model" in dry.stdout and "keep    kimi-k25-int4" in dry.stdout
+    assert dry.returncode == 0 and "old-model" in dry.stdout and "kimi-k25-int4: the active model" in dry.stdout
     assert old.exists()
     refused = cli("gc", "--host", "sim", input="")     # no TTY, no --yes
     assert refused.returncode == 3 and "--yes" in refused.stderr
@@ -273,7 +273,7 @@ def test_gc_deletes_only_inactive_folders_and_nothing_outside(sim_host, models_d
     assert not old.exists() and (outside / "data").read_text() == "keep me" and beside.is_dir()
     assert theirs.is_dir()
     assert (root / "kimi-k25-int4" / "config.json").exists()
-    assert read_history(LocalHost("sim"), entry)[-1]["operation"] == "gc"
+    assert read_history(LocalHost("sim"), entry)[-1].shown()["operation"] == "gc"
     hist = cli("history", "--host", "sim", "--json")
     ops = [rec["operation"] for rec in json.loads(hist.stdout)]
     assert ops == ["deploy", "gc"], ops

@@ -139,7 +139,7 @@ def test_a_stale_record_never_makes_stop_kill_a_process_group(sim_host):
             assert res.ok, res.error
             time.sleep(0.2)
             assert bystander.poll() is None, f"stop killed an unrelated process group ({stale})"
-        last = read_history(sim_host.host, e)[-1]
+        last = read_history(sim_host.host, e)[-1].shown()
         assert last["operation"] == "stop" and last["killed"] == []
     finally:
         bystander.kill()

@@ -183,7 +183,7 @@ def test_swap_between_the_tiny_models_then_rollback_when_the_new_one_fails(real_
     st = host_status(e)
     assert (st.state, st.active_model, st.port) == ("ready", "tiny-llama-b", PORT_B), st
     assert not running(real_vllm_host, e, "tiny-llama-a")
-    history = read_history(real_vllm_host.host, e)
+    history = [h.shown() for h in read_history(real_vllm_host.host, e)]
     failed = [h for h in history if h["operation"] == "swap"][-1]
     # The engine's own refusal, read from the real log as the root cause (probe/logsig.py).
     assert failed["ok"] is False and failed.get("failure_kind") == "fatal-log", failed

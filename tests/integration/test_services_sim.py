@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.inventory import HostEntry, ServingOverride
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import Request
 from orchestrator.host.state import read_history, read_records
 from orchestrator.ops.status import host_status
 from orchestrator.ops.stop import stop_model
@@ -33,9 +33,9 @@ def copy_of(name: str, as_name: str, port: int) -> Manifest:
     return Manifest.model_validate(data)
 
 
-def placed(e: HostEntry, m: Manifest, gpus: list[int], port: int) -> HostEntry:
-    """The entry as `deploy M --gpus ... --port ...` makes it (cli/deploy.placed)."""
-    return e.with_command_line(m.name, ServingOverride(gpu_ids=gpus, port=port))
+def placed(gpus: list[int], port: int, name: str | None = None) -> Request:
+    """`deploy M --gpus ... --port ... [--name NAME]`."""
+    return Request(name, tuple(gpus), port)
 
 
 class ProbeLoop(threading.Thread):
@@ -71,24 +71,23 @@ def two(sim_host):
     (`deploy minimax-m25 --name mm-b --gpus 4-7 --port PB`): one weights folder, two services."""
     e = entry(sim_host)
     a = copy_of(MM, MM, free_port())
-    b = a.as_service("mm-b")
     assert deploy(e, a).ok
     pb = free_port()
-    res = deploy(placed(e, b, [4, 5, 6, 7], pb), b)
+    res = deploy(e, a, request=placed([4, 5, 6, 7], pb, "mm-b"))
     assert res.ok, res.error
     assert [d.name for d in (sim_host.dir / "models").iterdir()] == [MM]      # one folder for both
-    return e, a, b, pb
+    return e, a, "mm-b", pb
 
 
 def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
     e, a, b, pb = two
-    records = read_records(sim_host.host, e)
+    records = {n: r.shown() for n, r in read_records(sim_host.host, e).items()}
     assert sorted(records) == sorted(["mm-b", MM])
     assert records["mm-b"]["gpus"] == [4, 5, 6, 7] and records["mm-b"]["port"] == pb
     assert records["mm-b"]["model"] == MM and records["mm-b"]["service"] == "mm-b"
     assert records[MM]["gpus"] == [0, 1, 2, 3]
     installed = json.loads((Path(e.state_dir) / "installed" / "mm-b.json").read_text())
-    assert installed["model"] == MM and installed["placed"] == {"gpu_ids": [4, 5, 6, 7], "port": pb}
+    assert installed["model"] == MM and (installed["gpus_from"], installed["port_from"]) == ("command line",) * 2
 
     st = host_status(e)
     rows = {s.name: s for s in st.services}
@@ -112,7 +111,7 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
 
     # A third placement on a taken GPU is refused before anything, naming the service.
     c = copy_of(MM, "mm-c", free_port())
-    refused = deploy(placed(e, c, [2, 3, 4, 5], free_port()), c)
+    refused = deploy(e, c, request=placed([2, 3, 4, 5], free_port()))
     assert not refused.ok and refused.error.exit_code == 3 and "takes GPU" in refused.error.message
     assert "mm-c" not in read_records(sim_host.host, e)
 
@@ -128,16 +127,16 @@ def test_two_services_deploy_show_swap_and_stop_independently(sim_host, two):
         loop.stop()
     assert res.ok, res.error
     assert loop.ok > 5 and loop.failed == [], loop.failed[:3]
-    records = read_records(sim_host.host, e)
+    records = {n: r.shown() for n, r in read_records(sim_host.host, e).items()}
     assert sorted(records) == sorted(["mm-c", MM])
     assert records["mm-c"]["gpus"] == [4, 5, 6, 7] and records["mm-c"]["port"] == pb
     assert health(Endpoint(sim_host.host, pb)) == 200
-    last = read_history(sim_host.host, e)[-1]
+    last = read_history(sim_host.host, e)[-1].shown()
     assert last["operation"] == "swap" and last["from"] == "mm-b" and last["service"] == "mm-c"
 
     # Without --replace on a host with several services: asked for it, nothing touched.
     with pytest.raises(Exception) as err:
-        swap(e, b, {a.name: a, c.name: c})
+        swap(e, a, {a.name: a, c.name: c}, request=Request(b))
     assert getattr(err.value, "exit_code", None) == 2 and "--replace" in str(err.value)
 
     # Stop one: the other still serves, and its processes were not touched.

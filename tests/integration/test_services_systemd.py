@@ -24,7 +24,7 @@ def test_two_services_on_a_systemd_host_swap_one_the_other_keeps_answering(clean
     a, b, c = copy_of(MM, MM, 8000), copy_of(MM, "mm-b", 8001), copy_of(MM, "mm-c", 8001)
     manifests = {m.name: m for m in (a, b, c)}
     assert deploy(e, a).ok
-    res = deploy(placed(e, b, [4, 5, 6, 7], 8001), b)
+    res = deploy(e, b, request=placed([4, 5, 6, 7], 8001))
     assert res.ok, res.error
     st = host_status(e)
     assert sorted(s.name for s in st.services) == sorted(["mm-b", MM])
@@ -41,7 +41,7 @@ def test_two_services_on_a_systemd_host_swap_one_the_other_keeps_answering(clean
     assert swapped.ok, swapped.error
     assert loop.ok > 5 and loop.failed == [], loop.failed[:3]
     with open_host(e) as host:
-        records = read_records(host, e)
+        records = {n: r.shown() for n, r in read_records(host, e).items()}
         assert sorted(records) == sorted(["mm-c", MM]) and records["mm-c"]["gpus"] == [4, 5, 6, 7]
         assert host.run(["systemctl", "is-active", "vllm-mm-b.service"]).stdout.strip() != "active"
         assert host.run(["systemctl", "is-active", "vllm-mm-c.service"]).stdout.strip() == "active"

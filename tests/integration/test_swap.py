@@ -40,8 +40,8 @@ def test_staged_swap_measures_downtime(sim_host, pair):
     assert result.extra["staged"] is True
     downtime, load = result.extra["downtime_s"], result.extra["load_s"]
     assert load <= downtime <= load + 2.0, (downtime, load)
-    assert read_active(sim_host.host, e)["model"] == new.name
-    assert read_history(sim_host.host, e)[-1]["operation"] == "swap"
+    assert read_active(sim_host.host, e).model == new.name
+    assert read_history(sim_host.host, e)[-1].shown()["operation"] == "swap"
     assert (sim_host.dir / "models" / old.name).is_dir(), "the previous model's files must stay"
 
 
@@ -69,9 +69,9 @@ def test_failed_swap_rolls_back_to_the_previous_model(sim_host, pair, fault, kin
     assert result.extra["rollback"]["ok"], result.extra["rollback"]
     assert any("serves again" in d for d in result.error.details)
     assert health(Endpoint(sim_host.host, old.serving.port)) == 200
-    assert read_active(sim_host.host, e)["model"] == old.name
+    assert read_active(sim_host.host, e).model == old.name
     assert sorted(p.name for p in (sim_host.dir / "models" / old.name).rglob("*")) == before
-    ops = [h["operation"] for h in read_history(sim_host.host, e)[-2:]]
+    ops = [h.operation for h in read_history(sim_host.host, e)[-2:]]
     assert ops == ["swap", "rollback"]
 
 
@@ -100,7 +100,7 @@ def test_an_interrupted_swap_converges(sim_host, pair, tmp_path):
     kill_when(cmd, env, "ready:")                      # killed while it waits for readiness
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert read_active(sim_host.host, e)["model"] == new.name
+    assert read_active(sim_host.host, e).model == new.name
     assert health(Endpoint(sim_host.host, new.serving.port)) == 200
 
 
@@ -129,8 +129,8 @@ def test_regen_without_and_with_a_template_change(sim_host, tmp_path, monkeypatc
     restarted = run_regen(e, manifests, opts(), quiet, dry_run=False, restart=True)
     assert restarted.ok, restarted.error
     after = read_active(sim_host.host, e)          # how it runs changed, not which weights it serves
-    assert (after["revision"], after["deployed_at"]) == (before["revision"], before["deployed_at"])
-    assert after["unit_hash"] != before["unit_hash"]
+    assert (after.revision, after.deployed_at) == (before.revision, before.deployed_at)
+    assert after.unit_hash != before.unit_hash
     assert (sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text() != pid_before
     assert health(Endpoint(sim_host.host, m.serving.port)) == 200
 

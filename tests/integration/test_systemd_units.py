@@ -146,8 +146,8 @@ def test_the_health_timer_restarts_a_server_that_hangs_after_deploy(sd):
     assert deploy(e, m).ok                              # serves for 20 s, then hangs
     with open_host(e) as host:
         pid = show(host, m.unit_name)["MainPID"]
-        restart = wait_for(lambda: [r for r in read_history(host, e) if r.get("operation") == "health-restart"],
-                           150, every=1, what="a health-restart record")[-1]
+        restart = wait_for(lambda: [r for r in read_history(host, e) if r.operation == "health-restart"],
+                           150, every=1, what="a health-restart record")[-1].shown()
         wait_for(lambda: (s := show(host, m.unit_name))["ActiveState"] == "active" and s["MainPID"] != pid,
                  120, what="the restarted service to serve")
     hung_at = fired(host_dir(home), "hang-after-ready")[-1]["at"]
@@ -209,7 +209,7 @@ def test_after_a_swap_and_a_reboot_the_swapped_in_model_comes_back(sd, tmp_path)
     with open_host(e) as host:
         enabled = {m.name: host.run(["systemctl", "is-enabled", m.unit_name]).stdout.strip() for m in (a, b)}
         assert enabled == {a.name: "disabled", b.name: "enabled"}
-        assert read_active(host, e)["model"] == b.name and read_active(host, e)["enabled"] is True
+        assert read_active(host, e).model == b.name and read_active(host, e).enabled is True
     manager.reboot("sim", home)
     with open_host(e) as host:
         wait_for(lambda: show(host, b.unit_name)["ActiveState"] == "active", 120, what=f"{b.name} after the reboot")
@@ -224,7 +224,7 @@ def test_after_a_swap_and_a_reboot_the_swapped_in_model_comes_back(sd, tmp_path)
         return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], env=env, capture_output=True,
                               text=True, timeout=300)
     stopped = cli("stop", b.name, "--host", "sim")
-    assert stopped.returncode == 0 and "disabling vllm-minimax-m25-ep.service at boot" in stopped.stdout
+    assert stopped.returncode == 0 and "disable vllm-minimax-m25-ep.service at boot" in stopped.stdout
     with open_host(e) as host:
         assert host.run(["systemctl", "is-enabled", b.unit_name]).stdout.strip() == "disabled"
         host.run(["systemctl", "enable", a.unit_name]).check(e.name)          # enabled by hand, then ...

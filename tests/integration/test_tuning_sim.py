@@ -42,7 +42,7 @@ def test_host_service_env_reaches_the_running_service(sim_host):
     assert "NCCL_P2P_LEVEL=SYS" in env_file and "NCCL_GRAPH_FILE=/etc/nccl/graph.xml" in env_file
     assert "PYTHONPATH" not in env_file                            # vllm-orch's own commands only
     assert "VLLM_USE_DEEP_GEMM=0" in env_file                      # the rtx-pro-6000 class's env
-    assert read_active(sim_host.host, e)["hardware"] == "rtx-pro-6000"
+    assert read_active(sim_host.host, e).hardware == "rtx-pro-6000"
 
 
 def test_a_b200_host_runs_the_b200_class(sim_host):
@@ -52,9 +52,9 @@ def test_a_b200_host_runs_the_b200_class(sim_host):
     assert result.ok, result.error
     pre = next(a for a in result.plan.actions if a.step == "preflight")
     assert any("hardware class b200 (SM100, NVLink; requires.hardware.b200 applied)" in d for d in pre.details)
-    argv = read_active(sim_host.host, e)["argv"]
+    argv = read_active(sim_host.host, e).argv
     assert "--moe-backend" not in argv and "--attention-backend" not in argv      # the SM120 choices stay there
-    assert read_active(sim_host.host, e)["hardware"] == "b200"
+    assert read_active(sim_host.host, e).hardware == "b200"
 
 
 def test_an_h100_host_is_refused_naming_the_classes(sim_host):
@@ -99,10 +99,10 @@ def test_throughput_is_measured_and_recorded(sim_host):
     e, m = entry(sim_host), on_port("kimi-k25-int4")
     result = deploy(e, m)
     assert result.ok, result.error
-    perf = read_history(sim_host.host, e)[-1]["perf"]
+    perf = read_history(sim_host.host, e)[-1].shown()["perf"]
     # the profile decodes at 79 tok/s; a busy 2-core machine keeps well within the 75% floor
     assert perf["ok"] and 59 < perf["single_stream_tok_s"] < 100, perf
-    assert perf["seconds"] < 30 and read_active(sim_host.host, e)["perf"]["ok"]
+    assert perf["seconds"] < 30 and read_active(sim_host.host, e).perf["ok"]
     assert "warnings" not in result.extra
 
 
@@ -113,7 +113,7 @@ def test_far_below_the_floor_warns_naming_likely_causes(sim_host):
     assert result.ok, result.error                                  # warn: the manifest's default
     (warning,) = result.extra["warnings"]
     assert "far below its expected throughput: single stream" in warning and "expected 79" in warning
-    perf = read_history(sim_host.host, e)[-1]["perf"]
+    perf = read_history(sim_host.host, e)[-1].shown()["perf"]
     assert not perf["ok"] and perf["single_stream_tok_s"] < 59
     assert any("NCCL_P2P_DISABLE=1" in c for c in perf["likely_causes"])
 
@@ -132,6 +132,6 @@ def test_a_failing_floor_rolls_a_swap_back(sim_host):
     assert isinstance(result.error, BelowFloor) and result.error.step == "perf", result.error
     assert any("likely causes" in d for d in result.error.details)
     assert result.extra["rollback"]["ok"], result.extra["rollback"]
-    assert health(Endpoint(sim_host.host, port)) == 200 and read_active(sim_host.host, e)["model"] == old.name
-    swap_record = [h for h in read_history(sim_host.host, e) if h["operation"] == "swap"][-1]
+    assert health(Endpoint(sim_host.host, port)) == 200 and read_active(sim_host.host, e).model == old.name
+    swap_record = [h.shown() for h in read_history(sim_host.host, e) if h.operation == "swap"][-1]
     assert swap_record["failure_kind"] == "perf" and not swap_record["perf"]["ok"]

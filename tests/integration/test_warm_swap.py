@@ -183,7 +183,7 @@ def test_a_warm_swap_reads_while_the_old_model_serves_and_loads_from_ram(slow_ho
     assert during and all(status == 200 for status in during), during       # the old model kept answering
     assert warm.extra["weights_s"] < cold.extra["weights_s"] / 2, (warm.extra, cold.extra)
     assert warm.extra["downtime_s"] < cold.extra["downtime_s"]
-    rec = read_history(LocalHost("sim"), e)[-1]
+    rec = read_history(LocalHost("sim"), e)[-1].shown()
     assert rec["warm"]["reason"] == "complete" and rec["expected_s"]["warm_s"] < rec["expected_s"]["cold_s"]
 
 
@@ -236,6 +236,6 @@ def test_deploy_warm_after_a_stop(slow_host):
     assert r.ok, r.error
     steps = [a.step for a in r.plan.actions]
     assert steps.index("warm") == steps.index("start") - 1
-    rec = read_history(host, e)[-1]
+    rec = read_history(host, e)[-1].shown()
     assert rec["warm"]["warmed_bytes"] == size and rec["warm"]["reason"] == "complete"
     assert rec["expected_s"]["warm_s"] < rec["expected_s"]["cold_s"]

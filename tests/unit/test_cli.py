@@ -144,3 +144,24 @@ def test_the_documented_shell_hook_works(places):
                COMP_CWORD="4")
     r = subprocess.run(exe, env=env, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["plain,gpu1", "plain,gpu2"], r.stdout + r.stderr
+
+
+def test_one_place_maps_results_to_exit_codes():
+    """Commands return their result; cli/main.exit_code (through the group's result callback) is
+    the one place it becomes the exit code. No command exits by itself."""
+    from pathlib import Path
+
+    from orchestrator.cli.main import exit_code
+    from orchestrator.errors import RefusedError
+    from orchestrator.ops.session import OpResult
+    from orchestrator.plan.model import Plan
+
+    plan = Plan("deploy", "h", "m")
+    assert exit_code(None) == 0 and exit_code(3) == 3 and exit_code(True) == 0
+    assert exit_code(OpResult("deploy", "h", "m", ok=True, dry_run=False, plan=plan)) == 0
+    refused = OpResult("deploy", "h", "m", ok=False, dry_run=False, plan=plan, error=RefusedError("no"))
+    assert exit_code(refused) == 3
+    assert exit_code(OpResult("deploy", "h", "m", ok=False, dry_run=False, plan=plan)) == 1
+    cli_dir = Path(__file__).parents[2] / "orchestrator" / "cli"
+    exits = [p.name for p in cli_dir.glob("*.py") if p.name != "main.py" and "sys.exit(" in p.read_text()]
+    assert exits == []

@@ -4,8 +4,9 @@ import ast
 
 from rich.console import Console
 
-from orchestrator.host.download import EVENTS, DownloadProgress, download_args
+from orchestrator.host.download import EVENTS, download_args
 from orchestrator.host.scripts import parse_event
+from orchestrator.ops.progress import DownloadProgress
 from orchestrator.paths import package_file
 from orchestrator.secret import Secret
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.host.facts import gather, gather_for_status
+from orchestrator.host.facts import StatusExtras, gather, gather_for_status
 from orchestrator.host.local import LocalHost
 from orchestrator.ops.status import read_extras
 from orchestrator.paths import package_file
@@ -65,7 +65,8 @@ def test_status_subset_in_one_round_trip(host_dirs):
     assert lock is None                                        # no lock file: nobody holds it
     assert checks == {"mm-a": {"ok": True, "at": 1.0}}          # the unreadable check and the link are left out
     # the active record's model gets its service state although nothing is installed
-    assert facts.active == {"model": "mm-a", "port": 8001}
+    assert facts.active is not None and facts.active.shown() == {"model": "mm-a", "port": 8001, "gpus": [],
+                                                                 "argv": [], "enabled": False}
     assert facts.services["mm-a"].active is False and facts.running() == []
     # vLLM's version from its dist-info (the first Version: header), without importlib.metadata
     assert facts.vllm_version == "9.8.7"
@@ -112,14 +113,15 @@ def test_the_lock_holder_is_read_only_while_the_lock_is_held(host_dirs):
 
 @pytest.mark.parametrize("extras", [
     {}, {"uptime": "x", "lock": [1], "health": [], "history": "not a list"},
-    {"uptime": None, "lock": "held", "health": {"a": 1, "b": {"ok": False}}, "history": [1, None, "[1]", "{}"]},
+    {"uptime": None, "lock": "held", "health": {"a": 1, "b": {"ok": False}},
+     "history": [1, None, "[1]", "{}", '{"operation": 3}', '{"operation": "deploy"}']},
 ])
 def test_read_extras_takes_only_what_has_the_expected_shape(extras):
-    history, uptime, lock, checks = read_extras(extras)
+    history, uptime, lock, checks = read_extras(StatusExtras.model_validate(extras))
     assert uptime is None and lock is None
     assert all(isinstance(rec, dict) for rec in history)
     assert checks == ({"b": {"ok": False}} if extras.get("health") else {})
-    assert history == ([{}] if isinstance(extras.get("history"), list) else [])
+    assert history == ([{"operation": "deploy"}] if isinstance(extras.get("history"), list) else [])
 
 
 def test_nvidia_smi_queries_run_side_by_side(tmp_path):

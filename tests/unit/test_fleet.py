@@ -294,9 +294,12 @@ def test_equal_plans_are_grouped_and_differences_kept():
 
 
 def test_an_interrupt_reaches_every_host_in_flight_and_starts_no_more():
-    """Ctrl-C reaches only the main thread: the runner passes it on, so each host's own interrupt
-    handling (a swap's rollback) runs, and the hosts not started stay untouched."""
+    """Ctrl-C reaches only the main thread: the runner cancels the fleet's token, which each host's
+    run checks in its waits (host/cancel.py), so each host's own interrupt handling (a swap's
+    rollback) runs, and the hosts not started stay untouched."""
     import _thread
+
+    from orchestrator.host import cancel
 
     recovered = []
     running = threading.Semaphore(0)
@@ -304,8 +307,8 @@ def test_an_interrupt_reaches_every_host_in_flight_and_starts_no_more():
     def one(entry, reporter):
         running.release()
         try:
-            while True:                           # a long step
-                time.sleep(0.01)
+            while True:                           # a long step, waiting as the real ones do
+                cancel.sleep(0.01)
         except KeyboardInterrupt:                 # what run_plan does: recovery, then an Interrupted error
             recovered.append(entry.name)
             return HostOutcome(130, "ready: interrupted during ready")

@@ -13,12 +13,12 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
 from orchestrator.host.facts import HostFacts, ModelDir
 from orchestrator.host.modeldirs import delete_script
-from orchestrator.ops.stop import plan_gc
 from orchestrator.paths import shipped_dir
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, ServiceInput
 from orchestrator.plan.run import Options
+from orchestrator.plan.stop import gc_choice
 from orchestrator.render.artifacts import render
 
 GIB = 1024 ** 3
@@ -130,6 +130,6 @@ def test_deleting_asks_first_and_the_plan_says_so():
 
 def test_gc_keeps_folders_it_did_not_make():
     f = facts({"alice-experiments": mdir("alice-experiments", 5, 1.0, ours=False), "old": mdir("old", 5, 2.0)})
-    plan = plan_gc(f)
-    assert [c.name for c in plan.delete] == ["old"]
-    assert "not made by vllm-orch" in dict(plan.keep)["alice-experiments"]
+    delete, keep = gc_choice(f)
+    assert [c.name for c in delete] == ["old"]
+    assert "not made by vllm-orch" in dict(keep)["alice-experiments"]

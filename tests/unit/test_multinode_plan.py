@@ -17,8 +17,9 @@ from orchestrator.config.placement import node_roles
 from orchestrator.errors import DeployFailed
 from orchestrator.host.ownership import FOREIGN, Proc
 from orchestrator.host.services import ServiceState
+from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, ServiceInput
-from orchestrator.plan.multinode import plan_deploy_nodes, verify_same_action, weights_differ
+from orchestrator.plan.multinode import verify_same_action, weights_differ
 from orchestrator.plan.preflight import FAIL, Check
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.render.artifacts import render
@@ -59,7 +60,7 @@ def keys(plan) -> list[str]:
 
 
 def test_a_fresh_two_node_deploy_runs_each_step_on_its_node_workers_before_the_head():
-    plan = plan_deploy_nodes(node_inputs(two_node(), {"gpu1": {"users": {}}, "gpu2": {"users": {}}}))
+    plan = plan_deploy(*node_inputs(two_node(), {"gpu1": {"users": {}}, "gpu2": {"users": {}}}))
     assert plan.refusal is None
     assert keys(plan) == [
         "lock[gpu1]", "lock[gpu2]", "preflight[gpu1]", "preflight[gpu2]", "disk[gpu1]", "disk[gpu2]",
@@ -84,12 +85,13 @@ def test_the_workers_unit_has_the_headless_argv_and_the_record_names_every_node(
     head, worker = (i.target.rendered for i in inputs)
     assert "--headless" in worker.argv and "--headless" not in head.argv
     assert worker.argv[worker.argv.index("--master-addr") + 1] == "10.0.0.1"
-    from orchestrator.plan.service import node_fields, recorded_role
+    from orchestrator.host.records import InstalledRecord, NodeFields
 
-    assert node_fields(worker.role) == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1", "head_address": "10.0.0.1"}
-    assert recorded_role(node_fields(worker.role)) == worker.role          # regen re-renders the node as it is
-    assert recorded_role({"nodes": ["gpu1"], "rank": 3, "head_address": "x"}) is None
-    assert node_fields(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
+    fields = NodeFields.of(worker.role)
+    assert fields == {"nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1", "head_address": "10.0.0.1"}
+    assert InstalledRecord(**fields).role() == worker.role          # regen re-renders the node as it is
+    assert InstalledRecord(nodes=["gpu1"], rank=3, head_address="x").role() is None
+    assert NodeFields.of(render(MODELS["kimi-k25-int4"], HEAD, {}).role) == {}     # one host: no node fields
 
 
 def test_a_running_unchanged_service_on_every_node_is_all_noops():
@@ -100,7 +102,7 @@ def test_a_running_unchanged_service_on_every_node_is_all_noops():
         per[i.entry.name] = {"services": {m.name: ServiceState(active=True, main_pid=7)}, "active": rec,
                              "download": download(0, 547 * 10 ** 9), "files_installed": True,
                              "serving": i.entry.name == "gpu1"}
-    plan = plan_deploy_nodes(node_inputs(m, per))
+    plan = plan_deploy(*node_inputs(m, per))
     assert plan.refusal is None and not plan.changes and not plan.recoveries
     assert all(a.noop for a in plan.actions if a.step not in ("lock", "verify-same"))
 
@@ -109,7 +111,7 @@ def test_one_nodes_changed_unit_restarts_every_node_head_stopped_first():
     m = two_node()
     running = {"services": {m.name: ServiceState(active=True, main_pid=7)}}
     inputs = node_inputs(m, {"gpu1": {**running, "files_installed": True}, "gpu2": {**running}})   # gpu2: new files
-    plan = plan_deploy_nodes(inputs)
+    plan = plan_deploy(*inputs)
     k = keys(plan)
     assert k.index("stop[gpu1]") < k.index("stop[gpu2]") < k.index("start[gpu2]") < k.index("start[gpu1]")
     assert plan.actions[k.index("install[gpu1]")].noop and not plan.actions[k.index("install[gpu2]")].noop
@@ -118,18 +120,18 @@ def test_one_nodes_changed_unit_restarts_every_node_head_stopped_first():
 @pytest.mark.parametrize("node", ["gpu1", "gpu2"])
 def test_a_refusal_on_either_node_ends_the_plan_before_anything_changes(node):
     failed = [*CHECKS, Check("vllm-version", FAIL, "vLLM 0.10.0 < 0.19.1", fix="upgrade vLLM")]
-    plan = plan_deploy_nodes(node_inputs(two_node(), {node: {"preflight": failed}}))
+    plan = plan_deploy(*node_inputs(two_node(), {node: {"preflight": failed}}))
     assert plan.refusal is not None and plan.refusal.host == node and plan.refusal.step == "preflight"
     assert keys(plan)[-1] == "preflight[gpu2]" and "download" not in keys(plan)
     stranger = [Proc(pid=5151, name="python3 train.py", used_mib=4000, gpu_index=3, kind=FOREIGN, start_time=515100)]
-    plan = plan_deploy_nodes(node_inputs(two_node(), {node: {"procs": stranger}}))
+    plan = plan_deploy(*node_inputs(two_node(), {node: {"procs": stranger}}))
     assert plan.refusal is not None and plan.refusal.host == node and plan.refusal.step == "gpus"
     assert keys(plan)[-1] == f"gpus[{node}]" and not any(a.step == "start" for a in plan.actions)
 
 
 def test_nodes_resolving_the_revision_to_different_commits_are_refused_at_plan_time():
     other = replace(download(547 * 10 ** 9), commit="b" * 40)
-    plan = plan_deploy_nodes(node_inputs(two_node(), {"gpu2": {"download": other}}))
+    plan = plan_deploy(*node_inputs(two_node(), {"gpu2": {"download": other}}))
     assert plan.refusal is not None and plan.refusal.host == "gpu2" and plan.refusal.step == "verify-same"
     assert "bbbbbbbbbbbb on gpu2" in str(plan.refusal) and keys(plan)[-1] == "verify-same"
 
@@ -173,7 +175,7 @@ def test_verify_same_fails_naming_the_node_whose_weights_differ():
     def env_with(worker_record: dict) -> RunEnv:
         envs = {}
         for i, rec in zip(inputs, (record(), worker_record), strict=True):
-            path = f"{i.entry.models_root}/{i.target.manifest.model_name}/.vllm-orch/verified.json"
+            path = f"{i.entry.models_root}/{i.target.model}/.vllm-orch/verified.json"
             envs[i.entry.name] = RunEnv(FakeHost(i.entry.name, {path: json.dumps(rec).encode()}), i.entry, Options())
         envs["gpu1"].nodes = envs
         return envs["gpu1"]
@@ -188,17 +190,17 @@ def test_verify_same_fails_naming_the_node_whose_weights_differ():
 def test_one_download_step_for_every_node_is_a_noop_when_all_have_the_weights():
     have = DownloadPlan(total_bytes=5, have_bytes=5, to_fetch_bytes=0, files=3, commit="a" * 40, from_record=True)
     need = download(547 * 10 ** 9)
-    plan = plan_deploy_nodes(node_inputs(two_node(), {"gpu1": {"download": have}, "gpu2": {"download": have}}))
+    plan = plan_deploy(*node_inputs(two_node(), {"gpu1": {"download": have}, "gpu2": {"download": have}}))
     step = next(a for a in plan.actions if a.step == "download")
     assert step.noop and step.node is None
-    plan = plan_deploy_nodes(node_inputs(two_node(), {"gpu1": {"download": have}, "gpu2": {"download": need}}))
+    plan = plan_deploy(*node_inputs(two_node(), {"gpu1": {"download": have}, "gpu2": {"download": need}}))
     step = next(a for a in plan.actions if a.step == "download")
     assert not step.noop and "fetch on gpu2 in parallel" in step.summary
     assert any(d.startswith("gpu1: nothing to do") for d in step.details)
 
 
 def test_a_swap_from_one_node_to_two_stages_everywhere_first_and_rolls_back_on_every_node():
-    from orchestrator.plan.multinode import OldService, plan_swap_nodes
+    from orchestrator.plan.swap import plan_swap
 
     from .test_planners import svc
 
@@ -207,9 +209,7 @@ def test_a_swap_from_one_node_to_two_stages_everywhere_first_and_rolls_back_on_e
                "active": {"model": old.name, "gpus": list(range(8))}}
     inputs = node_inputs(two_node(), {"gpu1": on_head})
     inputs[0] = replace(inputs[0], old=old)
-    entries = {i.entry.name: i.entry for i in inputs}
-    plan = plan_swap_nodes(inputs, OldService(old.name, ("gpu1",), old, frozenset({"gpu1"})), entries,
-                           {n: i.lock for n, i in zip(entries, inputs, strict=True)})
+    plan = plan_swap(*inputs)           # the old service: the head's, one host
     assert plan.refusal is None
     k = keys(plan)
     assert k.index("verify-same") < k.index("install[gpu2]") < k.index("stop[gpu1]") < k.index("start[gpu2]") \
@@ -246,3 +246,26 @@ def test_the_parallel_download_runs_every_node_and_fails_naming_the_node_that_fa
     assert sorted(seen) == ["gpu1", "gpu2"] and err.value.host == "gpu2" and "503" in err.value.message
     assert any(d.startswith("gpu1: ") for d in err.value.details)        # what the other node did
     assert envs["gpu1"].record.download is not None and envs["gpu2"].record.download is None
+
+
+def test_a_swap_from_two_nodes_back_to_one_stops_the_old_service_on_every_node():
+    """The new service on one host, the old one on two: every step names its node, so the old
+    service's stop on the other host runs there (it ran on the head twice before)."""
+    from orchestrator.plan.multinode import OldService
+    from orchestrator.plan.swap import plan_swap
+
+    from .test_planners import inp, svc
+
+    old_head = node_inputs(two_node())[0].target
+    f = facts(services={old_head.name: ServiceState(active=True, main_pid=7)},
+              active={"model": old_head.name, "gpus": list(range(8))})
+    new = inp(svc("kimi-k25-int4"), f, download(0, 547 * 10 ** 9), old=old_head)
+    new = replace(new, entry=HEAD)
+    old = OldService(old_head.name, ("gpu1", "gpu2"), old_head, frozenset({"gpu1", "gpu2"}))
+    lock = new.lock
+    plan = plan_swap(new, old=old, elsewhere={"gpu2": (WORKER, lock)})
+    assert plan.refusal is None, plan.refusal
+    k = keys(plan)
+    assert "stop[gpu1]" in k and "stop[gpu2]" in k and "lock[gpu2]" in k and "record[gpu2]" in k
+    rb = plan.recovery_for(k.index("stop[gpu1]") + 1)
+    assert rb is not None and "start[gpu2]" in [a.key for a in rb.actions]

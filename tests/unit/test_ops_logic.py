@@ -13,9 +13,11 @@ from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts, ModelDir
 from orchestrator.host.modeldirs import delete_script
 from orchestrator.host.ownership import ABANDONED, FOREIGN, LEFT, SERVICE, Proc
+from orchestrator.host.records import ServiceRecord
 from orchestrator.host.services import ServiceState
 from orchestrator.ops.status import bench_summary, decide_state, deploy_summary, pick_model
-from orchestrator.ops.stop import deploy_started_at, leftovers, model_gpus, plan_gc
+from orchestrator.ops.stop import deploy_started_at
+from orchestrator.plan.stop import gc_choice, leftovers, model_gpus
 
 
 @pytest.mark.parametrize("active,failed,health,listed,expected", [
@@ -51,9 +53,9 @@ def test_failure_words_say_why_and_whether_the_restarts_ran_out():
 
 
 def test_pick_model_prefers_the_running_recorded_model_then_a_loading_one():
-    assert pick_model({"model": "a"}, ["a"]) == "a"
-    assert pick_model({"model": "a"}, []) == "a"             # recorded, now failed/stopped
-    assert pick_model({"model": "a"}, ["b"]) == "b"          # a swap loading b before it is recorded
+    assert pick_model("a", ["a"]) == "a"
+    assert pick_model("a", []) == "a"             # recorded, now failed/stopped
+    assert pick_model("a", ["b"]) == "b"          # a swap loading b before it is recorded
     assert pick_model(None, ["b"]) == "b"                    # a first deploy still loading
     assert pick_model(None, []) is None
 
@@ -97,7 +99,7 @@ def facts(**kw) -> HostFacts:
 
 
 def test_model_gpus_from_record_then_manifest_then_processes():
-    f = facts(active={"model": "m", "gpus": [3, 1]}, procs=[proc(1, 6, left_by="m")])
+    f = facts(active=ServiceRecord(model="m", gpus=[3, 1]), procs=[proc(1, 6, left_by="m")])
     assert model_gpus(f, "m", [0]) == [1, 3]
     assert model_gpus(f, "x", [4, 5]) == [4, 5]
     assert model_gpus(facts(procs=[proc(1, 6, left_by="m")]), "m", None) == [6]
@@ -107,12 +109,19 @@ def test_plan_gc_keeps_active_and_running_and_orders_by_last_use():
     record = {"repo": "a/b", "files": {}, "complete": True}
     models = {n: ModelDir(n, b, dict(record, complete=n != "c"), t)
               for n, b, t in (("a", 10, 5.0), ("b", 20, 1.0), ("c", 30, 2.0), ("d", 40, 3.0))}
-    f = facts(models=models, active={"model": "a"},
+    f = facts(models=models, active=ServiceRecord(model="a"),
               services={"d": ServiceState(active=True, main_pid=9)})
-    plan = plan_gc(f)
-    assert [c.name for c in plan.delete] == ["b", "c"] and [c.verified for c in plan.delete] == [True, False]
-    assert plan.bytes == 50
-    assert dict(plan.keep) == {"a": "the active model", "d": "its service is running"}
+    delete, keep = gc_choice(f)
+    assert [c.name for c in delete] == ["b", "c"] and [c.verified for c in delete] == [True, False]
+    assert sum(c.bytes for c in delete) == 50
+    assert dict(keep) == {"a": "the active model", "d": "its service is running"}
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.plan.inputs import LockFacts
+    from orchestrator.plan.stop import plan_gc
+
+    plan = plan_gc(HostEntry(name="h", address="h"), f, LockFacts(held=False, path="/l"))
+    assert [a.step for a in plan.actions] == ["lock", "keep", "delete", "delete"] and len(plan.confirmations()) == 2
+    assert plan.info["bytes"] == 50 and "the active model" in plan.text()
 
 
 @pytest.mark.parametrize("name", ["", "..", ".", "a/b", ".vllm-orch"])

@@ -184,7 +184,7 @@ def test_stop_spares_what_another_recorded_service_left_on_shared_gpus():
     a stop of another service on overlapping GPUs must not kill them (the rule's protection of the
     host's other services reaches stop as it reaches deploy)."""
     from orchestrator.host.facts import HostFacts
-    from orchestrator.ops.stop import leftovers
+    from orchestrator.plan.stop import leftovers
 
     procs = [p(1, 0, SERVICE, "kimi"), p(6, 1, LEFT, "mini"), p(3, 1, ABANDONED)]
     facts = HostFacts(hostname="h", disk_path="/", disk_total=10, disk_free=5, gpus=[], gpu_error=None,

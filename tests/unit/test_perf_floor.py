@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from orchestrator.config.effective import effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Performance, load_all
+from orchestrator.host.records import ServiceRecord
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.perf import expected_text, likely_causes, shortfalls
 from orchestrator.probe.perf import Measured
@@ -38,9 +39,9 @@ def test_performance_section_checks():
 def test_likely_causes_start_with_what_changed_since_the_last_good_measurement():
     m = effective(MODELS["kimi-k25-int4"], HOST, hardware="rtx-pro-6000").manifest
     argv = ["vllm", "serve", "/m", "--tensor-parallel-size", "8", "--kv-cache-dtype", "fp8"]
-    previous = {"model": m.name, "perf": {"ok": True, "single_stream_tok_s": 80.1}, "deployed_at": "2026-08-01",
-                "argv": ["vllm", "serve", "/m", "--tensor-parallel-size", "8", "--kv-cache-dtype", "auto"],
-                "vllm_version": "0.32.0"}
+    previous = ServiceRecord(model=m.name, perf={"ok": True, "single_stream_tok_s": 80.1}, deployed_at="2026-08-01",
+                             argv=["vllm", "serve", "/m", "--tensor-parallel-size", "8", "--kv-cache-dtype", "auto"],
+                             vllm_version="0.32.0")
     causes = likely_causes(m, argv, {}, "0.33.0", previous)
     assert causes[0] == ("the vLLM command line changed since 80.1 tok/s was measured (2026-08-01): "
                          "+--kv-cache-dtype fp8, ---kv-cache-dtype auto")

@@ -17,7 +17,8 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import load_all
 from orchestrator.host.facts import HostFacts, Memory, ModelDir
 from orchestrator.host.nvidia_smi import Gpu
-from orchestrator.host.ownership import FOREIGN, LEFT, Proc
+from orchestrator.host.ownership import FOREIGN, LEFT, SERVICE, Proc
+from orchestrator.host.records import InstalledRecord, ServiceRecord, SwapMarker
 from orchestrator.host.services import ServiceState
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.deploy import plan_deploy
@@ -50,12 +51,19 @@ RAM = Memory(total=1536 * GIB, available=1100 * 10 ** 9)        # a typical 8-GP
 
 def facts(services=None, active=None, models=None, procs=(), disk_free=2000 * GIB, installed=None,
           users=None, memory=RAM) -> HostFacts:
+    """Facts of an 8-GPU host; `active` (a legacy active.json) and `installed` as the JSON of the records."""
     gpus = [Gpu(index=i, name=RTX, memory_total_mib=97887, memory_used_mib=0, uuid=f"GPU-{i}") for i in range(8)]
     return HostFacts(hostname="gpu1", disk_path="/var/lib/vllm-orch/models", disk_total=4000 * GIB,
                      disk_free=disk_free, gpus=gpus, gpu_error=None, driver_version="580.95.05",
                      cuda_version="13.0", procs=list(procs), vllm_version="0.33.0", vllm_error=None,
-                     models=models or {}, active=active, installed=installed or {}, services=services or {},
-                     usage={}, users=VLLM_USER if users is None else users, memory=memory)
+                     models=models or {}, active=ServiceRecord(**active) if active is not None else None,
+                     installed={n: InstalledRecord(**r) for n, r in (installed or {}).items()},
+                     services=services or {}, usage={}, users=VLLM_USER if users is None else users, memory=memory)
+
+
+def records(**by_name: dict) -> dict[str, ServiceRecord]:
+    """services/NAME.json records from their JSON (a name with - as a keyword: pass a dict)."""
+    return {n: ServiceRecord(**r) for n, r in by_name.items()}
 
 
 def weights(name: str, shards: int, total: int, cached: int = 0) -> WarmFacts:
@@ -239,8 +247,8 @@ def half_done_facts(old: str, new: str, new_state: ServiceState | None) -> HostF
         services[new] = new_state
     f = facts(services=services, active={"model": old, "gpus": list(range(8))},
               models={old: ModelDir(old, 547 * 10 ** 9, {"revision": "x"}, 1.0)})
-    f.half_swap = {"from": old, "to": new, "since": "2026-11-30T10:00:00+00:00", "by": "me@ctl pid 7",
-                   "from_enabled": True}
+    f.half_swap = SwapMarker.model_validate({"from": old, "to": new, "since": "2026-11-30T10:00:00+00:00",
+                                             "by": "me@ctl pid 7", "from_enabled": True})
     return f
 
 
@@ -281,5 +289,30 @@ def test_going_back_from_a_half_done_swap_has_no_rollback_to_the_model_that_neve
     f = half_done_facts(old, new, ServiceState(active=True, main_pid=2000, ready=False, enabled=False))
     plan = plan_swap(inp(svc(old, installed=True), f, download(0, 547 * 10 ** 9), old=svc(new, installed=True)))
     steps = [a.step for a in plan.actions]
-    assert plan.refusal is None and steps.index("stop") < steps.index("start") and not plan.recoveries
+    assert plan.refusal is None and steps.index("stop") < steps.index("start")
     assert plan.actions[steps.index("stop")].summary.startswith(f"stop {new}")
+    # nothing to roll back to; a failed start is stopped so it cannot hold the GPUs (as a deploy's)
+    assert [(r.title, [a.step for a in r.actions]) for r in plan.recoveries] == [
+        (f"stop {old} so a failed start cannot hold the GPUs (model files kept)", ["stop"])]
+
+
+def test_stop_is_a_plan_with_its_recovery_and_gc_a_plan_that_asks():
+    from orchestrator.errors import RefusedError as Refused
+    from orchestrator.plan.stop import StopInput, plan_gc, plan_stop
+
+    name = "kimi-k25-int4"
+    services = {name: ServiceState(active=True, main_pid=4242, enabled=True)}
+    procs = [Proc(pid=4300 + i, name=f"VLLM::Worker_TP{i}", used_mib=90000, gpu_index=i, kind=SERVICE, model=name,
+                  start_time=430000 + i) for i in range(2)]
+    f = facts(services=services, active={"model": name, "gpus": list(range(8)), "port": 8000}, procs=procs)
+    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+    plan = plan_stop(StopInput(ENTRY, f, lock, name))
+    assert [a.step for a in plan.actions] == ["lock", "stop", "boot", "leftovers", "gpus", "record"]
+    rec = plan.recovery_for(4)
+    assert rec is not None and (rec.first, rec.last) == (4, 5) and [a.step for a in rec.actions] == ["record"]
+    golden("plan-stop-running.txt", plan.text())
+    refused = plan_stop(StopInput(ENTRY, facts(), lock, "nothing"))
+    assert isinstance(refused.refusal, Refused) and refused.refusal.exit_code == 3
+    old = ModelDir("old", 10 ** 9, {"repo": "a/b", "files": {}, "complete": True}, 1.0)
+    gc = plan_gc(ENTRY, facts(models={"old": old}), lock)
+    assert gc.confirmations() == ["delete /var/lib/vllm-orch/models/old on gpu1 (1.0 GB)"]

@@ -59,9 +59,10 @@ def test_regen_keeps_an_installed_secret_it_is_not_given(tmp_path, monkeypatch):
     installed file's value (deploy and swap refuse instead: tests/unit/test_hostile_input.py)."""
     from orchestrator.config.inventory import HostEntry
     from orchestrator.config.manifest import Manifest
+    from orchestrator.config.placement import Request
     from orchestrator.host.facts import HostFacts
     from orchestrator.host.local import LocalHost
-    from orchestrator.ops.gather import service_input
+    from orchestrator.ops.gather import HostReads, service_input, service_spec
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     entry = HostEntry(name="h", address="local", service_manager="process", units_dir=str(tmp_path / "units"),
@@ -74,7 +75,8 @@ def test_regen_keeps_an_installed_secret_it_is_not_given(tmp_path, monkeypatch):
                       driver_version=None, cuda_version=None, procs=[], vllm_version=None, vllm_error=None,
                       models={}, active=None, installed={}, services={}, usage={})
     host = LocalHost("h")
-    svc = service_input(host, entry, m, facts, keep_installed_secrets=True)
+    spec = service_spec(m, [entry], Request(), {"h": facts})
+    svc = service_input(HostReads(host), entry, m, facts, spec, keep_installed_secrets=True)
     assert svc.secrets["VLLM_API_KEY"].reveal() == "it's-old"
     assert "VLLM_API_KEY=\"it's-old\"" in svc.rendered.env_file.data().decode()
     assert "VLLM_API_KEY=***" in svc.rendered.env_file.text

@@ -10,32 +10,34 @@ import json
 import pytest
 
 from orchestrator.config.effective import effective
-from orchestrator.config.inventory import HostEntry, ServingOverride
-from orchestrator.config.placement import Placement, choose_service, parse_gpus
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.placement import Origin, Placement, Recorded, Request, choose_service, parse_gpus, resolve
 from orchestrator.errors import ConfigError
 from orchestrator.host import state
 from orchestrator.host.local import LocalHost
 from orchestrator.host.ownership import LEFT, SERVICE, Proc, holders
+from orchestrator.host.records import RECORDS_VERSION, HistoryEntry, ServiceRecord
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.placements import clash_refusal, host_placements
 from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import old_model_name, plan_swap
 from orchestrator.render.artifacts import render
 from orchestrator.render.sources import source_lines
-from tests.unit.test_planners import ENTRY, MODELS, RTX, download, facts, inp, running
+from tests.unit.test_planners import ENTRY, MODELS, RTX, download, facts, inp, records, running
 
 MM = "minimax-m25"              # TP4 on GPUs 0-3, port 8000
 
 
-def placed_svc(name: str, gpus: list[int] | None = None, port: int | None = None, entry: HostEntry = ENTRY):
+def placed_svc(name: str, gpus: list[int] | None = None, port: int | None = None, entry: HostEntry = ENTRY,
+               service: str | None = None):
+    """Model NAME as gather makes it for `deploy NAME [--gpus] [--port] [--name service]`."""
     from orchestrator.plan.inputs import ServiceInput
 
-    if gpus is not None or port is not None:
-        entry = entry.with_command_line(name, ServingOverride(gpu_ids=gpus, port=port))
-    eff = effective(MODELS[name], entry, {i: RTX for i in range(8)})
-    r = render(eff.manifest, entry, {})
+    spec = resolve(MODELS[name], [entry], Request(service, tuple(gpus) if gpus is not None else None, port))
+    eff = effective(MODELS[name], entry, {i: RTX for i in range(8)}, spec=spec)
+    r = render(eff.manifest, entry, {}, model=spec.model)
     return ServiceInput(manifest=eff.manifest, rendered=r, installed_files={f.path: None for f in r.files},
-                        effective=eff)
+                        effective=eff, spec=spec)
 
 
 @pytest.mark.parametrize("text, ids", [("4-7", [4, 5, 6, 7]), ("4,5,6,7", [4, 5, 6, 7]), ("0,2-3", [0, 2, 3]),
@@ -58,22 +60,51 @@ def test_the_command_line_wins_over_the_inventory_and_says_so():
     inv = effective(MODELS[MM], entry)
     assert inv.manifest.serving.visible_devices == [2, 3, 4, 5] and inv.manifest.serving.port == 8002
     assert "overrides" in inv.origin("serving.port")
-    cli = effective(MODELS[MM], entry.with_command_line(MM, ServingOverride(gpu_ids=[4, 5, 6, 7], port=8001)))
+    spec = resolve(MODELS[MM], [entry], Request(gpus=(4, 5, 6, 7), port=8001))
+    assert (spec.head.gpus_from, spec.head.port_from) == (Origin.COMMAND_LINE, Origin.COMMAND_LINE)
+    cli = effective(MODELS[MM], entry, spec=spec)
     assert cli.manifest.serving.visible_devices == [4, 5, 6, 7] and cli.manifest.serving.port == 8001
     assert cli.origin("serving.gpu_ids") == "command line --gpus" and cli.origin("serving.port") == "command line --port"
     lines = "\n".join(source_lines(render(cli.manifest, entry, {}), cli))
     assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in lines and "<- command line --gpus" in lines
     assert "--port 8001" in lines and "<- command line --port" in lines
-    only_port = effective(MODELS[MM], entry.with_command_line(MM, ServingOverride(port=8003)))
-    assert only_port.manifest.serving.visible_devices == [2, 3, 4, 5]       # the inventory's GPUs stay
-    assert only_port.manifest.serving.port == 8003
+    only_port = resolve(MODELS[MM], [entry], Request(port=8003))
+    assert only_port.head.gpus == (2, 3, 4, 5) and only_port.head.gpus_from == Origin.INVENTORY
+    only_port_m = effective(MODELS[MM], entry, spec=only_port).manifest
+    assert only_port_m.serving.visible_devices == [2, 3, 4, 5]       # the inventory's GPUs stay
+    assert only_port_m.serving.port == 8003
 
 
 def test_a_gpu_count_other_than_the_layout_is_refused_in_one_line():
-    with pytest.raises(ConfigError) as err:
-        effective(MODELS[MM], ENTRY.with_command_line(MM, ServingOverride(gpu_ids=[4, 5, 6])))
-    assert err.value.exit_code == 2 and "3 GPUs" in err.value.message and "runs on 4" in err.value.message
-    assert "\n" not in err.value.message
+    for make in (lambda: Request.parse(MODELS[MM], None, "4-6"),
+                 lambda: resolve(MODELS[MM], [ENTRY], Request(gpus=(4, 5, 6)))):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert err.value.exit_code == 2 and "3 GPUs" in err.value.message and "runs on 4" in err.value.message
+        assert "\n" not in err.value.message
+
+
+def test_a_placed_service_stays_where_it_was_placed_unless_told_otherwise():
+    """The precedence (config/placement.resolve): command line > --replace > where a run placed it
+    (the installed record) > inventory > manifest; a value the manifest chose follows the manifest."""
+    m = MODELS[MM]
+    placed = Recorded((4, 5, 6, 7), 8001, gpus_placed=True, port_placed=True)
+    kept = resolve(m, [ENTRY], Request("mm-b"), {"gpu1": placed})
+    assert (kept.name, kept.model, kept.head.gpus, kept.head.port) == ("mm-b", MM, (4, 5, 6, 7), 8001)
+    assert kept.head.gpus_from == kept.head.port_from == Origin.RECORD
+    moved = resolve(m, [ENTRY], Request("mm-b", port=8002), {"gpu1": placed})
+    assert (moved.head.gpus, moved.head.port, moved.head.port_from) == ((4, 5, 6, 7), 8002, Origin.COMMAND_LINE)
+    followed = resolve(m, [ENTRY], Request(), {"gpu1": Recorded((0, 1, 2, 3), 8000)})
+    assert followed.head.gpus_from == followed.head.port_from == Origin.MANIFEST
+    took = resolve(m, [ENTRY], Request("mm-c"), {"gpu1": placed},
+                   replaced={"gpu1": Placement("mm-x", MM, "gpu1", (0, 1, 2, 3), 8009)})
+    assert (took.head.gpus, took.head.port, took.head.gpus_from) == ((0, 1, 2, 3), 8009, Origin.REPLACED)
+    assert took.replaces == "mm-x" and "--replace mm-x" in took.origin_label("gpus", Origin.REPLACED)
+    narrower = resolve(m, [ENTRY], Request(), replaced={"gpu1": Placement("x", "x", "gpu1", (6,), 8009)})
+    assert narrower.head.gpus == (0, 1, 2, 3) and narrower.head.port == 8009     # only as many GPUs are taken
+    with pytest.raises(ConfigError) as err:             # the manifest's layout changed under a placed service
+        resolve(m, [ENTRY], Request("mm-b"), {"gpu1": Recorded((4, 5), 8001, gpus_placed=True)})
+    assert err.value.exit_code == 2 and "--gpus" in (err.value.hint or "")
 
 
 def test_placements_clash_on_shared_gpus_or_the_same_port_only():
@@ -87,8 +118,8 @@ def test_placements_clash_on_shared_gpus_or_the_same_port_only():
 
 def two_services(second_gpus=(4, 5, 6, 7), second_port=8001, second_running=True):
     """MM recorded on GPUs 0-3 (port 8000) and tiny-llama-a recorded on `second_gpus`."""
-    recs = {MM: {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000},
-            "tiny-llama-a": {"model": "tiny-llama-a", "gpus": list(second_gpus), "port": second_port}}
+    recs = records(**{MM: {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000},
+                      "tiny-llama-a": {"model": "tiny-llama-a", "gpus": list(second_gpus), "port": second_port}})
     f = facts(services=running(MM, *(["tiny-llama-a"] if second_running else [])))
     f.records = recs
     return f
@@ -119,9 +150,9 @@ def test_deploy_refuses_another_services_port_and_names_it():
 def test_a_running_service_without_a_record_still_takes_its_placement():
     f = facts(services=running("tiny-llama-a"), installed={"tiny-llama-a": {"gpus": [5], "port": 8101}})
     assert [p.name for p in host_placements(f, "gpu1")] == ["tiny-llama-a"]
-    assert clash_refusal(f, placed_svc("tiny-llama-b", gpus=[5], port=8102).manifest, "gpu1") is not None
+    assert clash_refusal(f, placed_svc("tiny-llama-b", gpus=[5], port=8102), "gpu1") is not None
     stopped = facts(installed={"tiny-llama-a": {"gpus": [5], "port": 8101}})     # stopped: takes nothing
-    assert clash_refusal(stopped, placed_svc("tiny-llama-b", gpus=[5]).manifest, "gpu1") is None
+    assert clash_refusal(stopped, placed_svc("tiny-llama-b", gpus=[5]), "gpu1") is None
 
 
 def test_swap_on_a_host_with_several_services_asks_for_replace():
@@ -165,30 +196,33 @@ def test_another_services_processes_are_never_ours_to_kill():
 
 def test_a_legacy_active_record_reads_as_its_models_record():
     f = facts(services=running(MM), active={"model": MM, "gpus": [0, 1, 2, 3], "port": 8000})
-    assert f.record(MM)["port"] == 8000 and list(f.records) == [MM]
+    assert f.record(MM).port == 8000 and list(f.records) == [MM]
 
 
 def test_records_are_upgraded_in_place_and_read_back(tmp_path):
     entry = HostEntry(name="local", address="localhost", state_dir=str(tmp_path / "state"))
     host = LocalHost("local")
     (tmp_path / "state").mkdir()
-    legacy = {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000, "enabled": True}
+    legacy = {"model": MM, "gpus": [0, 1, 2, 3], "port": 8000, "enabled": True, "a_later_field": 1}
     (tmp_path / "state" / "active.json").write_text(json.dumps(legacy))
-    assert state.read_records(host, entry) == {MM: legacy}
-    assert state.read_active(host, entry) == legacy
+    read = state.read_records(host, entry)
+    assert list(read) == [MM] and (read[MM].port, read[MM].gpus, read[MM].enabled, read[MM].version) == (
+        8000, [0, 1, 2, 3], True, 0)
+    assert state.read_active(host, entry) == read[MM]
     assert state.upgrade_records(host, entry) == f"moved {entry.state_dir}/active.json to services/{MM}.json"
     assert not (tmp_path / "state" / "active.json").exists()
-    assert json.loads((tmp_path / "state" / "services" / f"{MM}.json").read_text()) == legacy
+    moved = json.loads((tmp_path / "state" / "services" / f"{MM}.json").read_text())
+    assert moved == {**legacy, "version": RECORDS_VERSION, "argv": []}          # written new, nothing lost
     assert state.upgrade_records(host, entry) is None                        # once
-    state.write_record(host, entry, "tiny-llama-a", {"model": "tiny-llama-a", "port": 8101, "deployed_at": "z"})
+    state.write_record(host, entry, "tiny-llama-a", ServiceRecord(model="tiny-llama-a", port=8101, deployed_at="z"))
     assert sorted(state.read_records(host, entry)) == [MM, "tiny-llama-a"]
-    assert state.update_record(host, entry, MM, unit_hash="u1") and state.read_records(host, entry)[MM]["unit_hash"] == "u1"
+    assert state.update_record(host, entry, MM, unit_hash="u1") and state.read_records(host, entry)[MM].unit_hash == "u1"
     assert not state.update_record(host, entry, "nope", unit_hash="u1")
     state.write_record(host, entry, MM, None)
     assert list(state.read_records(host, entry)) == ["tiny-llama-a"]
     # a stale legacy file beside a newer record: the record wins, the legacy file goes
     (tmp_path / "state" / "active.json").write_text(json.dumps({**legacy, "model": "tiny-llama-a"}))
-    assert state.read_records(host, entry)["tiny-llama-a"]["port"] == 8101
+    assert state.read_records(host, entry)["tiny-llama-a"].port == 8101
     assert "stale" in (state.upgrade_records(host, entry) or "")
 
 
@@ -205,33 +239,35 @@ def test_per_service_commands_name_the_service_only_when_a_host_has_several():
 def test_history_records_carry_the_service(tmp_path):
     entry = HostEntry(name="local", address="localhost", state_dir=str(tmp_path / "state"))
     host = LocalHost("local")
-    state.append_history(host, entry, {"operation": "deploy", "model": MM})
-    assert state.read_history(host, entry)[-1]["service"] == MM
+    state.append_history(host, entry, HistoryEntry(operation="deploy", model=MM))
+    assert state.read_history(host, entry)[-1].service == MM
 
 
 
 def test_a_service_under_another_name_keeps_its_models_weights_served_name_and_inventory_settings():
     entry = HostEntry.model_validate({"name": "gpu1", "address": "gpu1.example",
                                       "overrides": {MM: {"vllm": {"max_num_seqs": 7}}}})
-    b = MODELS[MM].as_service("mm-b")
-    assert (b.name, b.model_name, b.served_name, b.unit_name) == ("mm-b", MM, MODELS[MM].served_name,
-                                                                  "vllm-mm-b.service")
-    assert MODELS[MM].as_service(MM) is MODELS[MM] and MODELS[MM].as_service(None) is MODELS[MM]
-    placed_entry = entry.with_command_line("mm-b", ServingOverride(gpu_ids=[4, 5, 6, 7], port=8001))
-    eff = effective(b, placed_entry)
-    assert eff.manifest.model_name == MM and eff.manifest.vllm.max_num_seqs == 7       # the model's override
-    assert eff.manifest.serving.visible_devices == [4, 5, 6, 7]                        # the service's placement
-    r = render(eff.manifest, placed_entry, {})
-    assert f"{placed_entry.models_root}/{MM}" in r.argv and r.unit.path.endswith("vllm-mm-b.service")
-    assert effective(MODELS[MM], placed_entry).manifest.serving.visible_devices == [0, 1, 2, 3]   # not the model's
+    spec = resolve(MODELS[MM], [entry], Request("mm-b", (4, 5, 6, 7), 8001))
+    eff = effective(MODELS[MM], entry, spec=spec)
+    b = eff.manifest
+    assert (b.name, spec.model, b.served_name, b.unit_name) == ("mm-b", MM, MODELS[MM].served_name,
+                                                                 "vllm-mm-b.service")
+    assert b.vllm.max_num_seqs == 7                                                    # the model's override
+    assert b.serving.visible_devices == [4, 5, 6, 7]                                   # the service's placement
+    r = render(b, entry, {}, model=spec.model)
+    assert f"{entry.models_root}/{MM}" in r.argv and r.unit.path.endswith("vllm-mm-b.service") and r.model == MM
+    assert effective(MODELS[MM], entry).manifest.serving.visible_devices == [0, 1, 2, 3]   # not the model's
 
 
 def test_gather_finds_a_renamed_services_manifest_by_its_record():
-    from orchestrator.ops.gather import service_manifest
+    from orchestrator.ops.gather import recorded_spec, service_manifest
 
-    f = facts(installed={"mm-b": {"model": MM, "gpus": [4, 5, 6, 7]}})
+    f = facts(installed={"mm-b": {"model": MM, "gpus": [4, 5, 6, 7], "port": 8001,
+                                  "placed": {"gpu_ids": [4, 5, 6, 7], "port": 8001}}})
     m = service_manifest("mm-b", f, MODELS)
-    assert m is not None and (m.name, m.model_name) == ("mm-b", MM)
+    assert m is not None and m.name == MM
+    spec = recorded_spec(m, ENTRY, "mm-b", f)
+    assert (spec.name, spec.model, spec.head.gpus, spec.head.port) == ("mm-b", MM, (4, 5, 6, 7), 8001)
     assert service_manifest(MM, f, MODELS).name == MM
     assert service_manifest("nothing", f, MODELS) is None
 
@@ -270,7 +306,7 @@ def test_freeing_disk_never_deletes_a_model_another_service_uses():
     models = {MM: ModelDir(MM, 300 * 10 ** 9, verified, 1.0),                 # the oldest: first to go...
               "old-x": ModelDir("old-x", 300 * 10 ** 9, verified, 2.0)}
     f = facts(models=models, disk_free=400 * 1024 ** 3)
-    f.records = {"mm-b": {"model": MM, "gpus": [4, 5, 6, 7], "port": 8001}}     # ...but mm-b (stopped) runs it
+    f.records = records(**{"mm-b": {"model": MM, "gpus": [4, 5, 6, 7], "port": 8001}})  # ...but mm-b (stopped) runs it
     action, refusal = prepare.disk_action(inp(placed_svc("kimi-k25-int4"), f, download(547 * 10 ** 9)), keep=set())
     assert refusal is None and action.confirm == "delete 1 model folder on gpu1 (old-x 300.0 GB)", action
     f.records = {}
@@ -288,9 +324,9 @@ def test_stop_and_logs_without_a_name_take_the_hosts_only_service_else_exit_2(tm
         the_only_service(host, entry, "stop")
     assert err.value.exit_code == 2 and "runs no recorded service" in err.value.message
     assert "`vllm-orch stop SERVICE --host local`" in err.value.message
-    state.write_record(host, entry, MM, {"model": MM, "port": 8000})
+    state.write_record(host, entry, MM, ServiceRecord(model=MM, port=8000))
     assert the_only_service(host, entry, "logs") == MM
-    state.write_record(host, entry, "mm-b", {"model": MM, "port": 8001})
+    state.write_record(host, entry, "mm-b", ServiceRecord(model=MM, port=8001))
     with pytest.raises(ConfigError) as err:
         the_only_service(host, entry, "logs")
     assert err.value.exit_code == 2 and "(minimax-m25, mm-b)" in err.value.message

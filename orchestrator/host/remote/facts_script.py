@@ -692,10 +692,11 @@ def main():
             services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name),
                                            facts["boot_id"])
     facts["services"] = services
-    # Who holds each recorded service's port too: a placement's port is checked against theirs
-    # (status shows no port holders, so it reads no port table).
+    # Who holds each recorded or installed service's port too: a placement's port is checked against
+    # theirs, and a service placed earlier (its installed record) keeps its port (status shows no
+    # port holders, so it reads no port table).
     ports = set(int(p) for p in args.get("ports", []))
-    for rec in [] if status else list(records.values()) + [facts["active"]]:
+    for rec in [] if status else list(records.values()) + list(installed.values()) + [facts["active"]]:
         if isinstance(rec, dict) and str(rec.get("port") or "").isdigit():
             ports.add(int(rec["port"]))
     facts["ports"] = port_holders(sorted(ports))

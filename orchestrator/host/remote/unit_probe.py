@@ -319,7 +319,8 @@ def write_state(path, value):
 
 def append_history(state_dir, record):
     os.makedirs(state_dir, exist_ok=True)
-    line = json.dumps(dict({"at": now_iso()}, **record), sort_keys=True) + "\n"
+    # version: orchestrator/host/records.py RECORDS_VERSION (a test checks they agree)
+    line = json.dumps(dict({"at": now_iso(), "version": 1}, **record), sort_keys=True) + "\n"
     fd = os.open(os.path.join(state_dir, "history.jsonl"),
                  os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:

@@ -1,0 +1,217 @@
+"""vllm-orch's records on a host, as versioned pydantic models, all in this one module. Pure: host/
+state.py reads and writes them (and the facts script reads them in the facts' round trip).
+
+  services/NAME.json   ServiceRecord: a service vllm-orch started and proved serving
+  installed/NAME.json  InstalledRecord: a service whose unit vllm-orch installed (regen re-renders it)
+  history.jsonl        HistoryEntry, one per line: an operation (or a host-side restart) and its result
+  swap.json            SwapMarker: a swap that stopped its old service and has not ended
+  active.json          the one record of a host from before several services per host: read as
+                       a ServiceRecord of its model (host/state.upgrade_records moves it)
+
+Read old, write new: a record without `version` was written before records were versioned (version
+0) and is read as it was written (an installed record's `placed` dict becomes its origins); fields
+this version does not know (a newer vllm-orch's) are kept, so a rewrite does not drop them. Every
+record is written at RECORDS_VERSION. A file that does not parse as its record (hand-edited,
+truncated, of another shape) reads as absent: `Record.read` returns None and says why.
+
+`vllm-orch schema --records` prints the JSON schema of each (record_schemas).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.config.placement import NodeRole, Origin, Recorded
+
+RECORDS_VERSION = 1
+
+
+class Record(BaseModel):
+    """A record file's common part: its version, and the fields it does not know kept as they are."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    FILE: ClassVar[str] = ""
+
+    version: int = Field(0, description="The record format; 0: written before records were versioned.")
+
+    @classmethod
+    def read(cls, value: Any) -> Self | None:
+        """The record from what a file held (parsed JSON); None when it is not one (see why_not)."""
+        return cls.parse(value)[0]
+
+    @classmethod
+    def parse(cls, value: Any) -> tuple[Self | None, str | None]:
+        """(the record, None), or (None, why it is not one)."""
+        if not isinstance(value, Mapping):
+            return None, f"not a JSON object but {type(value).__name__}"
+        try:
+            return cls.model_validate(dict(value)), None
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(record)"
+            return None, f"{where}: {err['msg']}"
+
+    def dump(self) -> dict:
+        """What is written: this version's fields (None left out), and the unknown ones as read."""
+        out = self.shown()
+        out["version"] = RECORDS_VERSION
+        return out
+
+    def shown(self) -> dict:
+        """The record as JSON shows it (history --json, status): its fields as read, None left out."""
+        out = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        out.pop("version", None)
+        return out
+
+
+class NodeFields(Record):
+    """A node of a multi-node service: every node (head first), this one's rank, the head and the
+    address the nodes meet it at. None for a one-host service."""
+
+    nodes: list[str] | None = None
+    rank: int | None = None
+    head: str | None = None
+    head_address: str | None = None
+
+    def role(self) -> NodeRole | None:
+        """The node role the record names; None for a one-host service or a record without one."""
+        nodes, rank, address = self.nodes, self.rank, self.head_address
+        if not (nodes and rank is not None and 0 <= rank < len(nodes) and address):
+            return None
+        return NodeRole(rank, tuple(nodes), address)
+
+    @staticmethod
+    def of(role: NodeRole | None) -> dict:
+        """The node fields of a role (nothing for one host: a record without `nodes` is single-node)."""
+        return {} if role is None else {"nodes": list(role.nodes), "rank": role.rank, "head": role.nodes[0],
+                                        "head_address": role.head_address}
+
+    @property
+    def multinode(self) -> bool:
+        return bool(self.nodes) and len(self.nodes or ()) > 1
+
+
+class ServiceRecord(NodeFields):
+    """services/NAME.json: a service vllm-orch started and proved serving (written by deploy's and
+    swap's record step, removed by stop)."""
+
+    FILE: ClassVar[str] = "services/NAME.json"
+
+    model: str = Field(description="The model it serves (its manifest, its weights folder).")
+    service: str | None = Field(None, description="The service's name (unit vllm-NAME); the model's when absent.")
+    served_name: str | None = None
+    port: int = 0
+    gpus: list[int] = Field(default_factory=list)
+    repo: str | None = None
+    revision: str | None = Field(None, description="The commit it was downloaded at.")
+    manifest_hash: str | None = None
+    unit_hash: str | None = None
+    vllm_version: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    deployed_at: str | None = None
+    host_label: str | None = None
+    enabled: bool = Field(False, description="Whether it starts at boot.")
+    hardware: str | None = None
+    perf: dict[str, Any] | None = Field(None, description="The last throughput measurement (the perf step).")
+
+
+class InstalledRecord(NodeFields):
+    """installed/NAME.json: a service whose unit vllm-orch installed: its files and hashes, and its
+    placement with where each part came from (a placed value is kept by later runs)."""
+
+    FILE: ClassVar[str] = "installed/NAME.json"
+
+    model: str | None = None
+    service: str | None = None
+    unit: str | None = None
+    env_file: str | None = None
+    manifest_hash: str | None = None
+    unit_hash: str | None = None
+    gpus: list[int] = Field(default_factory=list)
+    port: int = 0
+    gpus_from: Origin = Field(Origin.MANIFEST, description="Where its GPUs came from.")
+    port_from: Origin = Field(Origin.MANIFEST, description="Where its port came from.")
+    installed_at: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_0(cls, data: Any) -> Any:
+        """Version 0 kept `placed` ({gpu_ids, port}: what the command line chose) instead of origins."""
+        if isinstance(data, Mapping) and not data.get("version") and isinstance(data.get("placed"), Mapping):
+            data = dict(data)
+            placed = data.pop("placed")
+            if placed.get("gpu_ids") is not None:
+                data.setdefault("gpus_from", Origin.COMMAND_LINE)
+            if placed.get("port") is not None:
+                data.setdefault("port_from", Origin.COMMAND_LINE)
+        return data
+
+    def placement(self) -> Recorded | None:
+        """Where the service was installed, and which of it a run placed (config/placement.resolve
+        keeps those); None without GPUs and a port."""
+        if not self.gpus and not self.port:
+            return None
+        return Recorded(tuple(self.gpus), self.port, gpus_placed=bool(self.gpus) and self.gpus_from.placed,
+                        port_placed=bool(self.port) and self.port_from.placed)
+
+
+class HistoryEntry(Record):
+    """One line of history.jsonl: an operation and its result. The fields every line may have are
+    typed here; what an operation adds (steps and timings, gates, recovery, warm-up...) is kept as
+    it is. `health-restart` and `head-lost-restart` lines are written by the host-side unit probe
+    (host/remote/unit_probe.py, stdlib only) with the same common fields."""
+
+    FILE: ClassVar[str] = "history.jsonl"
+
+    at: str | None = None
+    operation: str
+    service: str | None = Field(None, description="The service it is about; the model's name when absent.")
+    model: str | None = None
+    ok: bool | None = None
+    seconds: float | None = None
+    noop: bool | None = None
+    refused: str | None = None
+    error: str | None = None
+    root_cause: str | None = None
+    from_: str | None = Field(None, alias="from", description="swap: the service replaced.")
+    to: str | None = None
+    downtime_s: float | None = None
+    tokens_per_s: float | None = None
+
+    @property
+    def subject(self) -> str | None:
+        """The service the line is about."""
+        return self.service or self.model
+
+    def about(self, name: str) -> bool:
+        """Whether the line concerns the service or model NAME (as either side of a swap too)."""
+        return name in (self.service, self.model, self.to, self.from_)
+
+    def extra(self, key: str, default: Any = None) -> Any:
+        """A field an operation added (not typed above)."""
+        return (self.model_extra or {}).get(key, default)
+
+
+class SwapMarker(Record):
+    """swap.json: a swap that stopped its old service and has not ended (written by the stop, removed
+    by the record step or a finished rollback); what the next command reads to finish or undo it."""
+
+    FILE: ClassVar[str] = "swap.json"
+
+    from_: str = Field(alias="from", description="The service the swap replaces.")
+    to: str = Field(description="The service it swaps to.")
+    since: str | None = None
+    by: str | None = None
+    from_enabled: bool = Field(False, description="Whether the old service started at boot.")
+
+
+RECORDS: tuple[type[Record], ...] = (ServiceRecord, InstalledRecord, HistoryEntry, SwapMarker)
+
+
+def record_schemas() -> dict:
+    """The JSON schema of every record, by its file (`vllm-orch schema --records`)."""
+    return {"version": RECORDS_VERSION,
+            "records": {r.FILE: r.model_json_schema(by_alias=True) for r in RECORDS}}
