@@ -156,7 +156,7 @@ def _alive(host, pid: int) -> bool:
     return r.ok and r.stdout.strip() != "" and not r.stdout.strip().startswith("Z")
 
 
-def test_only_our_processes_on_a_shared_systemd_host(systemd_sim):
+def test_only_our_processes_on_a_shared_systemd_host(clean_systemd_sim):
     """A second user's live process titled VLLM::Worker_TP0 on the model's GPUs is foreign: deploy
     and swap refuse at preflight (naming the user) and stop leaves it alive; the orphaned workers of a
     SIGKILLed server on the same GPUs are abandoned, and deploy kills them and starts."""
@@ -166,7 +166,7 @@ def test_only_our_processes_on_a_shared_systemd_host(systemd_sim):
     from orchestrator.sim import nspawn
     from tests.plugins.sim_hosts import make_model
 
-    home, e = systemd_sim
+    home, e = clean_systemd_sim          # this module shares its host: it serves nothing now
     old, new = on_port("minimax-m25", 8000), on_port("minimax-m25-ep", 8000)     # GPUs 0-3 / 0-7
     manifests = {old.name: old, new.name: new}
     with open_host(e) as host:

@@ -79,7 +79,7 @@ def test_the_simulator_keeps_the_real_data_parallel_contract(real_vllm, tiny_mod
     args = [*ARGS, "--data-parallel-size", "2", "--num-gpu-blocks-override", "64"]
     with RealServer(real_vllm, tiny_model(), args, log_dir=tmp_path,
                     env={"CUDA_VISIBLE_DEVICES": "0,1"}) as real_srv:
-        real_srv.wait_ready()
+        real_srv.wait_ready(api_servers=2)   # both API servers have logged their start
         real = observe_dp(real_srv.port, KEY, SERVED, real_srv.log, descendant_titles(real_srv.proc.pid))
     assert real["titles"] == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::DPCoordinator",
                               "VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"], real

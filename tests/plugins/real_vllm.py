@@ -115,11 +115,13 @@ class RealServer:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> float:
-        """Seconds from start to "Application startup complete." (the last start-up line)."""
+    def wait_ready(self, timeout: float = READY_TIMEOUT, api_servers: int = 1) -> float:
+        """Seconds from start to "Application startup complete." (the last start-up line), logged
+        by each of `api_servers` API servers (data parallel runs one per engine; the first to be up
+        answers requests while the others may not have logged their start yet)."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if "Application startup complete." in self.log:
+            if self.log.count("Application startup complete.") >= api_servers:
                 return time.monotonic() - t0
             if self.proc.poll() is not None:
                 raise AssertionError(f"vllm serve exited {self.proc.returncode}:\n{self.log[-4000:]}")
