@@ -42,6 +42,20 @@ ORDER = ("ray", "real_vllm", "systemd", "vllm_parser", "ssh")
 TIERS = ("unit", "sim", *ORDER)
 
 
+def pytest_configure(config):
+    """Refuse a parallel run whose groups would not take: with pytest 9.2, pytest-xdist 3.8's
+    --dist loadgroup hands every test out on its own, whatever its group (pytest-dev/pytest-xdist
+    #1386), and the suite's grouping rules above would silently not hold."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+
+    if pytest.version_tuple[:2] >= (9, 2) and tuple(int(p) for p in xdist.__version__.split(".")[:2]) <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} ignores xdist groups "
+            "(pytest-dev/pytest-xdist#1386): install pyproject's dev extra (pytest<9.2), or run serially (-p no:xdist)")
+
+
 def tier_of(item: pytest.Item) -> str:
     marked = {m.name for m in item.iter_markers()}
     used = set(getattr(item, "fixturenames", ()))
