@@ -207,10 +207,26 @@ def _engine_series(port: int, name: str) -> dict[str, float]:
 
 
 def _long_streams(port: int, served: str, n: int, tokens: int, prompt_words: int = 0) -> list[threading.Thread]:
+    """N streaming requests in threads; each thread's `outcome` says how its request ended (a failed
+    test names it: an error answer, a timeout, or a whole answer sooner than expected)."""
     body = {"model": served, "messages": [{"role": "user", "content": "talk " + "river " * prompt_words}],
             "max_tokens": tokens, "ignore_eos": True, "stream": True}
-    threads = [threading.Thread(target=request, args=(port, "POST", "/v1/chat/completions", body),
-                                kwargs={"timeout": 120}, daemon=True) for _ in range(n)]
+
+    def run(t: threading.Thread) -> None:
+        t0 = time.monotonic()
+        try:
+            status, _, data = request(port, "POST", "/v1/chat/completions", body, timeout=120)
+            t.outcome = f"HTTP {status} after {time.monotonic() - t0:.1f}s, {len(data)} bytes" + (  # type: ignore[attr-defined]
+                f": {data[:300]!r}" if status != 200 else "")
+        except Exception as exc:                        # noqa: BLE001 - reported by the test that waits
+            t.outcome = f"{exc!r} after {time.monotonic() - t0:.1f}s"   # type: ignore[attr-defined]
+
+    threads = []
+    for _ in range(n):
+        t = threading.Thread(daemon=True)
+        t.outcome = "still running"                     # type: ignore[attr-defined]
+        t.run = lambda t=t: run(t)                      # type: ignore[method-assign]
+        threads.append(t)
     for t in threads:
         t.start()
     return threads
@@ -280,7 +296,11 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
         deadline = time.monotonic() + 120
         while not done():
             if time.monotonic() > deadline:
-                seen["timeout"] = f"{what} within 120 s: running {running()}, threads {seen['threads']}"
+                log = real_vllm_host.dir / "logs" / "vllm-tiny-dp2.log"
+                tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else ["(no log)"]
+                seen["timeout"] = (f"{what} within 120 s: running {running()}, requests "
+                                   f"{[t.outcome for t in seen['threads']]}; the service's log ends:\n"
+                                   + "\n".join(tail))
                 return False
             time.sleep(0.05)
         return True
