@@ -602,6 +602,23 @@ def spawn_holder(title: str, exit_with_parent: bool = False):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def await_titles(holders) -> None:
+    """Wait until each (process, title) holder has taken its title. vLLM's workers call
+    setproctitle before they touch a GPU, so a process that holds GPU memory always has its title;
+    a holder takes its own at interpreter start, which a loaded machine delays: its memory is
+    registered only after that (a reader of /proc/PID/comm saw `python` in between)."""
+    deadline = time.monotonic() + 60
+    for proc, title in holders:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/comm") as f:
+                    if f.read().strip() == title[:15]:
+                        break
+            except OSError:
+                break
+            time.sleep(0.01)
+
+
 def dist_version(dist: str):
     norm = dist.replace("-", "_").lower()
     for d in (HOST_DIR / "site-packages").glob("*.dist-info"):
@@ -1804,6 +1821,7 @@ class Launch:
         w0 = workers[0]
         prof = PROFILES[cfg["profile"]]
         log(ec, "INFO", "core.py:118", engine_config_line(cfg))
+        await_titles([(p, title) for (p, title, _g, _s) in self.holders])
         for (p, title, gpu, st) in self.holders:
             self.register(p.pid, title, gpu, CUDA_CONTEXT_MIB, st)
         refresh_meminfo()
@@ -2740,6 +2758,7 @@ class Headless:
         for name, gpu in worker_titles(cfg, gpus):
             proc = spawn_holder(f"VLLM::{name}")
             launch.holders.append((proc, f"VLLM::{name}", gpu, proc_start_time(proc.pid)))
+        await_titles([(p, title) for (p, title, _g, _s) in launch.holders])
         for (p, title, gpu, st) in launch.holders:
             launch.register(p.pid, title, gpu, CUDA_CONTEXT_MIB, st)
         refresh_meminfo()
