@@ -284,6 +284,8 @@ def history_details(rec: dict, cold_before: float | None = None) -> str:
     op = rec.get("operation")
     if rec.get("refused"):
         return f"refused: {rec['refused']}"
+    if op == "health-busy":
+        return f"not restarted by its health timer: {rec.get('reason')}"
     if op in ("health-restart", "head-lost-restart"):
         by = "its health timer" if op == "health-restart" else "its head watch (a headless node whose head went away)"
         return f"restarted by {by}: {rec.get('reason')}" + (

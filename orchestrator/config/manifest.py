@@ -494,7 +494,8 @@ class Probes(Strict):
     health_timeout_seconds: int = Field(
         30, ge=1, le=600,
         description="Time the health timer's one-token completion may take. A timeout while /metrics shows "
-                    "tokens being generated is a busy server, not a failure.")
+                    "the engine stepping (the KV cache filling during a long prefill, tokens or requests "
+                    "moving) is a busy server, not a failure (a `health-busy` history record).")
     health_failures: int = Field(
         3, ge=1, le=100,
         description="Failed health checks in a row after which the service is restarted (recorded in the "

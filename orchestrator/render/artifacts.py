@@ -31,10 +31,12 @@ TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 # The units' probe reads the API key from this credential (LoadCredential= of the 0600 env file), never
-# from its environment; it exits RESTART_EXIT when its unit's root part is to record and restart.
-# unit_probe.py has the same two constants.
+# from its environment; it exits RESTART_EXIT when its unit's root part is to record and restart, and
+# the health check BUSY_EXIT (a success: SuccessExitStatus=) when it first finds the engine busy but
+# stepping, for the root part to record. unit_probe.py has the same three constants.
 CREDENTIAL = "service-env"
 RESTART_EXIT = 75
+BUSY_EXIT = 76
 
 # What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
 # three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
@@ -482,7 +484,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, model=model, host=host, model_dir=mdir, env_path=epath,
                   manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
-                  restart_exit=RESTART_EXIT)
+                  restart_exit=RESTART_EXIT, busy_exit=BUSY_EXIT)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
     if ray and host.service_manager != "systemd":
         raise ConfigError(f"{host.where('service_manager')}: {m.name} runs on Ray (multinode.backend ray), whose "

@@ -821,8 +821,11 @@ class EngineCore:
         self.index = index
         self.running = 0
         self.waiting = 0
+        self.admitted = 0          # requests holding one of max_num_seqs slots (the decode batch's size)
         self.kv_in_use = 0
         self.slots = asyncio.Semaphore(cfg["max_num_seqs"])     # max_num_seqs is per engine
+        # the engine's prefill capacity: one prefill at a time, first come first served (Engine.run)
+        self.prefill_lane = asyncio.Lock()
         self.counters = {"prompt": 0, "generation": 0, "preemptions": 0,
                          "prefix_queries": 0, "prefix_hits": 0}
         self.success: dict = {}
@@ -862,6 +865,7 @@ class Engine:
         self.cores = [EngineCore(i, cfg) for i in range(max(1, cfg["dp"]))]
         self.started = time.time()
         self.hung = False          # fault hang-after-ready: no step makes progress any more
+        self.frozen: str | None = None   # /metrics as the last step before the hang published it
         self.draining = False      # shutdown: new requests are refused
         self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
         self.dead = False          # a worker died: every request fails
@@ -876,6 +880,12 @@ class Engine:
     @property
     def running(self) -> int:
         return sum(c.running for c in self.cores)
+
+    @property
+    def batch(self) -> int:
+        """The concurrency the profiles' figures are for: every request admitted to a slot, also
+        while its prefill waits for the ones ahead (the profiles are whole-service figures at C)."""
+        return sum(c.admitted for c in self.cores)
 
     def pick(self) -> EngineCore:
         return min(self.cores, key=lambda c: (c.waiting * 4 + c.running, c.index))
@@ -915,34 +925,61 @@ class Engine:
     async def run(self, core: EngineCore, seq: list, prompt_tokens: int, emit):
         """Pace `seq` like the real engine: queue, prefill (TTFT), then decode at the profile's
         per-stream rate for the service's current concurrency (the profiles are whole-service
-        figures), on an absolute schedule (no drift)."""
+        figures), on an absolute schedule (no drift).
+
+        Prefill as vLLM V1's scheduler does it (vllm/v1/core/sched/scheduler.py `schedule`):
+        running requests are scheduled first, each step has a budget of max_num_batched_tokens,
+        and a prefill in progress takes its chunk of that budget before any waiting request is
+        admitted. So one long prompt occupies the engine for prompt_tokens / the layout's prefill
+        rate, and a request behind it (the health check's one-token probe too) waits in the queue
+        (vllm:num_requests_waiting) until the prefills ahead of it are done: one prefill lane per
+        engine, first come first served, in chunks of max_num_batched_tokens. Each chunk's KV
+        blocks are allocated as it is scheduled (vllm:kv_cache_usage_perc rises step by step);
+        vllm:prompt_tokens counts a prompt only when its prefill ends (its first token: a step
+        with no new token publishes no IterationStats, vllm/v1/engine/async_llm.py)."""
         loop = asyncio.get_running_loop()
         t_arrive = loop.time()
         core.waiting += 1
-        await core.slots.acquire()
-        core.waiting -= 1
-        core.running += 1
-        core.kv_in_use += prompt_tokens
-        core.counters["prefix_queries"] += prompt_tokens
-        done = 0
+        admitted = lane = running = False
+        held = done = 0
         try:
+            await core.slots.acquire()
+            admitted = True
+            core.admitted += 1
+            await asyncio.sleep(0.015)        # the request's own scheduling overhead (in parallel)
+            await core.prefill_lane.acquire()
+            lane = True
+            core.waiting -= 1
+            core.running += 1
+            running = True
+            core.counters["prefix_queries"] += prompt_tokens
             if self.lost_peer is not None:
                 await self.lost_peer()
-            await asyncio.sleep(0.015 + prompt_tokens / self.profile["prefill"])
+            budget = max(1, self.cfg.get("max_num_batched_tokens") or 8192)
+            while True:
+                self._check_alive()
+                while self.hung and not (self.dead or self.aborting):
+                    await asyncio.sleep(0.2)
+                self._check_alive()
+                chunk = min(budget, prompt_tokens - held)
+                await asyncio.sleep(chunk / self.profile["prefill"])
+                held += chunk
+                core.kv_in_use += chunk
+                if held >= prompt_tokens:
+                    break
+            core.prefill_lane.release()
+            lane = False
             t = loop.time()
             core.ttft.observe(t - t_arrive)
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
                 while self.hung and not (self.dead or self.aborting):    # the API server still
                     await asyncio.sleep(0.2)                              # ends requests it aborts
-                if self.dead:
-                    raise EngineDead()
-                if self.aborting:
-                    raise Aborted()
+                self._check_alive()
                 if self.lost_peer is not None:
                     await self.lost_peer()
                 if i:
-                    itl = 1.0 / (stream_rate(self.profile, self.running) * self.cfg["decode_factor"])
+                    itl = 1.0 / (stream_rate(self.profile, self.batch) * self.cfg["decode_factor"])
                     t += itl
                     delay = t - loop.time()
                     if delay > 0:
@@ -953,17 +990,35 @@ class Engine:
                 core.kv_in_use += 1
                 core.counters["generation"] += 1
         finally:
-            core.running -= 1
-            core.kv_in_use -= prompt_tokens + done
-            core.slots.release()
+            if lane:
+                core.prefill_lane.release()
+            if admitted:
+                core.admitted -= 1
+                core.slots.release()
+            if running:
+                core.running -= 1
+            else:
+                core.waiting -= 1
+            core.kv_in_use -= held + done
             core.e2e.observe(loop.time() - t_arrive)
+
+    def _check_alive(self) -> None:
+        if self.dead:
+            raise EngineDead()
+        if self.aborting:
+            raise Aborted()
 
     def metrics(self) -> str:
         """/metrics as vLLM 0.33 serves it with prometheus_client 0.26: one series per engine
         (labels `engine`, `model_name`, sorted), counters named `*_total`. A single API server
         serves the process registry, whose counters and histograms also carry `*_created`
         series; several API servers (the default with DP > 1) serve the multiprocess registry,
-        which has none (vllm/v1/metrics/prometheus.py)."""
+        which has none (vllm/v1/metrics/prometheus.py). The engine's series move only when its
+        core publishes a step's stats (the scheduler's every step, vllm/v1/core/sched/scheduler.py
+        "We must return the stats even if there are no request outputs this step"): a hung engine
+        (a collective that never returns) publishes nothing, its series stay as they were."""
+        if self.frozen is not None:
+            return self.frozen
         cfg = self.cfg
         created = cfg["api_servers"] == 1
         out: list = []
@@ -1676,7 +1731,8 @@ class Launch:
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
             "attention_backend": (a.attention_backend or "").upper(),
             "decode_factor": SLOW_DECODE if self.fault == "slow-decode" else 1.0,
-            "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
+            "max_num_seqs": int(a.max_num_seqs or 256),
+            "max_num_batched_tokens": int(a.max_num_batched_tokens or 8192), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
             "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
             "shutdown_timeout": int(a.shutdown_timeout or 0),
@@ -2159,6 +2215,7 @@ class Launch:
     def hang(self) -> None:
         """The engine stops making progress and says nothing (an NCCL collective that never
         returns): /health stays 200 because the engine is not dead, requests never finish."""
+        self.engine.frozen = self.engine.metrics()
         self.engine.hung = True
         fault_fired("hang-after-ready", phase="hung")
 

@@ -12,9 +12,11 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           before the budget the manifest gave it.
   check   ExecStart= of vllm-NAME-health.service, run by vllm-NAME-health.timer. One probe of an
           `active` unit: /health and a one-token completion. A completion that times out while
-          /metrics shows tokens being generated is a busy server, not a hang. The count of failed
-          checks in a row lives in <state_dir>/health/NAME.json (status shows it); at N it notes the
-          restart there and exits RESTART_EXIT.
+          /metrics shows the engine stepping (PROGRESS: a long prefill fills the KV cache chunk by
+          chunk while no token counter moves) is a busy server, not a hang: the first such check of
+          a run exits BUSY_EXIT, for the root part to write a `health-busy` record. The count of
+          failed checks in a row lives in <state_dir>/health/NAME.json (status shows it); at N it
+          notes the restart there and exits RESTART_EXIT.
   watch-head  ExecStart= of vllm-NAME-headwatch.service on a headless node of a multi-node service
           (TP/PP across nodes). A headless vLLM outlives its head (seen with a real vLLM): its ranks
           stay in the dead head's process group and the head's next start waits for them in vain.
@@ -32,7 +34,8 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
   restart ExecStopPost=+ of the health check and the head watch: the one part that runs as root
           (`python -I -S`, the standard library only). It acts only when the probe it follows
           exited RESTART_EXIT ($EXIT_STATUS): it appends a `health-restart` / `head-lost-restart`
-          record (with the reason the check noted) to history.jsonl and restarts the unit.
+          record (with the reason the check noted) to history.jsonl and restarts the unit; after
+          BUSY_EXIT it appends a `health-busy` record (what moved) and restarts nothing.
 
 Who runs what (docs/security.md): ready, check and watch-head run as the service user, with an
 isolated Python (-I). check and watch-head run without the service's environment file; the
@@ -59,6 +62,7 @@ from datetime import datetime, timezone
 PROMPT = "Hello"
 CREDENTIAL = "service-env"      # render/artifacts.py: CREDENTIAL, RESTART_EXIT
 RESTART_EXIT = 75
+BUSY_EXIT = 76                  # render/artifacts.py: BUSY_EXIT (the health unit's SuccessExitStatus=)
 
 
 def now_iso():
@@ -243,22 +247,81 @@ def probe(port, served, health_path, timeout, listed=True, unit=None):
     return True, ""
 
 
-def generated_tokens(port):
-    """vllm:generation_tokens summed over engines, or None when /metrics cannot be read."""
+# The engine's progress, per engine (label `engine`), from the series vLLM 0.33 publishes
+# (vllm/v1/metrics/loggers.py; tests/unit/test_unit_probe_progress.py pins them to vLLM's own
+# metrics code). The scheduler publishes running / waiting / KV-cache usage after EVERY step, even
+# one that produced no token (vllm/v1/core/sched/scheduler.py: "We must return the stats even if
+# there are no request outputs this step"): a chunked prefill allocates KV blocks chunk by chunk,
+# so vllm:kv_cache_usage_perc moves while a 200K-token prompt is prefilled, when the token counters
+# do not (vllm:prompt_tokens counts a prompt when its first token comes out, and a step without
+# new tokens publishes no IterationStats: vllm/v1/engine/async_llm.py). A hung engine (a collective
+# that never returns) publishes nothing: every series of its stays as it was.
+PROGRESS = (
+    ("generation_tokens", ("vllm:generation_tokens_total", "vllm:generation_tokens")),
+    ("prompt_tokens", ("vllm:prompt_tokens_total", "vllm:prompt_tokens")),
+    ("kv_cache_usage", ("vllm:kv_cache_usage_perc",)),
+    ("running", ("vllm:num_requests_running",)),
+    ("waiting", ("vllm:num_requests_waiting",)),
+)
+
+
+def progress_from_text(text):
+    """{engine: {signal: value}} from a /metrics text (vLLM serves it with prometheus_client, the
+    parser used here; the probe runs with the vLLM venv's Python, which has it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    wanted = {name: key for key, names in PROGRESS for name in names}
+    out = {}  # type: dict
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is None:
+                continue
+            engine = sample.labels.get("engine", "0")
+            signals = out.setdefault(engine, {})
+            signals[key] = signals.get(key, 0.0) + sample.value
+    return out
+
+
+def engine_progress(port):
+    """progress_from_text of the service's /metrics, or None when it cannot be read."""
     try:
-        from prometheus_client.parser import text_string_to_metric_families
         status, body = request(port, "GET", "/metrics", timeout=5.0)
         if status != 200:
             return None
-        total = None
-        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
-            if family.name in ("vllm:generation_tokens", "vllm:generation_tokens_total"):
-                for sample in family.samples:
-                    if sample.name.endswith("_total") or sample.name == family.name:
-                        total = (total or 0.0) + sample.value
-        return total
+        return progress_from_text(body.decode("utf-8", "replace"))
     except Exception:   # no prometheus_client, no answer, odd text: no progress signal
         return None
+
+
+def progress_note(before, after):
+    """Why a completion that timed out is a busy engine and not a hung one, or None: some engine
+    published a step (a series of it changed) and no engine with work (requests running or
+    waiting) stayed as it was. An idle engine may stay unchanged."""
+    if not before or not after:
+        return None
+    moved, stalled = [], []
+    for engine in sorted(set(before) | set(after)):
+        b, a = before.get(engine, {}), after.get(engine, {})
+        changed = [key for key, _ in PROGRESS if key in b and key in a and a[key] != b[key]]
+        if changed:
+            moved.append((engine, b, a, changed))
+        elif a.get("running", 0) + a.get("waiting", 0) > 0:
+            stalled.append(engine)
+    if not moved or stalled:
+        return None
+    parts = []
+    for engine, b, a, changed in moved:
+        what = []
+        for key in changed:
+            if key in ("generation_tokens", "prompt_tokens"):
+                what.append("vllm:%s +%d" % (key, a[key] - b[key]))
+            elif key == "kv_cache_usage":
+                what.append("vllm:kv_cache_usage_perc %.4f -> %.4f" % (b[key], a[key]))
+            else:
+                what.append("vllm:num_requests_%s %d -> %d" % (key, b[key], a[key]))
+        parts.append("engine %s: %s" % (engine, ", ".join(what)))
+    return "busy, not hung: the one-token completion waited in the queue while the engine stepped (%s)" \
+        % "; ".join(parts)
 
 
 def alive(pid):
@@ -338,17 +401,27 @@ def cmd_check(a):
         state.update(failures=0, last=dict(stamp, ok=None, note="%s is %s: not probed" % (a.unit, unit_state)))
         write_state(path, state)
         return 0
-    before = generated_tokens(a.port)
+    before = engine_progress(a.port)
     ok, why = probe(a.port, a.served_name, a.health_path, a.timeout, listed=False, unit=a.unit)
     if not ok and "did not answer within" in why:
-        after = generated_tokens(a.port)
-        if before is not None and after is not None and after > before:
+        note = progress_note(before, engine_progress(a.port))
+        if note:
             ok = True
-            stamp["note"] = "busy: the completion waited in the queue while %d tokens were generated" % (after - before)
+            stamp["note"] = note
     if ok:
+        busy_since = state.get("busy_since") if stamp.get("note") else None
         state.update(failures=0, last=dict(stamp, ok=True), last_ok=stamp["at"])
+        if stamp.get("note"):
+            state["busy_since"] = busy_since or stamp["at"]
+            state["busy_checks"] = int(state.get("busy_checks") or 0) + 1
+        else:
+            state.pop("busy_since", None)
+            state["busy_checks"] = 0
         write_state(path, state)
-        return 0
+        # the first busy check of a run of them: the root part writes it to history
+        return BUSY_EXIT if stamp.get("note") and not busy_since else 0
+    state.pop("busy_since", None)
+    state["busy_checks"] = 0
     failures = int(state.get("failures") or 0) + 1
     state.update(failures=failures, last=dict(stamp, ok=False, reason=why))
     say("health check failed (%d of %d in a row): %s" % (failures, a.failures, why))
@@ -458,9 +531,9 @@ def cmd_watch_head(a):
     return RESTART_EXIT          # the root part restarts the unit; the restarted unit starts a new watch
 
 
-def health_reason(state_dir, model):
-    """(reason, failures) the check noted in health/MODEL.json (a file of the service user's: read
-    without following a link, bounded, and only as data)."""
+def health_state(state_dir, model):
+    """health/MODEL.json, the check's notes (a file of the service user's: read without following
+    a link, bounded, and only as data)."""
     path = os.path.join(state_dir, "health", model + ".json")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -468,15 +541,34 @@ def health_reason(state_dir, model):
             state = json.loads(f.read(65536).decode("utf-8", "replace"))
     except (OSError, ValueError):
         state = {}
-    state = state if isinstance(state, dict) else {}
+    return state if isinstance(state, dict) else {}
+
+
+def health_reason(state_dir, model):
+    """(reason, failures) the check noted for its restart."""
+    state = health_state(state_dir, model)
     reason, failures = state.get("restart_reason"), state.get("restart_failures")
     return (str(reason)[:1000] if reason else "the health check asked for a restart",
             failures if isinstance(failures, int) else None)
 
 
+def busy_note(state_dir, model):
+    """The note of the check that found the engine busy (its last result)."""
+    last = health_state(state_dir, model).get("last")
+    note = last.get("note") if isinstance(last, dict) else None
+    return str(note)[:1000] if note else "the health check found the engine busy"
+
+
 def cmd_restart(a):
-    """As root, after the check or the watch: only when it exited RESTART_EXIT."""
-    if os.environ.get("EXIT_STATUS") != str(RESTART_EXIT):
+    """As root, after the check or the watch: a restart only when it exited RESTART_EXIT; after the
+    first check of a run that found the engine busy but stepping (BUSY_EXIT), a `health-busy`
+    record, so history shows why a slow answer was not a failure."""
+    status = os.environ.get("EXIT_STATUS")
+    if a.operation == "health-restart" and status == str(BUSY_EXIT):
+        append_history(a.state_dir, {"operation": "health-busy", "model": a.model, "by": a.by, "ok": True,
+                                     "reason": busy_note(a.state_dir, a.model)})
+        return 0
+    if status != str(RESTART_EXIT):
         return 0
     if a.operation == "health-restart":
         reason, failures = health_reason(a.state_dir, a.model)
