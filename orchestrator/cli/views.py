@@ -236,7 +236,10 @@ def unit_lines(r: HostStatus | ServiceStatus) -> list[str]:
                    f"{last.get('reason')}")
     if r.last_health_restart:
         h = r.last_health_restart
-        out.append(f"health timer restarted it {since_iso(h.get('at'))}: {h.get('reason')}")
+        if h.get("refused"):
+            out.append(f"health timer did NOT restart it {since_iso(h.get('at'))}: {h['refused']}")
+        else:
+            out.append(f"health timer restarted it {since_iso(h.get('at'))}: {h.get('reason')}")
     return out
 
 

@@ -402,9 +402,12 @@ def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
 
 def restart_command(m: Manifest, host: HostEntry, operation: str, by: str, *extra: str) -> str:
     """The root part (ExecStopPost=+) of the health check and the head watch: it acts only when the
-    probe exited RESTART_EXIT, records `operation` in history.jsonl and restarts the service."""
+    probe exited RESTART_EXIT, records `operation` in history.jsonl and restarts the service (after
+    `systemctl reset-failed`: a deliberate restart must not use up the crash-loop limit), at most
+    startup.start_attempts times within the unit's StartLimitIntervalSec, counted from its records."""
     return _probe(host, "restart", "--unit", m.unit_name, "--model", m.name, "--state-dir", host.state_dir,
-                  "--operation", operation, "--by", by, *extra, root=True)
+                  "--operation", operation, "--by", by, "--limit-burst", str(m.startup.start_attempts),
+                  "--limit-interval", str(start_limit_interval(m)), *extra, root=True)
 
 
 def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:

@@ -231,7 +231,7 @@ def test_check_counts_failures_and_asks_for_a_restart_after_n_in_a_row(check):
     assert run(hung, (frozen, frozen)) == 75 and not calls and not history()   # the second in a row
     assert state()["failures"] == 0 and state()["restarts"] == 1
     assert restart_part(check, 75) == 0
-    assert calls == [["systemctl", "restart", "--no-block", "vllm-m.service"]]
+    assert calls == [["systemctl", "reset-failed", "vllm-m.service"], ["systemctl", "restart", "--no-block", "vllm-m.service"]]
     rec = history()[-1]
     assert rec["operation"] == "health-restart" and rec["model"] == "m" and rec["ok"] is True
     assert rec["reason"] == "2 health checks failed in a row, the last: " + hung[1] and rec["failures"] == 2
@@ -323,7 +323,8 @@ def test_watch_head_reconnects_a_dropped_connection_and_restarts_when_the_head_i
     done = root_restart(tmp_path, watch.returncode, "head-lost-restart", "x", "--address", "127.0.0.1",
                         "--port", str(store.port))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
+    assert (tmp_path / "systemctl.log").read_text().split() == ["reset-failed", "vllm-x.service", "restart", "--no-block",
+                                                                 "vllm-x.service"]
     [record] = history(tmp_path)
     assert record["operation"] == "head-lost-restart" and record["model"] == "x" and record["ok"]
     assert record["by"] == "vllm-x-headwatch.service"

@@ -329,7 +329,8 @@ def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch
     assert watch["ExecStopPost"] == ["+/opt/vllm/bin/python -I -S /var/lib/vllm-orch/bin/vllm-orch-probe.py restart "
                                      "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
                                      "--state-dir /var/lib/vllm-orch/state --operation head-lost-restart --by "
-                                     "vllm-kimi-k25-int4-2node-headwatch.service --address 10.0.0.1 --port 29500"]
+                                     "vllm-kimi-k25-int4-2node-headwatch.service --limit-burst 3 --limit-interval 11400 "
+                                     "--address 10.0.0.1 --port 29500"]
     assert watch["RestartPreventExitStatus"] == ["75"]
     # data parallel and Ray nodes have no rendezvous store to watch
     for m in (DP, RAY):

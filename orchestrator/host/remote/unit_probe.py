@@ -559,6 +559,64 @@ def busy_note(state_dir, model):
     return str(note)[:1000] if note else "the health check found the engine busy"
 
 
+WATCHER_RESTARTS = ("health-restart", "head-lost-restart")
+
+
+def history_tail(state_dir, limit=1 << 20):
+    """The records of the last `limit` bytes of history.jsonl (root's file), as dicts."""
+    path = os.path.join(state_dir, "history.jsonl")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _of(rec, model):
+    return (rec.get("service") or rec.get("model")) == model
+
+
+def watcher_restarts(state_dir, model, within):
+    """How many times the watchers (health check, head watch) restarted `model` in the last `within`
+    seconds and since vllm-orch last acted on it (a deploy, swap or regen starts it afresh, and
+    gives systemd's counter its starts back too), from the history records."""
+    since = time.time() - within
+    count = 0
+    for rec in history_tail(state_dir):
+        if not _of(rec, model) or rec.get("operation") == "health-busy":
+            continue
+        if rec.get("operation") not in WATCHER_RESTARTS:
+            count = 0
+            continue
+        try:
+            at = datetime.fromisoformat(str(rec.get("at"))).timestamp()
+        except ValueError:
+            continue
+        count += rec.get("ok") is True and at >= since
+    return count
+
+
+def limit_noted(state_dir, model):
+    """Whether the last record of `model` already says its watchers' limit was reached (one such
+    record, not one per failed check)."""
+    for rec in reversed(history_tail(state_dir)):
+        if _of(rec, model) and rec.get("operation") != "health-busy":
+            return bool(rec.get("limit"))
+    return False
+
+
 def cmd_restart(a):
     """As root, after the check or the watch: a restart only when it exited RESTART_EXIT; after the
     first check of a run that found the engine busy but stepping (BUSY_EXIT), a `health-busy`
@@ -579,8 +637,30 @@ def cmd_restart(a):
         record = {"operation": a.operation, "model": a.model, "by": a.by,
                   "reason": "the head's rendezvous store at %s:%s closed (its vLLM exited): this node's ranks "
                             "belong to the dead head's process group" % (a.address, a.port)}
+    done = watcher_restarts(a.state_dir, a.model, a.limit_interval) if a.limit_burst else 0
+    if a.limit_burst and done >= a.limit_burst:
+        # the watchers' own bound: as many restarts as the unit's StartLimitBurst within its window
+        if not limit_noted(a.state_dir, a.model):
+            record["ok"] = False
+            record["refused"] = (
+                "not restarted: its watchers restarted it %d times within %d s (the unit's StartLimitBurst, "
+                "counted apart from systemd's crash-loop limit) and it failed again; it is left as it is. "
+                "`vllm-orch logs %s` shows why; `vllm-orch deploy` (or regen --restart) starts it afresh"
+                % (done, a.limit_interval, a.model))
+            record["limit"] = True
+            append_history(a.state_dir, record)
+        say("not restarting %s: %d restarts by its watchers within %d s" % (a.unit, done, a.limit_interval))
+        return 1
     # the restart stops the head watch too (PartOf=): finish the record first
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A deliberate restart is no crash: systemd counts every start, `systemctl restart` too, against
+    # StartLimitBurst= (systemd.unit(5)), so a deploy and two restarts inside the window would have the
+    # next one refused (start-limit-hit) and the service down. reset-failed flushes the unit's start
+    # rate counter (systemctl(1): "the start rate limit counter of all unit types is reset to 0"):
+    # from this restart on, systemd's limit bounds a crash loop as after a deploy; the watchers' own
+    # restarts are bounded above, by their records.
+    subprocess.run(["systemctl", "reset-failed", a.unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=60)
     r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=60)
     record["ok"] = r.returncode == 0
@@ -623,6 +703,8 @@ def main(argv=None):
     restart.add_argument("--by", required=True)
     restart.add_argument("--address", default="?")
     restart.add_argument("--port", default="?")
+    restart.add_argument("--limit-burst", type=int, default=0)        # 0: no bound of its own
+    restart.add_argument("--limit-interval", type=int, default=0)
     a = p.parse_args(argv)
     return {"ready": cmd_ready, "check": cmd_check, "watch-head": cmd_watch_head, "restart": cmd_restart}[a.mode](a)
 
