@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -250,7 +251,7 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         if not role.head:
             add("(node rank)", "--data-parallel-start-rank", role.rank * local)
             add("(node rank)", "--headless")
-        add("multinode.join_timeout_seconds", "--distributed-timeout-seconds", mn.join_timeout_seconds)
+        add("multinode.collective_timeout_seconds", "--distributed-timeout-seconds", collective_timeout(m))
     else:                               # tensor/pipeline parallel across nodes: one torch.distributed group
         add("multinode.nodes", "--nnodes", mn.nodes)
         add("(node rank)", "--node-rank", role.rank)
@@ -258,10 +259,23 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         add("multinode.master_port", "--master-port", mn.master_port)
         if not role.head:
             add("(node rank)", "--headless")
-        # torch.distributed.init_process_group's timeout (vLLM's ParallelConfig.distributed_timeout_seconds):
-        # how long the head's store waits for the other ranks, and they for it, before failing
-        add("multinode.join_timeout_seconds", "--distributed-timeout-seconds", mn.join_timeout_seconds)
+        # vLLM's ParallelConfig.distributed_timeout_seconds: init_process_group's timeout (the store's wait
+        # for the ranks) AND every NCCL device group's (vllm/distributed/parallel_state.py,
+        # get_distributed_timeout_or_none): never the join wait, which is vllm-orch's own
+        add("multinode.collective_timeout_seconds", "--distributed-timeout-seconds", collective_timeout(m))
     return out
+
+
+TORCH_NCCL_TIMEOUT_S = 600      # torch.distributed's default timeout of an NCCL process group
+
+
+def collective_timeout(m: Manifest) -> int:
+    """Every node's --distributed-timeout-seconds: the manifest's collective_timeout_seconds, else
+    the larger of torch's NCCL default and the declared compile time (loading.other_seconds); never
+    below either (a rank waiting in a collective for a peer that still compiles must not abort)."""
+    assert m.multinode is not None
+    declared = m.multinode.collective_timeout_seconds or 0
+    return max(TORCH_NCCL_TIMEOUT_S, math.ceil(m.loading.other_seconds), declared)
 
 
 def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,

@@ -213,6 +213,9 @@ FAULTS = {
                           "illegal memory access); the other nodes die with it",
     "wrong-revision": "multi-node: this node holds another revision of the weights: loading fails "
                       "with 'Attempted to load weight (...) into parameter (...)'; the others die",
+    "slow-compile": "multi-node: this node's torch.compile takes `seconds` (default 30) longer (a cold "
+                    "compile cache): the other nodes' ranks wait for it in a collective, which torch "
+                    "aborts after --distributed-timeout-seconds (else 600 s)",
 }
 
 
@@ -1978,7 +1981,7 @@ class Launch:
                 f"has a total capacity of {total_gib:.2f} GiB of which 1.02 GiB is free. Including "
                 f"non-PyTorch memory, this process has {total_gib - 1.02:.2f} GiB memory in use.")
         if self.mesh is not None:       # the profile run needs every node's ranks loaded
-            await self.mesh.all_loaded()
+            await self.collective(cfg, w0, ec, multi, self.mesh.all_loaded())
         compile_s = await self.compile(cfg, w0, compile_s)
         log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
         kv_gib = budget_gib - w_gib - 2.4
@@ -2050,6 +2053,23 @@ class Launch:
                     log(self.api, "DEBUG", "utils.py:1448",
                         "Waiting for 1 local, 0 remote core engine proc(s) to start.")
         mesh.send_all({"go": True})
+
+    async def collective(self, cfg: dict, w0, ec, multi, peers_ready) -> None:
+        """This node's ranks in an NCCL collective with the other nodes' (the profile run's first
+        all-reduce) until `peers_ready`: torch's watchdog aborts it after the process group's
+        timeout (--distributed-timeout-seconds, else 600 s), whatever the peers are doing (loading,
+        compiling: the `slow-compile` fault)."""
+        timeout = cfg["collective_timeout"]
+        try:
+            await asyncio.wait_for(peers_ready, timeout=timeout)
+        except asyncio.TimeoutError:
+            ms = int(timeout * 1000)
+            self.worker_crash(w0, ec, multi, [
+                ("vllm/v1/worker/gpu_worker.py", 702, "determine_available_memory", "self.model_runner.profile_run()"),
+                ("torch/distributed/distributed_c10d.py", 2944, "all_reduce", "work.wait()")],
+                f"torch.distributed.DistBackendError: [Rank {cfg['rank0']}] Watchdog caught collective operation "
+                f"timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={ms}) ran for "
+                f"{ms + 17} milliseconds before timing out.")
 
     async def open_handshake(self, cfg: dict) -> None:
         """The front end's handshake socket for engines on other nodes (v1/engine/utils.py
@@ -2566,6 +2586,11 @@ def multinode_layout(a, tp: int, pp: int, dp: int) -> dict:
         "dp_address": a.data_parallel_address or a.master_addr or "127.0.0.1",
         "dp_rpc_port": int(a.data_parallel_rpc_port or 29550),
         "join_timeout": timeout,
+        # every NCCL device group's timeout (vllm/distributed/parallel_state.py passes the same
+        # --distributed-timeout-seconds, else torch's default): a rank waiting in a collective longer
+        # than this is aborted by torch's watchdog
+        "collective_timeout": (float(a.distributed_timeout_seconds) if a.distributed_timeout_seconds is not None
+                               else TORCH_NCCL_TIMEOUT_S),
         "handshake_timeout": sim_timeout or HANDSHAKE_TIMEOUT_MINS * 60.0,
     }
 
@@ -2951,6 +2976,11 @@ class Headless:
         log(w0, "INFO", "default_loader.py:507", f"Loading weights took {load.clock - started:.2f} seconds")
         log(w0, "INFO", "gpu_model_runner.py:5089",
             f"Model loading took {w_gib:.2f} GiB memory and {time.time() - launch.t0:.6f} seconds")
+        if launch.fault == "slow-compile":
+            extra = float(launch.fault_args.get("seconds") or 30)
+            fault_fired("slow-compile", phase="compiling", seconds=extra)
+            await asyncio.sleep(extra)
+            log(w0, "INFO", "backends.py:418", f"Compiling a graph for compile range (1, 8192) takes {extra:.2f} s")
         for (p, title, gpu, st) in launch.holders:
             launch.register(p.pid, title, gpu, cfg["util"] * launch.total_mib(gpu) - 300, st)
         if self.dp_mode:

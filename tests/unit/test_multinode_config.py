@@ -96,6 +96,11 @@ vllm:
     (BASE + "multinode:\n  nodes: 2\n  join_timeout_seconds: 900\nstartup: {budget_seconds: 600}\n",
      "m.yaml:8: multinode.join_timeout_seconds: join_timeout_seconds 900 must be shorter than "
      "startup.budget_seconds 600: the nodes join during the start-up, and the load comes after"),
+    (BASE + "multinode:\n  nodes: 2\n  collective_timeout_seconds: 300\n",
+     "m.yaml:8: multinode.collective_timeout_seconds: Input should be greater than or equal to 600"),
+    (BASE + "multinode:\n  nodes: 2\n  collective_timeout_seconds: 700\nloading: {other_seconds: 900}\n",
+     "m.yaml:8: multinode.collective_timeout_seconds: collective_timeout_seconds 700 is below loading.other_seconds "
+     "900: a rank waiting in a collective while a peer compiles would be aborted"),
     (BASE + "multinode:\n  nodes: 2\nenv:\n  VLLM_HOST_IP: 10.0.0.1\n",
      "m.yaml:9: env.VLLM_HOST_IP: VLLM_HOST_IP differs per node: it is written from the inventory "
      "(hosts.NAME.cluster.address) into each node's env file"),
@@ -205,10 +210,10 @@ def test_mp_tensor_pipeline_across_nodes_argv_per_rank():
     prov = dict((t, f) for t, f in worker.provenance if t.startswith("--"))
     assert prov["--nnodes"] == "multinode.nodes" and prov["--master-port"] == "multinode.master_port"
     assert prov["--headless"] == "(node rank)" and prov["--master-addr"] == "(head cluster address)"
-    # the join timeout is torch.distributed's rendezvous timeout on every node (vLLM's own flag)
-    assert prov["--distributed-timeout-seconds"] == "multinode.join_timeout_seconds"
+    # vLLM's flag times the rendezvous AND every collective: the collective timeout, never the join wait
+    assert prov["--distributed-timeout-seconds"] == "multinode.collective_timeout_seconds"
     for r in (head, worker):
-        assert after(r.argv, "--distributed-timeout-seconds") == str(TWO_NODE.multinode.join_timeout_seconds)
+        assert after(r.argv, "--distributed-timeout-seconds") == "600"
     assert head.runs_vllm and worker.runs_vllm and head.role == node_roles(TWO_NODE, [GPU1, GPU2])[0]
     assert build_argv(TWO_NODE, GPU2, worker.role) == (worker.argv, worker.provenance)
     assert build_argv(TWO_NODE, GPU2)[0] == render(TWO_NODE, GPU2).argv      # role None: no node flags
@@ -219,7 +224,7 @@ def test_data_parallel_across_nodes_argv_per_rank():
     head, worker = nodes(DP, (GPU1, GPU3))
     common = ["--data-parallel-size", "4", "--enable-expert-parallel", "--data-parallel-size-local", "2",
               "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"]
-    timeout = ["--distributed-timeout-seconds", str(DP.multinode.join_timeout_seconds)]
+    timeout = ["--distributed-timeout-seconds", "600"]
     i = head.argv.index("--data-parallel-size")
     assert head.argv[i:i + len(common) + 3] == common + timeout + ["--max-model-len"]
     j = worker.argv.index("--data-parallel-size")
@@ -429,3 +434,15 @@ def test_a_worker_nodes_env_file_holds_no_api_key():
     assert "VLLM_API_KEY=sk-head-only" in head.env_file.data().decode()
     assert "sk-head-only" not in worker.env_file.data().decode() and "VLLM_API_KEY" not in worker.env_file.text
     assert "HF_TOKEN=hf_x" in worker.env_file.data().decode()
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({}, 600),                                                        # torch's NCCL default
+    ({"multinode": {"join_timeout_seconds": 30}}, 600),               # the join wait is not the flag
+    ({"loading": {"other_seconds": 1800.5}}, 1801),                   # the declared compile time
+    ({"multinode": {"collective_timeout_seconds": 3600}}, 3600),
+])
+def test_the_collective_timeout_is_never_below_torchs_default_nor_the_compile_time(changes, expected):
+    for m in (variant(TWO_NODE, **changes), variant(DP, **changes)):
+        for r in nodes(m):
+            assert after(r.argv, "--distributed-timeout-seconds") == str(expected), (m.name, r.argv)
