@@ -39,6 +39,13 @@ CREDENTIAL = "service-env"
 RESTART_EXIT = 75
 BUSY_EXIT = 76
 
+# The compile and JIT caches of every unit that runs vLLM's workers (vllm.service.j2, and ray.service.j2:
+# Ray's workers on the head are the raylet's children), under the unit's CacheDirectory=vllm-orch.
+CACHE_ENV = ("Environment=VLLM_CACHE_ROOT=%C/vllm-orch/vllm TRITON_CACHE_DIR=%C/vllm-orch/triton "
+             "TORCHINDUCTOR_CACHE_DIR=%C/vllm-orch/inductor\n"
+             "Environment=FLASHINFER_WORKSPACE_BASE=%C/vllm-orch CUDA_CACHE_PATH=%C/vllm-orch/nv "
+             "XDG_CACHE_HOME=%C/vllm-orch/xdg")
+
 # What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
 # three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
 ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
@@ -479,8 +486,14 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
     out = [("VLLM_HOST_IP", host.node_address(m.name))]
     if host.cluster_interface:
         out += [("NCCL_SOCKET_IFNAME", host.cluster_interface), ("GLOO_SOCKET_IFNAME", host.cluster_interface)]
+    elif m.multinode is not None and m.multinode.backend == "ray":
+        # vLLM's Ray executor (0.33: vllm/v1/executor/ray_executor_v2.py, get_driver_env_vars) gives every
+        # worker the head's environment where the worker's own lacks a name: the head's interface would
+        # reach this node's NCCL and Gloo. Set but empty, they choose the interface themselves (NCCL
+        # socket.cc and torch's ProcessGroupGloo read a name only when longer than one character).
+        out += [(k, "") for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k not in m.env]
     for key, value in out[1:]:
-        if key in m.env and m.env[key] != value:
+        if value and key in m.env and m.env[key] != value:
             raise ConfigError(f"{host.where('cluster', 'interface')}: {host.name}'s interface is {value} but the "
                               f"service environment (the manifest's env or the host's service_env) sets "
                               f"{key}={m.env[key]}: keep one of them")
@@ -501,7 +514,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, model=model, host=host, model_dir=mdir, env_path=epath,
                   manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
-                  restart_exit=RESTART_EXIT, busy_exit=BUSY_EXIT)
+                  restart_exit=RESTART_EXIT, busy_exit=BUSY_EXIT, cache_env=CACHE_ENV)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
     if ray and host.service_manager != "systemd":
         raise ConfigError(f"{host.where('service_manager')}: {m.name} runs on Ray (multinode.backend ray), whose "

@@ -446,3 +446,32 @@ def test_the_collective_timeout_is_never_below_torchs_default_nor_the_compile_ti
     for m in (variant(TWO_NODE, **changes), variant(DP, **changes)):
         for r in nodes(m):
             assert after(r.argv, "--distributed-timeout-seconds") == str(expected), (m.name, r.argv)
+
+
+def test_the_ray_head_unit_has_the_cache_environment_of_the_vllm_unit():
+    """vLLM's workers on the head are the raylet's children: they inherit ray-NAME.service's
+    environment, which must carry the same compile and JIT caches as vllm-NAME.service (with
+    ProtectHome= a Triton JIT compile under ~/.triton fails)."""
+    head, _worker = nodes(RAY)
+    ray_unit = next(f for f in head.extra if f.path == f"/etc/systemd/system/{ray_unit_name(RAY)}")
+    ray_env = " ".join(directives(ray_unit.text)["Environment"])
+    vllm_env = " ".join(e for e in directives(head.unit.text)["Environment"] if not e.startswith("RAY_ADDRESS"))
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                 "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+        assert f"{name}=%C/vllm-orch" in ray_env, (name, ray_env)
+    assert ray_env == vllm_env and directives(ray_unit.text)["CacheDirectory"] == ["vllm-orch"]
+
+
+def test_a_ray_node_never_takes_the_heads_network_interface():
+    """vLLM's Ray executor (0.33) fills each worker's missing variables from the head's environment
+    (setdefault): a node without its own interface would get the head's NCCL_SOCKET_IFNAME. Every Ray
+    node's env file names its own, or sets it empty (NCCL and Gloo then choose); mp nodes do not need it."""
+    head, worker = nodes(RAY, (GPU1, GPU3))              # gpu3 names no interface
+    assert env_lines(head)["NCCL_SOCKET_IFNAME"] == env_lines(head)["GLOO_SOCKET_IFNAME"] == "ens1f0"
+    assert env_lines(worker)["NCCL_SOCKET_IFNAME"] == env_lines(worker)["GLOO_SOCKET_IFNAME"] == ""
+    _head, mp_worker = nodes(TWO_NODE, (GPU1, GPU3))
+    assert "NCCL_SOCKET_IFNAME" not in env_lines(mp_worker)
+    # the manifest's own value (the same on every node) is kept and is what the head passes on
+    pinned = variant(RAY, env={**RAY.env, "NCCL_SOCKET_IFNAME": "ib0"})
+    plain = HostEntry(name="gpu4", address="10.0.0.4")          # no interface either
+    assert env_lines(nodes(pinned, (GPU3, plain))[1]).get("NCCL_SOCKET_IFNAME") == "ib0"
