@@ -30,11 +30,15 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           host's lock (a stop, deploy or swap, which act on every node), it waits, and asks for a
           restart only of a unit vllm-orch left as it was. A connection closed while the port still
           accepts is only reconnected. TCP keepalive notices a head host that vanished without
-          closing anything.
+          closing anything. Only a refusal (a TCP reset from the head's host) means "gone": while
+          the head does not answer at all (timeouts, no route: a partition) it probes on until it
+          answers, and restarts nothing.
   restart ExecStopPost=+ of the health check and the head watch: the one part that runs as root
           (`python -I -S`, the standard library only). It acts only when the probe it follows
           exited RESTART_EXIT ($EXIT_STATUS): it appends a `health-restart` / `head-lost-restart`
-          record (with the reason the check noted) to history.jsonl and restarts the unit; after
+          record (with the reason the check noted) to history.jsonl and restarts the unit (after
+          `systemctl reset-failed`; under the host's deploy lock, taken without waiting: nothing
+          when vllm-orch holds it; at most --limit-burst times within --limit-interval s); after
           BUSY_EXIT it appends a `health-busy` record (what moved) and restarts nothing.
 
 Who runs what (docs/security.md): ready, check and watch-head run as the service user, with an
@@ -439,10 +443,23 @@ def cmd_check(a):
 
 def connect(address, port, timeout):
     """A connected socket, or None when the port does not accept within `timeout`."""
+    sock, _why = reach(address, port, timeout)
+    return sock
+
+
+def reach(address, port, timeout):
+    """(connected socket, None), or (None, "refused") when the head's host answered that nothing
+    listens there (a TCP reset: its process is gone), or (None, why) when it did not answer at all
+    (a timeout, no route, the network down: a partition, a switch reload, a bond failover), which
+    says nothing about the head."""
     try:
-        return socket.create_connection((address, port), timeout=timeout)
-    except OSError:
-        return None
+        return socket.create_connection((address, port), timeout=timeout), None
+    except ConnectionRefusedError:
+        return None, "refused"
+    except socket.timeout:
+        return None, "no answer within %.0fs" % timeout
+    except OSError as exc:
+        return None, os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
 
 
 def keepalive(sock, idle=10, interval=5, count=3):
@@ -464,17 +481,31 @@ def until_closed(sock):
         sock.close()
 
 
-def still_listening(address, port, window):
+def still_listening(address, port, window, poll=1.0):
     """After the head's store closed our connection: whether its port kept accepting for `window`
-    seconds (the store only dropped this connection) rather than refusing once (its process exited:
-    the listening socket closes with it, and a restarted head listens again only later).
-    Immediately after the close first: a head restarted at once cannot be listening yet."""
+    seconds (the store only dropped this connection, or the network did) rather than refusing (its
+    process exited: the listening socket closes with it, and a restarted head listens again only
+    later). Immediately after the close first: a head restarted at once cannot be listening yet.
+    Only a refusal from the head's host counts: while it cannot be reached (timeouts, no route),
+    this keeps probing, every `poll` s, for as long as that lasts."""
     deadline = time.monotonic() + window
+    unreachable_since = None
     while True:
-        sock = connect(address, port, 2.0)
-        if sock is None:
+        sock, why = reach(address, port, 2.0)
+        if why == "refused":
             return False
+        if sock is None:
+            if unreachable_since is None:
+                unreachable_since = time.monotonic()
+                say("the head at %s:%d cannot be reached (%s): not a sign that it is gone, probing until it "
+                    "answers" % (address, port, why))
+            time.sleep(poll)
+            deadline = time.monotonic() + window        # the window starts again once it answers
+            continue
         sock.close()
+        if unreachable_since is not None:
+            say("the head at %s:%d answers again after %.0fs" % (address, port, time.monotonic() - unreachable_since))
+            unreachable_since = None
         if time.monotonic() >= deadline:
             return True
         time.sleep(0.2)
@@ -512,7 +543,7 @@ def cmd_watch_head(a):
         keepalive(sock)
         say("holding a connection to the head's store at %s: %s restarts when it closes" % (where, a.unit))
         until_closed(sock)
-        if still_listening(a.address, a.port, a.window):
+        if still_listening(a.address, a.port, a.window, a.poll):
             say("the head's store at %s closed this connection but still accepts: reconnecting" % where)
             continue
         break
@@ -653,6 +684,42 @@ def cmd_restart(a):
         return 1
     # the restart stops the head watch too (PartOf=): finish the record first
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # vllm-orch's lock, held from this check to the restart's job being queued: a stop, deploy or
+    # swap that took it meanwhile acts on the unit (on every node) itself, and one that comes
+    # later waits for no half-done restart of ours
+    lock = lock_nb(a.state_dir)
+    if lock is False:
+        say("vllm-orch holds this host's lock (it acts on %s itself): not restarting it" % a.unit)
+        return 0
+    try:
+        unit_state = unit_show(a.unit, "ActiveState")
+        if unit_state not in ("active", "activating", "reloading"):
+            say("%s is %s: nothing to restart" % (a.unit, unit_state))
+            return 0
+        return _restart(a, record)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def lock_nb(state_dir):
+    """This host's deploy lock (state_dir/deploy.lock, flock), taken without waiting: its fd, False
+    when another process (vllm-orch) holds it, None when there is no lock file (nothing to hold)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(state_dir, "deploy.lock"), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    return fd
+
+
+def _restart(a, record):
+    """reset-failed, restart --no-block and the history record (cmd_restart, under the lock)."""
     # A deliberate restart is no crash: systemd counts every start, `systemctl restart` too, against
     # StartLimitBurst= (systemd.unit(5)), so a deploy and two restarts inside the window would have the
     # next one refused (start-limit-hit) and the service down. reset-failed flushes the unit's start
