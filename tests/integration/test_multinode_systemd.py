@@ -32,7 +32,7 @@ TWO = "kimi-k25-int4-2node"
 THREE = "kimi-k25-int4-3node"
 ONE = "kimi-k25-int4"                        # the same model on one host (TP8)
 PORT = 8000                                  # each host has its own address: fixed ports are fine
-JOIN_TIMEOUT_S = 20                          # multinode.join_timeout_seconds -> --distributed-timeout-seconds
+JOIN_TIMEOUT_S = 20                          # multinode.join_timeout_seconds: vllm-orch's join wait
 RESTART_S = 12                               # startup.restart_delay_seconds: systemd's RestartSec (default 60)
 
 
@@ -195,7 +195,7 @@ def test_a_head_that_dies_while_serving_is_restarted_and_its_headless_node_rejoi
 
 
 @pytest.mark.parametrize("fault, says", [
-    ("unreachable-head", "on node {b}"),
+    ("unreachable-head", "node {b} did not join the head within 20s"),     # vllm-orch's join wait
     ("rank-crash-loading", "on node {b}"),
     ("wrong-revision", "on node {b}"),
 ])
