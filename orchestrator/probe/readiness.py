@@ -167,14 +167,17 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                        last_lines=[logsig.clean(l) for l in seen[-12:]], gates=list(passed),
                        hint=hint or (sig.fix if sig else None))
 
-    others = [_Node(name, svc, (node_cursors or {}).get(name) or svc.log_cursor()) for name, svc in nodes]
+    # a node whose log is read from its start (its recorded cursor) says when its ranks joined; one read
+    # from now may have said it already: not judged by the join wait
+    others = [_Node(name, svc, (node_cursors or {}).get(name) or svc.log_cursor(),
+                    joined=not (node_cursors or {}).get(name)) for name, svc in nodes]
     # vllm-orch's own join wait (tensor/pipeline parallel across nodes on vLLM's runtime): every node's
-    # ranks say they joined within multinode.join_timeout_seconds, else the wait fails naming the
-    # nodes that did not. vLLM's --distributed-timeout-seconds is the collectives' timeout, far longer.
+    # ranks say they joined (a line each prints once the whole group, the head's ranks too, formed)
+    # within multinode.join_timeout_seconds, else the wait fails naming the nodes that did not.
+    # vLLM's --distributed-timeout-seconds is the collectives' timeout, far longer.
     mn = m.multinode
     join_s = float(mn.join_timeout_seconds) if others and mn is not None and mn.backend == "mp" and \
         m.vllm.data_parallel_size == 1 else None
-    head_joined = False
 
     by_name = {n.name: n for n in others}
     held: tuple[float, _Failure] | None = None      # a consequence seen first, while the cause may follow
@@ -209,7 +212,6 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                     phases.append((phase, elapsed))
                     on_event("phase", f"{phase} (at {elapsed:.1f}s)")
                 on_event("log", logsig.clean(line))
-        head_joined = head_joined or any(logsig.JOINED.search(line) for line in lines)
         failures = [f for node in others if (f := node.failure(elapsed)) is not None]
         if any(node.fresh for node in others):
             last_line_at = now                  # a node's progress (joining, loading) is progress too
@@ -235,16 +237,13 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             cancel.sleep(poll_s)          # Ctrl-C ends the wait here (host/cancel.py)
             continue
         missing = [n for n in others if not n.joined]
-        if join_s is not None and elapsed > join_s and (missing or not head_joined):
-            late = missing[0] if missing else None
-            names = ", ".join(n.name for n in missing) or service.entry.name
-            message = (f"{'node' if len(missing) <= 1 else 'nodes'} {names} did not join the head within "
-                       f"{join_s:.0f}s (vllm-orch's join wait, multinode.join_timeout_seconds): "
-                       f"{'its' if len(missing) <= 1 else 'their'} ranks never said they joined")
+        if join_s is not None and elapsed > join_s and missing:
+            late = missing[0]
+            message = (f"{'node' if len(missing) == 1 else 'nodes'} {', '.join(n.name for n in missing)} did not "
+                       f"join the head within {join_s:.0f}s (vllm-orch's join wait, multinode.join_timeout_seconds): "
+                       f"{'its' if len(missing) == 1 else 'their'} ranks never said they joined")
             hint = ("check that every node is started, reaches the head's cluster address and master port "
                     "(firewall, route, NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME), and holds the same files")
-            if late is None:
-                fail("join", message, hint=hint)
             _cause, root = logsig.root_cause(late.seen)
             raise NotReady(message, kind="join", root_cause=root, host=late.name,
                            last_lines=[logsig.clean(l) for l in late.seen[-12:]], gates=list(passed), hint=hint)

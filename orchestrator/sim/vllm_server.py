@@ -198,7 +198,8 @@ FAULTS = {
     "crash-trust-remote-code": "'... contains custom code which must be executed ...' ValueError",
     "hang": "stops logging part-way through loading weights and stays alive (NCCL-hang look-alike)",
     "hang-after-ready": "serves, then (after `after` s, default 5) the engine stops making progress: "
-                        "/health stays 200, requests never finish (an NCCL deadlock after deploy)",
+                        "/health stays 200, requests never finish, /metrics stays as the last step left "
+                        "it (an NCCL deadlock after deploy)",
     "crash-no-kv-memory": "'No available memory for the cache blocks' at the end of the load (KV OOM)",
     "die-after-ready": "engine core dies a few seconds after the server became ready",
     "garbage": "serves random junk tokens instead of sensible answers",
