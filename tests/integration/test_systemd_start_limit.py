@@ -31,7 +31,8 @@ def show(host, unit: str) -> dict:
 def test_three_health_restarts_inside_the_window_leave_the_unit_startable(clean_systemd_sim):
     home, e = clean_systemd_sim
     m = tuned("minimax-m25", PORT, startup={"start_attempts": 3, "restart_delay_seconds": 1},
-              probes={"health_interval_seconds": 2, "health_failures": 2, "health_timeout_seconds": 2})
+              probes={"health_interval_seconds": 2, "health_failures": 2, "health_timeout_seconds": 2},
+              vllm={"shutdown_timeout": 2})           # a hung server cannot drain: do not wait 30 s for it
     # every one of the next three starts serves for 3 s, then its engine hangs: three health restarts
     manager.add_fault("sim", "hang-after-ready", model=m.name, home=home, after=3, times=3)
     t0 = time.monotonic()
