@@ -723,7 +723,7 @@ def _restart(a, record):
     # A deliberate restart is no crash: systemd counts every start, `systemctl restart` too, against
     # StartLimitBurst= (systemd.unit(5)), so a deploy and two restarts inside the window would have the
     # next one refused (start-limit-hit) and the service down. reset-failed flushes the unit's start
-    # rate counter (systemctl(1): "the start rate limit counter of all unit types is reset to 0"):
+    # rate counter (systemctl(1): "the start rate limit counter of all unit types is reset to zero"):
     # from this restart on, systemd's limit bounds a crash loop as after a deploy; the watchers' own
     # restarts are bounded above, by their records.
     subprocess.run(["systemctl", "reset-failed", a.unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
