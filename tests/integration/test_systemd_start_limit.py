@@ -33,8 +33,9 @@ def test_three_health_restarts_inside_the_window_leave_the_unit_startable(clean_
     m = tuned("minimax-m25", PORT, startup={"start_attempts": 3, "restart_delay_seconds": 1},
               probes={"health_interval_seconds": 2, "health_failures": 2, "health_timeout_seconds": 2},
               vllm={"shutdown_timeout": 2})           # a hung server cannot drain: do not wait 30 s for it
-    # every one of the next three starts serves for 3 s, then its engine hangs: three health restarts
-    manager.add_fault("sim", "hang-after-ready", model=m.name, home=home, after=3, times=3)
+    # each of the next three starts serves for 20 s (the deploy's gates pass), then its engine hangs:
+    # three health restarts
+    manager.add_fault("sim", "hang-after-ready", model=m.name, home=home, after=20, times=3)
     t0 = time.monotonic()
     assert deploy(e, m).ok                                         # start 1 (of StartLimitBurst=3)
     with open_host(e) as host:
