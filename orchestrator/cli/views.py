@@ -236,7 +236,10 @@ def unit_lines(r: HostStatus | ServiceStatus) -> list[str]:
                    f"{last.get('reason')}")
     if r.last_health_restart:
         h = r.last_health_restart
-        out.append(f"health timer restarted it {since_iso(h.get('at'))}: {h.get('reason')}")
+        if h.get("refused"):
+            out.append(f"health timer did NOT restart it {since_iso(h.get('at'))}: {h['refused']}")
+        else:
+            out.append(f"health timer restarted it {since_iso(h.get('at'))}: {h.get('reason')}")
     return out
 
 
@@ -284,6 +287,8 @@ def history_details(rec: dict, cold_before: float | None = None) -> str:
     op = rec.get("operation")
     if rec.get("refused"):
         return f"refused: {rec['refused']}"
+    if op == "health-busy":
+        return f"not restarted by its health timer: {rec.get('reason')}"
     if op in ("health-restart", "head-lost-restart"):
         by = "its health timer" if op == "health-restart" else "its head watch (a headless node whose head went away)"
         return f"restarted by {by}: {rec.get('reason')}" + (

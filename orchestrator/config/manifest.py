@@ -494,7 +494,8 @@ class Probes(Strict):
     health_timeout_seconds: int = Field(
         30, ge=1, le=600,
         description="Time the health timer's one-token completion may take. A timeout while /metrics shows "
-                    "tokens being generated is a busy server, not a failure.")
+                    "the engine stepping (the KV cache filling during a long prefill, tokens or requests "
+                    "moving) is a busy server, not a failure (a `health-busy` history record).")
     health_failures: int = Field(
         3, ge=1, le=100,
         description="Failed health checks in a row after which the service is restarted (recorded in the "
@@ -677,10 +678,21 @@ class MultiNode(Strict):
                           description="ray: the head's Ray GCS port (`ray start --head --port`).")
     join_timeout_seconds: int = Field(
         300, ge=10, le=86400,
-        description="How long the head waits for every other node to join before the deploy fails "
-                    "naming the nodes that did not (a firewall, a wrong cluster.address, a node that "
-                    "crashed while starting): every node's `--distributed-timeout-seconds` (mp), the "
-                    "timeout of vLLM's torch.distributed rendezvous (without it, torch's default).")
+        description="How long vllm-orch's readiness wait gives every node's ranks to join the head "
+                    "(tensor/pipeline parallel across nodes: each node's log says its ranks joined) "
+                    "before the deploy fails naming the nodes that did not (a firewall, a wrong "
+                    "cluster.address, a node that crashed while starting). vllm-orch's own wait, not a "
+                    "vLLM flag: vLLM's `--distributed-timeout-seconds` also times every NCCL collective "
+                    "(collective_timeout_seconds).")
+    collective_timeout_seconds: int | None = Field(
+        None, ge=600, le=86400,
+        description="Every node's `--distributed-timeout-seconds`: in vLLM 0.33 the timeout of "
+                    "torch.distributed's rendezvous AND of every NCCL device group, so of every "
+                    "collective (a rank waiting for a peer that still compiles is aborted after it). "
+                    "Default: the larger of torch's 600 s NCCL default and loading.other_seconds (the "
+                    "declared compile and graph time); never below either. Data parallel across nodes: "
+                    "the engines' handshake with the head waits VLLM_ENGINE_READY_TIMEOUT_S (the env "
+                    "file sets it to startup.budget_seconds), not this.")
 
     @model_validator(mode="after")
     def _ports(self) -> MultiNode:
@@ -802,6 +814,11 @@ class Manifest(Strict):
         if v.data_parallel_size > 1 and mn.backend == "ray":
             raise at("multinode.backend", "data parallel across nodes runs on vLLM's own runtime: use "
                                           "backend mp (the ray backend spans tensor/pipeline parallel only)")
+        if mn.collective_timeout_seconds is not None and mn.collective_timeout_seconds < self.loading.other_seconds:
+            raise at("multinode.collective_timeout_seconds",
+                     f"collective_timeout_seconds {mn.collective_timeout_seconds} is below loading.other_seconds "
+                     f"{self.loading.other_seconds:g}: a rank waiting in a collective while a peer compiles "
+                     "would be aborted")
         if mn.join_timeout_seconds >= self.startup.budget_seconds:
             raise at("multinode.join_timeout_seconds",
                      f"join_timeout_seconds {mn.join_timeout_seconds} must be shorter than startup.budget_seconds "

@@ -161,8 +161,9 @@ class InstalledRecord(NodeFields):
 class HistoryEntry(Record):
     """One line of history.jsonl: an operation and its result. The fields every line may have are
     typed here; what an operation adds (steps and timings, gates, recovery, warm-up...) is kept as
-    it is. `health-restart` and `head-lost-restart` lines are written by the host-side unit probe
-    (host/remote/unit_probe.py, stdlib only) with the same common fields."""
+    it is. `health-restart`, `health-busy` and `head-lost-restart` lines are written by the host-side
+    unit probe (host/remote/unit_probe.py, stdlib only) with the same common fields (a watchers' limit
+    reached: `refused`, and `limit` true)."""
 
     FILE: ClassVar[str] = "history.jsonl"
 

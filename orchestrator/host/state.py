@@ -10,8 +10,8 @@ reads and writes them:
   installed/NAME.json  InstalledRecord, each service whose unit vllm-orch installed (regen re-renders these)
   usage.json           last time each model was started (least-recently-used disk eviction)
   history.jsonl        HistoryEntry, one line per deploy / swap / rollback / stop / gc / bench, with
-                       timings, and per health-restart (written by the units' health timer on the
-                       host) and head-lost-restart (a headless node's head watch)
+                       timings, and per health-restart / health-busy (written by the units' health
+                       timer on the host) and head-lost-restart (a headless node's head watch)
   swap.json            SwapMarker: a swap under way: written when it stops the old model, removed
                        when it ends (the new model recorded, or the old one back); left behind by a
                        swap that was killed or lost its connection, so the next command can say what to run

@@ -365,6 +365,9 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
         if svc.ready is not None and raw.get("Result"):
             limit_hit = svc.failed and any(START_LIMIT_LINE in line for line in tail[-20:])
             row.state_reason = f"{'restarting' if restarting else 'failed'}: {failure_words(raw, limit_hit)}"
+            if limit_hit:       # systemd refuses a plain start until the window passes or reset-failed
+                row.state_reason += (f"; `vllm-orch logs {name} --host {entry.name}` shows why, `vllm-orch deploy` "
+                                     f"starts it afresh")
     row.health = checks.get(name)
     row.last_health_restart = next((r for r in reversed(history) if r.get("operation") == "health-restart"
                                     and (r.get("service") or r.get("model")) == name), None)

@@ -83,6 +83,11 @@ FATAL: list[Signature] = [
          "the head waited for every rank and some never joined (a node not started, or unable to "
          "reach the head)", "start every node (workers before or with the head) and check the nodes "
          "not reported as joined; their logs name the cause"),
+    _sig("collective-timeout", r"Watchdog caught collective operation timeout: WorkNCCL\(",
+         "a rank waited in an NCCL collective longer than the process group's timeout "
+         "(--distributed-timeout-seconds) and torch's watchdog aborted it: a peer was still loading or "
+         "compiling, or hung", "give multinode.collective_timeout_seconds (or loading.other_seconds) at "
+         "least the slowest node's compile time; read the other nodes' logs"),
     _sig("dp-handshake-timeout", r"Did not receive response from front-end process within \d+ minutes",
          "this node's data-parallel engines got no answer from the head's --data-parallel-address:"
          "--data-parallel-rpc-port", "start the head, and check that this node reaches that address and port"),
@@ -103,6 +108,11 @@ FATAL: list[Signature] = [
     _sig("engine-core-failed", r"Engine core initialization failed|EngineCore failed to start",
          "the engine failed to start (the root cause is earlier in the log)", "read the log lines above"),
 ]
+
+# A rank that joined the service's torch.distributed world: each worker logs it once its process
+# group exists, i.e. once every rank reached the head's store (vllm/distributed/parallel_state.py,
+# initialize_model_parallel). vllm-orch's own join wait reads it on every node.
+JOINED = re.compile(r"rank \d+ in world size \d+ is assigned as ")
 
 # Lines that show loading progress (for the live view); (regex, phase label).
 PROGRESS: list[tuple[re.Pattern, str]] = [

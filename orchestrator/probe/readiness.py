@@ -48,7 +48,8 @@ class Ready:
 
 
 class NotReady(DeployFailed):
-    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke, auth, port."""
+    """The service failed a readiness gate. `kind`: crash, fatal-log, hang, timeout, smoke, auth, port,
+    join (a node of a multi-node service did not join within vllm-orch's join wait)."""
 
     def __init__(self, message: str, *, kind: str, root_cause: str | None, last_lines: list[str],
                  gates: list[tuple[str, float]], host: str | None = None, hint: str | None = None):
@@ -116,12 +117,14 @@ class _Node:
     cursor: str
     seen: list[str] = field(default_factory=list)
     fresh: int = 0                      # lines read in the last poll
+    joined: bool = False                # its ranks said they joined the world (logsig.JOINED)
 
     def failure(self, elapsed: float) -> _Failure | None:
         """A fatal line among the node's new log lines, or its unit stopped; None while it runs."""
         lines, self.cursor = self.service.read_log(self.cursor)
         self.seen.extend(lines)
         self.fresh = len(lines)
+        self.joined = self.joined or any(logsig.JOINED.search(line) for line in lines)
         if found := _fatal(lines):
             sig, line = found
             return _Failure(self.name, "fatal-log", f"fatal log line on node {self.name} after {elapsed:.1f}s: "
@@ -164,7 +167,17 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                        last_lines=[logsig.clean(l) for l in seen[-12:]], gates=list(passed),
                        hint=hint or (sig.fix if sig else None))
 
-    others = [_Node(name, svc, (node_cursors or {}).get(name) or svc.log_cursor()) for name, svc in nodes]
+    # a node whose log is read from its start (its recorded cursor) says when its ranks joined; one read
+    # from now may have said it already: not judged by the join wait
+    others = [_Node(name, svc, (node_cursors or {}).get(name) or svc.log_cursor(),
+                    joined=not (node_cursors or {}).get(name)) for name, svc in nodes]
+    # vllm-orch's own join wait (tensor/pipeline parallel across nodes on vLLM's runtime): every node's
+    # ranks say they joined (a line each prints once the whole group, the head's ranks too, formed)
+    # within multinode.join_timeout_seconds, else the wait fails naming the nodes that did not.
+    # vLLM's --distributed-timeout-seconds is the collectives' timeout, far longer.
+    mn = m.multinode
+    join_s = float(mn.join_timeout_seconds) if others and mn is not None and mn.backend == "mp" and \
+        m.vllm.data_parallel_size == 1 else None
 
     by_name = {n.name: n for n in others}
     held: tuple[float, _Failure] | None = None      # a consequence seen first, while the cause may follow
@@ -223,6 +236,17 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                 report(held[1])
             cancel.sleep(poll_s)          # Ctrl-C ends the wait here (host/cancel.py)
             continue
+        missing = [n for n in others if not n.joined]
+        if join_s is not None and elapsed > join_s and missing:
+            late = missing[0]
+            message = (f"{'node' if len(missing) == 1 else 'nodes'} {', '.join(n.name for n in missing)} did not "
+                       f"join the head within {join_s:.0f}s (vllm-orch's join wait, multinode.join_timeout_seconds): "
+                       f"{'its' if len(missing) == 1 else 'their'} ranks never said they joined")
+            hint = ("check that every node is started, reaches the head's cluster address and master port "
+                    "(firewall, route, NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME), and holds the same files")
+            _cause, root = logsig.root_cause(late.seen)
+            raise NotReady(message, kind="join", root_cause=root, host=late.name,
+                           last_lines=[logsig.clean(l) for l in late.seen[-12:]], gates=list(passed), hint=hint)
         stage = len(passed)
         if stage in (3, 4) and ep.api_key is not None and verified_for != [state.main_pid]:
             problem = listener_problem(gather(host, service.entry, [m.name], ports=[port]).ports.get(port, []),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -31,10 +32,19 @@ TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU
 START_LIMIT_MARGIN_S = 60
 PROBE_NAME = "vllm-orch-probe.py"   # orchestrator/host/remote/unit_probe.py, as installed on the host
 # The units' probe reads the API key from this credential (LoadCredential= of the 0600 env file), never
-# from its environment; it exits RESTART_EXIT when its unit's root part is to record and restart.
-# unit_probe.py has the same two constants.
+# from its environment; it exits RESTART_EXIT when its unit's root part is to record and restart, and
+# the health check BUSY_EXIT (a success: SuccessExitStatus=) when it first finds the engine busy but
+# stepping, for the root part to record. unit_probe.py has the same three constants.
 CREDENTIAL = "service-env"
 RESTART_EXIT = 75
+BUSY_EXIT = 76
+
+# The compile and JIT caches of every unit that runs vLLM's workers (vllm.service.j2, and ray.service.j2:
+# Ray's workers on the head are the raylet's children), under the unit's CacheDirectory=vllm-orch.
+CACHE_ENV = ("Environment=VLLM_CACHE_ROOT=%C/vllm-orch/vllm TRITON_CACHE_DIR=%C/vllm-orch/triton "
+             "TORCHINDUCTOR_CACHE_DIR=%C/vllm-orch/inductor\n"
+             "Environment=FLASHINFER_WORKSPACE_BASE=%C/vllm-orch CUDA_CACHE_PATH=%C/vllm-orch/nv "
+             "XDG_CACHE_HOME=%C/vllm-orch/xdg")
 
 # What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
 # three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
@@ -248,7 +258,7 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         if not role.head:
             add("(node rank)", "--data-parallel-start-rank", role.rank * local)
             add("(node rank)", "--headless")
-        add("multinode.join_timeout_seconds", "--distributed-timeout-seconds", mn.join_timeout_seconds)
+        add("multinode.collective_timeout_seconds", "--distributed-timeout-seconds", collective_timeout(m))
     else:                               # tensor/pipeline parallel across nodes: one torch.distributed group
         add("multinode.nodes", "--nnodes", mn.nodes)
         add("(node rank)", "--node-rank", role.rank)
@@ -256,10 +266,23 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         add("multinode.master_port", "--master-port", mn.master_port)
         if not role.head:
             add("(node rank)", "--headless")
-        # torch.distributed.init_process_group's timeout (vLLM's ParallelConfig.distributed_timeout_seconds):
-        # how long the head's store waits for the other ranks, and they for it, before failing
-        add("multinode.join_timeout_seconds", "--distributed-timeout-seconds", mn.join_timeout_seconds)
+        # vLLM's ParallelConfig.distributed_timeout_seconds: init_process_group's timeout (the store's wait
+        # for the ranks) AND every NCCL device group's (vllm/distributed/parallel_state.py,
+        # get_distributed_timeout_or_none): never the join wait, which is vllm-orch's own
+        add("multinode.collective_timeout_seconds", "--distributed-timeout-seconds", collective_timeout(m))
     return out
+
+
+TORCH_NCCL_TIMEOUT_S = 600      # torch.distributed's default timeout of an NCCL process group
+
+
+def collective_timeout(m: Manifest) -> int:
+    """Every node's --distributed-timeout-seconds: the manifest's collective_timeout_seconds, else
+    the larger of torch's NCCL default and the declared compile time (loading.other_seconds); never
+    below either (a rank waiting in a collective for a peer that still compiles must not abort)."""
+    assert m.multinode is not None
+    declared = m.multinode.collective_timeout_seconds or 0
+    return max(TORCH_NCCL_TIMEOUT_S, math.ceil(m.loading.other_seconds), declared)
 
 
 def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,
@@ -400,9 +423,12 @@ def probe_command(m: Manifest, host: HostEntry, mode: str) -> str:
 
 def restart_command(m: Manifest, host: HostEntry, operation: str, by: str, *extra: str) -> str:
     """The root part (ExecStopPost=+) of the health check and the head watch: it acts only when the
-    probe exited RESTART_EXIT, records `operation` in history.jsonl and restarts the service."""
+    probe exited RESTART_EXIT, records `operation` in history.jsonl and restarts the service (after
+    `systemctl reset-failed`: a deliberate restart must not use up the crash-loop limit), at most
+    startup.start_attempts times within the unit's StartLimitIntervalSec, counted from its records."""
     return _probe(host, "restart", "--unit", m.unit_name, "--model", m.name, "--state-dir", host.state_dir,
-                  "--operation", operation, "--by", by, *extra, root=True)
+                  "--operation", operation, "--by", by, "--limit-burst", str(m.startup.start_attempts),
+                  "--limit-interval", str(start_limit_interval(m)), *extra, root=True)
 
 
 def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
@@ -460,8 +486,14 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
     out = [("VLLM_HOST_IP", host.node_address(m.name))]
     if host.cluster_interface:
         out += [("NCCL_SOCKET_IFNAME", host.cluster_interface), ("GLOO_SOCKET_IFNAME", host.cluster_interface)]
+    elif m.multinode is not None and m.multinode.backend == "ray":
+        # vLLM's Ray executor (0.33: vllm/v1/executor/ray_executor_v2.py, get_driver_env_vars) gives every
+        # worker the head's environment where the worker's own lacks a name: the head's interface would
+        # reach this node's NCCL and Gloo. Set but empty, they choose the interface themselves (NCCL
+        # socket.cc and torch's ProcessGroupGloo read a name only when longer than one character).
+        out += [(k, "") for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k not in m.env]
     for key, value in out[1:]:
-        if key in m.env and m.env[key] != value:
+        if value and key in m.env and m.env[key] != value:
             raise ConfigError(f"{host.where('cluster', 'interface')}: {host.name}'s interface is {value} but the "
                               f"service environment (the manifest's env or the host's service_env) sets "
                               f"{key}={m.env[key]}: keep one of them")
@@ -482,7 +514,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, model=model, host=host, model_dir=mdir, env_path=epath,
                   manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
-                  restart_exit=RESTART_EXIT)
+                  restart_exit=RESTART_EXIT, busy_exit=BUSY_EXIT, cache_env=CACHE_ENV)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
     if ray and host.service_manager != "systemd":
         raise ConfigError(f"{host.where('service_manager')}: {m.name} runs on Ray (multinode.backend ray), whose "

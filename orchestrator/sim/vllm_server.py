@@ -198,7 +198,8 @@ FAULTS = {
     "crash-trust-remote-code": "'... contains custom code which must be executed ...' ValueError",
     "hang": "stops logging part-way through loading weights and stays alive (NCCL-hang look-alike)",
     "hang-after-ready": "serves, then (after `after` s, default 5) the engine stops making progress: "
-                        "/health stays 200, requests never finish (an NCCL deadlock after deploy)",
+                        "/health stays 200, requests never finish, /metrics stays as the last step left "
+                        "it (an NCCL deadlock after deploy)",
     "crash-no-kv-memory": "'No available memory for the cache blocks' at the end of the load (KV OOM)",
     "die-after-ready": "engine core dies a few seconds after the server became ready",
     "garbage": "serves random junk tokens instead of sensible answers",
@@ -213,6 +214,9 @@ FAULTS = {
                           "illegal memory access); the other nodes die with it",
     "wrong-revision": "multi-node: this node holds another revision of the weights: loading fails "
                       "with 'Attempted to load weight (...) into parameter (...)'; the others die",
+    "slow-compile": "multi-node: this node's torch.compile takes `seconds` (default 30) longer (a cold "
+                    "compile cache): the other nodes' ranks wait for it in a collective, which torch "
+                    "aborts after --distributed-timeout-seconds (else 600 s)",
 }
 
 
@@ -838,8 +842,11 @@ class EngineCore:
         self.index = index
         self.running = 0
         self.waiting = 0
+        self.admitted = 0          # requests holding one of max_num_seqs slots (the decode batch's size)
         self.kv_in_use = 0
         self.slots = asyncio.Semaphore(cfg["max_num_seqs"])     # max_num_seqs is per engine
+        # the engine's prefill capacity: one prefill at a time, first come first served (Engine.run)
+        self.prefill_lane = asyncio.Lock()
         self.counters = {"prompt": 0, "generation": 0, "preemptions": 0,
                          "prefix_queries": 0, "prefix_hits": 0}
         self.success: dict = {}
@@ -879,6 +886,7 @@ class Engine:
         self.cores = [EngineCore(i, cfg) for i in range(max(1, cfg["dp"]))]
         self.started = time.time()
         self.hung = False          # fault hang-after-ready: no step makes progress any more
+        self.frozen: str | None = None   # /metrics as the last step before the hang published it
         self.draining = False      # shutdown: new requests are refused
         self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
         self.dead = False          # a worker died: every request fails
@@ -893,6 +901,12 @@ class Engine:
     @property
     def running(self) -> int:
         return sum(c.running for c in self.cores)
+
+    @property
+    def batch(self) -> int:
+        """The concurrency the profiles' figures are for: every request admitted to a slot, also
+        while its prefill waits for the ones ahead (the profiles are whole-service figures at C)."""
+        return sum(c.admitted for c in self.cores)
 
     def pick(self) -> EngineCore:
         return min(self.cores, key=lambda c: (c.waiting * 4 + c.running, c.index))
@@ -932,34 +946,61 @@ class Engine:
     async def run(self, core: EngineCore, seq: list, prompt_tokens: int, emit):
         """Pace `seq` like the real engine: queue, prefill (TTFT), then decode at the profile's
         per-stream rate for the service's current concurrency (the profiles are whole-service
-        figures), on an absolute schedule (no drift)."""
+        figures), on an absolute schedule (no drift).
+
+        Prefill as vLLM V1's scheduler does it (vllm/v1/core/sched/scheduler.py `schedule`):
+        running requests are scheduled first, each step has a budget of max_num_batched_tokens,
+        and a prefill in progress takes its chunk of that budget before any waiting request is
+        admitted. So one long prompt occupies the engine for prompt_tokens / the layout's prefill
+        rate, and a request behind it (the health check's one-token probe too) waits in the queue
+        (vllm:num_requests_waiting) until the prefills ahead of it are done: one prefill lane per
+        engine, first come first served, in chunks of max_num_batched_tokens. Each chunk's KV
+        blocks are allocated as it is scheduled (vllm:kv_cache_usage_perc rises step by step);
+        vllm:prompt_tokens counts a prompt only when its prefill ends (its first token: a step
+        with no new token publishes no IterationStats, vllm/v1/engine/async_llm.py)."""
         loop = asyncio.get_running_loop()
         t_arrive = loop.time()
         core.waiting += 1
-        await core.slots.acquire()
-        core.waiting -= 1
-        core.running += 1
-        core.kv_in_use += prompt_tokens
-        core.counters["prefix_queries"] += prompt_tokens
-        done = 0
+        admitted = lane = running = False
+        held = done = 0
         try:
+            await core.slots.acquire()
+            admitted = True
+            core.admitted += 1
+            await asyncio.sleep(0.015)        # the request's own scheduling overhead (in parallel)
+            await core.prefill_lane.acquire()
+            lane = True
+            core.waiting -= 1
+            core.running += 1
+            running = True
+            core.counters["prefix_queries"] += prompt_tokens
             if self.lost_peer is not None:
                 await self.lost_peer()
-            await asyncio.sleep(0.015 + prompt_tokens / self.profile["prefill"])
+            budget = max(1, self.cfg.get("max_num_batched_tokens") or 8192)
+            while True:
+                self._check_alive()
+                while self.hung and not (self.dead or self.aborting):
+                    await asyncio.sleep(0.2)
+                self._check_alive()
+                chunk = min(budget, prompt_tokens - held)
+                await asyncio.sleep(chunk / self.profile["prefill"])
+                held += chunk
+                core.kv_in_use += chunk
+                if held >= prompt_tokens:
+                    break
+            core.prefill_lane.release()
+            lane = False
             t = loop.time()
             core.ttft.observe(t - t_arrive)
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
                 while self.hung and not (self.dead or self.aborting):    # the API server still
                     await asyncio.sleep(0.2)                              # ends requests it aborts
-                if self.dead:
-                    raise EngineDead()
-                if self.aborting:
-                    raise Aborted()
+                self._check_alive()
                 if self.lost_peer is not None:
                     await self.lost_peer()
                 if i:
-                    itl = 1.0 / (stream_rate(self.profile, self.running) * self.cfg["decode_factor"])
+                    itl = 1.0 / (stream_rate(self.profile, self.batch) * self.cfg["decode_factor"])
                     t += itl
                     delay = t - loop.time()
                     if delay > 0:
@@ -970,17 +1011,35 @@ class Engine:
                 core.kv_in_use += 1
                 core.counters["generation"] += 1
         finally:
-            core.running -= 1
-            core.kv_in_use -= prompt_tokens + done
-            core.slots.release()
+            if lane:
+                core.prefill_lane.release()
+            if admitted:
+                core.admitted -= 1
+                core.slots.release()
+            if running:
+                core.running -= 1
+            else:
+                core.waiting -= 1
+            core.kv_in_use -= held + done
             core.e2e.observe(loop.time() - t_arrive)
+
+    def _check_alive(self) -> None:
+        if self.dead:
+            raise EngineDead()
+        if self.aborting:
+            raise Aborted()
 
     def metrics(self) -> str:
         """/metrics as vLLM 0.33 serves it with prometheus_client 0.26: one series per engine
         (labels `engine`, `model_name`, sorted), counters named `*_total`. A single API server
         serves the process registry, whose counters and histograms also carry `*_created`
         series; several API servers (the default with DP > 1) serve the multiprocess registry,
-        which has none (vllm/v1/metrics/prometheus.py)."""
+        which has none (vllm/v1/metrics/prometheus.py). The engine's series move only when its
+        core publishes a step's stats (the scheduler's every step, vllm/v1/core/sched/scheduler.py
+        "We must return the stats even if there are no request outputs this step"): a hung engine
+        (a collective that never returns) publishes nothing, its series stay as they were."""
+        if self.frozen is not None:
+            return self.frozen
         cfg = self.cfg
         created = cfg["api_servers"] == 1
         out: list = []
@@ -1693,7 +1752,8 @@ class Launch:
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
             "attention_backend": (a.attention_backend or "").upper(),
             "decode_factor": SLOW_DECODE if self.fault == "slow-decode" else 1.0,
-            "max_num_seqs": int(a.max_num_seqs or 256), "custom_code": bool(
+            "max_num_seqs": int(a.max_num_seqs or 256),
+            "max_num_batched_tokens": int(a.max_num_batched_tokens or 8192), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
             "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
             "shutdown_timeout": int(a.shutdown_timeout or 0),
@@ -1940,7 +2000,7 @@ class Launch:
                 f"has a total capacity of {total_gib:.2f} GiB of which 1.02 GiB is free. Including "
                 f"non-PyTorch memory, this process has {total_gib - 1.02:.2f} GiB memory in use.")
         if self.mesh is not None:       # the profile run needs every node's ranks loaded
-            await self.mesh.all_loaded()
+            await self.collective(cfg, w0, ec, multi, self.mesh.all_loaded())
         compile_s = await self.compile(cfg, w0, compile_s)
         log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
         kv_gib = budget_gib - w_gib - 2.4
@@ -2012,6 +2072,23 @@ class Launch:
                     log(self.api, "DEBUG", "utils.py:1448",
                         "Waiting for 1 local, 0 remote core engine proc(s) to start.")
         mesh.send_all({"go": True})
+
+    async def collective(self, cfg: dict, w0, ec, multi, peers_ready) -> None:
+        """This node's ranks in an NCCL collective with the other nodes' (the profile run's first
+        all-reduce) until `peers_ready`: torch's watchdog aborts it after the process group's
+        timeout (--distributed-timeout-seconds, else 600 s), whatever the peers are doing (loading,
+        compiling: the `slow-compile` fault)."""
+        timeout = cfg["collective_timeout"]
+        try:
+            await asyncio.wait_for(peers_ready, timeout=timeout)
+        except asyncio.TimeoutError:
+            ms = int(timeout * 1000)
+            self.worker_crash(w0, ec, multi, [
+                ("vllm/v1/worker/gpu_worker.py", 702, "determine_available_memory", "self.model_runner.profile_run()"),
+                ("torch/distributed/distributed_c10d.py", 2944, "all_reduce", "work.wait()")],
+                f"torch.distributed.DistBackendError: [Rank {cfg['rank0']}] Watchdog caught collective operation "
+                f"timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={ms}) ran for "
+                f"{ms + 17} milliseconds before timing out.")
 
     async def open_handshake(self, cfg: dict) -> None:
         """The front end's handshake socket for engines on other nodes (v1/engine/utils.py
@@ -2177,6 +2254,7 @@ class Launch:
     def hang(self) -> None:
         """The engine stops making progress and says nothing (an NCCL collective that never
         returns): /health stays 200 because the engine is not dead, requests never finish."""
+        self.engine.frozen = self.engine.metrics()
         self.engine.hung = True
         fault_fired("hang-after-ready", phase="hung")
 
@@ -2527,6 +2605,11 @@ def multinode_layout(a, tp: int, pp: int, dp: int) -> dict:
         "dp_address": a.data_parallel_address or a.master_addr or "127.0.0.1",
         "dp_rpc_port": int(a.data_parallel_rpc_port or 29550),
         "join_timeout": timeout,
+        # every NCCL device group's timeout (vllm/distributed/parallel_state.py passes the same
+        # --distributed-timeout-seconds, else torch's default): a rank waiting in a collective longer
+        # than this is aborted by torch's watchdog
+        "collective_timeout": (float(a.distributed_timeout_seconds) if a.distributed_timeout_seconds is not None
+                               else TORCH_NCCL_TIMEOUT_S),
         "handshake_timeout": sim_timeout or HANDSHAKE_TIMEOUT_MINS * 60.0,
     }
 
@@ -2913,6 +2996,11 @@ class Headless:
         log(w0, "INFO", "default_loader.py:507", f"Loading weights took {load.clock - started:.2f} seconds")
         log(w0, "INFO", "gpu_model_runner.py:5089",
             f"Model loading took {w_gib:.2f} GiB memory and {time.time() - launch.t0:.6f} seconds")
+        if launch.fault == "slow-compile":
+            extra = float(launch.fault_args.get("seconds") or 30)
+            fault_fired("slow-compile", phase="compiling", seconds=extra)
+            await asyncio.sleep(extra)
+            log(w0, "INFO", "backends.py:418", f"Compiling a graph for compile range (1, 8192) takes {extra:.2f} s")
         for (p, title, gpu, st) in launch.holders:
             launch.register(p.pid, title, gpu, cfg["util"] * launch.total_mib(gpu) - 300, st)
         if self.dp_mode:

@@ -289,7 +289,7 @@ def test_the_node_flags_reach_vllms_engine_arguments(vllm_parser_python):
     assert (dp1["data_parallel_start_rank"], dp1["headless"]) == (2, True)
     ray = got["ray/node0"]
     assert ray["distributed_executor_backend"] == "ray" and ray["nnodes"] == 1 and not ray["headless"]
-    for key in ("mp@any/node0", "mp@any/node1", "dp/node0", "dp/node1"):   # multinode.join_timeout_seconds
+    for key in ("mp@any/node0", "mp@any/node1", "dp/node0", "dp/node1"):   # multinode.collective_timeout_seconds
         argv = rendered[key].argv
         rendered_timeout = int(argv[argv.index("--distributed-timeout-seconds") + 1])
         assert got[key]["distributed_timeout_seconds"] == rendered_timeout > 0

@@ -135,6 +135,7 @@ def test_a_failure_late_in_every_load_is_retried_a_bounded_number_of_times(sd):
     status = host_status(e, lambda _m: PORT)
     assert status.state == "failed" and status.active_model == m.name
     assert "2 starts failed in a row, then the start limit" in status.state_reason, status.state_reason
+    assert f"`vllm-orch logs {m.name} --host {e.name}` shows why" in status.state_reason
     assert "No available memory for the cache blocks" in (status.root_cause or ""), status
 
 

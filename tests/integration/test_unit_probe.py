@@ -189,7 +189,7 @@ def check(tmp_path, monkeypatch):
     def run(answer, tokens=(None, None), failures=2):
         seq = iter(tokens)
         monkeypatch.setattr(mod, "probe", lambda *a, **k: answer)
-        monkeypatch.setattr(mod, "generated_tokens", lambda port: next(seq))
+        monkeypatch.setattr(mod, "engine_progress", lambda port: next(seq))
         args = ["check", "--unit", "vllm-m.service", "--port", "1", "--served-name", "m", "--model", "m",
                 "--failures", str(failures), "--timeout", "2", "--state-dir", str(tmp_path)]
         return mod.main(args)
@@ -223,14 +223,15 @@ def test_check_counts_failures_and_asks_for_a_restart_after_n_in_a_row(check):
     the root part's, which acts only when the check exited RESTART_EXIT."""
     run, state, history, calls = check
     hung = (False, "a one-token completion did not answer within 2s")
-    assert run(hung, (100.0, 100.0)) == 1 and state()["failures"] == 1 and not calls
+    frozen = {"0": {"generation_tokens": 100.0, "running": 1.0}}
+    assert run(hung, (frozen, frozen)) == 1 and state()["failures"] == 1 and not calls
     assert restart_part(check, 1) == 0 and not calls and not history()     # a failed check: nothing to do
     assert run((True, "")) == 0 and state()["failures"] == 0            # a success resets the count
-    run(hung, (100.0, 100.0))
-    assert run(hung, (100.0, 100.0)) == 75 and not calls and not history()   # the second in a row
+    run(hung, (frozen, frozen))
+    assert run(hung, (frozen, frozen)) == 75 and not calls and not history()   # the second in a row
     assert state()["failures"] == 0 and state()["restarts"] == 1
     assert restart_part(check, 75) == 0
-    assert calls == [["systemctl", "restart", "--no-block", "vllm-m.service"]]
+    assert calls == [["systemctl", "reset-failed", "vllm-m.service"], ["systemctl", "restart", "--no-block", "vllm-m.service"]]
     rec = history()[-1]
     assert rec["operation"] == "health-restart" and rec["model"] == "m" and rec["ok"] is True
     assert rec["reason"] == "2 health checks failed in a row, the last: " + hung[1] and rec["failures"] == 2
@@ -240,8 +241,11 @@ def test_check_counts_failures_and_asks_for_a_restart_after_n_in_a_row(check):
 def test_a_busy_server_is_not_a_hung_one(check):
     run, state, history, calls = check
     slow = (False, "a one-token completion did not answer within 2s")
-    assert run(slow, (100.0, 164.0), failures=1) == 0                   # tokens flowed meanwhile
-    assert state()["last"]["ok"] is True and "64 tokens were generated" in state()["last"]["note"]
+    before, after = {"0": {"generation_tokens": 100.0}}, {"0": {"generation_tokens": 164.0}}
+    assert run(slow, (before, after), failures=1) == 76                  # tokens flowed meanwhile
+    assert state()["last"]["ok"] is True and "vllm:generation_tokens +64" in state()["last"]["note"]
+    assert run(slow, (after, {"0": {"generation_tokens": 200.0}}), failures=1) == 0   # the same run of busy checks
+    assert state()["busy_checks"] == 2
     assert not calls and not history()
     assert run((False, "/health answered 503 (the engine is dead)"), failures=1) == 75
     assert restart_part(check, 75) == 0
@@ -319,7 +323,8 @@ def test_watch_head_reconnects_a_dropped_connection_and_restarts_when_the_head_i
     done = root_restart(tmp_path, watch.returncode, "head-lost-restart", "x", "--address", "127.0.0.1",
                         "--port", str(store.port))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "systemctl.log").read_text().split() == ["restart", "--no-block", "vllm-x.service"]
+    assert (tmp_path / "systemctl.log").read_text().split() == ["reset-failed", "vllm-x.service", "restart", "--no-block",
+                                                                 "vllm-x.service"]
     [record] = history(tmp_path)
     assert record["operation"] == "head-lost-restart" and record["model"] == "x" and record["ok"]
     assert record["by"] == "vllm-x-headwatch.service"

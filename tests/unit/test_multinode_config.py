@@ -96,6 +96,11 @@ vllm:
     (BASE + "multinode:\n  nodes: 2\n  join_timeout_seconds: 900\nstartup: {budget_seconds: 600}\n",
      "m.yaml:8: multinode.join_timeout_seconds: join_timeout_seconds 900 must be shorter than "
      "startup.budget_seconds 600: the nodes join during the start-up, and the load comes after"),
+    (BASE + "multinode:\n  nodes: 2\n  collective_timeout_seconds: 300\n",
+     "m.yaml:8: multinode.collective_timeout_seconds: Input should be greater than or equal to 600"),
+    (BASE + "multinode:\n  nodes: 2\n  collective_timeout_seconds: 700\nloading: {other_seconds: 900}\n",
+     "m.yaml:8: multinode.collective_timeout_seconds: collective_timeout_seconds 700 is below loading.other_seconds "
+     "900: a rank waiting in a collective while a peer compiles would be aborted"),
     (BASE + "multinode:\n  nodes: 2\nenv:\n  VLLM_HOST_IP: 10.0.0.1\n",
      "m.yaml:9: env.VLLM_HOST_IP: VLLM_HOST_IP differs per node: it is written from the inventory "
      "(hosts.NAME.cluster.address) into each node's env file"),
@@ -205,10 +210,10 @@ def test_mp_tensor_pipeline_across_nodes_argv_per_rank():
     prov = dict((t, f) for t, f in worker.provenance if t.startswith("--"))
     assert prov["--nnodes"] == "multinode.nodes" and prov["--master-port"] == "multinode.master_port"
     assert prov["--headless"] == "(node rank)" and prov["--master-addr"] == "(head cluster address)"
-    # the join timeout is torch.distributed's rendezvous timeout on every node (vLLM's own flag)
-    assert prov["--distributed-timeout-seconds"] == "multinode.join_timeout_seconds"
+    # vLLM's flag times the rendezvous AND every collective: the collective timeout, never the join wait
+    assert prov["--distributed-timeout-seconds"] == "multinode.collective_timeout_seconds"
     for r in (head, worker):
-        assert after(r.argv, "--distributed-timeout-seconds") == str(TWO_NODE.multinode.join_timeout_seconds)
+        assert after(r.argv, "--distributed-timeout-seconds") == "600"
     assert head.runs_vllm and worker.runs_vllm and head.role == node_roles(TWO_NODE, [GPU1, GPU2])[0]
     assert build_argv(TWO_NODE, GPU2, worker.role) == (worker.argv, worker.provenance)
     assert build_argv(TWO_NODE, GPU2)[0] == render(TWO_NODE, GPU2).argv      # role None: no node flags
@@ -219,7 +224,7 @@ def test_data_parallel_across_nodes_argv_per_rank():
     head, worker = nodes(DP, (GPU1, GPU3))
     common = ["--data-parallel-size", "4", "--enable-expert-parallel", "--data-parallel-size-local", "2",
               "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"]
-    timeout = ["--distributed-timeout-seconds", str(DP.multinode.join_timeout_seconds)]
+    timeout = ["--distributed-timeout-seconds", "600"]
     i = head.argv.index("--data-parallel-size")
     assert head.argv[i:i + len(common) + 3] == common + timeout + ["--max-model-len"]
     j = worker.argv.index("--data-parallel-size")
@@ -329,7 +334,8 @@ def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch
     assert watch["ExecStopPost"] == ["+/opt/vllm/bin/python -I -S /var/lib/vllm-orch/bin/vllm-orch-probe.py restart "
                                      "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
                                      "--state-dir /var/lib/vllm-orch/state --operation head-lost-restart --by "
-                                     "vllm-kimi-k25-int4-2node-headwatch.service --address 10.0.0.1 --port 29500"]
+                                     "vllm-kimi-k25-int4-2node-headwatch.service --limit-burst 3 --limit-interval 11400 "
+                                     "--address 10.0.0.1 --port 29500"]
     assert watch["RestartPreventExitStatus"] == ["75"]
     # data parallel and Ray nodes have no rendezvous store to watch
     for m in (DP, RAY):
@@ -428,3 +434,44 @@ def test_a_worker_nodes_env_file_holds_no_api_key():
     assert "VLLM_API_KEY=sk-head-only" in head.env_file.data().decode()
     assert "sk-head-only" not in worker.env_file.data().decode() and "VLLM_API_KEY" not in worker.env_file.text
     assert "HF_TOKEN=hf_x" in worker.env_file.data().decode()
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({}, 600),                                                        # torch's NCCL default
+    ({"multinode": {"join_timeout_seconds": 30}}, 600),               # the join wait is not the flag
+    ({"loading": {"other_seconds": 1800.5}}, 1801),                   # the declared compile time
+    ({"multinode": {"collective_timeout_seconds": 3600}}, 3600),
+])
+def test_the_collective_timeout_is_never_below_torchs_default_nor_the_compile_time(changes, expected):
+    for m in (variant(TWO_NODE, **changes), variant(DP, **changes)):
+        for r in nodes(m):
+            assert after(r.argv, "--distributed-timeout-seconds") == str(expected), (m.name, r.argv)
+
+
+def test_the_ray_head_unit_has_the_cache_environment_of_the_vllm_unit():
+    """vLLM's workers on the head are the raylet's children: they inherit ray-NAME.service's
+    environment, which must carry the same compile and JIT caches as vllm-NAME.service (with
+    ProtectHome= a Triton JIT compile under ~/.triton fails)."""
+    head, _worker = nodes(RAY)
+    ray_unit = next(f for f in head.extra if f.path == f"/etc/systemd/system/{ray_unit_name(RAY)}")
+    ray_env = " ".join(directives(ray_unit.text)["Environment"])
+    vllm_env = " ".join(e for e in directives(head.unit.text)["Environment"] if not e.startswith("RAY_ADDRESS"))
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                 "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+        assert f"{name}=%C/vllm-orch" in ray_env, (name, ray_env)
+    assert ray_env == vllm_env and directives(ray_unit.text)["CacheDirectory"] == ["vllm-orch"]
+
+
+def test_a_ray_node_never_takes_the_heads_network_interface():
+    """vLLM's Ray executor (0.33) fills each worker's missing variables from the head's environment
+    (setdefault): a node without its own interface would get the head's NCCL_SOCKET_IFNAME. Every Ray
+    node's env file names its own, or sets it empty (NCCL and Gloo then choose); mp nodes do not need it."""
+    head, worker = nodes(RAY, (GPU1, GPU3))              # gpu3 names no interface
+    assert env_lines(head)["NCCL_SOCKET_IFNAME"] == env_lines(head)["GLOO_SOCKET_IFNAME"] == "ens1f0"
+    assert env_lines(worker)["NCCL_SOCKET_IFNAME"] == env_lines(worker)["GLOO_SOCKET_IFNAME"] == ""
+    _head, mp_worker = nodes(TWO_NODE, (GPU1, GPU3))
+    assert "NCCL_SOCKET_IFNAME" not in env_lines(mp_worker)
+    # the manifest's own value (the same on every node) is kept and is what the head passes on
+    pinned = variant(RAY, env={**RAY.env, "NCCL_SOCKET_IFNAME": "ib0"})
+    plain = HostEntry(name="gpu4", address="10.0.0.4")          # no interface either
+    assert env_lines(nodes(pinned, (GPU3, plain))[1]).get("NCCL_SOCKET_IFNAME") == "ib0"

@@ -180,6 +180,8 @@ def test_history_details_and_views():
     assert "downtime 3.5s" in history_details({"operation": "swap", "ok": True, "downtime_s": 3.5})
     assert history_details({"operation": "health-restart", "ok": True, "reason": "2 failed"}) == \
         "restarted by its health timer: 2 failed"
+    assert history_details({"operation": "health-busy", "ok": True, "reason": "busy, not hung: ..."}) == \
+        "not restarted by its health timer: busy, not hung: ..."
     assert history_details({"operation": "head-lost-restart", "ok": True, "reason": "the head's store closed"}) == \
         "restarted by its head watch (a headless node whose head went away): the head's store closed"
     assert history_details({"operation": "swap", "ok": False, "error": "x", "interrupted": "ready",

@@ -12,9 +12,11 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           before the budget the manifest gave it.
   check   ExecStart= of vllm-NAME-health.service, run by vllm-NAME-health.timer. One probe of an
           `active` unit: /health and a one-token completion. A completion that times out while
-          /metrics shows tokens being generated is a busy server, not a hang. The count of failed
-          checks in a row lives in <state_dir>/health/NAME.json (status shows it); at N it notes the
-          restart there and exits RESTART_EXIT.
+          /metrics shows the engine stepping (PROGRESS: a long prefill fills the KV cache chunk by
+          chunk while no token counter moves) is a busy server, not a hang: the first such check of
+          a run exits BUSY_EXIT, for the root part to write a `health-busy` record. The count of
+          failed checks in a row lives in <state_dir>/health/NAME.json (status shows it); at N it
+          notes the restart there and exits RESTART_EXIT.
   watch-head  ExecStart= of vllm-NAME-headwatch.service on a headless node of a multi-node service
           (TP/PP across nodes). A headless vLLM outlives its head (seen with a real vLLM): its ranks
           stay in the dead head's process group and the head's next start waits for them in vain.
@@ -28,11 +30,16 @@ run by the host's Python (the vLLM venv's, which also has prometheus_client).
           host's lock (a stop, deploy or swap, which act on every node), it waits, and asks for a
           restart only of a unit vllm-orch left as it was. A connection closed while the port still
           accepts is only reconnected. TCP keepalive notices a head host that vanished without
-          closing anything.
+          closing anything. Only a refusal (a TCP reset from the head's host) means "gone": while
+          the head does not answer at all (timeouts, no route: a partition) it probes on until it
+          answers, and restarts nothing.
   restart ExecStopPost=+ of the health check and the head watch: the one part that runs as root
           (`python -I -S`, the standard library only). It acts only when the probe it follows
           exited RESTART_EXIT ($EXIT_STATUS): it appends a `health-restart` / `head-lost-restart`
-          record (with the reason the check noted) to history.jsonl and restarts the unit.
+          record (with the reason the check noted) to history.jsonl and restarts the unit (after
+          `systemctl reset-failed`; under the host's deploy lock, taken without waiting: nothing
+          when vllm-orch holds it; at most --limit-burst times within --limit-interval s); after
+          BUSY_EXIT it appends a `health-busy` record (what moved) and restarts nothing.
 
 Who runs what (docs/security.md): ready, check and watch-head run as the service user, with an
 isolated Python (-I). check and watch-head run without the service's environment file; the
@@ -59,6 +66,7 @@ from datetime import datetime, timezone
 PROMPT = "Hello"
 CREDENTIAL = "service-env"      # render/artifacts.py: CREDENTIAL, RESTART_EXIT
 RESTART_EXIT = 75
+BUSY_EXIT = 76                  # render/artifacts.py: BUSY_EXIT (the health unit's SuccessExitStatus=)
 
 
 def now_iso():
@@ -243,22 +251,81 @@ def probe(port, served, health_path, timeout, listed=True, unit=None):
     return True, ""
 
 
-def generated_tokens(port):
-    """vllm:generation_tokens summed over engines, or None when /metrics cannot be read."""
+# The engine's progress, per engine (label `engine`), from the series vLLM 0.33 publishes
+# (vllm/v1/metrics/loggers.py; tests/unit/test_unit_probe_progress.py pins them to vLLM's own
+# metrics code). The scheduler publishes running / waiting / KV-cache usage after EVERY step, even
+# one that produced no token (vllm/v1/core/sched/scheduler.py: "We must return the stats even if
+# there are no request outputs this step"): a chunked prefill allocates KV blocks chunk by chunk,
+# so vllm:kv_cache_usage_perc moves while a 200K-token prompt is prefilled, when the token counters
+# do not (vllm:prompt_tokens counts a prompt when its first token comes out, and a step without
+# new tokens publishes no IterationStats: vllm/v1/engine/async_llm.py). A hung engine (a collective
+# that never returns) publishes nothing: every series of its stays as it was.
+PROGRESS = (
+    ("generation_tokens", ("vllm:generation_tokens_total", "vllm:generation_tokens")),
+    ("prompt_tokens", ("vllm:prompt_tokens_total", "vllm:prompt_tokens")),
+    ("kv_cache_usage", ("vllm:kv_cache_usage_perc",)),
+    ("running", ("vllm:num_requests_running",)),
+    ("waiting", ("vllm:num_requests_waiting",)),
+)
+
+
+def progress_from_text(text):
+    """{engine: {signal: value}} from a /metrics text (vLLM serves it with prometheus_client, the
+    parser used here; the probe runs with the vLLM venv's Python, which has it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    wanted = {name: key for key, names in PROGRESS for name in names}
+    out = {}  # type: dict
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is None:
+                continue
+            engine = sample.labels.get("engine", "0")
+            signals = out.setdefault(engine, {})
+            signals[key] = signals.get(key, 0.0) + sample.value
+    return out
+
+
+def engine_progress(port):
+    """progress_from_text of the service's /metrics, or None when it cannot be read."""
     try:
-        from prometheus_client.parser import text_string_to_metric_families
         status, body = request(port, "GET", "/metrics", timeout=5.0)
         if status != 200:
             return None
-        total = None
-        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
-            if family.name in ("vllm:generation_tokens", "vllm:generation_tokens_total"):
-                for sample in family.samples:
-                    if sample.name.endswith("_total") or sample.name == family.name:
-                        total = (total or 0.0) + sample.value
-        return total
+        return progress_from_text(body.decode("utf-8", "replace"))
     except Exception:   # no prometheus_client, no answer, odd text: no progress signal
         return None
+
+
+def progress_note(before, after):
+    """Why a completion that timed out is a busy engine and not a hung one, or None: some engine
+    published a step (a series of it changed) and no engine with work (requests running or
+    waiting) stayed as it was. An idle engine may stay unchanged."""
+    if not before or not after:
+        return None
+    moved, stalled = [], []
+    for engine in sorted(set(before) | set(after)):
+        b, a = before.get(engine, {}), after.get(engine, {})
+        changed = [key for key, _ in PROGRESS if key in b and key in a and a[key] != b[key]]
+        if changed:
+            moved.append((engine, b, a, changed))
+        elif a.get("running", 0) + a.get("waiting", 0) > 0:
+            stalled.append(engine)
+    if not moved or stalled:
+        return None
+    parts = []
+    for engine, b, a, changed in moved:
+        what = []
+        for key in changed:
+            if key in ("generation_tokens", "prompt_tokens"):
+                what.append("vllm:%s +%d" % (key, a[key] - b[key]))
+            elif key == "kv_cache_usage":
+                what.append("vllm:kv_cache_usage_perc %.4f -> %.4f" % (b[key], a[key]))
+            else:
+                what.append("vllm:num_requests_%s %d -> %d" % (key, b[key], a[key]))
+        parts.append("engine %s: %s" % (engine, ", ".join(what)))
+    return "busy, not hung: the one-token completion waited in the queue while the engine stepped (%s)" \
+        % "; ".join(parts)
 
 
 def alive(pid):
@@ -338,17 +405,27 @@ def cmd_check(a):
         state.update(failures=0, last=dict(stamp, ok=None, note="%s is %s: not probed" % (a.unit, unit_state)))
         write_state(path, state)
         return 0
-    before = generated_tokens(a.port)
+    before = engine_progress(a.port)
     ok, why = probe(a.port, a.served_name, a.health_path, a.timeout, listed=False, unit=a.unit)
     if not ok and "did not answer within" in why:
-        after = generated_tokens(a.port)
-        if before is not None and after is not None and after > before:
+        note = progress_note(before, engine_progress(a.port))
+        if note:
             ok = True
-            stamp["note"] = "busy: the completion waited in the queue while %d tokens were generated" % (after - before)
+            stamp["note"] = note
     if ok:
+        busy_since = state.get("busy_since") if stamp.get("note") else None
         state.update(failures=0, last=dict(stamp, ok=True), last_ok=stamp["at"])
+        if stamp.get("note"):
+            state["busy_since"] = busy_since or stamp["at"]
+            state["busy_checks"] = int(state.get("busy_checks") or 0) + 1
+        else:
+            state.pop("busy_since", None)
+            state["busy_checks"] = 0
         write_state(path, state)
-        return 0
+        # the first busy check of a run of them: the root part writes it to history
+        return BUSY_EXIT if stamp.get("note") and not busy_since else 0
+    state.pop("busy_since", None)
+    state["busy_checks"] = 0
     failures = int(state.get("failures") or 0) + 1
     state.update(failures=failures, last=dict(stamp, ok=False, reason=why))
     say("health check failed (%d of %d in a row): %s" % (failures, a.failures, why))
@@ -366,10 +443,23 @@ def cmd_check(a):
 
 def connect(address, port, timeout):
     """A connected socket, or None when the port does not accept within `timeout`."""
+    sock, _why = reach(address, port, timeout)
+    return sock
+
+
+def reach(address, port, timeout):
+    """(connected socket, None), or (None, "refused") when the head's host answered that nothing
+    listens there (a TCP reset: its process is gone), or (None, why) when it did not answer at all
+    (a timeout, no route, the network down: a partition, a switch reload, a bond failover), which
+    says nothing about the head."""
     try:
-        return socket.create_connection((address, port), timeout=timeout)
-    except OSError:
-        return None
+        return socket.create_connection((address, port), timeout=timeout), None
+    except ConnectionRefusedError:
+        return None, "refused"
+    except socket.timeout:
+        return None, "no answer within %.0fs" % timeout
+    except OSError as exc:
+        return None, os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
 
 
 def keepalive(sock, idle=10, interval=5, count=3):
@@ -391,17 +481,31 @@ def until_closed(sock):
         sock.close()
 
 
-def still_listening(address, port, window):
+def still_listening(address, port, window, poll=1.0):
     """After the head's store closed our connection: whether its port kept accepting for `window`
-    seconds (the store only dropped this connection) rather than refusing once (its process exited:
-    the listening socket closes with it, and a restarted head listens again only later).
-    Immediately after the close first: a head restarted at once cannot be listening yet."""
+    seconds (the store only dropped this connection, or the network did) rather than refusing (its
+    process exited: the listening socket closes with it, and a restarted head listens again only
+    later). Immediately after the close first: a head restarted at once cannot be listening yet.
+    Only a refusal from the head's host counts: while it cannot be reached (timeouts, no route),
+    this keeps probing, every `poll` s, for as long as that lasts."""
     deadline = time.monotonic() + window
+    unreachable_since = None
     while True:
-        sock = connect(address, port, 2.0)
-        if sock is None:
+        sock, why = reach(address, port, 2.0)
+        if why == "refused":
             return False
+        if sock is None:
+            if unreachable_since is None:
+                unreachable_since = time.monotonic()
+                say("the head at %s:%d cannot be reached (%s): not a sign that it is gone, probing until it "
+                    "answers" % (address, port, why))
+            time.sleep(poll)
+            deadline = time.monotonic() + window        # the window starts again once it answers
+            continue
         sock.close()
+        if unreachable_since is not None:
+            say("the head at %s:%d answers again after %.0fs" % (address, port, time.monotonic() - unreachable_since))
+            unreachable_since = None
         if time.monotonic() >= deadline:
             return True
         time.sleep(0.2)
@@ -439,7 +543,7 @@ def cmd_watch_head(a):
         keepalive(sock)
         say("holding a connection to the head's store at %s: %s restarts when it closes" % (where, a.unit))
         until_closed(sock)
-        if still_listening(a.address, a.port, a.window):
+        if still_listening(a.address, a.port, a.window, a.poll):
             say("the head's store at %s closed this connection but still accepts: reconnecting" % where)
             continue
         break
@@ -458,9 +562,9 @@ def cmd_watch_head(a):
     return RESTART_EXIT          # the root part restarts the unit; the restarted unit starts a new watch
 
 
-def health_reason(state_dir, model):
-    """(reason, failures) the check noted in health/MODEL.json (a file of the service user's: read
-    without following a link, bounded, and only as data)."""
+def health_state(state_dir, model):
+    """health/MODEL.json, the check's notes (a file of the service user's: read without following
+    a link, bounded, and only as data)."""
     path = os.path.join(state_dir, "health", model + ".json")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -468,15 +572,92 @@ def health_reason(state_dir, model):
             state = json.loads(f.read(65536).decode("utf-8", "replace"))
     except (OSError, ValueError):
         state = {}
-    state = state if isinstance(state, dict) else {}
+    return state if isinstance(state, dict) else {}
+
+
+def health_reason(state_dir, model):
+    """(reason, failures) the check noted for its restart."""
+    state = health_state(state_dir, model)
     reason, failures = state.get("restart_reason"), state.get("restart_failures")
     return (str(reason)[:1000] if reason else "the health check asked for a restart",
             failures if isinstance(failures, int) else None)
 
 
+def busy_note(state_dir, model):
+    """The note of the check that found the engine busy (its last result)."""
+    last = health_state(state_dir, model).get("last")
+    note = last.get("note") if isinstance(last, dict) else None
+    return str(note)[:1000] if note else "the health check found the engine busy"
+
+
+WATCHER_RESTARTS = ("health-restart", "head-lost-restart")
+
+
+def history_tail(state_dir, limit=1 << 20):
+    """The records of the last `limit` bytes of history.jsonl (root's file), as dicts."""
+    path = os.path.join(state_dir, "history.jsonl")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _of(rec, model):
+    return (rec.get("service") or rec.get("model")) == model
+
+
+def watcher_restarts(state_dir, model, within):
+    """How many times the watchers (health check, head watch) restarted `model` in the last `within`
+    seconds and since vllm-orch last acted on it (a deploy, swap or regen starts it afresh, and
+    gives systemd's counter its starts back too), from the history records."""
+    since = time.time() - within
+    count = 0
+    for rec in history_tail(state_dir):
+        if not _of(rec, model) or rec.get("operation") == "health-busy":
+            continue
+        if rec.get("operation") not in WATCHER_RESTARTS:
+            count = 0
+            continue
+        try:
+            at = datetime.fromisoformat(str(rec.get("at"))).timestamp()
+        except ValueError:
+            continue
+        count += rec.get("ok") is True and at >= since
+    return count
+
+
+def limit_noted(state_dir, model):
+    """Whether the last record of `model` already says its watchers' limit was reached (one such
+    record, not one per failed check)."""
+    for rec in reversed(history_tail(state_dir)):
+        if _of(rec, model) and rec.get("operation") != "health-busy":
+            return bool(rec.get("limit"))
+    return False
+
+
 def cmd_restart(a):
-    """As root, after the check or the watch: only when it exited RESTART_EXIT."""
-    if os.environ.get("EXIT_STATUS") != str(RESTART_EXIT):
+    """As root, after the check or the watch: a restart only when it exited RESTART_EXIT; after the
+    first check of a run that found the engine busy but stepping (BUSY_EXIT), a `health-busy`
+    record, so history shows why a slow answer was not a failure."""
+    status = os.environ.get("EXIT_STATUS")
+    if a.operation == "health-restart" and status == str(BUSY_EXIT):
+        append_history(a.state_dir, {"operation": "health-busy", "model": a.model, "by": a.by, "ok": True,
+                                     "reason": busy_note(a.state_dir, a.model)})
+        return 0
+    if status != str(RESTART_EXIT):
         return 0
     if a.operation == "health-restart":
         reason, failures = health_reason(a.state_dir, a.model)
@@ -487,8 +668,66 @@ def cmd_restart(a):
         record = {"operation": a.operation, "model": a.model, "by": a.by,
                   "reason": "the head's rendezvous store at %s:%s closed (its vLLM exited): this node's ranks "
                             "belong to the dead head's process group" % (a.address, a.port)}
+    done = watcher_restarts(a.state_dir, a.model, a.limit_interval) if a.limit_burst else 0
+    if a.limit_burst and done >= a.limit_burst:
+        # the watchers' own bound: as many restarts as the unit's StartLimitBurst within its window
+        if not limit_noted(a.state_dir, a.model):
+            record["ok"] = False
+            record["refused"] = (
+                "not restarted: its watchers restarted it %d times within %d s (the unit's StartLimitBurst, "
+                "counted apart from systemd's crash-loop limit) and it failed again; it is left as it is. "
+                "`vllm-orch logs %s` shows why; `vllm-orch deploy` (or regen --restart) starts it afresh"
+                % (done, a.limit_interval, a.model))
+            record["limit"] = True
+            append_history(a.state_dir, record)
+        say("not restarting %s: %d restarts by its watchers within %d s" % (a.unit, done, a.limit_interval))
+        return 1
     # the restart stops the head watch too (PartOf=): finish the record first
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # vllm-orch's lock, held from this check to the restart's job being queued: a stop, deploy or
+    # swap that took it meanwhile acts on the unit (on every node) itself, and one that comes
+    # later waits for no half-done restart of ours
+    lock = lock_nb(a.state_dir)
+    if lock is False:
+        say("vllm-orch holds this host's lock (it acts on %s itself): not restarting it" % a.unit)
+        return 0
+    try:
+        unit_state = unit_show(a.unit, "ActiveState")
+        if unit_state not in ("active", "activating", "reloading"):
+            say("%s is %s: nothing to restart" % (a.unit, unit_state))
+            return 0
+        return _restart(a, record)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def lock_nb(state_dir):
+    """This host's deploy lock (state_dir/deploy.lock, flock), taken without waiting: its fd, False
+    when another process (vllm-orch) holds it, None when there is no lock file (nothing to hold)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(state_dir, "deploy.lock"), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    return fd
+
+
+def _restart(a, record):
+    """reset-failed, restart --no-block and the history record (cmd_restart, under the lock)."""
+    # A deliberate restart is no crash: systemd counts every start, `systemctl restart` too, against
+    # StartLimitBurst= (systemd.unit(5)), so a deploy and two restarts inside the window would have the
+    # next one refused (start-limit-hit) and the service down. reset-failed flushes the unit's start
+    # rate counter (systemctl(1): "the start rate limit counter of all unit types is reset to zero"):
+    # from this restart on, systemd's limit bounds a crash loop as after a deploy; the watchers' own
+    # restarts are bounded above, by their records.
+    subprocess.run(["systemctl", "reset-failed", a.unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=60)
     r = subprocess.run(["systemctl", "restart", "--no-block", a.unit], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=60)
     record["ok"] = r.returncode == 0
@@ -531,6 +770,8 @@ def main(argv=None):
     restart.add_argument("--by", required=True)
     restart.add_argument("--address", default="?")
     restart.add_argument("--port", default="?")
+    restart.add_argument("--limit-burst", type=int, default=0)        # 0: no bound of its own
+    restart.add_argument("--limit-interval", type=int, default=0)
     a = p.parse_args(argv)
     return {"ready": cmd_ready, "check": cmd_check, "watch-head": cmd_watch_head, "restart": cmd_restart}[a.mode](a)
 
