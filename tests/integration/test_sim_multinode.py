@@ -244,7 +244,10 @@ def test_a_node_lost_while_serving_is_noticed_by_the_head_only_at_its_next_reque
         assert "ERROR" not in head.log[quiet:]
         code, took = failed_completion(head.port)
         assert code == 500
-        assert (took < 2.5) if layout == "tp" else (3 <= took < 10), took
+        # TP fails at once, PP only once its execute timeout (3 s) has passed: told apart by the
+        # timeout's own line below, and PP never before 3 s (an upper bound is a busy machine's figure)
+        if layout == "pp":
+            assert took >= 3, took
         assert head.wait_exit(30) == 1
         assert re.search(r"^\(Worker_(PP0_)?TP0 pid=\d+\) RuntimeError: \[.*pair\.cc:\d+\] Connection closed by peer "
                          r"\[127\.0\.0\.1\]:\d+$", head.log, re.M), head.log[-2000:]
@@ -253,6 +256,7 @@ def test_a_node_lost_while_serving_is_noticed_by_the_head_only_at_its_next_reque
                              head.log, re.M), head.log[-2000:]
         else:
             assert "RuntimeError: Worker failed with error" in head.log
+            assert "RPC call to sample_tokens timed out" not in head.log, head.log[-2000:]
         assert fatal(head.log)[0].key == "peer-closed"
         assert titles(nodes[0]) == []
 
