@@ -146,7 +146,9 @@ def test_a_two_node_service_deploys_serves_benches_and_stops_on_both_hosts(clust
     levels = json.loads((tmp_path / "bench" / "result.json").read_text())["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 2]
     for lv in levels:                              # every request answered by the 2-node service, through the head
-        assert lv["valid"] and lv["requests"]["ok"] >= 2 and lv["requests"]["errors"] == 0, lv["requests"]
+        # (not lv["valid"]: that is the client's own verdict on its loop lag and CPU, which a busy
+        # machine turns to "client-bound"; seen once in a full parallel run, with 15 of 15 answered)
+        assert lv["requests"]["ok"] >= 2 and lv["requests"]["errors"] == 0, (lv["requests"], lv["invalid_reasons"])
         assert lv["throughput"]["output_tok_s"] > 0
 
     stop = run("stop", TWO, "--host", b, "--json")                                   # a worker named: both stop
@@ -272,6 +274,8 @@ def test_a_60s_partition_restarts_nothing_and_the_service_serves_afterwards(clus
         worker_pid = Service.for_host(host, e_b, TWO).state().main_pid
         cursor = host.run(["journalctl", "-u", f"vllm-{TWO}-headwatch.service", "-n", "0", "--show-cursor",
                            "-o", "cat"]).stdout.split("-- cursor: ")[-1].strip()
+        # this module's hosts are shared: only what is recorded from here on is this test's
+        recorded = len(host.run(["cat", f"{e_b.state_dir}/history.jsonl"]).stdout.splitlines())
     veth = veth_of(e_b)
     t0 = time.monotonic()
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
@@ -291,7 +295,7 @@ def test_a_60s_partition_restarts_nothing_and_the_service_serves_afterwards(clus
                              "-o", "cat", "--no-pager"]).stdout
         assert Service.for_host(host, e_b, TWO).state().main_pid == worker_pid, said
         history = [json.loads(line) for line in
-                   host.run(["cat", f"{e_b.state_dir}/history.jsonl"]).stdout.splitlines()]
+                   host.run(["cat", f"{e_b.state_dir}/history.jsonl"]).stdout.splitlines()[recorded:]]
     print(f"partition {PARTITION_S} s: the watch reconnected {time.monotonic() - healed_at:.1f} s after the link "
           f"came back ({time.monotonic() - t0:.0f} s in all)")
     assert "cannot be reached" in said and "not a sign that it is gone" in said, said
