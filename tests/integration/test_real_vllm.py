@@ -320,16 +320,26 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
             if sum(per_engine.values()) >= len(alive) and len(alive) < 4:
                 seen["threads"] += _long_streams(PORT_DP, "tiny-dp2", 1, 1800, prompt_words=2000)
             return False
-        if not wait_for("requests were not running on both engines with their KV allocated", both_run):
-            return real_fetch(ep, **kw)
-        seen["frozen"] = engine_cores()
-        for pid in seen["frozen"]:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        def frozen_with_both_running() -> bool:
+            # freeze first, then look: a request can end between a look and the freeze (8 s each
+            # when the real-vLLM tier runs alone); a frozen state without both running is thawed
+            if not both_run():
+                return False
+            seen["frozen"] = engine_cores()
+            for pid in seen["frozen"]:
+                os.kill(pid, signal.SIGSTOP)
             seen["before"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
+            seen["running"] = _engine_series(PORT_DP, "vllm:num_requests_running")
+            if len(seen["running"]) == 2 and min(seen["running"].values()) >= 1 and min(seen["before"].values()) > 0:
+                return True
+            for pid in seen["frozen"]:
+                os.kill(pid, signal.SIGCONT)
+            return False
+        if not wait_for("requests were not running on both engines with their KV allocated", frozen_with_both_running):
+            return real_fetch(ep, **kw)
+        try:
             snap = real_fetch(ep, **kw)
             seen["after"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
-            seen["running"] = _engine_series(PORT_DP, "vllm:num_requests_running")
         finally:
             for pid in seen["frozen"]:
                 os.kill(pid, signal.SIGCONT)
