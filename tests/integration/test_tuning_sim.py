@@ -16,7 +16,7 @@ from orchestrator.probe.api import Endpoint, health
 from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
 
-from .deployhelp import deploy, entry, free_port, on_port, statuses, swap
+from .deployhelp import deploy, entry, free_port, on_port, statuses, swap, tuned
 
 
 def set_sim(sim_host, *, vllm: str | None = None, gpu: tuple[str, int] | None = None) -> None:
@@ -96,7 +96,7 @@ def test_let_through_it_dies_at_the_first_decode_like_vllm_0_24(sim_host):
 
 
 def test_throughput_is_measured_and_recorded(sim_host):
-    e, m = entry(sim_host), on_port("kimi-k25-int4")
+    e, m = entry(sim_host), tuned("kimi-k25-int4", perf_tokens=None)       # the manifest's 256 tokens
     result = deploy(e, m)
     assert result.ok, result.error
     perf = read_history(sim_host.host, e)[-1].shown()["perf"]
