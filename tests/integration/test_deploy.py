@@ -308,3 +308,17 @@ def test_too_few_gpus_are_refused_by_preflight(sim_host):
     assert isinstance(refused.error, RefusedError) and refused.error.step == "preflight"
     assert "4 GPUs available, 8 needed" in str(refused.error)
     assert deploy(e, on_port("minimax-m25")).ok          # TP4 on GPUs 0-3 still fits
+
+
+def test_nothing_of_the_callers_environment_reaches_the_service(sim_host, monkeypatch):
+    """A process host's service starts with a clean environment, as a systemd unit does: the
+    operator's tokens and whatever else vllm-orch was started with never reach vLLM."""
+    monkeypatch.setenv("HF_TOKEN", "hf_operators_own_token")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-vllm")
+    e, m = entry(sim_host), on_port("minimax-m25")
+    assert deploy(e, m).ok
+    pid = int((sim_host.dir / "state" / "run" / f"vllm-{m.name}.pid").read_text().split()[0])
+    env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+    assert b"HF_TOKEN" not in env and b"AWS_SECRET_ACCESS_KEY" not in env, sorted(env)
+    assert env[b"PATH"] == b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert env[b"HF_HUB_OFFLINE"] == b"1" and env[b"CUDA_VISIBLE_DEVICES"]      # the env file's, still

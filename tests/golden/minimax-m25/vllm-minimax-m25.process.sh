@@ -9,14 +9,18 @@ set -- /srv/venv/bin/vllm serve /srv/models/minimax-m25 --served-model-name mini
 # then reads it runs as vllm and execs vLLM. Anyone but root must be that user already.
 exec 3< /srv/vllm-orch/units/vllm-minimax-m25.env || exit 1
 run='set -a; eval "$(cat <&3)"; set +a; exec 3<&-; exec "$@"'
+# Nothing of the caller's environment reaches vLLM (an operator's HF_TOKEN, VLLM_API_KEY or cloud
+# credentials, an SSH session's variables): like a systemd unit, it gets a fixed PATH, the locale,
+# its user's HOME, USER and LOGNAME, and what the env file sets.
+base="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8"
 if [ "$(id -un)" != vllm ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "vllm-orch: $(id -un) cannot start the service as vllm (only root can switch users)" >&2
         exit 1
     fi
-    HOME=$(getent passwd vllm | cut -d: -f6)
-    export HOME
+    home=$(getent passwd vllm | cut -d: -f6)
     exec setpriv --reuid=vllm --regid="$(id -g vllm)" \
-        --init-groups --no-new-privs -- /bin/sh -c "$run" sh "$@"
+        --init-groups --no-new-privs -- env -i $base HOME="$home" USER=vllm \
+        LOGNAME=vllm /bin/sh -c "$run" sh "$@"
 fi
-exec /bin/sh -c "$run" sh "$@"
+exec env -i $base HOME="$HOME" USER="$(id -un)" LOGNAME="$(id -un)" /bin/sh -c "$run" sh "$@"
