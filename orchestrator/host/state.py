@@ -232,6 +232,10 @@ class HostLock:
 
     PING_S = 10.0
     IDLE_S = 60
+    # A watcher's root part (the health check's or head watch's restart) holds the lock for the
+    # second its `systemctl restart --no-block` and history record take: wait that out rather than
+    # refuse, naming as holder the last run's record, which is not who holds it then.
+    BUSY_WAIT_S = 5
 
     def __init__(self, host: Host, entry: HostEntry, operation: str, timeout: float = 15.0):
         self.host, self.entry, self.operation, self.timeout = host, entry, operation, timeout
@@ -254,7 +258,8 @@ class HostLock:
         theirs = (f"[ \"$(id -u)\" != 0 ] || [ -z \"$(find {d} -maxdepth 0 \\( ! -user 0 -o -perm -0002 -o "
                   f"\\( -perm -0020 ! -group 0 \\) \\) -print)\" ] || {{ echo \"state_dir {d} is not root's alone "
                   f"(owner or write permission): another user could plant links in it\"; exit 1; }}")
-        return Script(f"mkdir -p {d} && {theirs} && umask 022 && exec flock -n -E {LOCK_BUSY_EXIT} {p} sh -c {wait}")
+        flock = f"flock -w {self.BUSY_WAIT_S} -E {LOCK_BUSY_EXIT}"
+        return Script(f"mkdir -p {d} && {theirs} && umask 022 && exec {flock} {p} sh -c {wait}")
 
     def _take(self, timeout: float) -> tuple[Spawned | None, list[str]]:
         proc = self.host.spawn(self.command())

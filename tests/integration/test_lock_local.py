@@ -69,6 +69,32 @@ def test_retake_only_when_nobody_held_it_meanwhile(place, monkeypatch):
     wait_free(host, entry, 15)
     with pytest.raises(LockLost, match="held it meanwhile"):
         first.ensure()
+    monkeypatch.setattr(HostLock, "PING_S", 0.3)        # deploy c keeps its lock through first's wait
     with HostLock(host, entry, "deploy c"):              # ... or holds it now
         with pytest.raises(LockLost, match="holds it now"):
             first.ensure()
+
+
+def test_a_watchers_brief_hold_is_waited_out_and_a_long_one_refused(place):
+    """The health check's root part takes the lock for the second its restart takes; a deploy that
+    starts then waits it out instead of refusing with the last run's record as the holder."""
+    import subprocess
+
+    from orchestrator.errors import RefusedError
+    host, entry = place
+    with HostLock(host, entry, "deploy a"):      # a first run leaves its record in deploy.lock.json
+        pass
+    path = f"{entry.state_dir}/deploy.lock"
+    brief = subprocess.Popen(["flock", "-n", path, "sh", "-c", "echo held; sleep 1"], stdout=subprocess.PIPE, text=True)
+    assert brief.stdout.readline().strip() == "held"
+    with HostLock(host, entry, "deploy b") as lock:
+        assert lock_holder(host, entry)["token"] == lock.token
+    brief.wait()
+    long = subprocess.Popen(["flock", "-n", path, "sh", "-c", "echo held; sleep 30"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert long.stdout.readline().strip() == "held"
+        with pytest.raises(RefusedError, match="another operation holds the deploy lock"):
+            HostLock(host, entry, "deploy c").acquire()
+    finally:
+        long.kill()
+        long.wait()
