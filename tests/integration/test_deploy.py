@@ -20,7 +20,7 @@ from orchestrator.probe.readiness import NotReady
 from orchestrator.sim import manager
 from tests.plugins.sim_hosts import wait_until
 
-from .deployhelp import DEPLOYABLE, cli_env, deploy, entry, kill_when, on_port, statuses, write_models
+from .deployhelp import DEPLOYABLE, cli_env, deploy, entry, kill_when, on_port, statuses, tuned, write_models
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "plans"
 
@@ -67,7 +67,7 @@ def _golden(name: str, text: str) -> None:
 
 
 def test_plan_text_of_a_fresh_and_of_a_deployed_host(sim_host):
-    e, m = entry(sim_host), on_port("kimi-k25-int4")
+    e, m = entry(sim_host), tuned("kimi-k25-int4", perf_tokens=None)       # the plan a user sees
     fresh = deploy(e, m, dry_run=True)
     assert fresh.ok and fresh.plan.changes
     assert not (sim_host.dir / "models" / m.name).exists(), "a dry run downloaded something"
