@@ -27,7 +27,7 @@ from orchestrator.plan.run import RunEnv
 from orchestrator.probe.api import Endpoint
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
-from orchestrator.render.artifacts import ORCH_ENV
+from orchestrator.render.artifacts import ORCH_ENV, meet_port
 from orchestrator.secret import Secret
 
 
@@ -162,7 +162,15 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
-                           installed_at=state.now_iso(), **origins, **NodeFields.of(r.role))
+                           installed_at=state.now_iso(), cluster_ports=cluster_ports(r.manifest), **origins,
+                           **NodeFields.of(r.role))
+
+
+def cluster_ports(m: Manifest) -> dict[str, int] | None:
+    """What a multi-node service's records keep of its ports (every node's, the same): the port its
+    nodes meet at as rendered, so a later run keeps it (config/placement.resolve)."""
+    name = m.cluster_port_name
+    return {name: meet_port(m, name)} if name is not None else None
 
 
 def placement_lines(svc: ServiceInput) -> list[str]:
@@ -409,7 +417,7 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
                          vllm_version=inp.facts.vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
                          hardware=inp.target.effective.hardware if inp.target.effective else None,
-                         perf=env.record.perf.get(m.name), **NodeFields.of(r.role))
+                         perf=env.record.perf.get(m.name), cluster_ports=cluster_ports(m), **NodeFields.of(r.role))
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,

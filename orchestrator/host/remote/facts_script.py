@@ -692,13 +692,19 @@ def main():
             services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name),
                                            facts["boot_id"])
     facts["services"] = services
-    # Who holds each recorded or installed service's port too: a placement's port is checked against
-    # theirs, and a service placed earlier (its installed record) keeps its port (status shows no
-    # port holders, so it reads no port table).
+    # Who holds each recorded or installed service's ports too (its API port, and a multi-node
+    # service's cluster_ports): a placement's ports are checked against theirs, and a service placed
+    # earlier (its installed record) keeps its ports (status shows no port holders, so it reads no
+    # port table).
     ports = set(int(p) for p in args.get("ports", []))
     for rec in [] if status else list(records.values()) + list(installed.values()) + [facts["active"]]:
-        if isinstance(rec, dict) and str(rec.get("port") or "").isdigit():
-            ports.add(int(rec["port"]))
+        if not isinstance(rec, dict):
+            continue
+        cluster = rec.get("cluster_ports")          # a multi-node service's ports (master_port...)
+        for port in [rec.get("port")] + (list(cluster.values()) if isinstance(cluster, dict) else []):
+            text = str(port or "")
+            if text.isdigit() and 0 < int(text) < 65536:
+                ports.add(int(text))
     facts["ports"] = port_holders(sorted(ports))
     pids = set(p for holders in facts["ports"].values() for p in holders if p)
     for line in facts["apps_raw"]["out"].splitlines():
