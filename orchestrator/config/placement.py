@@ -79,8 +79,9 @@ class Placement:
 
     @property
     def ports(self) -> dict[int, str]:
-        """Every port the service listens on here, and what each is (its API port, `master_port`...)."""
-        return {**{p: name for name, p in self.binds}, **({self.port: "API port"} if self.port else {})}
+        """Every port the service listens on here, and what each is (its API port, `master_port`...;
+        a Ray worker port range as each of its ports)."""
+        return {**expand_ports(dict(self.binds)), **({self.port: "API port"} if self.port else {})}
 
     def clash(self, other: Placement) -> str | None:
         """What `other` takes of this placement's GPUs or ports (None: they can run side by side)."""
@@ -259,7 +260,11 @@ class ServiceSpec:
 
     def placement(self, host: str) -> Placement:
         n, role, cp = self.node(host), self.role(host), self.cluster_port
-        binds = ((cp.name, cp.port),) if cp is not None and role is not None and role.head else ()
+        binds: tuple[tuple[str, int], ...] = ()
+        if cp is not None and role is not None:
+            binds = ((cp.name, cp.port),) if role.head else ()
+            if cp.name == "ray_port":
+                binds += tuple(ray_node_ports(n.gpus, role.head).items())
         return Placement(self.name, self.model, host, n.gpus, n.port, binds)
 
     def origin_label(self, what: str, origin: Origin) -> str:
@@ -347,13 +352,52 @@ def _cluster_port(m: Manifest, head: NodeSpec, recorded: Recorded | None, head_k
     return ClusterPort(name, derived_port(name, head.gpus), Origin.DERIVED)
 
 
+# Ray's own ports on every node (`ray start` flags, Ray 2.60 ray/scripts/scripts.py), pinned per
+# service so that two Ray services share no port on a host: a block of ten from RAY_BLOCK_BASE and a
+# worker port range from RAY_WORKERS_BASE, both offset by the node's first GPU index (a host's services
+# never share a GPU). Below Linux's ephemeral range (32768-60999), as Ray's own worker range is.
+RAY_NODE_PORTS = ("node_manager_port", "object_manager_port", "dashboard_agent_listen_port",
+                  "dashboard_agent_grpc_port", "runtime_env_agent_port", "metrics_export_port")
+# The head's dashboard too; not its client server (`--ray-client-server-port`, 10001 when the head has
+# `ray[client]`): Ray refuses that flag without ray[client] (ray/_private/parameter.py, _check_usage).
+RAY_HEAD_PORTS = ("dashboard_port",)
+RAY_BLOCK_BASE, RAY_BLOCK = 7000, 10
+RAY_WORKERS_BASE, RAY_WORKERS = 10002, 300
+WORKER_RANGE = ("min_worker_port", "max_worker_port")
+
+
+def ray_node_ports(gpus: Sequence[int], head: bool) -> dict[str, int]:
+    """The Ray ports of a node whose share of the service runs on `gpus` (each a `ray start --NAME`
+    flag): the block of fixed ports (the head's dashboard too) and the worker
+    port range (min_worker_port .. max_worker_port)."""
+    g = min(gpus) if gpus else 0
+    names = RAY_NODE_PORTS + (RAY_HEAD_PORTS if head else ())
+    out = {name: RAY_BLOCK_BASE + RAY_BLOCK * g + i for i, name in enumerate(names)}
+    low = RAY_WORKERS_BASE + RAY_WORKERS * g
+    return {**out, "min_worker_port": low, "max_worker_port": low + RAY_WORKERS - 1}
+
+
+def expand_ports(named: Mapping[str, int]) -> dict[int, str]:
+    """Every port of a node's named ports, a worker port range (min_worker_port, max_worker_port)
+    as each of its ports: port -> what it is."""
+    out = {p: name for name, p in named.items() if name not in WORKER_RANGE}
+    low, high = named.get(WORKER_RANGE[0]), named.get(WORKER_RANGE[1])
+    if low and high and 0 <= high - low < 10_000:
+        out.update(dict.fromkeys(range(low, high + 1), "Ray worker port range"))
+    return out
+
+
 def node_binds(m: Manifest, role: NodeRole | None) -> tuple[tuple[str, int], ...]:
     """The ports besides its API port that model M (as it runs on the node: config/effective.py)
     listens on there: on a multi-node service's head, the port its nodes meet at (vLLM 0.33: the
     head's rank 0 serves torch's TCPStore on --master-port; its front end binds the data-parallel
-    handshake on --data-parallel-rpc-port; Ray's GCS on `ray start --head --port`). The workers
-    listen on ephemeral ports only (docs/multi-node.md, "Ports")."""
+    handshake on --data-parallel-rpc-port; Ray's GCS on `ray start --head --port`); with Ray, every
+    node's Ray ports (ray_node_ports). vLLM's own other sockets are ephemeral (docs/multi-node.md,
+    "Ports")."""
     name = m.cluster_port_name
-    if name is None or m.multinode is None or role is None or not role.head:
+    if name is None or m.multinode is None or role is None:
         return ()
-    return ((name, m.multinode.port(name, m.serving.visible_devices)),)
+    out: tuple[tuple[str, int], ...] = ((name, m.multinode.port(name, m.serving.visible_devices)),) if role.head else ()
+    if m.multinode.backend == "ray":
+        out += tuple(ray_node_ports(m.serving.visible_devices, role.head).items())
+    return out

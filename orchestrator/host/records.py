@@ -81,6 +81,10 @@ class NodeFields(Record):
                           "same on every node: kept by later runs. None on a record from before they were "
                           "recorded (then the defaults of that time, manifest.LEGACY_PORTS).")
 
+    node_ports: dict[str, int] | None = Field(
+        None, description="Ray (backend ray): this node's own Ray ports as rendered (`ray start --NAME`: "
+                          "node manager, object manager, agents, min/max_worker_port...).")
+
     def kept_ports(self) -> dict[str, int] | None:
         """The multinode ports the service was rendered with (None for a one-host service)."""
         if not self.multinode:
@@ -89,8 +93,9 @@ class NodeFields(Record):
 
     def binds(self) -> tuple[tuple[str, int], ...]:
         """The ports besides the API port the service listens on on this host: on the head, the ports
-        its nodes meet at (config/placement.node_binds)."""
-        return tuple(sorted((self.kept_ports() or {}).items())) if self.rank == 0 else ()
+        its nodes meet at; with Ray, this node's Ray ports (config/placement.node_binds)."""
+        head = sorted((self.kept_ports() or {}).items()) if self.rank == 0 else []
+        return tuple(head + sorted((self.node_ports or {}).items()))
 
     def role(self) -> NodeRole | None:
         """The node role the record names; None for a one-host service or a record without one."""

@@ -82,13 +82,14 @@ def service_ports(m: Manifest, entry: HostEntry, request: Request = Request(),
                   nodes: Sequence[HostEntry] = ()) -> list[int]:
     """The ports the service listens on on this host before its records are read (whose listeners
     the facts report): its API port (the command line's, else the inventory's override, else the
-    manifest's: a hardware class cannot move it) and, on a multi-node service's head (`nodes`, head
-    first), the port its nodes meet at as derived from the placement. The facts read the ports of
+    manifest's: a hardware class cannot move it) and, as a node of a multi-node service (`nodes`,
+    head first), the other ports it listens on there (the port its nodes meet at, on the head; Ray's
+    ports on every node) as derived from the placement. The facts read the ports of
     installed services too, so a recorded placement's ports are covered."""
     ports = [request.port or effective(m, entry).manifest.serving.port]
-    if m.multinode is not None and len(nodes) == m.multinode.nodes and nodes[0].name == entry.name:
-        ports += [port for _, port in resolve(m, list(nodes), request).placement(entry.name).binds]
-    return ports
+    if m.multinode is not None and len(nodes) == m.multinode.nodes and entry.name in {n.name for n in nodes}:
+        ports += sorted(resolve(m, list(nodes), request).placement(entry.name).ports)
+    return sorted(set(ports))
 
 
 def service_spec(m: Manifest, entries: list[HostEntry], request: Request, facts: Mapping[str, HostFacts],

@@ -76,7 +76,9 @@ def listener_refusal(facts: HostFacts, want: Placement, replacing: Collection[st
     their head, and the head watch would watch it. Never killed, whatever the options (unlike the
     API port's left-behind holders, which the GPU step clears). The API port's holders are
     preflight's (plan/service.placement_holders)."""
-    for label, port in want.binds:
+    for port, label in sorted(want.ports.items()):
+        if label == "API port":
+            continue
         held = holders([], facts.ports.get(port, []), want.name, [], replacing, protected=facts.services_known())
         for p in held.others + held.foreign:
             who = f"the service {p.model}" if p.model else (

@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import NodeRole, node_binds
 from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.host.base import Command, Script
@@ -162,7 +163,8 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
-                           installed_at=state.now_iso(), cluster_ports=cluster_ports(r.manifest), **origins,
+                           installed_at=state.now_iso(), cluster_ports=cluster_ports(r.manifest),
+                           node_ports=node_ports(r.manifest, r.role), **origins,
                            **NodeFields.of(r.role))
 
 
@@ -171,6 +173,12 @@ def cluster_ports(m: Manifest) -> dict[str, int] | None:
     nodes meet at as rendered, so a later run keeps it (config/placement.resolve)."""
     name = m.cluster_port_name
     return {name: meet_port(m, name)} if name is not None else None
+
+
+def node_ports(m: Manifest, role: NodeRole | None) -> dict[str, int] | None:
+    """What a node's records keep of its own Ray ports (backend ray), for the other services' checks."""
+    own = {name: port for name, port in node_binds(m, role) if name != m.cluster_port_name}
+    return own or None
 
 
 def placement_lines(svc: ServiceInput) -> list[str]:
@@ -417,7 +425,8 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
                          vllm_version=inp.facts.vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
                          hardware=inp.target.effective.hardware if inp.target.effective else None,
-                         perf=env.record.perf.get(m.name), cluster_ports=cluster_ports(m), **NodeFields.of(r.role))
+                         perf=env.record.perf.get(m.name), cluster_ports=cluster_ports(m),
+                         node_ports=node_ports(m, r.role), **NodeFields.of(r.role))
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,

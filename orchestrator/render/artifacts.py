@@ -23,7 +23,7 @@ import jinja2
 from orchestrator import __version__
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
-from orchestrator.config.placement import NodeRole
+from orchestrator.config.placement import NodeRole, ray_node_ports
 from orchestrator.errors import ConfigError
 from orchestrator.paths import package_file, shipped_dir
 from orchestrator.secret import Secret, reveal
@@ -238,8 +238,10 @@ def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, s
         out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
     else:
         out += [("--address", "(head ray address)"), (f"{role.head_address}:{port}", "(head ray address)")]
-    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address"),
-            ("--disable-usage-stats", "(always)"), ("--block", "(always)")]
+    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address")]
+    for name, value in ray_node_ports(m.serving.visible_devices, role.head).items():     # pinned per service
+        out += [(f"--{name.replace('_', '-')}", "(this node's GPUs)"), (str(value), "(this node's GPUs)")]
+    out += [("--disable-usage-stats", "(always)"), ("--block", "(always)")]
     return out
 
 

@@ -248,12 +248,18 @@ def test_ray_head_runs_vllm_workers_run_ray_start():
     assert after(head.argv, "--distributed-executor-backend") == "ray"
     assert "--nnodes" not in head.argv and "--headless" not in head.argv
     assert head.runs_vllm and not worker.runs_vllm
+    # every node's Ray ports pinned per service (GPUs 0-7: the first block, issue 26 finding 5)
+    node_ports = ["--node-manager-port", "7000", "--object-manager-port", "7001", "--dashboard-agent-listen-port",
+                  "7002", "--dashboard-agent-grpc-port", "7003", "--runtime-env-agent-port", "7004",
+                  "--metrics-export-port", "7005"]
+    workers = ["--min-worker-port", "10002", "--max-worker-port", "10301"]
     assert worker.argv == ["/opt/vllm/bin/ray", "start", "--address", "10.0.0.1:6379", "--node-ip-address",
-                           "10.0.0.2", "--disable-usage-stats", "--block"]
+                           "10.0.0.2", *node_ports, *workers, "--disable-usage-stats", "--block"]
     ray_unit = next(f for f in head.extra if f.path == f"/etc/systemd/system/{ray_unit_name(RAY)}")
     d = directives(ray_unit.text)
-    assert d["ExecStart"] == ["/opt/vllm/bin/ray start --head --port 6379 --node-ip-address 10.0.0.1 "
-                              "--disable-usage-stats --block"]
+    assert d["ExecStart"] == [" ".join(["/opt/vllm/bin/ray start --head --port 6379 --node-ip-address 10.0.0.1",
+                                        *node_ports, "--dashboard-port", "7006",
+                                        *workers, "--disable-usage-stats", "--block"])]
     assert d["EnvironmentFile"] == ["/etc/vllm-orch/kimi-ray.env"] and d["PrivateTmp"] == ["yes"]
     unit = directives(head.unit.text)
     assert unit["Requires"] == ["ray-kimi-ray.service"] and "ray-kimi-ray.service" in unit["After"]

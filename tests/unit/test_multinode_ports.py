@@ -17,6 +17,7 @@ from orchestrator.ops import gather
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.inputs import DownloadPlan, PlanInput, RegenInput, ServiceInput
+from orchestrator.plan.placements import placement_of
 from orchestrator.plan.regen import plan_regen
 from orchestrator.plan.service import installed_record
 from tests.unit.test_plan_cases import CHECKS, GIB, LOCK, CaseReads, Options, answer
@@ -36,14 +37,14 @@ def four_by_two(**multinode) -> Manifest:
 
 
 def facts(installed: dict | None = None, running: tuple[str, ...] = (), ports: dict | None = None,
-          procs: dict | None = None) -> dict[str, HostFacts]:
+          procs: dict | None = None, on: str = "gpu1") -> dict[str, HostFacts]:
     """Both hosts' facts: `installed` per host (installed/NAME.json), the services running, and on
-    gpu1 the listeners (port -> PIDs) and their processes."""
+    host `on` the listeners (port -> PIDs) and their processes."""
     out = {}
     for e in HOSTS:
         raw = answer(e.name, {"installed": (installed or {}).get(e.name, {}),
                               "services": dict.fromkeys(running, "running")})
-        if e.name == "gpu1":
+        if e.name == on:
             raw.update(ports={str(p): pids for p, pids in (ports or {}).items()}, procs=procs or {})
         out[e.name] = parse(raw, e.name)
     return out
@@ -86,6 +87,31 @@ def test_two_two_node_services_on_gpus_0_3_and_4_7_of_the_same_hosts_get_distinc
     assert [flag(n, "--master-addr") for n in a + b] == ["10.0.0.1"] * 4
     # recorded with the service, so a later run finds and keeps it
     assert installed_record(b[0]).cluster_ports == installed_record(b[1]).cluster_ports == {"master_port": 29505}
+
+
+def test_two_ray_services_on_the_same_hosts_share_no_port_and_a_listener_in_a_workers_range_is_refused():
+    """backend ray: every node runs Ray's own servers (node manager, object manager, agents, a worker
+    port range), pinned per service from the node's GPUs; the head also its GCS, client server and
+    dashboard."""
+    m = four_by_two(backend="ray")
+    a = service(m, "ray-a", "0-3", facts())
+    f = facts(installed(a), running=("ray-a",))
+    plan, b = deploy(m, "ray-b", "4-7", f, port=8001)
+    assert plan.refusal is None, plan.refusal
+    for i, e in enumerate(HOSTS):
+        pa, pb = placement_of(a[i], e.name), placement_of(b[i], e.name)
+        assert len(pa.ports) > 300 and not set(pa.ports) & set(pb.ports), e.name
+        assert pa.clash(pb) is None
+    worker_b = b[1].rendered.argv                    # gpu2's `ray start` of ray-b: its own range
+    low = int(worker_b[worker_b.index("--min-worker-port") + 1])
+    assert (low, int(worker_b[worker_b.index("--max-worker-port") + 1])) == (11202, 11501)
+    squatter = {"pid": 6161, "alive": True, "ppid": 1, "pgid": 6161, "comm": "nc", "start_time": 5,
+                "cmdline": ["nc", "-l", str(low + 7)], "uid": 1000, "user": "bob"}
+    f = facts(installed(a), running=("ray-a",), ports={low + 7: [6161]}, procs={"6161": squatter}, on="gpu2")
+    plan, _ = deploy(m, "ray-b", "4-7", f, port=8001)
+    assert plan.refusal is not None and plan.refusal.exit_code == 3
+    line = str(plan.refusal)
+    assert f"port {low + 7} on gpu2" in line and "Ray worker port range" in line and "PID 6161 nc" in line, line
 
 
 def test_an_explicit_port_another_service_takes_is_refused_naming_it():

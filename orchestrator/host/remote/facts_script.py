@@ -236,6 +236,14 @@ def proc_info(pid):
     return info
 
 
+def worker_range(named):
+    """The ports of a Ray node's worker port range (min_worker_port .. max_worker_port), when sane."""
+    low, high = str(named.get("min_worker_port", "")), str(named.get("max_worker_port", ""))
+    if low.isdigit() and high.isdigit() and 0 <= int(high) - int(low) < 10000:
+        return list(range(int(low), int(high) + 1))
+    return []
+
+
 def port_holders(ports):
     """Processes with a TCP socket listening (or bound with no peer) on each port: {port: [pid]};
     [None] when the socket is there but its owner is not visible to us (another user's, not root)."""
@@ -700,8 +708,11 @@ def main():
     for rec in [] if status else list(records.values()) + list(installed.values()) + [facts["active"]]:
         if not isinstance(rec, dict):
             continue
-        cluster = rec.get("cluster_ports")          # a multi-node service's ports (master_port...)
-        for port in [rec.get("port")] + (list(cluster.values()) if isinstance(cluster, dict) else []):
+        named = {}                                  # a multi-node service's ports (master_port, Ray's...)
+        for key in ("cluster_ports", "node_ports"):
+            if isinstance(rec.get(key), dict):
+                named.update(rec[key])
+        for port in [rec.get("port")] + list(named.values()) + worker_range(named):
             text = str(port or "")
             if text.isdigit() and 0 < int(text) < 65536:
                 ports.add(int(text))
