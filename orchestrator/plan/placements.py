@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from orchestrator.config.placement import Placement, node_binds
+from orchestrator.config.manifest import PORT_BASES
+from orchestrator.config.placement import Placement, expand_ports, node_binds
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
 from orchestrator.host.ownership import gpu_list, holders
@@ -49,6 +50,10 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
     this same operation leaves them (regen re-renders several at once), besides where they are now."""
     want = placement_of(svc, host)
     name = want.name
+    own = expand_ports(dict(want.binds)).get(want.port)
+    if own is not None:
+        return RefusedError(f"{name}'s API port {want.port} on {host} is also its {own}", host=host, step="placement",
+                            hint=f"give it another port: --port, or {_set_port(want, own)}")
     swap = f"vllm-orch swap {svc.model}" + (f" --name {name}" if name != svc.model else "")
     others = host_placements(facts, host)
     others += [p for p in (planned or {}).values() if p.name in {o.name for o in others}]
@@ -65,8 +70,13 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
     return listener_refusal(facts, want, replacing)
 
 
-def _set_port(p: Placement) -> str:
-    return " or ".join(f"multinode.{name} in models/{p.model}.yaml" for name, _ in p.binds)
+def _set_port(p: Placement, label: str | None = None) -> str:
+    """How to move the placement's other ports (all, or the one `label` names): the port its nodes meet
+    at is a manifest field; Ray's own ports follow the node's GPUs."""
+    fields = [name for name, _ in p.binds if name in PORT_BASES and label in (None, name)]
+    ray = any(name not in PORT_BASES for name, _ in p.binds) if label is None else label not in PORT_BASES
+    return " or ".join([f"multinode.{name} in models/{p.model}.yaml" for name in fields] +
+                       (["other GPUs (--gpus: Ray's own ports follow the node's first GPU)"] if ray else []))
 
 
 def listener_refusal(facts: HostFacts, want: Placement, replacing: Collection[str] = ()) -> RefusedError | None:
@@ -84,10 +94,11 @@ def listener_refusal(facts: HostFacts, want: Placement, replacing: Collection[st
             who = f"the service {p.model}" if p.model else (
                 f"PID {p.pid} {p.name}" + (f" (user {p.user})" if p.user else "") if p.pid else
                 "a socket whose owner vllm-orch cannot see (another user's: `ss -ltnp` as root names it)")
+            what = "where its nodes meet its head" if label in PORT_BASES else "on this node"
             return RefusedError(
-                f"port {port} on {want.host} ({want.name}'s {label}, where its nodes meet its head) is held by {who}",
+                f"port {port} on {want.host} ({want.name}'s {label}, {what}) is held by {who}",
                 host=want.host, step="placement", details=[p.describe()],
-                hint=f"stop it, or give {want.name} another port: {_set_port(want)}")
+                hint=f"stop it, or move {want.name}: {_set_port(want, label)}")
     return None
 
 

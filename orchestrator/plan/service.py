@@ -11,6 +11,7 @@ import shlex
 import time
 from collections.abc import Collection, Sequence
 
+from orchestrator.config.effective import MANIFEST
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import NodeRole, node_binds
@@ -182,13 +183,18 @@ def node_ports(m: Manifest, role: NodeRole | None) -> dict[str, int] | None:
 
 
 def placement_lines(svc: ServiceInput) -> list[str]:
-    """Where the service's GPUs and port come from, when not from its manifest (the inventory's
-    override, the command line): the plan shows it like `render --host` does."""
+    """Where the service's GPUs and ports come from, when not from its manifest (the inventory's
+    override, the command line, a record; a multi-node port derived from the head's GPUs): the plan
+    shows it like `render --host` does."""
     origins = svc.effective.origins if svc.effective is not None else {}
-    s = svc.manifest.serving
+    m = svc.manifest
+    s = m.serving
     parts = [f"{label} {value} <- {origins[path]}" for label, value, path in
              (("GPUs", ",".join(map(str, s.visible_devices)), "serving.gpu_ids"), ("port", s.port, "serving.port"))
              if path in origins]
+    name = m.cluster_port_name          # the port a multi-node service's nodes meet at, unless the manifest's
+    if name is not None and origins.get(f"multinode.{name}", MANIFEST) != MANIFEST:
+        parts.append(f"{name} {meet_port(m, name)} <- {origins[f'multinode.{name}']}")
     return [f"placement: {'; '.join(parts)}"] if parts else []
 
 

@@ -112,6 +112,10 @@ def test_two_ray_services_on_the_same_hosts_share_no_port_and_a_listener_in_a_wo
     assert plan.refusal is not None and plan.refusal.exit_code == 3
     line = str(plan.refusal)
     assert f"port {low + 7} on gpu2" in line and "Ray worker port range" in line and "PID 6161 nc" in line, line
+    assert "--gpus" in (plan.refusal.hint or "")                   # Ray's ports follow the node's GPUs
+    # the service's own API port inside its Ray ports: refused, not silently merged
+    plan, _ = deploy(m, "ray-b", "4-7", facts(), port=7046)
+    assert plan.refusal is not None and "API port 7046 on gpu1 is also its dashboard_port" in str(plan.refusal)
 
 
 def test_an_explicit_port_another_service_takes_is_refused_naming_it():
