@@ -259,12 +259,8 @@ class ServiceSpec:
         return next((r for r in self.roles if r.host == host), None)
 
     def placement(self, host: str) -> Placement:
-        n, role, cp = self.node(host), self.role(host), self.cluster_port
-        binds: tuple[tuple[str, int], ...] = ()
-        if cp is not None and role is not None:
-            binds = ((cp.name, cp.port),) if role.head else ()
-            if cp.name == "ray_port":
-                binds += tuple(ray_node_ports(n.gpus, role.head).items())
+        n, cp = self.node(host), self.cluster_port
+        binds = _binds(cp.name, cp.port, n.gpus, self.role(host)) if cp is not None else ()
         return Placement(self.name, self.model, host, n.gpus, n.port, binds)
 
     def origin_label(self, what: str, origin: Origin) -> str:
@@ -395,9 +391,16 @@ def node_binds(m: Manifest, role: NodeRole | None) -> tuple[tuple[str, int], ...
     node's Ray ports (ray_node_ports). vLLM's own other sockets are ephemeral (docs/multi-node.md,
     "Ports")."""
     name = m.cluster_port_name
-    if name is None or m.multinode is None or role is None:
+    if name is None or m.multinode is None:
         return ()
-    out: tuple[tuple[str, int], ...] = ((name, m.multinode.port(name, m.serving.visible_devices)),) if role.head else ()
-    if m.multinode.backend == "ray":
-        out += tuple(ray_node_ports(m.serving.visible_devices, role.head).items())
+    return _binds(name, m.multinode.port(name, m.serving.visible_devices), m.serving.visible_devices, role)
+
+
+def _binds(name: str, port: int, gpus: Sequence[int], role: NodeRole | None) -> tuple[tuple[str, int], ...]:
+    """A node's ports besides its API port, from the port its nodes meet at (NAME, PORT) and its GPUs."""
+    if role is None:
+        return ()
+    out: tuple[tuple[str, int], ...] = ((name, port),) if role.head else ()
+    if name == "ray_port":              # backend ray (Manifest.cluster_port_name)
+        out += tuple(ray_node_ports(gpus, role.head).items())
     return out

@@ -32,7 +32,7 @@ def service_names(facts: HostFacts) -> list[str]:
 
 def placement_of(svc: ServiceInput, host: str) -> Placement:
     """The placement a service (as it runs on the host: config/effective.py) takes: its GPUs, its
-    API port and, on a multi-node service's head, the port its nodes meet at."""
+    API port and a multi-node service's other ports there (config/placement.node_binds)."""
     m = svc.manifest
     return Placement(m.name, svc.model, host, tuple(m.serving.visible_devices), m.serving.port,
                      node_binds(m, svc.rendered.role))
