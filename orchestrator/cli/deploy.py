@@ -208,7 +208,7 @@ def preflight_on(entry, m, request, opts, accept_new_host_key: bool, nodes):
     from orchestrator.plan.prepare import preflight_action
 
     with session(entry, f"check {request.name or m.name}", True, accept_new_host_key) as s:
-        facts = gather.host_facts(s.host, entry, m, request)
+        facts = gather.host_facts(s.host, entry, m, request, nodes=list(nodes) if m.multinode is not None else ())
         spec = gather.service_spec(m, list(nodes) if m.multinode is not None else [entry], request,
                                    {entry.name: facts})
         return preflight_action(gather.for_check(s.host, entry, m, spec, opts, s.lock, facts))

@@ -150,6 +150,10 @@ def effective(m: Manifest, entry: HostEntry, gpu_names: Mapping[int, str] | None
             if origin.placed:
                 _set(data, path, value)
                 origins[path] = spec.origin_label(what, origin)
+    if spec is not None and spec.cluster_port is not None and data.get("multinode") is not None:
+        cp = spec.cluster_port                      # the port the nodes meet at, as resolved
+        data["multinode"][cp.name] = cp.port
+        origins[f"multinode.{cp.name}"] = spec.origin_label(cp.name, cp.origin)
     try:
         result = Manifest.model_validate(data)
     except ValidationError as exc:

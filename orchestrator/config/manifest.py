@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -648,6 +649,21 @@ class Requirements(Strict):
 NODE_ENV = ("VLLM_HOST_IP",)
 
 
+# The ports the nodes of a multi-node service meet at, on the head: the one a layout uses
+# (cluster_port_name) is derived from the placement when the manifest does not set it, vLLM's (Ray's)
+# own default plus the head's first GPU index, so several services on disjoint GPUs of one head get
+# distinct ports (a host's services never share a GPU), and never torchrun's 29500. What a run derived
+# is recorded with the service and kept by later runs while its head's GPUs stay (config/placement.py).
+PORT_BASES = {"master_port": 29501, "dp_rpc_port": 29550, "ray_port": 6379}
+# What vllm-orch rendered before the ports were derived: a record without cluster_ports keeps these.
+LEGACY_PORTS = {"master_port": 29500, "dp_rpc_port": 13345, "ray_port": 6379}
+
+
+def derived_port(name: str, head_gpus: Sequence[int]) -> int:
+    """The default of multinode.NAME for a service whose head runs on `head_gpus`."""
+    return PORT_BASES[name] + (min(head_gpus) if head_gpus else 0)
+
+
 class MultiNode(Strict):
     """One service across several hosts (docs/multi-node.md). The selected hosts are its nodes, in
     order (`deploy M --host gpu1,gpu2`: gpu1 is the head, rank 0). serving.gpus stays GPUs PER NODE,
@@ -666,16 +682,22 @@ class MultiNode(Strict):
                           "on systemd hosts) and vLLM on the head only, with "
                           "`--distributed-executor-backend ray`. Ray needs the `ray` executable beside "
                           "`vllm` in every host's venv.")
-    master_port: int = Field(
-        29500, ge=1, le=65535,
+    master_port: int | None = Field(
+        None, ge=1, le=65535,
         description="mp, tensor/pipeline parallel across nodes: `--master-port`, the TCP port on the "
-                    "head that every node's torch.distributed rendezvous connects to.")
-    dp_rpc_port: int = Field(
-        13345, ge=1, le=65535,
+                    "head that every node's torch.distributed rendezvous connects to (the head's rank 0 "
+                    "serves torch's TCPStore there). Default: derived from the placement, 29501 (vLLM's "
+                    "default; torchrun's is 29500) + the head's first GPU index, and recorded: two "
+                    "services on GPUs 0-3 and 4-7 of the same head get 29501 and 29505.")
+    dp_rpc_port: int | None = Field(
+        None, ge=1, le=65535,
         description="Data parallel across nodes: `--data-parallel-rpc-port`, the head's port the "
-                    "headless data-parallel engines hand-shake with (vLLM's default 13345).")
-    ray_port: int = Field(6379, ge=1, le=65535,
-                          description="ray: the head's Ray GCS port (`ray start --head --port`).")
+                    "headless data-parallel engines hand-shake with. Default: derived from the "
+                    "placement, 29550 (vLLM 0.33's default) + the head's first GPU index, and recorded.")
+    ray_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="ray: the head's Ray GCS port (`ray start --head --port`). Default: derived from the "
+                    "placement, 6379 (Ray's default) + the head's first GPU index, and recorded.")
     join_timeout_seconds: int = Field(
         300, ge=10, le=86400,
         description="How long vllm-orch's readiness wait gives every node's ranks to join the head "
@@ -696,9 +718,8 @@ class MultiNode(Strict):
 
     @model_validator(mode="after")
     def _ports(self) -> MultiNode:
-        ports = {"master_port": self.master_port, "dp_rpc_port": self.dp_rpc_port, "ray_port": self.ray_port}
         seen: dict[int, str] = {}
-        for name, port in ports.items():
+        for name, port in self.ports.items():
             if port in seen:
                 raise at(name, f"{name} {port} is also multinode.{seen[port]}: every port needs its own number")
             seen[port] = name
@@ -706,7 +727,14 @@ class MultiNode(Strict):
 
     @property
     def ports(self) -> dict[str, int]:
-        return {"master_port": self.master_port, "dp_rpc_port": self.dp_rpc_port, "ray_port": self.ray_port}
+        """The ports the manifest sets (the others are derived from the placement)."""
+        ports = {"master_port": self.master_port, "dp_rpc_port": self.dp_rpc_port, "ray_port": self.ray_port}
+        return {name: port for name, port in ports.items() if port is not None}
+
+    def port(self, name: str, head_gpus: Sequence[int]) -> int:
+        """The port NAME (master_port, dp_rpc_port, ray_port): the manifest's, else derived from the
+        head's GPUs (derived_port)."""
+        return self.ports.get(name) or derived_port(name, head_gpus)
 
 
 class Manifest(Strict):
@@ -734,6 +762,18 @@ class Manifest(Strict):
     multinode: MultiNode | None = Field(
         None, description="One service across several hosts: how many, vLLM's runtime (mp or ray) and "
                           "the ports the nodes meet at. Absent: the service runs on one host.")
+
+    @property
+    def cluster_port_name(self) -> str | None:
+        """The multinode port this layout's nodes meet at on the head (None: one host): Ray's GCS
+        (backend ray), the data-parallel handshake (data parallel across nodes), else the
+        torch.distributed rendezvous (tensor/pipeline parallel across nodes)."""
+        mn = self.multinode
+        if mn is None:
+            return None
+        if mn.backend == "ray":
+            return "ray_port"
+        return "dp_rpc_port" if self.vllm.data_parallel_size > 1 else "master_port"
 
     @field_validator("name")
     @classmethod

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.config.manifest import Manifest
+from orchestrator.config.manifest import PORT_BASES, Manifest, derived_port
 from orchestrator.errors import ConfigError
 
 _RANGE = re.compile(r"^(\d{1,6})-(\d{1,6})$")
@@ -75,17 +75,26 @@ class Placement:
     host: str
     gpus: tuple[int, ...]
     port: int
+    binds: tuple[tuple[str, int], ...] = ()     # the other ports it listens on here: (multinode field, port)
+
+    @property
+    def ports(self) -> dict[int, str]:
+        """Every port the service listens on here, and what each is (its API port, `master_port`...;
+        a Ray worker port range as each of its ports)."""
+        return {**expand_ports(dict(self.binds)), **({self.port: "API port"} if self.port else {})}
 
     def clash(self, other: Placement) -> str | None:
-        """What `other` takes of this placement's GPUs or port (None: they can run side by side)."""
+        """What `other` takes of this placement's GPUs or ports (None: they can run side by side)."""
         if other.host != self.host or other.name == self.name:
             return None
         shared = sorted(set(self.gpus) & set(other.gpus))
         what = []
         if shared:
             what.append("GPU" + ("s " if len(shared) > 1 else " ") + ",".join(map(str, shared)))
-        if other.port and other.port == self.port:
-            what.append(f"port {self.port}")
+        mine, theirs = self.ports, other.ports
+        for port in sorted(set(mine) & set(theirs)):
+            what.append(f"port {port}" + ("" if mine[port] == theirs[port] == "API port" else
+                                          f" (its {theirs[port]}; {self.name}'s {mine[port]})"))
         return " and ".join(what) or None
 
 
@@ -150,6 +159,7 @@ class Origin(StrEnum):
     RECORD = "record"                   # kept where an earlier run placed it (installed/NAME.json)
     REPLACED = "replaced"               # took the place of the service a swap replaces (--replace)
     COMMAND_LINE = "command line"       # --gpus / --port
+    DERIVED = "derived"                 # a multinode port derived from the head's GPUs (manifest.derived_port)
 
     @property
     def placed(self) -> bool:
@@ -192,6 +202,7 @@ class Recorded:
     port: int
     gpus_placed: bool = False
     port_placed: bool = False
+    cluster_ports: Mapping[str, int] | None = None   # a multi-node service's ports as rendered (records' cluster_ports)
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,17 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class ClusterPort:
+    """The port a multi-node service's nodes meet at on its head (Manifest.cluster_port_name: master_port,
+    dp_rpc_port or ray_port), and where it came from: the manifest, the record (kept from an earlier
+    run), or derived from the head's GPUs."""
+
+    name: str
+    port: int
+    origin: Origin
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """The service an operation is about: name, model, and its nodes (head first; one for a
     one-host service). `roles`: each node's rank and the head's address (multi-node only)."""
@@ -216,6 +238,7 @@ class ServiceSpec:
     nodes: tuple[NodeSpec, ...]
     roles: tuple[NodeRole, ...] = ()
     replaces: str | None = None         # the service whose place it takes (swap --replace)
+    cluster_port: ClusterPort | None = None     # multi-node only
 
     @property
     def head(self) -> NodeSpec:
@@ -236,8 +259,9 @@ class ServiceSpec:
         return next((r for r in self.roles if r.host == host), None)
 
     def placement(self, host: str) -> Placement:
-        n = self.node(host)
-        return Placement(self.name, self.model, host, n.gpus, n.port)
+        n, cp = self.node(host), self.cluster_port
+        binds = _binds(cp.name, cp.port, n.gpus, self.role(host)) if cp is not None else ()
+        return Placement(self.name, self.model, host, n.gpus, n.port, binds)
 
     def origin_label(self, what: str, origin: Origin) -> str:
         """How a plan or `render` names where the GPUs (`what` gpus) or the port came from."""
@@ -245,6 +269,8 @@ class ServiceSpec:
         return {Origin.COMMAND_LINE: f"command line {option}",
                 Origin.RECORD: f"placed earlier (installed/{self.name}.json keeps it)",
                 Origin.REPLACED: f"--replace {self.replaces} (its {'GPUs' if what == 'gpus' else 'port'})",
+                Origin.DERIVED: f"derived from the head's GPUs ({what}: {PORT_BASES.get(what, '?')} + the first "
+                                f"GPU index; recorded with the service)",
                 }.get(origin, str(origin))
 
 
@@ -301,4 +327,80 @@ def resolve(m: Manifest, entries: Sequence[HostEntry], request: Request = Reques
     recorded, replaced = recorded or {}, replaced or {}
     nodes = tuple(_node(m, e, request, recorded.get(e.name), replaced.get(e.name), service) for e in entries)
     replaces = next(iter(replaced.values())).name if replaced else None
-    return ServiceSpec(service, m.name, nodes, tuple(roles), replaces)
+    head_known = not roles or roles[0].head
+    cluster = _cluster_port(m, nodes[0], recorded.get(entries[0].name), head_known)
+    return ServiceSpec(service, m.name, nodes, tuple(roles), replaces, cluster)
+
+
+def _cluster_port(m: Manifest, head: NodeSpec, recorded: Recorded | None, head_known: bool) -> ClusterPort | None:
+    """The port the nodes meet at (multi-node only), strongest first: the manifest's; the one the
+    service's record keeps while its head stays on the GPUs it was recorded on (a regen, a swap or a
+    redeploy never moves a running service's port); derived from the head's GPUs. `head`: the head
+    node (head_known), else the one node a regen re-renders, whose record is what is known."""
+    name = m.cluster_port_name
+    if name is None or m.multinode is None:
+        return None
+    if name in m.multinode.ports:
+        return ClusterPort(name, m.multinode.ports[name], Origin.MANIFEST)
+    if recorded is not None and recorded.cluster_ports and name in recorded.cluster_ports \
+            and (not head_known or tuple(recorded.gpus) == tuple(head.gpus)):
+        return ClusterPort(name, int(recorded.cluster_ports[name]), Origin.RECORD)
+    return ClusterPort(name, derived_port(name, head.gpus), Origin.DERIVED)
+
+
+# Ray's own ports on every node (`ray start` flags, Ray 2.60 ray/scripts/scripts.py), pinned per
+# service so that two Ray services share no port on a host: a block of ten from RAY_BLOCK_BASE and a
+# worker port range from RAY_WORKERS_BASE, both offset by the node's first GPU index (a host's services
+# never share a GPU). Below Linux's ephemeral range (32768-60999), as Ray's own worker range is.
+RAY_NODE_PORTS = ("node_manager_port", "object_manager_port", "dashboard_agent_listen_port",
+                  "dashboard_agent_grpc_port", "runtime_env_agent_port", "metrics_export_port")
+# The head's dashboard too; not its client server (`--ray-client-server-port`, 10001 when the head has
+# `ray[client]`): Ray refuses that flag without ray[client] (ray/_private/parameter.py, _check_usage).
+RAY_HEAD_PORTS = ("dashboard_port",)
+RAY_BLOCK_BASE, RAY_BLOCK = 7000, 10
+RAY_WORKERS_BASE, RAY_WORKERS = 10002, 300
+WORKER_RANGE = ("min_worker_port", "max_worker_port")
+
+
+def ray_node_ports(gpus: Sequence[int], head: bool) -> dict[str, int]:
+    """The Ray ports of a node whose share of the service runs on `gpus` (each a `ray start --NAME`
+    flag): the block of fixed ports (the head's dashboard too) and the worker
+    port range (min_worker_port .. max_worker_port)."""
+    g = min(gpus) if gpus else 0
+    names = RAY_NODE_PORTS + (RAY_HEAD_PORTS if head else ())
+    out = {name: RAY_BLOCK_BASE + RAY_BLOCK * g + i for i, name in enumerate(names)}
+    low = RAY_WORKERS_BASE + RAY_WORKERS * g
+    return {**out, "min_worker_port": low, "max_worker_port": low + RAY_WORKERS - 1}
+
+
+def expand_ports(named: Mapping[str, int]) -> dict[int, str]:
+    """Every port of a node's named ports, a worker port range (min_worker_port, max_worker_port)
+    as each of its ports: port -> what it is."""
+    out = {p: name for name, p in named.items() if name not in WORKER_RANGE}
+    low, high = named.get(WORKER_RANGE[0]), named.get(WORKER_RANGE[1])
+    if low and high and 0 <= high - low < 10_000:
+        out.update(dict.fromkeys(range(low, high + 1), "Ray worker port range"))
+    return out
+
+
+def node_binds(m: Manifest, role: NodeRole | None) -> tuple[tuple[str, int], ...]:
+    """The ports besides its API port that model M (as it runs on the node: config/effective.py)
+    listens on there: on a multi-node service's head, the port its nodes meet at (vLLM 0.33: the
+    head's rank 0 serves torch's TCPStore on --master-port; its front end binds the data-parallel
+    handshake on --data-parallel-rpc-port; Ray's GCS on `ray start --head --port`); with Ray, every
+    node's Ray ports (ray_node_ports). vLLM's own other sockets are ephemeral (docs/multi-node.md,
+    "Ports")."""
+    name = m.cluster_port_name
+    if name is None or m.multinode is None:
+        return ()
+    return _binds(name, m.multinode.port(name, m.serving.visible_devices), m.serving.visible_devices, role)
+
+
+def _binds(name: str, port: int, gpus: Sequence[int], role: NodeRole | None) -> tuple[tuple[str, int], ...]:
+    """A node's ports besides its API port, from the port its nodes meet at (NAME, PORT) and its GPUs."""
+    if role is None:
+        return ()
+    out: tuple[tuple[str, int], ...] = ((name, port),) if role.head else ()
+    if name == "ray_port":              # backend ray (Manifest.cluster_port_name)
+        out += tuple(ray_node_ports(gpus, role.head).items())
+    return out

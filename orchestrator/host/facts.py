@@ -120,8 +120,8 @@ class HostFacts:
         for rec in (self.record(name), self.installed.get(name)):
             if rec is None or not (rec.gpus or rec.port):
                 continue
-            p = Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port)
-            if all((p.gpus, p.port) != (q.gpus, q.port) for q in out):
+            p = Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds())
+            if all((p.gpus, p.port, p.binds) != (q.gpus, q.port, q.binds) for q in out):
                 out.append(p)
         return out
 
@@ -132,7 +132,7 @@ class HostFacts:
         rec: ServiceRecord | InstalledRecord | None = self.record(name) or self.installed.get(name)
         if rec is None:
             return None
-        return Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port)
+        return Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds())
 
     def models_in_use(self) -> set[str]:
         """The model folders the host's services use: every recorded and every running service's

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.config.manifest import LEGACY_PORTS
 from orchestrator.config.placement import NodeRole, Origin, Recorded
 
 RECORDS_VERSION = 1
@@ -75,6 +76,26 @@ class NodeFields(Record):
     rank: int | None = None
     head: str | None = None
     head_address: str | None = None
+    cluster_ports: dict[str, int] | None = Field(
+        None, description="The ports its nodes meet at on the head, as rendered (e.g. master_port), the "
+                          "same on every node: kept by later runs. None on a record from before they were "
+                          "recorded (then the defaults of that time, manifest.LEGACY_PORTS).")
+
+    node_ports: dict[str, int] | None = Field(
+        None, description="Ray (backend ray): this node's own Ray ports as rendered (`ray start --NAME`: "
+                          "node manager, object manager, agents, min/max_worker_port...).")
+
+    def kept_ports(self) -> dict[str, int] | None:
+        """The multinode ports the service was rendered with (None for a one-host service)."""
+        if not self.multinode:
+            return None
+        return dict(self.cluster_ports) if self.cluster_ports is not None else dict(LEGACY_PORTS)
+
+    def binds(self) -> tuple[tuple[str, int], ...]:
+        """The ports besides the API port the service listens on on this host: on the head, the ports
+        its nodes meet at; with Ray, this node's Ray ports (config/placement.node_binds)."""
+        head = sorted((self.kept_ports() or {}).items()) if self.rank == 0 else []
+        return tuple(head + sorted((self.node_ports or {}).items()))
 
     def role(self) -> NodeRole | None:
         """The node role the record names; None for a one-host service or a record without one."""
@@ -155,7 +176,7 @@ class InstalledRecord(NodeFields):
         if not self.gpus and not self.port:
             return None
         return Recorded(tuple(self.gpus), self.port, gpus_placed=bool(self.gpus) and self.gpus_from.placed,
-                        port_placed=bool(self.port) and self.port_from.placed)
+                        port_placed=bool(self.port) and self.port_from.placed, cluster_ports=self.kept_ports())
 
 
 class HistoryEntry(Record):

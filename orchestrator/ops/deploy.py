@@ -45,7 +45,8 @@ def run_deploy(nodes: HostEntry | Sequence[HostEntry], m: Manifest, opts: Option
         node_roles(m, entries)                  # the wrong hosts: exit 2 before any is reached
     with ExitStack() as stack:
         sessions = open_sessions(stack, entries, f"deploy {name}", dry_run, accept_new_host_key)
-        facts = dict(zip(names, parallel(entries, lambda e: gather.host_facts(sessions[e.name].host, e, m, request)),
+        facts = dict(zip(names, parallel(entries, lambda e: gather.host_facts(sessions[e.name].host, e, m, request,
+                                                                                   nodes=entries)),
                          strict=True))
         spec = gather.service_spec(m, entries, request, facts)
         inputs = parallel(entries, lambda e: gather.for_deploy(sessions[e.name].host, e, m, spec, opts,

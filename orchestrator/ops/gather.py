@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -78,11 +78,18 @@ def gpu_names(facts: HostFacts | None) -> dict[int, str] | None:
     return {g.index: g.name for g in facts.gpus if g.index is not None}
 
 
-def service_port(m: Manifest, entry: HostEntry, request: Request = Request()) -> int:
-    """The model's port on this host before its records are read: the command line's, else the
-    inventory's override, else the manifest's (a hardware class cannot move it). The facts read
-    the ports of installed services too, so a recorded placement's port is covered."""
-    return request.port or effective(m, entry).manifest.serving.port
+def service_ports(m: Manifest, entry: HostEntry, request: Request = Request(),
+                  nodes: Sequence[HostEntry] = ()) -> list[int]:
+    """The ports the service listens on on this host before its records are read (whose listeners
+    the facts report): its API port (the command line's, else the inventory's override, else the
+    manifest's: a hardware class cannot move it) and, as a node of a multi-node service (`nodes`,
+    head first), the other ports it listens on there (the port its nodes meet at, on the head; Ray's
+    ports on every node) as derived from the placement. The facts read the ports of
+    installed services too, so a recorded placement's ports are covered."""
+    ports = [request.port or effective(m, entry).manifest.serving.port]
+    if m.multinode is not None and len(nodes) == m.multinode.nodes and entry.name in {n.name for n in nodes}:
+        ports += sorted(resolve(m, list(nodes), request).placement(entry.name).ports)
+    return sorted(set(ports))
 
 
 def service_spec(m: Manifest, entries: list[HostEntry], request: Request, facts: Mapping[str, HostFacts],
@@ -198,9 +205,11 @@ def _refused(checks: list[Check]) -> bool:
     return any(c.status == FAIL for c in checks)
 
 
-def host_facts(host: Host, entry: HostEntry, m: Manifest, request: Request, names: Collection[str] = ()) -> HostFacts:
-    """The host's facts for an operation on the service the request names (and `names`)."""
-    return gather(host, entry, sorted({request.name or m.name, *names}), ports=[service_port(m, entry, request)])
+def host_facts(host: Host, entry: HostEntry, m: Manifest, request: Request, names: Collection[str] = (),
+               nodes: Sequence[HostEntry] = ()) -> HostFacts:
+    """The host's facts for an operation on the service the request names (and `names`), as a node
+    of `nodes` (a multi-node service's hosts, head first)."""
+    return gather(host, entry, sorted({request.name or m.name, *names}), ports=service_ports(m, entry, request, nodes))
 
 
 def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,

@@ -83,7 +83,7 @@ def run_swap(nodes: HostEntry | Sequence[HostEntry], m: Manifest, manifests: dic
     with ExitStack() as stack:
         sessions = open_sessions(stack, list(by_name.values()), f"swap to {name}", dry_run, accept_new_host_key)
         facts = dict(zip(names, parallel(entries, lambda e: gather.host_facts(sessions[e.name].host, e, m, request,
-                                                                              manifests)), strict=True))
+                                                                              manifests, entries)), strict=True))
         spec = gather.swap_spec(facts, entries, m, request, opts)
 
         def one(e: HostEntry) -> PlanInput:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from orchestrator.config.placement import Placement
+from orchestrator.config.manifest import PORT_BASES
+from orchestrator.config.placement import Placement, expand_ports, node_binds
 from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
-from orchestrator.host.ownership import gpu_list
+from orchestrator.host.ownership import gpu_list, holders
 from orchestrator.plan.inputs import ServiceInput
 
 
@@ -30,9 +31,16 @@ def service_names(facts: HostFacts) -> list[str]:
 
 
 def placement_of(svc: ServiceInput, host: str) -> Placement:
-    """The placement a service (as it runs on the host: config/effective.py) takes."""
+    """The placement a service (as it runs on the host: config/effective.py) takes: its GPUs, its
+    API port and a multi-node service's other ports there (config/placement.node_binds)."""
     m = svc.manifest
-    return Placement(m.name, svc.model, host, tuple(m.serving.visible_devices), m.serving.port)
+    return Placement(m.name, svc.model, host, tuple(m.serving.visible_devices), m.serving.port,
+                     node_binds(m, svc.rendered.role))
+
+
+def needs(p: Placement) -> str:
+    """What a placement takes, as a refusal says it."""
+    return f"{gpu_list(p.gpus)} and port {p.port}" + "".join(f", {name} {port}" for name, port in p.binds)
 
 
 def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Collection[str] = (),
@@ -42,6 +50,10 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
     this same operation leaves them (regen re-renders several at once), besides where they are now."""
     want = placement_of(svc, host)
     name = want.name
+    own = expand_ports(dict(want.binds)).get(want.port)
+    if own is not None:
+        return RefusedError(f"{name}'s API port {want.port} on {host} is also its {own}", host=host, step="placement",
+                            hint=f"give it another port: --port, or {_set_port(want, own)}")
     swap = f"vllm-orch swap {svc.model}" + (f" --name {name}" if name != svc.model else "")
     others = host_placements(facts, host)
     others += [p for p in (planned or {}).values() if p.name in {o.name for o in others}]
@@ -52,10 +64,41 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
         if what:
             named = other.name if other.model == other.name else f"{other.name} ({other.model})"
             return RefusedError(
-                f"{named} already takes {what} on {host}: {name} needs {gpu_list(want.gpus)} and "
-                f"port {want.port}", host=host, step="placement",
-                hint=f"place {name} elsewhere (--gpus, --port), `{swap} --replace {other.name} --host {host}`, "
-                     f"or `vllm-orch stop {other.name} --host {host}` first")
+                f"{named} already takes {what} on {host}: {name} needs {needs(want)}", host=host, step="placement",
+                hint=f"place {name} elsewhere (--gpus, --port{', ' + _set_port(want) if want.binds else ''}), "
+                     f"`{swap} --replace {other.name} --host {host}`, or `vllm-orch stop {other.name} --host {host}` first")
+    return listener_refusal(facts, want, replacing)
+
+
+def _set_port(p: Placement, label: str | None = None) -> str:
+    """How to move the placement's other ports (all, or the one `label` names): the port its nodes meet
+    at is a manifest field; Ray's own ports follow the node's GPUs."""
+    fields = [name for name, _ in p.binds if name in PORT_BASES and label in (None, name)]
+    ray = any(name not in PORT_BASES for name, _ in p.binds) if label is None else label not in PORT_BASES
+    return " or ".join([f"multinode.{name} in models/{p.model}.yaml" for name in fields] +
+                       (["other GPUs (--gpus: Ray's own ports follow the node's first GPU)"] if ray else []))
+
+
+def listener_refusal(facts: HostFacts, want: Placement, replacing: Collection[str] = ()) -> RefusedError | None:
+    """Refuse a placement whose multi-node port (the port its nodes meet at, on the head) a process
+    other than the service itself listens on: another service's (named), or a foreign one (a torchrun
+    job's store on 29500, another vLLM's): the service's ranks would dial that process instead of
+    their head, and the head watch would watch it. Never killed, whatever the options (unlike the
+    API port's left-behind holders, which the GPU step clears). The API port's holders are
+    preflight's (plan/service.placement_holders)."""
+    for port, label in sorted(want.ports.items()):
+        if label == "API port":
+            continue
+        held = holders([], facts.ports.get(port, []), want.name, [], replacing, protected=facts.services_known())
+        for p in held.others + held.foreign:
+            who = f"the service {p.model}" if p.model else (
+                f"PID {p.pid} {p.name}" + (f" (user {p.user})" if p.user else "") if p.pid else
+                "a socket whose owner vllm-orch cannot see (another user's: `ss -ltnp` as root names it)")
+            what = "where its nodes meet its head" if label in PORT_BASES else "on this node"
+            return RefusedError(
+                f"port {port} on {want.host} ({want.name}'s {label}, {what}) is held by {who}",
+                host=want.host, step="placement", details=[p.describe()],
+                hint=f"stop it, or move {want.name}: {_set_port(want, label)}")
     return None
 
 

@@ -11,8 +11,10 @@ import shlex
 import time
 from collections.abc import Collection, Sequence
 
+from orchestrator.config.effective import MANIFEST
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import NodeRole, node_binds
 from orchestrator.errors import RefusedError
 from orchestrator.host import state
 from orchestrator.host.base import Command, Script
@@ -27,7 +29,7 @@ from orchestrator.plan.run import RunEnv
 from orchestrator.probe.api import Endpoint
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
-from orchestrator.render.artifacts import ORCH_ENV
+from orchestrator.render.artifacts import ORCH_ENV, meet_port
 from orchestrator.secret import Secret
 
 
@@ -162,17 +164,37 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
-                           installed_at=state.now_iso(), **origins, **NodeFields.of(r.role))
+                           installed_at=state.now_iso(), cluster_ports=cluster_ports(r.manifest),
+                           node_ports=node_ports(r.manifest, r.role), **origins,
+                           **NodeFields.of(r.role))
+
+
+def cluster_ports(m: Manifest) -> dict[str, int] | None:
+    """What a multi-node service's records keep of its ports (every node's, the same): the port its
+    nodes meet at as rendered, so a later run keeps it (config/placement.resolve)."""
+    name = m.cluster_port_name
+    return {name: meet_port(m, name)} if name is not None else None
+
+
+def node_ports(m: Manifest, role: NodeRole | None) -> dict[str, int] | None:
+    """What a node's records keep of its own Ray ports (backend ray), for the other services' checks."""
+    own = {name: port for name, port in node_binds(m, role) if name != m.cluster_port_name}
+    return own or None
 
 
 def placement_lines(svc: ServiceInput) -> list[str]:
-    """Where the service's GPUs and port come from, when not from its manifest (the inventory's
-    override, the command line): the plan shows it like `render --host` does."""
+    """Where the service's GPUs and ports come from, when not from its manifest (the inventory's
+    override, the command line, a record; a multi-node port derived from the head's GPUs): the plan
+    shows it like `render --host` does."""
     origins = svc.effective.origins if svc.effective is not None else {}
-    s = svc.manifest.serving
+    m = svc.manifest
+    s = m.serving
     parts = [f"{label} {value} <- {origins[path]}" for label, value, path in
              (("GPUs", ",".join(map(str, s.visible_devices)), "serving.gpu_ids"), ("port", s.port, "serving.port"))
              if path in origins]
+    name = m.cluster_port_name          # the port a multi-node service's nodes meet at, unless the manifest's
+    if name is not None and origins.get(f"multinode.{name}", MANIFEST) != MANIFEST:
+        parts.append(f"{name} {meet_port(m, name)} <- {origins[f'multinode.{name}']}")
     return [f"placement: {'; '.join(parts)}"] if parts else []
 
 
@@ -409,7 +431,8 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
                          vllm_version=inp.facts.vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
                          hardware=inp.target.effective.hardware if inp.target.effective else None,
-                         perf=env.record.perf.get(m.name), **NodeFields.of(r.role))
+                         perf=env.record.perf.get(m.name), cluster_ports=cluster_ports(m),
+                         node_ports=node_ports(m, r.role), **NodeFields.of(r.role))
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,

@@ -23,7 +23,7 @@ import jinja2
 from orchestrator import __version__
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
-from orchestrator.config.placement import NodeRole
+from orchestrator.config.placement import NodeRole, ray_node_ports
 from orchestrator.errors import ConfigError
 from orchestrator.paths import package_file, shipped_dir
 from orchestrator.secret import Secret, reveal
@@ -220,18 +220,28 @@ def _check_role(m: Manifest, host: HostEntry, role: NodeRole | None) -> None:
                           f"multinode.nodes {m.multinode.nodes}")
 
 
+def meet_port(m: Manifest, name: str) -> int:
+    """multinode.NAME (master_port, dp_rpc_port, ray_port) as rendered: the value config/effective.py
+    resolved for the service (the manifest's, the recorded one, or derived from the head's GPUs);
+    rendered without a service value (a bare manifest): derived from its own GPUs."""
+    assert m.multinode is not None
+    return m.multinode.port(name, m.serving.visible_devices)
+
+
 def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, str]]:
     """`ray start` of a node: the head's GCS, or a worker joining it; --block keeps it in the
     foreground for systemd."""
     assert m.multinode is not None
-    port = m.multinode.ray_port
+    port = meet_port(m, "ray_port")
     out = [(ray_executable(host), "host.vllm"), ("start", "(command)")]
     if role.head:
         out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
     else:
         out += [("--address", "(head ray address)"), (f"{role.head_address}:{port}", "(head ray address)")]
-    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address"),
-            ("--disable-usage-stats", "(always)"), ("--block", "(always)")]
+    out += [("--node-ip-address", "host.cluster.address"), (host.node_address(m.name), "host.cluster.address")]
+    for name, value in ray_node_ports(m.serving.visible_devices, role.head).items():     # pinned per service
+        out += [(f"--{name.replace('_', '-')}", "(this node's GPUs)"), (str(value), "(this node's GPUs)")]
+    out += [("--disable-usage-stats", "(always)"), ("--block", "(always)")]
     return out
 
 
@@ -254,7 +264,7 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         local = v.data_parallel_size // mn.nodes
         add("multinode.nodes", "--data-parallel-size-local", local)
         add("(head cluster address)", "--data-parallel-address", role.head_address)
-        add("multinode.dp_rpc_port", "--data-parallel-rpc-port", mn.dp_rpc_port)
+        add("multinode.dp_rpc_port", "--data-parallel-rpc-port", meet_port(m, "dp_rpc_port"))
         if not role.head:
             add("(node rank)", "--data-parallel-start-rank", role.rank * local)
             add("(node rank)", "--headless")
@@ -263,7 +273,7 @@ def _node_flags(m: Manifest, role: NodeRole) -> list[tuple[str, str]]:
         add("multinode.nodes", "--nnodes", mn.nodes)
         add("(node rank)", "--node-rank", role.rank)
         add("(head cluster address)", "--master-addr", role.head_address)
-        add("multinode.master_port", "--master-port", mn.master_port)
+        add("multinode.master_port", "--master-port", meet_port(m, "master_port"))
         if not role.head:
             add("(node rank)", "--headless")
         # vLLM's ParallelConfig.distributed_timeout_seconds: init_process_group's timeout (the store's wait
@@ -435,7 +445,7 @@ def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
     """The head watch's ExecStart=: the units' probe in watch-head mode."""
     assert m.multinode is not None
     return _probe(host, "watch-head", "--unit", m.unit_name, "--model", m.name, "--address", role.head_address,
-                  "--port", str(m.multinode.master_port), "--state-dir", host.state_dir)
+                  "--port", str(meet_port(m, "master_port")), "--state-dir", host.state_dir)
 
 
 HOME_TREES = ("/home", "/root", "/run/user")
@@ -539,7 +549,8 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
         companion = headwatch_unit_name(m) if watch else "" if worker else health_timer
         units = dict(common, health_timer=companion, role=role,
                      ray_worker=is_ray_worker(m, role), ray_unit=ray_unit_name(m) if ray and not worker else "",
-                     ray_address=f"{role.head_address}:{m.multinode.ray_port}" if ray and role and m.multinode else "")
+                     ray_address=f"{role.head_address}:{meet_port(m, 'ray_port')}" if ray and role and m.multinode else "",
+                     master_port=meet_port(m, "master_port") if m.multinode else "")
         text = _template("vllm.service.j2").render(
             **units, exec_start=exec_start(argv), ready_probe="" if worker else probe_command(m, host, "ready"),
             start_limit_interval=start_limit_interval(m), stop_timeout=stop_timeout(m))
@@ -560,7 +571,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                 RenderedFile(f"{host.units_dir}/{headwatch_unit_name(m)}", _template("vllm-headwatch.service.j2").render(
                     **units, head_watch=head_watch_command(m, host, role), head_restart=restart_command(
                         m, host, "head-lost-restart", headwatch_unit_name(m), "--address", role.head_address,
-                        "--port", str(m.multinode.master_port))), 0o644),
+                        "--port", str(meet_port(m, "master_port")))), 0o644),
                 RenderedFile(probe_path(host), package_file("host", "remote", "unit_probe.py").read_text(), 0o755)]
         if ray and role is not None and role.head:
             extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(

@@ -10,7 +10,9 @@ from orchestrator.render.artifacts import Rendered, node_env
 NODE_ORIGINS = {"(node rank)": "this node's rank (its place in --host, the head first)",
                 "(head cluster address)": "the head's cluster address (hosts.yaml cluster.address, or its address)",
                 "(head ray address)": "the head's cluster address, manifest multinode.ray_port",
-                "host.cluster.address": "this host's cluster address (hosts.yaml cluster.address, or its address)"}
+                "host.cluster.address": "this host's cluster address (hosts.yaml cluster.address, or its address)",
+                "(this node's GPUs)": "Ray's ports, pinned per service from this node's first GPU index "
+                                      "(docs/multi-node.md, Ports)"}
 
 
 def _flags(r: Rendered) -> list[tuple[str, str]]:

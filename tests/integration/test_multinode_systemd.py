@@ -130,7 +130,7 @@ def test_a_two_node_service_deploys_serves_benches_and_stops_on_both_hosts(clust
         env_file = "".join(host.run(["cat", f.split()[0].lstrip("-")]).stdout for f in files.splitlines() if f.strip())
         journal = "\n".join(Service.for_host(host, e_b, TWO).tail(300))
     assert f"VLLM_HOST_IP={e_b.address}" in env_file and "GLOO_SOCKET_IFNAME=eth0" in env_file, env_file
-    assert f"head node address {hosts[0][0].address}:29500" in journal, journal[-3000:]
+    assert f"head node address {hosts[0][0].address}:29501" in journal, journal[-3000:]
 
     st = run("status", "--host", f"{a},{b}", "--json")
     assert st.returncode == 0, st.stderr

@@ -277,14 +277,14 @@ def test_the_node_flags_reach_vllms_engine_arguments(vllm_parser_python):
     got = dict(zip(rendered, json.loads(proc.stdout.strip().splitlines()[-1])))
     mp0, mp1 = got["mp@any/node0"], got["mp@any/node1"]
     for rank, f in enumerate((mp0, mp1)):
-        assert (f["nnodes"], f["node_rank"], f["master_addr"], f["master_port"]) == (2, rank, "10.0.0.1", 29500)
+        assert (f["nnodes"], f["node_rank"], f["master_addr"], f["master_port"]) == (2, rank, "10.0.0.1", 29501)
         assert (f["tensor_parallel_size"], f["pipeline_parallel_size"]) == (8, 2)
         assert f["api_server_count"] is None and f["distributed_executor_backend"] is None
     assert (mp0["headless"], mp1["headless"]) == (False, True)
     dp0, dp1 = got["dp/node0"], got["dp/node1"]
     for f in (dp0, dp1):
         assert (f["data_parallel_size"], f["data_parallel_size_local"]) == (4, 2)
-        assert (f["data_parallel_address"], f["data_parallel_rpc_port"], f["nnodes"]) == ("10.0.0.1", 13345, 1)
+        assert (f["data_parallel_address"], f["data_parallel_rpc_port"], f["nnodes"]) == ("10.0.0.1", 29550, 1)
     assert (dp0["data_parallel_start_rank"], dp0["headless"]) == (None, False)
     assert (dp1["data_parallel_start_rank"], dp1["headless"]) == (2, True)
     ray = got["ray/node0"]

@@ -137,6 +137,12 @@ def test_the_rendered_ray_head_and_worker_form_one_cluster_across_two_hosts(ray_
             while (status := head.run(str(ray_bin), "status", "--address", f"{a}:{RAY_PORT}")).stdout.count(" node_") != 2:
                 assert time.monotonic() < deadline, status.stdout                # two active nodes
                 time.sleep(1)
+            # each node's Ray servers listen on the ports rendered for the service (pinned per service:
+            # GPUs 0-7, the first block), so the clash check before a deploy looks at the right ones
+            for node, argv in ((head, head_argv), (worker, worker_argv)):
+                listening = node.run("ss", "-ltnH").stdout
+                for flag in ("--node-manager-port", "--object-manager-port"):
+                    assert f":{argv[argv.index(flag) + 1]} " in listening, (flag, listening)
             # systemd stops a unit with SIGTERM to its main process: `ray start --block` takes its node down
             assert worker.stop(), worker.log_path.read_text()[-3000:]
             assert head.stop(), head.log_path.read_text()[-3000:]

@@ -227,3 +227,28 @@ def test_root_trust_reads_the_pythons_sys_path_and_the_top_of_its_site_packages(
     os.chown(planted, pwd.getpwnam("nobody").pw_uid, 0)
     got = root_trust(tmp_path, [str(python)], [], python=str(python))
     assert got[str(planted)] == f"{planted} is owned by nobody", got
+
+
+def test_a_recorded_multinode_services_ports_are_read_as_listeners(tmp_path):
+    """The facts name who listens on every port an installed multi-node service takes besides its API
+    port: the port its nodes meet at (cluster_ports) and its Ray ports (node_ports, a worker port range
+    as each of its ports), so another service's plan checks them (issue 26, finding 5)."""
+    meet, in_range = socket.socket(), socket.socket()
+    for s in (meet, in_range):
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+    low = in_range.getsockname()[1] - 1                   # the listener is inside the recorded worker range
+    installed = tmp_path / "state" / "installed"
+    installed.mkdir(parents=True)
+    (installed / "svc.json").write_text(json.dumps({
+        "version": 1, "model": "m", "port": 1, "gpus": [0], "nodes": ["a", "b"], "rank": 0, "head": "a",
+        "head_address": "10.0.0.1", "cluster_ports": {"ray_port": meet.getsockname()[1]},
+        "node_ports": {"node_manager_port": 2, "min_worker_port": low, "max_worker_port": low + 2}}))
+    try:
+        for python in ([sys.executable], [sys.executable, "-S"]):
+            ports = run_facts(tmp_path, python, [], [])["ports"]
+            assert {str(p) for p in (1, 2, meet.getsockname()[1], low, low + 1, low + 2)} <= set(ports), ports
+            assert ports[str(meet.getsockname()[1])] == ports[str(low + 1)] == [os.getpid()], ports
+    finally:
+        meet.close()
+        in_range.close()

@@ -88,8 +88,8 @@ vllm:
      "m.yaml:8: multinode.backend: Input should be 'mp' or 'ray'"),
     (BASE + "multinode:\n  nodes: 2\n  master_port: 8000\n",
      "m.yaml:8: multinode.master_port: master_port 8000 is also serving.port, the head's HTTP port"),
-    (BASE + "multinode:\n  nodes: 2\n  ray_port: 29500\n",
-     "m.yaml:8: multinode.ray_port: ray_port 29500 is also multinode.master_port: every port needs its own number"),
+    (BASE + "multinode:\n  nodes: 2\n  master_port: 29510\n  ray_port: 29510\n",
+     "m.yaml:9: multinode.ray_port: ray_port 29510 is also multinode.master_port: every port needs its own number"),
     (BASE + "multinode:\n  nodes: 2\n  master_prot: 29501\n",
      "m.yaml:8: multinode.master_prot: unknown field - did you mean 'master_port'?"),
     (BASE + "multinode:\n  nodes: true\n", "m.yaml:7: multinode.nodes: expected a number, got true"),
@@ -121,7 +121,9 @@ def test_serving_gpus_is_per_node_and_the_defaults_teach():
     mn = TWO_NODE.multinode
     assert mn is not None and mn.nodes == 2 and mn.backend == "mp"
     assert TWO_NODE.serving.gpus == 8 and TWO_NODE.vllm.world_size == 16
-    assert (mn.master_port, mn.dp_rpc_port, mn.ray_port) == (29500, 13345, 6379)
+    assert (mn.master_port, mn.dp_rpc_port, mn.ray_port) == (None, None, None)      # derived from the placement
+    assert [mn.port(n, [0, 1, 2, 3]) for n in ("master_port", "dp_rpc_port", "ray_port")] == [29501, 29550, 6379]
+    assert [mn.port(n, [4, 5, 6, 7]) for n in ("master_port", "dp_rpc_port", "ray_port")] == [29505, 29554, 6383]
     for name, f in type(mn).model_fields.items():
         assert f.description and len(f.description) > 40, name
     assert MODELS["kimi-k25-int4"].multinode is None
@@ -199,7 +201,7 @@ def test_mp_tensor_pipeline_across_nodes_argv_per_rank():
     for r, rank in ((head, 0), (worker, 1)):
         i = r.argv.index("--nnodes")
         assert r.argv[i:i + 8] == ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "10.0.0.1",
-                                   "--master-port", "29500"]
+                                   "--master-port", "29501"]
         assert after(r.argv, "--tensor-parallel-size") == "8" and after(r.argv, "--pipeline-parallel-size") == "2"
         assert not any(a.startswith("--data-parallel") for a in r.argv)
         assert "--distributed-executor-backend" not in r.argv
@@ -223,7 +225,7 @@ def test_mp_tensor_pipeline_across_nodes_argv_per_rank():
 def test_data_parallel_across_nodes_argv_per_rank():
     head, worker = nodes(DP, (GPU1, GPU3))
     common = ["--data-parallel-size", "4", "--enable-expert-parallel", "--data-parallel-size-local", "2",
-              "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"]
+              "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "29550"]
     timeout = ["--distributed-timeout-seconds", "600"]
     i = head.argv.index("--data-parallel-size")
     assert head.argv[i:i + len(common) + 3] == common + timeout + ["--max-model-len"]
@@ -246,12 +248,18 @@ def test_ray_head_runs_vllm_workers_run_ray_start():
     assert after(head.argv, "--distributed-executor-backend") == "ray"
     assert "--nnodes" not in head.argv and "--headless" not in head.argv
     assert head.runs_vllm and not worker.runs_vllm
+    # every node's Ray ports pinned per service (GPUs 0-7: the first block, issue 26 finding 5)
+    node_ports = ["--node-manager-port", "7000", "--object-manager-port", "7001", "--dashboard-agent-listen-port",
+                  "7002", "--dashboard-agent-grpc-port", "7003", "--runtime-env-agent-port", "7004",
+                  "--metrics-export-port", "7005"]
+    workers = ["--min-worker-port", "10002", "--max-worker-port", "10301"]
     assert worker.argv == ["/opt/vllm/bin/ray", "start", "--address", "10.0.0.1:6379", "--node-ip-address",
-                           "10.0.0.2", "--disable-usage-stats", "--block"]
+                           "10.0.0.2", *node_ports, *workers, "--disable-usage-stats", "--block"]
     ray_unit = next(f for f in head.extra if f.path == f"/etc/systemd/system/{ray_unit_name(RAY)}")
     d = directives(ray_unit.text)
-    assert d["ExecStart"] == ["/opt/vllm/bin/ray start --head --port 6379 --node-ip-address 10.0.0.1 "
-                              "--disable-usage-stats --block"]
+    assert d["ExecStart"] == [" ".join(["/opt/vllm/bin/ray start --head --port 6379 --node-ip-address 10.0.0.1",
+                                        *node_ports, "--dashboard-port", "7006",
+                                        *workers, "--disable-usage-stats", "--block"])]
     assert d["EnvironmentFile"] == ["/etc/vllm-orch/kimi-ray.env"] and d["PrivateTmp"] == ["yes"]
     unit = directives(head.unit.text)
     assert unit["Requires"] == ["ray-kimi-ray.service"] and "ray-kimi-ray.service" in unit["After"]
@@ -327,7 +335,7 @@ def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch
     assert watch["PartOf"] == watch["After"] == ["vllm-kimi-k25-int4-2node.service"]
     assert watch["ExecStart"] == ["/opt/vllm/bin/python -I /var/lib/vllm-orch/bin/vllm-orch-probe.py watch-head "
                                   "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
-                                  "--address 10.0.0.1 --port 29500 --state-dir /var/lib/vllm-orch/state"]
+                                  "--address 10.0.0.1 --port 29501 --state-dir /var/lib/vllm-orch/state"]
     # the watch is the service user's, without the service's environment; only its root part
     # (after it exited 75) restarts the node
     assert watch["User"] == ["vllm"] and "EnvironmentFile" not in watch and "LoadCredential" not in watch
@@ -335,7 +343,7 @@ def test_worker_unit_has_no_readiness_probe_and_no_health_timer_but_a_head_watch
                                      "--unit vllm-kimi-k25-int4-2node.service --model kimi-k25-int4-2node "
                                      "--state-dir /var/lib/vllm-orch/state --operation head-lost-restart --by "
                                      "vllm-kimi-k25-int4-2node-headwatch.service --limit-burst 3 --limit-interval 11400 "
-                                     "--address 10.0.0.1 --port 29500"]
+                                     "--address 10.0.0.1 --port 29501"]
     assert watch["RestartPreventExitStatus"] == ["75"]
     # data parallel and Ray nodes have no rendezvous store to watch
     for m in (DP, RAY):

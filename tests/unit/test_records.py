@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import LEGACY_PORTS
 from orchestrator.config.placement import NodeRole, Origin, Recorded
 from orchestrator.host import state
 from orchestrator.host.facts import parse
@@ -45,7 +46,8 @@ def test_version_0_records_are_read_as_they_were_written():
     assert placed.placement() == Recorded((4, 5, 6, 7), 8001, gpus_placed=True, port_placed=True)
     node = InstalledRecord.read(fixture("installed-node-v0.json"))
     assert node is not None and node.role() == NodeRole(1, ("gpu1", "gpu2"), "10.0.0.1") and node.multinode
-    assert node.placement() == Recorded((0, 1, 2, 3, 4, 5, 6, 7), 8000)          # followed its manifest
+    # followed its manifest; its ports are what vllm-orch rendered before they were recorded
+    assert node.placement() == Recorded((0, 1, 2, 3, 4, 5, 6, 7), 8000, cluster_ports=LEGACY_PORTS)
     swap = SwapMarker.read(fixture("swap-v0.json"))
     assert swap is not None and (swap.from_, swap.to, swap.from_enabled) == ("kimi-k25-int4", "kimi-k25-nvfp4", True)
     lines = state.parse_history((FIXTURES / "history-v0.jsonl").read_text().splitlines())

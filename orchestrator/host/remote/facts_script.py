@@ -236,6 +236,14 @@ def proc_info(pid):
     return info
 
 
+def worker_range(named):
+    """The ports of a Ray node's worker port range (min_worker_port .. max_worker_port), when sane."""
+    low, high = str(named.get("min_worker_port", "")), str(named.get("max_worker_port", ""))
+    if low.isdigit() and high.isdigit() and 0 <= int(high) - int(low) < 10000:
+        return list(range(int(low), int(high) + 1))
+    return []
+
+
 def port_holders(ports):
     """Processes with a TCP socket listening (or bound with no peer) on each port: {port: [pid]};
     [None] when the socket is there but its owner is not visible to us (another user's, not root)."""
@@ -692,13 +700,22 @@ def main():
             services[name] = process_state(os.path.join(state_dir, "run", "vllm-%s.pid" % name),
                                            facts["boot_id"])
     facts["services"] = services
-    # Who holds each recorded or installed service's port too: a placement's port is checked against
-    # theirs, and a service placed earlier (its installed record) keeps its port (status shows no
-    # port holders, so it reads no port table).
+    # Who holds each recorded or installed service's ports too (its API port, and a multi-node
+    # service's cluster_ports): a placement's ports are checked against theirs, and a service placed
+    # earlier (its installed record) keeps its ports (status shows no port holders, so it reads no
+    # port table).
     ports = set(int(p) for p in args.get("ports", []))
     for rec in [] if status else list(records.values()) + list(installed.values()) + [facts["active"]]:
-        if isinstance(rec, dict) and str(rec.get("port") or "").isdigit():
-            ports.add(int(rec["port"]))
+        if not isinstance(rec, dict):
+            continue
+        named = {}                                  # a multi-node service's ports (master_port, Ray's...)
+        for key in ("cluster_ports", "node_ports"):
+            if isinstance(rec.get(key), dict):
+                named.update(rec[key])
+        for port in [rec.get("port")] + list(named.values()) + worker_range(named):
+            text = str(port or "")
+            if text.isdigit() and 0 < int(text) < 65536:
+                ports.add(int(text))
     facts["ports"] = port_holders(sorted(ports))
     pids = set(p for holders in facts["ports"].values() for p in holders if p)
     for line in facts["apps_raw"]["out"].splitlines():
