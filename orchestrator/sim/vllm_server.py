@@ -858,6 +858,11 @@ class EngineCore:
                              "Histogram of inter-token latency in seconds.",
                              [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0])
+        # a finished request's decode time over its tokens after the first (vllm/v1/metrics/stats.py:
+        # mean_time_per_output_token, 0 for a one-token answer), on the inter-token buckets
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.",
+                              list(self.itl.buckets))
         self.e2e = Histogram("vllm:e2e_request_latency_seconds",
                              "Histogram of e2e request latency in seconds.",
                              [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
@@ -990,7 +995,7 @@ class Engine:
                     break
             core.prefill_lane.release()
             lane = False
-            t = loop.time()
+            t = t_first = loop.time()
             core.ttft.observe(t - t_arrive)
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
@@ -1010,6 +1015,7 @@ class Engine:
                 done += 1
                 core.kv_in_use += 1
                 core.counters["generation"] += 1
+            core.tpot.observe((loop.time() - t_first) / (done - 1) if done > 1 else 0.0)
         finally:
             if lane:
                 core.prefill_lane.release()
@@ -1062,6 +1068,11 @@ class Engine:
                  "Number of requests in model execution batches.", lambda c: c.running)
         per_core("vllm:num_requests_waiting", "gauge",
                  "Number of requests waiting to be processed.", lambda c: c.waiting)
+        family("vllm:engine_sleep_state", "gauge",
+               "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+               "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+               [("vllm:engine_sleep_state", dict(self.labels(c), sleep_state=state), float(state == "awake"))
+                for state in ("awake", "weights_offloaded", "discard_all") for c in self.cores])
         per_core("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
                  lambda c: min(1.0, c.kv_in_use / max(1, cfg["kv_tokens"])))
         per_core("vllm:prefix_cache_queries_total", "counter",
@@ -1082,7 +1093,7 @@ class Engine:
                [("vllm:request_success_total", dict(self.labels(c), finished_reason=r),
                  c.success.get(r, 0))
                 for r in ("stop", "length", "abort", "error", "repetition") for c in self.cores])
-        for kind in ("ttft", "itl", "e2e"):
+        for kind in ("ttft", "itl", "tpot", "e2e"):
             h0 = getattr(self.cores[0], kind)
             family(h0.name, "histogram", h0.doc,
                    [row for c in self.cores for row in getattr(c, kind).samples(self.labels(c))])
