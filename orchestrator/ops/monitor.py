@@ -193,7 +193,7 @@ def state_metrics(results: list[HostStatus]) -> str:
                 rows["vllm_orch_systemd_restarts_total"].append(
                     _line("vllm_orch_systemd_restarts_total", svc, float(v.restarts)))
         counts: dict[tuple[str, str, str], int] = {}
-        downtime: dict[str, float] = {}
+        downtime: dict[str, float] = {v.name: 0.0 for v in st.services}     # none yet is a figure too
         last: dict[tuple[str, str], float] = {}
         for rec in st.history:
             op, service = rec.get("operation"), rec.get("service") or rec.get("model")
