@@ -3,12 +3,23 @@ Grafana dashboard for the services the selected hosts run (docs/monitoring.md)."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
 
 from orchestrator.cli.common import console, pass_app
 from orchestrator.cli.options import exit_codes, host_selection
+
+
+def _hostport(ctx, param, value: str | None) -> str | None:
+    """HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one), as written into a file_sd file."""
+    if value is None:
+        return None
+    if not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252}):([1-9][0-9]{0,4})", value) \
+            or int(value.rsplit(":", 1)[1]) > 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT")
+    return value
 
 
 @click.command(epilog=exit_codes("0 written, 1 a host could not be reached (its services are left out, "
@@ -19,7 +30,7 @@ from orchestrator.cli.options import exit_codes, host_selection
 @click.option("--key-file", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="A file holding the API key of keyed services, referenced by the scrape config as it is. "
                    "Default: the key in $VLLM_API_KEY, written to OUT/secrets/vllm-api-key (0600).")
-@click.option("--state-target", default=None, metavar="HOST:PORT",
+@click.option("--state-target", default=None, metavar="HOST:PORT", callback=_hostport,
               help="Where Prometheus reads `vllm-orch status --prometheus`'s output (a node exporter's "
                    "textfile collector). Default: no vllm-orch state target.")
 @click.option("--interval", type=click.IntRange(min=1, max=3600), default=15, show_default=True,
