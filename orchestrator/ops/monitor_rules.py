@@ -302,7 +302,41 @@ def promtool_tests(targets: list[Target], timing: Timing) -> dict:
     awake = {**vllm, "engine": "0", "sleep_state": "awake"}
     tests += [case(sleep, [*gpu, _series(m.SLEEP_STATE, awake, f"0x{k}")], True, svc),
               case(sleep, [*gpu, _series(m.SLEEP_STATE, awake, f"1x{k}")], False, svc)]
+    tests.append(recording_case(timing))
     return {"rule_files": ["vllm-orch.rules.yml"], "evaluation_interval": timing.interval, "tests": tests}
+
+
+def recording_case(timing: Timing) -> dict:
+    """The recording rules over a DP2 service: requests and tokens summed over the engines, KV usage
+    their mean and max (0.2 and 0.8 are 0.5 and 0.8, never 1.0), latency quantiles from the
+    engines' buckets summed per `le`."""
+    i = timing.interval_s
+    svc = {"host": "gpu1", "service": "svc"}
+    vllm = {"job": "vllm", "instance": "gpu1:8000", **svc, "model_name": "served"}
+    k = 12
+    series = []
+    for engine, kv, waiting, running, tokens in (("0", 0.2, 1, 4, 10), ("1", 0.8, 2, 3, 20)):
+        lab = {**vllm, "engine": engine}
+        series += [_series(m.KV_CACHE, lab, f"{kv}x{k}"), _series(m.WAITING, lab, f"{waiting}x{k}"),
+                   _series(m.RUNNING, lab, f"{running}x{k}"),
+                   _series(m.GENERATION_TOKENS, lab, f"0+{tokens * i}x{k}"),
+                   _series(m.PROMPT_TOKENS, lab, f"0+{tokens * 10 * i}x{k}")]
+        for hist in (m.TTFT, m.TPOT):          # 10 requests/s each: engine 0's within 0.5 s, engine 1's in (0.5, 1]
+            fast = f"0+{10 * i}x{k}" if engine == "0" else f"0x{k}"
+            series += [_series(f"{hist}_bucket", {**lab, "le": "0.5"}, fast),
+                       _series(f"{hist}_bucket", {**lab, "le": "1"}, f"0+{10 * i}x{k}"),
+                       _series(f"{hist}_bucket", {**lab, "le": "+Inf"}, f"0+{10 * i}x{k}")]
+    expected = {"vllm_orch:kv_cache_usage:mean": 0.5, "vllm_orch:kv_cache_usage:max": 0.8,
+                "vllm_orch:requests_waiting": 3, "vllm_orch:requests_running": 7,
+                "vllm_orch:generation_tokens:rate": 30, "vllm_orch:prompt_tokens:rate": 300,
+                # half the requests within 0.5 s: p50 is that bucket's top; p95 is 90% into (0.5, 1]
+                "vllm_orch:ttft_seconds:p50": 0.5, "vllm_orch:ttft_seconds:p95": 0.95,
+                "vllm_orch:tpot_seconds:p50": 0.5, "vllm_orch:tpot_seconds:p95": 0.95}
+    inner = ", ".join(f'{k}="{v}"' for k, v in svc.items())
+    return {"interval": timing.interval, "input_series": series,
+            "promql_expr_test": [{"expr": name, "eval_time": f"{8 * i}s",
+                                  "exp_samples": [{"labels": f"{name}{{{inner}}}", "value": value}]}
+                                 for name, value in expected.items()]}
 
 
 # -- Grafana ------------------------------------------------------------------------------------

@@ -58,7 +58,9 @@ def test_rules_load_and_every_alert_fires_and_stays_quiet_as_its_tests_say(tmp_p
     assert tested.returncode == 0, tested.stdout + tested.stderr
     cases = yaml.safe_load((tmp_path / "rules" / "vllm-orch.rules.test.yml").read_text())["tests"]
     alerts = [r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"] if "alert" in r]
-    tested_alerts = [c["alert_rule_test"][0] for c in cases]
+    tested_alerts = [c["alert_rule_test"][0] for c in cases if "alert_rule_test" in c]
+    tested_records = {t["expr"] for c in cases for t in c.get("promql_expr_test", [])}
+    assert tested_records == set(monitor_rules.recorded(timing)), "every recording rule has a case"
     for name in {a["alert"] for a in alerts}:
         fired = [t for t in tested_alerts if t["alertname"] == name and t["exp_alerts"]]
         quiet = [t for t in tested_alerts if t["alertname"] == name and not t["exp_alerts"]]
@@ -82,6 +84,20 @@ def test_a_broken_rule_fails_its_promtool_test(tmp_path):
     rules.write_text(yaml.safe_dump(doc))
     tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
     assert tested.returncode != 0 and "VllmServiceHung" in tested.stdout + tested.stderr
+
+
+def test_kv_usage_summed_over_engines_fails_the_recording_case(tmp_path):
+    """The DP2 case pins the aggregation: a sum over engines (0.2 + 0.8) is not the usage."""
+    monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
+    rules = tmp_path / "rules" / "vllm-orch.rules.yml"
+    doc = yaml.safe_load(rules.read_text())
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            if r.get("record") == "vllm_orch:kv_cache_usage:mean":
+                r["expr"] = r["expr"].replace("avg by", "sum by")
+    rules.write_text(yaml.safe_dump(doc))
+    tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+    assert tested.returncode != 0 and "vllm_orch:kv_cache_usage:mean" in tested.stdout + tested.stderr
 
 
 def test_config_loads_and_the_key_is_only_in_its_0600_file(tmp_path):
