@@ -3,7 +3,9 @@ storage in tmp) loading what `vllm-orch monitor` writes and scraping a SIMULATED
 generated file_sd files: the targets are up, every recording rule produces a series, every panel
 of the Grafana dashboard returns data through the query API, and the `hang-after-ready` fault (the
 engine stops; /metrics stays as the last step left it, requests in flight) makes VllmServiceHung
-fire after its `for:` - with the short interval and `for:` of `monitor --interval 1 --for 3`.
+fire after its `for:` - with the short interval and `for:` of `monitor --interval 1 --for 3`. The
+service is keyed: its job reads the bearer from the key file monitor wrote (a path relative to
+prometheus.yml, as Prometheus resolves it).
 vllm-orch's own series come from `vllm-orch status --prometheus`, served as a file over HTTP as a
 node exporter's textfile collector would serve it. Nothing waits a fixed time: it polls the API."""
 
@@ -24,10 +26,12 @@ import pytest
 from orchestrator.host.local import LocalHost
 from orchestrator.ops import monitor_rules
 from orchestrator.probe import api as probes
+from orchestrator.secret import Secret
 from orchestrator.sim import manager
 
-from .deployhelp import cli_env, deploy, entry, free_port, on_port, write_models
+from .deployhelp import cli_env, deploy, entry, free_port, tuned, write_models
 
+KEY = "sk-prometheus-test-41c9"
 HANG_AFTER_S = 15          # the engine hangs this long after it is ready (the deploy's gates pass first)
 FOR_S = 3
 
@@ -66,14 +70,15 @@ def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=180)
 
 
-def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, tmp_path):
+def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, tmp_path, monkeypatch):
     t0 = time.monotonic()
     promtool, prometheus = binary("promtool"), binary("prometheus")
-    m = on_port("minimax-m25")
+    monkeypatch.setenv("VLLM_API_KEY", KEY)        # a keyed service: scraped with the key file's bearer
+    m = tuned("minimax-m25", serving={"secret_env": ["VLLM_API_KEY"]})
     manager.add_fault("sim", "hang-after-ready", m.name, home=sim_host.home, after=HANG_AFTER_S)
     e = entry(sim_host)
     assert deploy(e, m).ok
-    ep = probes.Endpoint(LocalHost("sim"), m.serving.port)
+    ep = probes.Endpoint(LocalHost("sim"), m.serving.port, Secret(KEY))
     body = {"model": m.served_name, "messages": [{"role": "user", "content": "count"}],
             "max_tokens": 60000, "ignore_eos": True}
 
@@ -116,9 +121,9 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
         def targets_up():
             active = get(port, "/api/v1/targets")["data"]["activeTargets"]
             jobs = {(t["labels"]["job"], t["health"]) for t in active}
-            return active if jobs == {("vllm", "up"), ("vllm-orch", "up")} else None
+            return active if jobs == {("vllm-keyed", "up"), ("vllm-orch", "up")} else None
         active = poll("the service's and vllm-orch's targets up", targets_up)
-        [svc] = [t for t in active if t["labels"]["job"] == "vllm"]
+        [svc] = [t for t in active if t["labels"]["job"] == "vllm-keyed"]
         assert svc["labels"]["service"] == m.name and svc["labels"]["host"] == "sim"
         assert svc["labels"]["served_name"] == m.served_name and svc["labels"]["gpus"] == "0,1,2,3"
         assert svc["labels"]["vllm_version"] == "0.33.0" and svc["labels"]["node_role"] == "single"
