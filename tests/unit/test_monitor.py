@@ -72,31 +72,27 @@ def test_rules_load_and_every_alert_fires_and_stays_quiet_as_its_tests_say(tmp_p
         assert {a["for"] for a in alerts} == {"3s"}
 
 
-def test_a_broken_rule_fails_its_promtool_test(tmp_path):
-    """The cases are not vacuous: an alert whose expression never holds fails them."""
+def promtool_test_with(tmp_path, rule: str, old: str, new: str) -> subprocess.CompletedProcess:
+    """`promtool test rules` on monitor's files with one rule's expression changed."""
     monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
     rules = tmp_path / "rules" / "vllm-orch.rules.yml"
     doc = yaml.safe_load(rules.read_text())
-    for g in doc["groups"]:
-        for r in g["rules"]:
-            if r.get("alert") == "VllmServiceHung":
-                r["expr"] = r["expr"].replace("== 0", "< 0")
+    [target] = [r for g in doc["groups"] for r in g["rules"] if rule in (r.get("alert"), r.get("record"))]
+    assert old in target["expr"]
+    target["expr"] = target["expr"].replace(old, new)
     rules.write_text(yaml.safe_dump(doc))
-    tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+    return run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+
+
+def test_a_broken_rule_fails_its_promtool_test(tmp_path):
+    """The cases are not vacuous: an alert whose expression never holds fails them."""
+    tested = promtool_test_with(tmp_path, "VllmServiceHung", "== 0", "< 0")
     assert tested.returncode != 0 and "VllmServiceHung" in tested.stdout + tested.stderr
 
 
 def test_kv_usage_summed_over_engines_fails_the_recording_case(tmp_path):
     """The DP2 case pins the aggregation: a sum over engines (0.2 + 0.8) is not the usage."""
-    monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
-    rules = tmp_path / "rules" / "vllm-orch.rules.yml"
-    doc = yaml.safe_load(rules.read_text())
-    for g in doc["groups"]:
-        for r in g["rules"]:
-            if r.get("record") == "vllm_orch:kv_cache_usage:mean":
-                r["expr"] = r["expr"].replace("avg by", "sum by")
-    rules.write_text(yaml.safe_dump(doc))
-    tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+    tested = promtool_test_with(tmp_path, "vllm_orch:kv_cache_usage:mean", "avg by", "sum by")
     assert tested.returncode != 0 and "vllm_orch:kv_cache_usage:mean" in tested.stdout + tested.stderr
 
 
