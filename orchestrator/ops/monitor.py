@@ -135,7 +135,8 @@ def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter
 
 # -- vllm-orch's own state ----------------------------------------------------------------------
 
-RESTARTS = ("health-restart", "head-lost-restart")
+RESTARTS = ("health-restart", "head-lost-restart")    # written by the watchers: a restart done is "ok"
+WATCHERS = (*RESTARTS, "health-busy")                  # not operations that succeed (no last success)
 
 
 def _result(rec: dict) -> str:
@@ -204,7 +205,7 @@ def state_metrics(results: list[HostStatus]) -> str:
             if op == "swap" and isinstance(rec.get("downtime_s"), (int, float)):
                 downtime[service] = downtime.get(service, 0.0) + float(rec["downtime_s"])
             when = _epoch(rec.get("at"))
-            if result == "ok" and when is not None:
+            if result == "ok" and when is not None and op not in WATCHERS:
                 last[(service, op)] = max(last.get((service, op), 0.0), when)
         for (service, op, result), c in sorted(counts.items()):
             rows["vllm_orch_operations_total"].append(_line("vllm_orch_operations_total", {

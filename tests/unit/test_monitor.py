@@ -222,3 +222,5 @@ def test_state_metrics_are_valid_exposition_text_with_the_counts_of_history(tmp_
     assert {lab["gpu"] for lab, _ in s.by_name["vllm_orch_service_gpu_info"]} == {"0", "1", "2", "3"}
     assert value("vllm_orch_last_success_timestamp_seconds", operation="deploy") == 1796119200.0
     assert not any(lab.get("operation") == "gc" for lab, _ in s.by_name["vllm_orch_operations_total"])
+    assert {lab["operation"] for lab, _ in s.by_name["vllm_orch_last_success_timestamp_seconds"]} == {
+        "deploy", "swap", "rollback"}       # a watcher's restart is not a success
