@@ -172,6 +172,16 @@ def test_dashboard_reads_only_recorded_series_and_has_a_row_per_service():
     board = monitor_rules.dashboard(fleet())
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
     assert rows[0] == "Fleet" and len(rows) == 1 + len(fleet())
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()               # Grafana's 24-column grid: no panel outside it, none on another
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, p["title"]
+        cells |= mine
+        assert p["type"] == "row" or p["datasource"]["uid"] == "${datasource}"
     recorded = set(monitor_rules.recorded(Timing()))
     for title, expr in monitor_rules.panel_expressions(board):
         names = {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", re.sub(r'"[^"]*"', "", expr)) if ":" in w}
