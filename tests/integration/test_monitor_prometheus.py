@@ -1,6 +1,7 @@
 """A REAL Prometheus (Debian's `prometheus` package, run here as a child on a free port with its
 storage in tmp) loading what `vllm-orch monitor` writes and scraping a SIMULATED host through the
-generated file_sd files: the targets are up, every recording rule produces a series, every panel
+generated file_sd files (a DP8 service: eight series of each vLLM metric, one per engine): the
+targets are up, every recording rule produces one series per service, every panel
 of the Grafana dashboard returns data through the query API, and the `hang-after-ready` fault (the
 engine stops; /metrics stays as the last step left it, requests in flight) makes VllmServiceHung
 fire after its `for:` - with the short interval and `for:` of `monitor --interval 1 --for 3`. The
@@ -74,7 +75,7 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
     t0 = time.monotonic()
     promtool, prometheus = binary("promtool"), binary("prometheus")
     monkeypatch.setenv("VLLM_API_KEY", KEY)        # a keyed service: scraped with the key file's bearer
-    m = tuned("minimax-m25", serving={"secret_env": ["VLLM_API_KEY"]})
+    m = tuned("minimax-m25-ep", serving={"secret_env": ["VLLM_API_KEY"]})    # DP8: a series per engine
     manager.add_fault("sim", "hang-after-ready", m.name, home=sim_host.home, after=HANG_AFTER_S)
     e = entry(sim_host)
     assert deploy(e, m).ok
@@ -125,14 +126,16 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
         active = poll("the service's and vllm-orch's targets up", targets_up)
         [svc] = [t for t in active if t["labels"]["job"] == "vllm-keyed"]
         assert svc["labels"]["service"] == m.name and svc["labels"]["host"] == "sim"
-        assert svc["labels"]["served_name"] == m.served_name and svc["labels"]["gpus"] == "0,1,2,3"
+        assert svc["labels"]["served_name"] == m.served_name and svc["labels"]["gpus"] == "0,1,2,3,4,5,6,7"
         assert svc["labels"]["vllm_version"] == "0.33.0" and svc["labels"]["node_role"] == "single"
 
         def query(expr: str) -> list:
             return get(port, "/api/v1/query", query=expr)["data"]["result"]
-        for name in monitor_rules.recorded(monitor_rules.Timing(interval_s=1)):
+        engines = poll("the engines' series", lambda: query(f'count(vllm:kv_cache_usage_perc{{service="{m.name}"}})'))
+        assert engines[0]["value"][1] == "8", engines
+        for name in monitor_rules.recorded(monitor_rules.Timing(interval_s=1)):      # one series per service
             rows = poll(f"recording rule {name}", lambda name=name: query(name))
-            assert {(r["metric"]["host"], r["metric"]["service"]) for r in rows} == {("sim", m.name)}, rows
+            assert [(r["metric"]["host"], r["metric"]["service"]) for r in rows] == [("sim", m.name)], rows
 
         board = json.loads((out / "grafana" / "vllm-orch-fleet.json").read_text())
         for title, expr in monitor_rules.panel_expressions(board):
