@@ -197,7 +197,8 @@ FAULTS = {
     "crash-unrecognized-args": "argparse 'vllm: error: unrecognized arguments: ...', exit 2",
     "crash-trust-remote-code": "'... contains custom code which must be executed ...' ValueError",
     "hang": "stops logging part-way through loading weights and stays alive (NCCL-hang look-alike)",
-    "hang-after-ready": "serves, then (after `after` s, default 5) the engine stops making progress: "
+    "hang-after-ready": "serves, then (after `after` s, default 5; or once the file `trigger` names exists) "
+                        "the engine stops making progress: "
                         "/health stays 200, requests never finish, /metrics stays as the last step left "
                         "it (an NCCL deadlock after deploy)",
     "crash-no-kv-memory": "'No available memory for the cache blocks' at the end of the load (KV OOM)",
@@ -2239,7 +2240,10 @@ class Launch:
         refresher = asyncio.ensure_future(self.keep_meminfo())
         if self.fault == "die-after-ready":
             loop.call_later(3.0, self.die, server)
-        if self.fault == "hang-after-ready":
+        trigger = None
+        if self.fault == "hang-after-ready" and self.fault_args.get("trigger"):
+            trigger = loop.create_task(self.hang_when(Path(str(self.fault_args["trigger"]))))
+        elif self.fault == "hang-after-ready":
             loop.call_later(float(self.fault_args.get("after") or 5.0), self.hang)
         if (cfg["dcp"] > 1 and cfg["kv_dtype"].startswith("fp8") and cfg["profile"].startswith("kimi")
                 and version_before(VERSION, "0.25.0")):
@@ -2252,6 +2256,8 @@ class Launch:
         peers.cancel()
         watcher.cancel()
         refresher.cancel()
+        if trigger is not None:
+            trigger.cancel()
         srv.close()
         return code
 
@@ -2261,6 +2267,12 @@ class Launch:
         while True:
             await asyncio.sleep(1.0)
             refresh_meminfo()
+
+    async def hang_when(self, trigger: Path) -> None:
+        """hang-after-ready at the moment a test chooses: when the file `trigger` appears."""
+        while not trigger.exists():
+            await asyncio.sleep(0.1)
+        self.hang()
 
     def hang(self) -> None:
         """The engine stops making progress and says nothing (an NCCL collective that never
