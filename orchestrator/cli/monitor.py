@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from orchestrator.cli.common import console, pass_app
 from orchestrator.cli.options import exit_codes, host_selection
@@ -55,6 +56,7 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, key_file, state_targ
     from orchestrator.cli.common import resolved_models_dir
     from orchestrator.cli.ops import _manifest_lookups
     from orchestrator.config.manifest import get_manifest
+    from orchestrator.errors import OrchestratorError
     from orchestrator.ops import monitor_rules
     from orchestrator.ops.monitor import ServiceFacts, fleet, write
     from orchestrator.ops.status import gather_status
@@ -64,12 +66,14 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, key_file, state_targ
     results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of, **workers)
     folder = resolved_models_dir(app)
     key = None
+    unread: dict[str, str] = {}
 
     def facts_of(model: str) -> ServiceFacts:
         nonlocal key
         try:
             m = get_manifest(model, folder)[0]
-        except Exception:       # a service without a manifest here: scraped without a key, no SLO
+        except OrchestratorError as exc:   # no manifest here, or a bad one: no key, no SLO (said below)
+            unread[model] = str(exc).splitlines()[0]
             return ServiceFacts()
         keyed = "VLLM_API_KEY" in m.serving.secret_env
         if keyed and key is None:
@@ -81,9 +85,13 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, key_file, state_targ
     written = write(out, targets, exporters, timing, key=key, key_file=str(key_file) if key_file else None,
                     state_target=state_target)
     con = console()
+    for model, why in sorted(unread.items()):
+        con.print(f"[yellow]{escape(model)}: its manifest could not be read ({escape(why)}): scraped without "
+                  f"an API key, no TTFT objective[/yellow]")
     for st in results:
         if not st.reachable:
-            con.print(f"[red]{st.host}: unreachable ({st.error}); its services are not in the targets[/red]")
+            con.print(f"[red]{st.host}: unreachable ({escape(st.error or '')}); its services are not in the "
+                      f"targets[/red]")
     con.print(f"{len(targets)} service target{'s' if len(targets) != 1 else ''}, {len(exporters)} exporter"
               f"{'s' if len(exporters) != 1 else ''}; wrote {len(written)} files under {out}")
     for p in written:

@@ -61,3 +61,11 @@ def test_monitor_of_a_keyed_service_with_an_objective(sim_host, tmp_path, monkey
     checked = subprocess.run([promtool, "check", "config", str(out / "prometheus.yml")], capture_output=True,
                              text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # no manifest for it here: still a target (unkeyed, no objective), and said so
+    bare = run(cli_env(sim_host, write_models(tmp_path / "none", [])), "monitor", "--host", "sim",
+               "--out", str(tmp_path / "bare"))
+    assert bare.returncode == 0, bare.stdout + bare.stderr
+    assert f"{m.name}: its manifest could not be read" in bare.stdout, bare.stdout
+    assert [g["labels"]["service"] for g in json.loads((tmp_path / "bare" / "targets" / "vllm.json").read_text())] \
+        == [m.name]
