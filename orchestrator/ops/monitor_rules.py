@@ -27,6 +27,11 @@ CRASH_LOOP_RESTARTS = 3                       # systemd restarts within CRASH_WI
 CRASH_WINDOW = "15m"
 
 
+def q(value: str) -> str:
+    """A PromQL string literal: a service name comes from a host's records, so it is escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
 @dataclass(frozen=True)
 class Target:
     """One service's /metrics as Prometheus scrapes it, with the labels its series get."""
@@ -108,8 +113,8 @@ def recorded(timing: Timing) -> dict[str, str]:
     """record name -> expression: what the alerts and the dashboard read."""
     w = timing.window
 
-    def quantile(q: float, hist: str) -> str:
-        return f"histogram_quantile({q}, sum by ({BY}, le) (rate({hist}_bucket[{w}])))"
+    def quantile(phi: float, hist: str) -> str:
+        return f"histogram_quantile({phi}, sum by ({BY}, le) (rate({hist}_bucket[{w}])))"
 
     return {
         "vllm_orch:generation_tokens:rate": f"sum by ({BY}) (rate({m.GENERATION_TOKENS}[{w}]))",
@@ -157,7 +162,7 @@ def alerts(targets: list[Target]) -> list[Alert]:
               "sustains); more GPUs or a shorter max_model_len in its manifest, then vllm-orch swap"),
     ]
     out += [Alert("VllmTtftSlo",
-                  f'vllm_orch:ttft_seconds:p95{{host="{t.host}", service="{t.service}"}} > {t.slo_ttft_p95_s:g}',
+                  f"vllm_orch:ttft_seconds:p95{{host={q(t.host)}, service={q(t.service)}}} > {t.slo_ttft_p95_s:g}",
                   "10m", "warning",
                   f"{{{{ $labels.service }}}} on {{{{ $labels.host }}}}: TTFT p95 above its objective "
                   f"({t.slo_ttft_p95_s:g} s)",
@@ -218,7 +223,7 @@ def expand(template: str, labels: dict[str, str]) -> str:
 
 
 def _series(name: str, labels: dict[str, str], values: str) -> dict:
-    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    inner = ", ".join(f"{k}={q(v)}" for k, v in labels.items())
     return {"series": f"{name}{{{inner}}}", "values": values}
 
 
@@ -332,7 +337,7 @@ def recording_case(timing: Timing) -> dict:
                 # half the requests within 0.5 s: p50 is that bucket's top; p95 is 90% into (0.5, 1]
                 "vllm_orch:ttft_seconds:p50": 0.5, "vllm_orch:ttft_seconds:p95": 0.95,
                 "vllm_orch:tpot_seconds:p50": 0.5, "vllm_orch:tpot_seconds:p95": 0.95}
-    inner = ", ".join(f'{k}="{v}"' for k, v in svc.items())
+    inner = ", ".join(f"{k}={q(v)}" for k, v in svc.items())
     return {"interval": timing.interval, "input_series": series,
             "promql_expr_test": [{"expr": name, "eval_time": f"{8 * i}s",
                                   "exp_samples": [{"labels": f"{name}{{{inner}}}", "value": value}]}
@@ -395,7 +400,7 @@ def dashboard(targets: list[Target]) -> dict:
     row("Fleet")
     add(FLEET_PANELS, "", "")
     for t in targets:
-        inner = f'host="{t.host}", service="{t.service}"'
+        inner = f"host={q(t.host)}, service={q(t.service)}"
         row(f"{t.service} on {t.host} ({t.model}, GPUs {','.join(map(str, t.gpus))})")
         add(SERVICE_PANELS, "{" + inner + "}", inner)
     return {"title": "vllm-orch fleet", "uid": "vllm-orch-fleet", "schemaVersion": 39, "version": 1,

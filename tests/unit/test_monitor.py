@@ -84,6 +84,21 @@ def promtool_test_with(tmp_path, rule: str, old: str, new: str) -> subprocess.Co
     return run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
 
 
+def test_a_hostile_service_name_from_a_host_stays_a_label_value(tmp_path):
+    """Service names come from a host's records: quotes, backslashes and newlines in one are escaped
+    in every expression (the rules still load and their tests pass), never PromQL."""
+    name = 'x"} or vector(1) or up{a="\\\n'
+    hostile = [Target("gpu1", name, "m", "m", (0,), "single", "0.33.0", "10.0.0.1:8000", keyed=False,
+                      slo_ttft_p95_s=1.0)]
+    monitor.write(tmp_path, hostile, [], Timing())
+    checked = run_promtool("check", "rules", str(tmp_path / "rules" / "vllm-orch.rules.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "or vector(1)" not in "".join(e.replace(monitor_rules.q(name), "") for _, e in
+                                         monitor_rules.panel_expressions(monitor_rules.dashboard(hostile)))
+
+
 def test_a_broken_rule_fails_its_promtool_test(tmp_path):
     """The cases are not vacuous: an alert whose expression never holds fails them."""
     tested = promtool_test_with(tmp_path, "VllmServiceHung", "== 0", "< 0")
