@@ -5,13 +5,15 @@ targets are up, every recording rule produces one series per service, every pane
 dashboard returns data through the query API, and the `hang-after-ready` fault (the engine stops;
 /metrics stays as the last step left it, requests in flight), triggered once Prometheus has seen
 tokens flow and no hang alert, makes VllmServiceHung fire after its `for:` - with the short
-interval and `for:` of `monitor --interval 1 --for 3`. The service is keyed: its job reads the
-bearer from the key file monitor wrote (a path relative to prometheus.yml, as Prometheus resolves
-it). vllm-orch's own series come from `vllm-orch status --prometheus`, served as a file over HTTP
-as a node exporter's textfile collector would serve it. Nothing waits a fixed time: it polls."""
+interval and `for:` of `monitor --interval 1 --for 3`. The service is keyed: its job sends
+`Bearer KEY` read from the key file monitor wrote (a path relative to prometheus.yml), as a
+listener added to the keyed targets records. vllm-orch's own series come from `vllm-orch status
+--prometheus`, served as a file over HTTP as a node exporter's textfile collector would serve it.
+Nothing waits a fixed time: it polls."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
 import subprocess
@@ -65,6 +67,26 @@ def poll(what: str, probe, budget: float = 90.0):
     pytest.fail(f"timed out waiting for {what}; last answer: {last!r:.2000}")
 
 
+def listen_for_headers() -> tuple[list[str], http.server.ThreadingHTTPServer]:
+    """An empty /metrics on a free port that keeps every Authorization header it is sent."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization") or "")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return seen, server
+
+
 def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=180)
@@ -105,6 +127,12 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
     checked = subprocess.run([promtool, "check", "config", str(out / "prometheus.yml")], capture_output=True,
                              text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # vLLM 0.33 does not guard /metrics with its key (nor does the sim): a listener that records what the
+    # keyed job sends shows the bearer read from the key file
+    seen, listener = listen_for_headers()
+    keyed_file = out / "targets" / "vllm-keyed.json"
+    keyed_file.write_text(json.dumps([*json.loads(keyed_file.read_text()), {
+        "targets": [f"127.0.0.1:{listener.server_address[1]}"], "labels": {"host": "probe", "service": "probe"}}]))
 
     port = free_port()
     children = [
@@ -122,9 +150,10 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
         def targets_up():
             active = get(port, "/api/v1/targets")["data"]["activeTargets"]
             jobs = {(t["labels"]["job"], t["health"]) for t in active}
-            return active if jobs == {("vllm-keyed", "up"), ("vllm-orch", "up")} else None
+            return active if jobs == {("vllm-keyed", "up"), ("vllm-orch", "up")} and len(active) == 3 else None
         active = poll("the service's and vllm-orch's targets up", targets_up)
-        [svc] = [t for t in active if t["labels"]["job"] == "vllm-keyed"]
+        assert seen and set(seen) == {f"Bearer {KEY}"}, seen
+        [svc] = [t for t in active if t["labels"]["job"] == "vllm-keyed" and t["labels"]["host"] == "sim"]
         assert svc["labels"]["service"] == m.name and svc["labels"]["host"] == "sim"
         assert svc["labels"]["served_name"] == m.served_name and svc["labels"]["gpus"] == "0,1,2,3,4,5,6,7"
         assert svc["labels"]["vllm_version"] == "0.33.0" and svc["labels"]["node_role"] == "single"
@@ -162,6 +191,7 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
         pending_from = datetime.fromisoformat(active_at.replace("Z", "+00:00")).timestamp()
         assert pending_from >= hung_at - 1.0, (active_at, hung_at)      # only once the engine hung
     finally:
+        listener.shutdown()
         for child in children:
             child.terminate()
         for child in children:
