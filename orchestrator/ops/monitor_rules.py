@@ -261,9 +261,13 @@ def promtool_tests(targets: list[Target], timing: Timing) -> dict:
     flight = [_series(m.RUNNING, {**vllm, "engine": "0"}, f"1x{k}"),
               _series(m.WAITING, {**vllm, "engine": "0"}, f"2x{k}"),
               _series(m.PROMPT_TOKENS, {**vllm, "engine": "0"}, f"500x{k}")]
+    idle = [_series(m.RUNNING, {**vllm, "engine": "0"}, f"0x{k}"), _series(m.WAITING, {**vllm, "engine": "0"}, f"0x{k}"),
+            _series(m.PROMPT_TOKENS, {**vllm, "engine": "0"}, f"500x{k}"),
+            _series(m.GENERATION_TOKENS, {**vllm, "engine": "0"}, f"100x{k}")]
     tests += [case(hung, [*flight, _series(m.GENERATION_TOKENS, {**vllm, "engine": "0"}, f"100x{k}")], True, svc),
               case(hung, [*flight, _series(m.GENERATION_TOKENS, {**vllm, "engine": "0"}, f"100+10x{k}")],
-                   False, svc)]
+                   False, svc),
+              case(hung, idle, False, svc)]           # no token and nothing asked: idle, not hung
 
     [kv] = by_name["VllmKvCacheFull"]
     k = n(kv)
