@@ -31,6 +31,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "swap": ("orchestrator.cli.swap:swap", "Replace the active model on a host, rolling back on failure."),
     "regen": ("orchestrator.cli.swap:regen", "Re-render and install the units of every model on a host."),
     "status": ("orchestrator.cli.ops:status", "Show what each host serves, its GPUs, disk and load."),
+    "monitor": ("orchestrator.cli.monitor:monitor", "Write Prometheus targets, rules and a Grafana dashboard for the fleet."),
     "history": ("orchestrator.cli.ops:history", "Show every deploy, swap and rollback on a host."),
     "logs": ("orchestrator.cli.ops:logs", "Show a model service's log."),
     "stop": ("orchestrator.cli.ops:stop", "Stop a model service and verify its GPUs are free."),

@@ -76,8 +76,11 @@ def _inventory_lookup(app):
                                   "error), 2 bad input."))
 @host_selection(fleet=True, default_all=True)
 @json_option("Print a list with one object per host.")
+@click.option("--prometheus", "as_prometheus", is_flag=True,
+              help="Print vllm-orch's own state in Prometheus text format (deploys, swaps and their downtime, "
+                   "rollbacks, health restarts, last success; docs/monitoring.md).")
 @pass_app
-def status(app, hosts, parallel, accept_new_host_key, as_json):
+def status(app, hosts, parallel, accept_new_host_key, as_json, as_prometheus):
     """Show, per host: the active model and its state (loading / ready / failed / stopped),
     uptime, GPUs and their memory, GPU processes (service, left behind, foreign), KV-cache usage
     and running/waiting requests, disk use per model, the last deploy and the last benchmark.
@@ -91,15 +94,24 @@ def status(app, hosts, parallel, accept_new_host_key, as_json):
       vllm-orch status
       vllm-orch status --host sim --host gpu1 --json
       vllm-orch status --group prod
+      vllm-orch status --all --prometheus > /var/lib/node_exporter/textfile/vllm-orch.prom.tmp
     """
     from orchestrator.cli.views import render_status
     from orchestrator.ops.status import gather_status
 
+    if as_json and as_prometheus:
+        raise click.UsageError("--json and --prometheus are two formats of one answer: pick one")
     port_of, served_name_of, api_key_of = _manifest_lookups(app)
     workers = {"max_workers": parallel} if parallel else {}
+    if as_prometheus:
+        from orchestrator.ops.monitor import STATE_HISTORY_TAIL, state_metrics
+
+        workers["history_tail"] = STATE_HISTORY_TAIL
     results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of,
                             node_entry=_inventory_lookup(app), **workers)
-    if as_json:
+    if as_prometheus:
+        click.echo(state_metrics(results), nl=False)
+    elif as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
         render_status(console(), results)

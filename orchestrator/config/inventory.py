@@ -173,6 +173,29 @@ class ClusterNetwork(Strict):
         return v
 
 
+class Monitoring(Strict):
+    """How a Prometheus reaches this host (`vllm-orch monitor`, docs/monitoring.md)."""
+
+    address: str | None = Field(
+        None, description="The address Prometheus scrapes this host at (a DNS name or an IP). Default: the "
+                          "host's `address` (127.0.0.1 for `local`). vLLM must listen where this reaches "
+                          "(serving.host).")
+    node_exporter_port: int | None = Field(
+        None, ge=1, le=65535, description="Port of a Prometheus node exporter running on this host "
+                                          "(usually 9100). Unset: none is scraped.")
+    dcgm_exporter_port: int | None = Field(
+        None, ge=1, le=65535, description="Port of NVIDIA's DCGM exporter running on this host (usually "
+                                          "9400): GPU memory per GPU, for the sleeping-service alert. "
+                                          "Unset: none is scraped.")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}", v):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
+
+
 DEFAULT_CPU_MEMORY_PER_GPU_GIB = 12.0
 
 
@@ -255,6 +278,9 @@ class HostEntry(Strict):
         None, description="How the other nodes of a multi-node service reach this host: `address` (IP) "
                           "and `interface` (NIC for NCCL/Gloo). Only read when a manifest with "
                           "`multinode:` runs here.")
+    monitoring: Monitoring = Field(
+        default_factory=Monitoring,
+        description="For `vllm-orch monitor`: the address Prometheus scrapes and the exporters running here.")
 
     @field_validator("name")
     @classmethod

@@ -544,6 +544,9 @@ class Performance(Strict):
     timeout_seconds: int = Field(
         120, ge=5, description="Longest wait for a measuring stream to connect or send its next bytes; "
                                "a stream that stalls longer gives no figure (which counts as far below).")
+    slo_ttft_p95_seconds: float | None = Field(
+        None, gt=0, description="The service's time-to-first-token objective: `vllm-orch monitor` writes an "
+                                "alert when the p95 TTFT (vLLM's histogram) stays above it. Unset: no such alert.")
 
     @model_validator(mode="after")
     def _pair(self) -> Performance:

@@ -132,9 +132,13 @@ class HostStatus:
     node_of: list[dict] = field(default_factory=list)
     round_trips: int = 0
     seconds: float = 0.0
+    # the history lines read (the last `history_tail`), for `status --prometheus`; not in --json
+    history: list[dict] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("history")
+        return out
 
 
 def decide_state(service_active: bool, service_failed: bool, health: int | None,
@@ -246,7 +250,8 @@ def pick_model(recorded: str | None, running: list[str]) -> str | None:
 def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = None,
                 served_name_of: Callable[[str], str | None] | None = None,
                 accept_new_host_key: bool = False,
-                api_key_of: Callable[[str], Secret | None] | None = None) -> HostStatus:
+                api_key_of: Callable[[str], Secret | None] | None = None,
+                history_tail: int = HISTORY_TAIL) -> HostStatus:
     """Status of one host. Never raises: errors become HostStatus(reachable=False, error=...).
     The callbacks map a model name to its manifest's port, served name and API key."""
     from orchestrator.host.connect import open_host
@@ -257,7 +262,7 @@ def host_status(entry: HostEntry, port_of: Callable[[str], int | None] | None = 
     try:
         host = open_host(entry, accept_new_host_key)
         _fill(st, host, entry, port_of or (lambda _m: None), served_name_of or (lambda _m: None),
-              api_key_of or (lambda _m: None))
+              api_key_of or (lambda _m: None), history_tail)
     except Exception as exc:   # one host's failure is that host's row, not the command's crash
         st.reachable, st.state = False, "unreachable"
         st.error = str(exc) or type(exc).__name__
@@ -281,11 +286,13 @@ def service_list(records: Mapping[str, ServiceRecord], running: list[str]) -> li
     return ([first] if first else []) + [n for n in names if n != first]
 
 
-def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of, api_key_of) -> None:
+def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of, api_key_of,
+          history_tail: int = HISTORY_TAIL) -> None:
     from orchestrator.host.facts import gather_for_status
 
-    facts, extras = gather_for_status(host, entry, HISTORY_TAIL)
+    facts, extras = gather_for_status(host, entry, history_tail)
     history, host_uptime, lock_holder, checks = read_extras(extras)
+    st.history = history
     running = facts.running()
     names = service_list(facts.records, running)
     st.active_model, st.running_models = (names[0] if names else None), running
@@ -407,7 +414,8 @@ def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | N
 def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
                   accept_new_host_key: bool = False, max_workers: int = 32,
                   api_key_of: Callable[[str], Secret | None] | None = None,
-                  node_entry: Callable[[str], HostEntry | None] | None = None) -> list[HostStatus]:
+                  node_entry: Callable[[str], HostEntry | None] | None = None,
+                  history_tail: int = HISTORY_TAIL) -> list[HostStatus]:
     """Every host at once (one thread and one connection per host), in the order given.
     host_status is safe to call from several threads: each call opens its own connection. A
     multi-node service is shown once, on its head's row, with every node's state (fold_nodes);
@@ -417,8 +425,8 @@ def gather_status(entries: list[HostEntry], port_of=None, served_name_of=None,
 
     def ask(hosts: list[HostEntry]) -> list[HostStatus]:
         with ThreadPoolExecutor(max_workers=min(max_workers, len(hosts))) as pool:
-            futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key, api_key_of)
-                       for e in hosts]
+            futures = [pool.submit(host_status, e, port_of, served_name_of, accept_new_host_key, api_key_of,
+                                   history_tail) for e in hosts]
             return [f.result() for f in futures]
 
     results = ask(entries)

@@ -26,6 +26,17 @@ from prometheus_client.parser import text_string_to_metric_families
 SUM, MEAN, MAX = "sum", "mean", "max"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
+# The series vLLM 0.33 exports under these names (vllm/v1/metrics/loggers.py), every one labelled
+# `model_name` and `engine` (one series per DP engine). `vllm-orch monitor`'s rules read these.
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE = KV_USAGE[0]
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+TTFT = "vllm:time_to_first_token_seconds"                   # histogram (TIME_TO_FIRST_TOKEN_BUCKETS)
+TPOT = "vllm:request_time_per_output_token_seconds"         # histogram, per finished request
+SLEEP_STATE = "vllm:engine_sleep_state"                     # gauge, label sleep_state: awake 1/0
+
 
 @dataclass(frozen=True)
 class Quantity:
@@ -36,13 +47,12 @@ class Quantity:
 
 
 QUANTITIES = (
-    Quantity("running", ("vllm:num_requests_running",), SUM, "gauge"),
-    Quantity("waiting", ("vllm:num_requests_waiting",), SUM, "gauge"),
+    Quantity("running", (RUNNING,), SUM, "gauge"),
+    Quantity("waiting", (WAITING,), SUM, "gauge"),
     Quantity("kv_cache_usage_perc", KV_USAGE, MEAN, "gauge"),
     Quantity("kv_cache_usage_perc_max", KV_USAGE, MAX, "gauge"),
-    Quantity("generation_tokens", ("vllm:generation_tokens_total", "vllm:generation_tokens"), SUM,
-             "counter"),
-    Quantity("prompt_tokens", ("vllm:prompt_tokens_total", "vllm:prompt_tokens"), SUM, "counter"),
+    Quantity("generation_tokens", (GENERATION_TOKENS, "vllm:generation_tokens"), SUM, "counter"),
+    Quantity("prompt_tokens", (PROMPT_TOKENS, "vllm:prompt_tokens"), SUM, "counter"),
     Quantity("preemptions", ("vllm:num_preemptions_total", "vllm:num_preemptions"), SUM, "counter"),
     Quantity("request_success", ("vllm:request_success_total",), SUM, "counter"),
     Quantity("prefix_cache_queries", ("vllm:prefix_cache_queries_total",), SUM, "counter"),

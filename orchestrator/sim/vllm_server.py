@@ -197,7 +197,8 @@ FAULTS = {
     "crash-unrecognized-args": "argparse 'vllm: error: unrecognized arguments: ...', exit 2",
     "crash-trust-remote-code": "'... contains custom code which must be executed ...' ValueError",
     "hang": "stops logging part-way through loading weights and stays alive (NCCL-hang look-alike)",
-    "hang-after-ready": "serves, then (after `after` s, default 5) the engine stops making progress: "
+    "hang-after-ready": "serves, then (after `after` s, default 5; or once the file `trigger` names exists) "
+                        "the engine stops making progress: "
                         "/health stays 200, requests never finish, /metrics stays as the last step left "
                         "it (an NCCL deadlock after deploy)",
     "crash-no-kv-memory": "'No available memory for the cache blocks' at the end of the load (KV OOM)",
@@ -858,6 +859,11 @@ class EngineCore:
                              "Histogram of inter-token latency in seconds.",
                              [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0])
+        # a finished request's decode time over its tokens after the first (vllm/v1/metrics/stats.py:
+        # mean_time_per_output_token, 0 for a one-token answer), on the inter-token buckets
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.",
+                              list(self.itl.buckets))
         self.e2e = Histogram("vllm:e2e_request_latency_seconds",
                              "Histogram of e2e request latency in seconds.",
                              [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
@@ -990,7 +996,7 @@ class Engine:
                     break
             core.prefill_lane.release()
             lane = False
-            t = loop.time()
+            t = t_first = loop.time()
             core.ttft.observe(t - t_arrive)
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
@@ -1010,6 +1016,7 @@ class Engine:
                 done += 1
                 core.kv_in_use += 1
                 core.counters["generation"] += 1
+            core.tpot.observe((loop.time() - t_first) / (done - 1) if done > 1 else 0.0)
         finally:
             if lane:
                 core.prefill_lane.release()
@@ -1062,6 +1069,11 @@ class Engine:
                  "Number of requests in model execution batches.", lambda c: c.running)
         per_core("vllm:num_requests_waiting", "gauge",
                  "Number of requests waiting to be processed.", lambda c: c.waiting)
+        family("vllm:engine_sleep_state", "gauge",
+               "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+               "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+               [("vllm:engine_sleep_state", dict(self.labels(c), sleep_state=state), float(state == "awake"))
+                for state in ("awake", "weights_offloaded", "discard_all") for c in self.cores])
         per_core("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
                  lambda c: min(1.0, c.kv_in_use / max(1, cfg["kv_tokens"])))
         per_core("vllm:prefix_cache_queries_total", "counter",
@@ -1082,7 +1094,7 @@ class Engine:
                [("vllm:request_success_total", dict(self.labels(c), finished_reason=r),
                  c.success.get(r, 0))
                 for r in ("stop", "length", "abort", "error", "repetition") for c in self.cores])
-        for kind in ("ttft", "itl", "e2e"):
+        for kind in ("ttft", "itl", "tpot", "e2e"):
             h0 = getattr(self.cores[0], kind)
             family(h0.name, "histogram", h0.doc,
                    [row for c in self.cores for row in getattr(c, kind).samples(self.labels(c))])
@@ -2228,7 +2240,10 @@ class Launch:
         refresher = asyncio.ensure_future(self.keep_meminfo())
         if self.fault == "die-after-ready":
             loop.call_later(3.0, self.die, server)
-        if self.fault == "hang-after-ready":
+        trigger = None
+        if self.fault == "hang-after-ready" and self.fault_args.get("trigger"):
+            trigger = loop.create_task(self.hang_when(Path(str(self.fault_args["trigger"]))))
+        elif self.fault == "hang-after-ready":
             loop.call_later(float(self.fault_args.get("after") or 5.0), self.hang)
         if (cfg["dcp"] > 1 and cfg["kv_dtype"].startswith("fp8") and cfg["profile"].startswith("kimi")
                 and version_before(VERSION, "0.25.0")):
@@ -2241,6 +2256,8 @@ class Launch:
         peers.cancel()
         watcher.cancel()
         refresher.cancel()
+        if trigger is not None:
+            trigger.cancel()
         srv.close()
         return code
 
@@ -2250,6 +2267,12 @@ class Launch:
         while True:
             await asyncio.sleep(1.0)
             refresh_meminfo()
+
+    async def hang_when(self, trigger: Path) -> None:
+        """hang-after-ready at the moment a test chooses: when the file `trigger` appears."""
+        while not trigger.exists():
+            await asyncio.sleep(0.1)
+        self.hang()
 
     def hang(self) -> None:
         """The engine stops making progress and says nothing (an NCCL collective that never

@@ -1,0 +1,222 @@
+"""`vllm-orch monitor --out DIR` and `vllm-orch status --prometheus`.
+
+monitor: the services every selected host runs (status's one round trip per host: records, ports,
+GPUs, vLLM version, node role), turned into what a Prometheus needs (ops/monitor_rules.py: file_sd
+targets, prometheus.yml, rules, their promtool tests, a Grafana dashboard), written under DIR.
+A keyed service (VLLM_API_KEY in its manifest's serving.secret_env) is scraped with bearer auth
+from a key FILE: `--key-file PATH` is referenced as it is, else the key in vllm-orch's environment
+is written to DIR/secrets/vllm-api-key, 0600 from its first byte; no other file holds it.
+
+status --prometheus: vllm-orch's own state in Prometheus text format (what vLLM's /metrics cannot
+say: deploys, swaps and their downtime, rollbacks, health restarts, systemd's restarts, the last
+success), from each host's records and history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.errors import ConfigError
+from orchestrator.ops import monitor_rules as rules
+from orchestrator.ops.status import HostStatus
+from orchestrator.secret import Secret
+
+KEY_FILE = "secrets/vllm-api-key"
+STATE_HISTORY_TAIL = 100_000        # history lines `status --prometheus` counts (a line per operation)
+
+
+@dataclass(frozen=True)
+class ServiceFacts:
+    """What the manifest says about a service's monitoring: keyed, and its TTFT objective."""
+
+    keyed: bool = False
+    slo_ttft_p95_s: float | None = None
+
+
+def scrape_address(entry: HostEntry) -> str:
+    """The address Prometheus reaches a host at: inventory monitoring.address, else its address."""
+    if entry.monitoring.address:
+        return entry.monitoring.address
+    return "127.0.0.1" if entry.address in ("local", "localhost") else entry.address
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def fleet(results: list[HostStatus], entries: dict[str, HostEntry],
+          facts_of: Callable[[str], ServiceFacts]) -> tuple[list[rules.Target], list[rules.Exporter]]:
+    """The scrape targets of every service status found (workers of a multi-node service have no
+    HTTP: their head's /metrics covers the service) and of the exporters the inventory names."""
+    targets, exporters = [], []
+    for st in results:
+        entry = entries[st.host]
+        addr = scrape_address(entry)
+        for v in st.services:
+            if not v.port:
+                continue
+            f = facts_of(v.model or v.name)
+            targets.append(rules.Target(
+                host=st.host, service=v.name, model=v.model or v.name, served_name=v.served_name or v.name,
+                gpus=tuple(v.gpus), node_role="head" if v.node_names else "single",
+                vllm_version=st.vllm_version or "unknown", address=_hostport(addr, v.port),
+                keyed=f.keyed, slo_ttft_p95_s=f.slo_ttft_p95_s))
+        for kind, port in (("node", entry.monitoring.node_exporter_port),
+                           ("dcgm", entry.monitoring.dcgm_exporter_port)):
+            if port:
+                exporters.append(rules.Exporter(st.host, kind, _hostport(addr, port)))
+    return targets, exporters
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Atomically (Prometheus re-reads file_sd files when they change: never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_key(out: Path, key: Secret) -> str:
+    """The API key into DIR/secrets/vllm-api-key, 0600 from its first byte (a folder 0700)."""
+    folder = out / "secrets"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    _write(out / KEY_FILE, key.reveal(), 0o600)
+    return KEY_FILE
+
+
+def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter], timing: rules.Timing,
+          key: Secret | None = None, key_file: str | None = None, state_target: str | None = None) -> list[Path]:
+    """Every file under `out`; the paths written. A keyed service needs `key_file` or `key`."""
+    keyed = [t for t in targets if t.keyed]
+    ref = None
+    if keyed:
+        if key_file:
+            ref = str(Path(key_file).expanduser().resolve())
+        elif key:
+            ref = write_key(out, key)
+        else:
+            names = ", ".join(f"{t.service} on {t.host}" for t in keyed)
+            raise ConfigError(f"{names} serve{'s' if len(keyed) == 1 else ''} with an API key (serving.secret_env "
+                              f"VLLM_API_KEY) and no key was given for the scrape",
+                              hint="export VLLM_API_KEY, or pass --key-file PATH (a file holding the key)")
+    files = {
+        "targets/vllm.json": json.dumps(rules.file_sd(targets, keyed=False), indent=2),
+        "targets/vllm-keyed.json": json.dumps(rules.file_sd(targets, keyed=True), indent=2),
+        "targets/node.json": json.dumps(rules.exporter_sd(exporters, "node"), indent=2),
+        "targets/dcgm.json": json.dumps(rules.exporter_sd(exporters, "dcgm"), indent=2),
+        "targets/vllm-orch.json": json.dumps([{"targets": [state_target]}] if state_target else [], indent=2),
+        "prometheus.yml": yaml.safe_dump(rules.scrape_config(timing, ref), sort_keys=False),
+        "rules/vllm-orch.rules.yml": yaml.safe_dump(rules.rules(targets, timing), sort_keys=False, width=1000),
+        "rules/vllm-orch.rules.test.yml": yaml.safe_dump(rules.promtool_tests(targets, timing), sort_keys=False,
+                                                         width=1000),
+        "grafana/vllm-orch-fleet.json": json.dumps(rules.dashboard(targets), indent=2),
+    }
+    written = []
+    for rel, text in files.items():
+        _write(out / rel, text + "\n")
+        written.append(out / rel)
+    if ref == KEY_FILE:
+        written.append(out / KEY_FILE)
+    return written
+
+
+# -- vllm-orch's own state ----------------------------------------------------------------------
+
+RESTARTS = ("health-restart", "head-lost-restart")    # written by the watchers: a restart done is "ok"
+WATCHERS = (*RESTARTS, "health-busy")                  # not operations that succeed (no last success)
+
+
+def _result(rec: dict) -> str:
+    if rec.get("refused"):
+        return "refused"
+    return "ok" if rec.get("ok") or rec.get("operation") in RESTARTS else "failed"
+
+
+def _epoch(at: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(at)).timestamp()
+    except ValueError:
+        return None
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _line(name: str, labels: dict[str, str], value: float) -> str:
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+    return f"{name}{{{inner}}} {value:.17g}" if math.isfinite(value) else f"{name}{{{inner}}} NaN"
+
+
+FAMILIES = {
+    "vllm_orch_host_up": ("gauge", "1 when vllm-orch reached the host and read its state."),
+    "vllm_orch_service_info": ("gauge", "A service vllm-orch placed on a host (value 1)."),
+    "vllm_orch_service_ready": ("gauge", "1 when the service is ready (status's state), else 0."),
+    "vllm_orch_service_gpu_info": ("gauge", "A GPU a service takes (value 1; gpu is nvidia-smi's index)."),
+    "vllm_orch_systemd_restarts_total": ("counter", "systemd's automatic restarts of the service since its "
+                                                    "last start (NRestarts)."),
+    "vllm_orch_operations_total": ("counter", "vllm-orch operations on the service, from the host's history, "
+                                              "by operation and result (ok, failed, refused)."),
+    "vllm_orch_swap_downtime_seconds_total": ("counter", "Seconds the service did not serve during swaps."),
+    "vllm_orch_last_success_timestamp_seconds": ("gauge", "When an operation last succeeded on the service "
+                                                          "(deploy, swap, rollback, regen, ...)."),
+}
+
+
+def state_metrics(results: list[HostStatus]) -> str:
+    """Prometheus text format of every host's state and history (host and service labels)."""
+    rows: dict[str, list[str]] = {name: [] for name in FAMILIES}
+    for st in results:
+        rows["vllm_orch_host_up"].append(_line("vllm_orch_host_up", {"host": st.host}, float(st.reachable)))
+        for v in st.services:
+            svc = {"host": st.host, "service": v.name}
+            rows["vllm_orch_service_info"].append(_line("vllm_orch_service_info", {
+                **svc, "model": v.model or v.name, "served_name": v.served_name or ""}, 1))
+            rows["vllm_orch_service_ready"].append(_line("vllm_orch_service_ready", svc,
+                                                         float(v.state == "ready")))
+            for g in v.gpus:
+                rows["vllm_orch_service_gpu_info"].append(_line("vllm_orch_service_gpu_info",
+                                                                {**svc, "gpu": str(g)}, 1))
+            if v.restarts is not None:
+                rows["vllm_orch_systemd_restarts_total"].append(
+                    _line("vllm_orch_systemd_restarts_total", svc, float(v.restarts)))
+        counts: dict[tuple[str, str, str], int] = {}
+        downtime: dict[str, float] = {v.name: 0.0 for v in st.services}     # none yet is a figure too
+        last: dict[tuple[str, str], float] = {}
+        for rec in st.history:
+            op, service = rec.get("operation"), rec.get("service") or rec.get("model")
+            if not isinstance(op, str) or not isinstance(service, str):
+                continue            # gc, bench without a service: not a service's operation
+            result = _result(rec)
+            counts[(service, op, result)] = counts.get((service, op, result), 0) + 1
+            if op == "swap" and isinstance(rec.get("downtime_s"), (int, float)):
+                downtime[service] = downtime.get(service, 0.0) + float(rec["downtime_s"])
+            when = _epoch(rec.get("at"))
+            if result == "ok" and when is not None and op not in WATCHERS:
+                last[(service, op)] = max(last.get((service, op), 0.0), when)
+        for (service, op, result), c in sorted(counts.items()):
+            rows["vllm_orch_operations_total"].append(_line("vllm_orch_operations_total", {
+                "host": st.host, "service": service, "operation": op, "result": result}, c))
+        for service, s in sorted(downtime.items()):
+            rows["vllm_orch_swap_downtime_seconds_total"].append(
+                _line("vllm_orch_swap_downtime_seconds_total", {"host": st.host, "service": service}, s))
+        for (service, op), t in sorted(last.items()):
+            rows["vllm_orch_last_success_timestamp_seconds"].append(_line(
+                "vllm_orch_last_success_timestamp_seconds", {"host": st.host, "service": service, "operation": op}, t))
+    out = []
+    for name, (kind, doc) in FAMILIES.items():
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", *rows[name]]
+    return "\n".join(out) + "\n"

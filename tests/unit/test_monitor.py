@@ -1,0 +1,251 @@
+"""`vllm-orch monitor`'s files checked by the real promtool (Debian's `prometheus` package, which
+`./dev test` installs): the rules load, every alert fires on its input and stays quiet on the near
+miss (`promtool test rules` on the cases monitor writes), the config loads, `status --prometheus`
+is valid exposition text; the vLLM series the rules read are in vLLM 0.33's own /metrics (recorded
+from its metrics code: tests/fixtures/vllm-metrics); the API key is in the key file only."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.ops import monitor, monitor_rules
+from orchestrator.ops.monitor_rules import Target, Timing
+from orchestrator.ops.status import HostStatus, ServiceStatus
+from orchestrator.probe import metrics
+from orchestrator.secret import Secret
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-metrics"
+KEY = "sk-monitor-test-5d1f"
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: install Debian's `prometheus` package (`./dev test` installs it)")
+    return path
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120)
+
+
+def fleet() -> list[Target]:
+    return [Target("gpu1", "kimi-k25-int4", "kimi-k25-int4", "kimi-k2.5", (0, 1, 2, 3, 4, 5, 6, 7), "single",
+                   "0.33.0", "10.0.0.1:8000", keyed=False),
+            Target("gpu2", "minimax-m25", "minimax-m25", "minimax-m2.5", (0, 1, 2, 3), "single", "0.33.0",
+                   "10.0.0.2:8001", keyed=True, slo_ttft_p95_s=2.0),
+            Target("gpu2", "small", "minimax-m25", "small", (4, 5, 6, 7), "head", "0.33.0",
+                   "10.0.0.2:8002", keyed=False, slo_ttft_p95_s=0.5)]
+
+
+@pytest.mark.parametrize("timing", [Timing(), Timing(interval_s=1, for_s=3)], ids=["defaults", "drill"])
+def test_rules_load_and_every_alert_fires_and_stays_quiet_as_its_tests_say(tmp_path, timing):
+    monitor.write(tmp_path, fleet(), [], timing, key=Secret(KEY))
+    rules = tmp_path / "rules" / "vllm-orch.rules.yml"
+    checked = run_promtool("check", "rules", str(rules))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    cases = yaml.safe_load((tmp_path / "rules" / "vllm-orch.rules.test.yml").read_text())["tests"]
+    alerts = [r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    tested_alerts = [c["alert_rule_test"][0] for c in cases if "alert_rule_test" in c]
+    tested_records = {t["expr"] for c in cases for t in c.get("promql_expr_test", [])}
+    assert tested_records == set(monitor_rules.recorded(timing)), "every recording rule has a case"
+    for name in {a["alert"] for a in alerts}:
+        fired = [t for t in tested_alerts if t["alertname"] == name and t["exp_alerts"]]
+        quiet = [t for t in tested_alerts if t["alertname"] == name and not t["exp_alerts"]]
+        assert fired and quiet, f"{name}: a firing and a quiet case each"
+    # one TTFT objective per service that states one, at its own threshold
+    slos = [a["expr"] for a in alerts if a["alert"] == "VllmTtftSlo"]
+    assert len(slos) == 2 and any('service="minimax-m25"} > 2' in e for e in slos), slos
+    if timing.for_s is not None:
+        assert {a["for"] for a in alerts} == {"3s"}
+
+
+def promtool_test_with(tmp_path, rule: str, old: str, new: str) -> subprocess.CompletedProcess:
+    """`promtool test rules` on monitor's files with one rule's expression changed."""
+    monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
+    rules = tmp_path / "rules" / "vllm-orch.rules.yml"
+    doc = yaml.safe_load(rules.read_text())
+    [target] = [r for g in doc["groups"] for r in g["rules"] if rule in (r.get("alert"), r.get("record"))]
+    assert old in target["expr"]
+    target["expr"] = target["expr"].replace(old, new)
+    rules.write_text(yaml.safe_dump(doc))
+    return run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+
+
+def test_a_hostile_service_name_from_a_host_stays_a_label_value(tmp_path):
+    """Service names come from a host's records: quotes, backslashes and newlines in one are escaped
+    in every expression (the rules still load and their tests pass), never PromQL."""
+    name = 'x"} or vector(1) or up{a="\\\n'
+    hostile = [Target("gpu1", name, "m", "m", (0,), "single", "0.33.0", "10.0.0.1:8000", keyed=False,
+                      slo_ttft_p95_s=1.0)]
+    monitor.write(tmp_path, hostile, [], Timing())
+    checked = run_promtool("check", "rules", str(tmp_path / "rules" / "vllm-orch.rules.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = run_promtool("test", "rules", str(tmp_path / "rules" / "vllm-orch.rules.test.yml"))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "or vector(1)" not in "".join(e.replace(monitor_rules.q(name), "") for _, e in
+                                         monitor_rules.panel_expressions(monitor_rules.dashboard(hostile)))
+
+
+def test_a_broken_rule_fails_its_promtool_test(tmp_path):
+    """The cases are not vacuous: an alert whose expression never holds fails them."""
+    tested = promtool_test_with(tmp_path, "VllmServiceHung", "== 0", "< 0")
+    assert tested.returncode != 0 and "VllmServiceHung" in tested.stdout + tested.stderr
+
+
+def test_kv_usage_summed_over_engines_fails_the_recording_case(tmp_path):
+    """The DP2 case pins the aggregation: a sum over engines (0.2 + 0.8) is not the usage."""
+    tested = promtool_test_with(tmp_path, "vllm_orch:kv_cache_usage:mean", "avg by", "sum by")
+    assert tested.returncode != 0 and "vllm_orch:kv_cache_usage:mean" in tested.stdout + tested.stderr
+
+
+def test_config_loads_and_the_key_is_only_in_its_0600_file(tmp_path):
+    written = monitor.write(tmp_path, fleet(), [monitor_rules.Exporter("gpu1", "dcgm", "10.0.0.1:9400")],
+                            Timing(), key=Secret(KEY), state_target="10.0.0.9:9100")
+    checked = run_promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    key_file = tmp_path / "secrets" / "vllm-api-key"
+    assert key_file in written and key_file.read_text() == KEY
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+    for p in tmp_path.rglob("*"):
+        if p.is_file() and p != key_file:
+            assert KEY not in p.read_text(), p
+    config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    keyed = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm-keyed")
+    assert keyed["authorization"] == {"type": "Bearer", "credentials_file": "secrets/vllm-api-key"}
+    plain = json.loads((tmp_path / "targets" / "vllm.json").read_text())
+    assert [g["targets"] for g in plain] == [["10.0.0.1:8000"], ["10.0.0.2:8002"]]
+    assert plain[0]["labels"] == {"host": "gpu1", "service": "kimi-k25-int4", "model": "kimi-k25-int4",
+                                  "served_name": "kimi-k2.5", "gpus": "0,1,2,3,4,5,6,7", "node_role": "single",
+                                  "vllm_version": "0.33.0"}
+    assert json.loads((tmp_path / "targets" / "dcgm.json").read_text()) == [
+        {"targets": ["10.0.0.1:9400"], "labels": {"host": "gpu1"}}]
+    assert json.loads((tmp_path / "targets" / "vllm-orch.json").read_text()) == [{"targets": ["10.0.0.9:9100"]}]
+
+
+def test_a_key_written_again_is_never_readable_by_others(tmp_path):
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "vllm-api-key").write_text("old")
+    (tmp_path / "secrets" / "vllm-api-key").chmod(0o644)
+    monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
+    assert stat.S_IMODE((tmp_path / "secrets" / "vllm-api-key").stat().st_mode) == 0o600
+
+
+def test_a_given_key_file_is_referenced_not_copied(tmp_path):
+    key_file = tmp_path / "elsewhere.key"
+    key_file.write_text(KEY)
+    monitor.write(tmp_path / "out", fleet(), [], Timing(), key=Secret(KEY), key_file=str(key_file))
+    assert not (tmp_path / "out" / "secrets").exists()
+    config = yaml.safe_load((tmp_path / "out" / "prometheus.yml").read_text())
+    keyed = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm-keyed")
+    assert keyed["authorization"]["credentials_file"] == str(key_file)
+
+
+def test_a_keyed_service_without_a_key_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        monitor.write(tmp_path, fleet(), [], Timing())
+    assert err.value.exit_code == 2 and "minimax-m25 on gpu2" in str(err.value)
+    assert not (tmp_path / "prometheus.yml").exists()
+
+
+def test_the_series_the_rules_read_are_vllm_0_33s_own():
+    """Contract with vLLM 0.33's metrics code (the recorded DP8 /metrics): every vllm: metric a rule
+    or panel reads exists there, per engine, with the type the expression assumes."""
+    text = gzip.decompress((FIXTURES / "dp8-multiproc.prom.gz").read_bytes()).decode()
+    samples = metrics.parse(text)
+    types = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE")}
+    for name, kind in ((metrics.RUNNING, "gauge"), (metrics.WAITING, "gauge"), (metrics.KV_CACHE, "gauge"),
+                       (metrics.SLEEP_STATE, "gauge"), (metrics.GENERATION_TOKENS, "counter"),
+                       (metrics.PROMPT_TOKENS, "counter"), (metrics.TTFT, "histogram"), (metrics.TPOT, "histogram")):
+        assert types.get(name) == kind, name
+        sample = name + ("_bucket" if kind == "histogram" else "")
+        engines = {labels["engine"] for labels, _ in samples.by_name[sample]}
+        assert engines == {str(i) for i in range(8)}, name
+    assert any(labels.get("sleep_state") == "awake" for labels, _ in samples.by_name[metrics.SLEEP_STATE])
+    expressions = [r["expr"] for g in monitor_rules.rules(fleet(), Timing())["groups"] for r in g["rules"]]
+    expressions += [e for _, e in monitor_rules.panel_expressions(monitor_rules.dashboard(fleet()))]
+    used = {w for e in expressions for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", e) if w.startswith("vllm:")}
+    assert used <= {metrics.GENERATION_TOKENS, metrics.PROMPT_TOKENS, metrics.RUNNING, metrics.WAITING,
+                    metrics.KV_CACHE, metrics.SLEEP_STATE,
+                    metrics.TTFT + "_bucket", metrics.TPOT + "_bucket"}, used
+
+
+def test_dashboard_reads_only_recorded_series_and_has_a_row_per_service():
+    board = monitor_rules.dashboard(fleet())
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows[0] == "Fleet" and len(rows) == 1 + len(fleet())
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()               # Grafana's 24-column grid: no panel outside it, none on another
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, p["title"]
+        cells |= mine
+        assert p["type"] == "row" or p["datasource"]["uid"] == "${datasource}"
+    recorded = set(monitor_rules.recorded(Timing()))
+    for title, expr in monitor_rules.panel_expressions(board):
+        names = {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", re.sub(r'"[^"]*"', "", expr)) if ":" in w}
+        assert names <= recorded, (title, expr)
+        assert "vllm:" not in expr and "rate(vllm" not in expr, (title, expr)
+
+
+def status_of() -> list[HostStatus]:
+    svc = ServiceStatus("minimax-m25", model="minimax-m25", served_name="minimax-m2.5", port=8001,
+                        gpus=[0, 1, 2, 3], state="ready", restarts=2)
+    history = [
+        {"at": "2026-12-01T10:00:00+00:00", "operation": "deploy", "service": "minimax-m25", "ok": True},
+        {"at": "2026-12-01T11:00:00+00:00", "operation": "swap", "service": "minimax-m25", "ok": True,
+         "downtime_s": 41.5},
+        {"at": "2026-12-01T12:00:00+00:00", "operation": "swap", "service": "minimax-m25", "ok": False,
+         "downtime_s": 60.0},
+        {"at": "2026-12-01T12:01:00+00:00", "operation": "rollback", "model": "minimax-m25", "ok": True},
+        {"at": "2026-12-01T13:00:00+00:00", "operation": "health-restart", "model": "minimax-m25",
+         "reason": 'a "quoted" reason'},
+        {"at": "2026-12-01T14:00:00+00:00", "operation": "deploy", "service": "minimax-m25", "ok": False,
+         "refused": "GPUs taken"},
+        {"at": "2026-12-01T15:00:00+00:00", "operation": "gc", "ok": True},
+    ]
+    return [HostStatus("gpu2", services=[svc], history=history),
+            HostStatus("gpu3", reachable=False, error="timed out")]
+
+
+def test_state_metrics_are_valid_exposition_text_with_the_counts_of_history(tmp_path):
+    text = monitor.state_metrics(status_of())
+    (tmp_path / "state.prom").write_text(text)
+    checked = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    s = metrics.parse(text)
+
+    def value(name: str, **labels: str) -> float:
+        [v] = [v for lab, v in s.by_name[name] if all(lab.get(k) == x for k, x in labels.items())]
+        return v
+
+    assert value("vllm_orch_host_up", host="gpu2") == 1 and value("vllm_orch_host_up", host="gpu3") == 0
+    assert value("vllm_orch_operations_total", operation="swap", result="ok") == 1
+    assert value("vllm_orch_operations_total", operation="swap", result="failed") == 1
+    assert value("vllm_orch_operations_total", operation="deploy", result="refused") == 1
+    assert value("vllm_orch_operations_total", operation="rollback", result="ok") == 1
+    assert value("vllm_orch_operations_total", operation="health-restart") == 1
+    assert value("vllm_orch_swap_downtime_seconds_total", service="minimax-m25") == 101.5
+    assert value("vllm_orch_systemd_restarts_total", service="minimax-m25") == 2
+    assert value("vllm_orch_service_ready", service="minimax-m25") == 1
+    assert {lab["gpu"] for lab, _ in s.by_name["vllm_orch_service_gpu_info"]} == {"0", "1", "2", "3"}
+    assert value("vllm_orch_last_success_timestamp_seconds", operation="deploy") == 1796119200.0
+    assert not any(lab.get("operation") == "gc" for lab, _ in s.by_name["vllm_orch_operations_total"])
+    assert {lab["operation"] for lab, _ in s.by_name["vllm_orch_last_success_timestamp_seconds"]} == {
+        "deploy", "swap", "rollback"}       # a watcher's restart is not a success
