@@ -21,18 +21,21 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.config.effective import effective
+from orchestrator.config.engine import lock_of, python_path
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement, Request, ServiceSpec, resolve
 from orchestrator.errors import ConfigError, DeployFailed
-from orchestrator.host import scripts
-from orchestrator.host.base import Host, Result
+from orchestrator.host import engine, scripts
+from orchestrator.host.base import Host
 from orchestrator.host.download import plan_download
+from orchestrator.host.engine import EngineState
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.state import lock_holder
 from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import placement_refusal
+from orchestrator.plan.engine import ENGINE_CHECKS
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
@@ -150,21 +153,16 @@ def download_plan(host: Host, entry: HostEntry, m: Manifest, model: str, facts: 
     return DownloadPlan.from_event(event)
 
 
-def _answer(value: dict | None, result: Result) -> HostAnswer:
-    tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-    return HostAnswer(value=value, exit_code=result.exit_code, tail=tail, seconds=round(result.duration, 3))
-
-
 def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str], facts: HostFacts | None,
                     skip: set[str], timeout: float = 180.0) -> PreflightFacts:
     """Ask the host's Python for its package versions and its vLLM parser's verdict on the argv
     (each only when a check needs it); GPUs come from the host facts already read."""
     packages = None
     if VERSION_CHECKS - skip:
-        packages = _answer(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
+        packages = HostAnswer.of(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
     argcheck = None
     if {"flags", "env"} - skip:
-        argcheck = _answer(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
+        argcheck = HostAnswer.of(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
                                              timeout=timeout))
     if facts is None:
         return PreflightFacts(python=python, packages=packages, argcheck=argcheck, gpus=None,
@@ -175,22 +173,34 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
                           service_reach=facts.service_reach, root_trust=facts.root_trust)
 
 
+def engine_state(host: Host, entry: HostEntry, svc: ServiceInput) -> EngineState | None:
+    """The service's engine venv as the host has it (None: a manifest without `engine:`)."""
+    m = svc.manifest
+    return engine.check(host, entry, lock_of(m.engine)) if m.engine is not None else None
+
+
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
-              stopping: Collection[str] = ()) -> list[Check]:
+              stopping: Collection[str] = (), engine_now: EngineState | None = None) -> list[Check]:
+    """The preflight checks, asking the service's vLLM venv (its engine venv when the manifest names
+    one); a missing engine venv defers the checks that need it to the engine step (plan/engine.py)."""
     m, r = svc.manifest, svc.rendered
     needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{svc.model}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     # A Ray worker node's unit runs `ray start`, not `vllm serve`: vLLM's parser has nothing to check there
     # (the head's argv carries the service's flags, and is checked on the head).
     ray_worker = {"flags", "env"} if is_ray_worker(m, r.role) else set()
-    pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip | ray_worker)
+    later = set(ENGINE_CHECKS) if m.engine is not None and (engine_now is None or not engine_now.ok) else set()
+    pf = preflight_facts(host, python_path(m, entry), list(r.argv), dict(needs.env), facts,
+                         skip | ray_worker | later)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign,
-                      skip=skip | ray_worker)
+                      skip=skip | ray_worker | later)
     for c in checks:    # skipped by the inventory, not by the command line: say so
         if c.status == SKIPPED and c.name in entry.skip_checks and c.name not in opts.skip_checks:
             c.summary = "skipped (host setting)"
         elif c.status == SKIPPED and c.name in ray_worker and c.name not in skip:
             c.summary = "skipped (a Ray worker node runs `ray start`; the head's vLLM command line is checked on the head)"
+        elif c.status == SKIPPED and c.name in later and c.name not in skip:
+            c.summary = "later: the engine step asks the venv it builds, before anything stops"
     return checks
 
 
@@ -208,9 +218,10 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts
     """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy), for this
     host as a node of the service `spec` (its own argv is what the parser checks)."""
     target = service_input(HostReads(host), entry, m, facts, spec)
-    checks = preflight(host, entry, target, facts, opts)
+    state = engine_state(host, entry, target)
+    checks = preflight(host, entry, target, facts, opts, engine_now=state)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
-                     hf_token=hf_token())
+                     hf_token=hf_token(), engine=state)
 
 
 def for_deploy(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,
@@ -285,8 +296,9 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and target.serving:
         return inp                               # the planner decides whether there is nothing to do
-    checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set())
-    inp = replace(inp, preflight=checks)
+    state = engine_state(host, entry, target)
+    checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set(), engine_now=state)
+    inp = replace(inp, preflight=checks, engine=state)
     return inp if _refused(checks) else _with_download(host, inp)
 
 

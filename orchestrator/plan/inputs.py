@@ -12,6 +12,7 @@ from orchestrator.config.effective import Effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import ServiceSpec
+from orchestrator.host.engine import EngineState
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan.preflight import Check
 from orchestrator.plan.run import Options
@@ -112,6 +113,7 @@ class PlanInput:
     hf_token: Secret | None = None
     old: ServiceInput | None = None             # swap: the model being replaced
     warm: WarmFacts | None = None               # the new model's page-cache state (when warming)
+    engine: EngineState | None = None           # the service's engine venv (a manifest with `engine:`)
 
     @property
     def name(self) -> str:

@@ -11,6 +11,7 @@ import shlex
 import time
 from collections.abc import Collection, Sequence
 
+from orchestrator.config.engine import lock_of
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import RefusedError
@@ -162,6 +163,7 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
+                           engine=lock_of(r.manifest.engine).name if r.manifest.engine else None,
                            installed_at=state.now_iso(), **origins, **NodeFields.of(r.role))
 
 
@@ -404,9 +406,13 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
-    return ServiceRecord(model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
+    built = env.record.engine
+    vllm_version = (built or {}).get("vllm_version") or (inp.engine.vllm_version if inp.engine else None) \
+        or (m.engine.vllm_version if m.engine else None) or inp.facts.vllm_version
+    return ServiceRecord(engine=lock_of(m.engine).name if m.engine else None,
+                         model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
                          repo=m.source.repo, revision=commit, manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
-                         vllm_version=inp.facts.vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
+                         vllm_version=vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
                          hardware=inp.target.effective.hardware if inp.target.effective else None,
                          perf=env.record.perf.get(m.name), **NodeFields.of(r.role))
