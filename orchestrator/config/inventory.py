@@ -208,9 +208,9 @@ class HostEntry(Strict):
                                       "uploaded wheelhouse).")
     wheelhouse: str = Field(
         "", description="A folder on the CONTROLLER of wheels (vLLM, torch, flashinfer, ... for the host's "
-                        "platform): for a host without the registries, the engine step uploads the wheels a "
-                        "lock names to engines_root/.wheelhouse and builds offline from them. Empty: the host's "
-                        "own registries.")
+                        "platform, with their dependencies): for a host without the registries, the engine step "
+                        "uploads the wheels the host lacks (by name and size) to engines_root/.wheelhouse and "
+                        "builds offline from them. Empty: the host's own registries.")
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
     env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
                                          "units_dir (process).")

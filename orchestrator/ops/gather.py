@@ -40,7 +40,7 @@ from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenIn
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders
-from orchestrator.plan.swap import old_model_name
+from orchestrator.plan.swap import already_done, old_model_name
 from orchestrator.probe import api
 from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
 from orchestrator.secret import Secret
@@ -294,8 +294,8 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
     old = service_input(reads, entry, replaced[0], facts, replaced[1], True) if replaced is not None else None
     target = service_input(reads, entry, m, facts, spec)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
-    if old is None and target.serving:
-        return inp                               # the planner decides whether there is nothing to do
+    if old is None and already_done(inp):
+        return inp                               # serving these very files: nothing to do (the planner says so)
     state = engine_state(host, entry, target)
     checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set(), engine_now=state)
     inp = replace(inp, preflight=checks, engine=state)
@@ -327,8 +327,9 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
     found, orphaned = regen_services(facts, entry, manifests)
     reads = HostReads(host)
     services = [service_input(reads, entry, m, facts, spec, True) for m, spec in found]
+    engines = {s.name: state for s in services if (state := engine_state(host, entry, s)) is not None}
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services, orphaned=orphaned,
-                      restart=restart)
+                      restart=restart, engines=engines)
 
 
 def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:

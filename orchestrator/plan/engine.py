@@ -28,6 +28,14 @@ ENGINE_CHECKS = frozenset({"flags", "env", "vllm-version", "version-traps", "pac
                            "required-packages"})
 
 
+def service_vllm_version(inp: PlanInput) -> str | None:
+    """The vLLM version the service runs: its engine's (the lock's), else the host's vllm."""
+    m = inp.target.manifest
+    if m.engine is None:
+        return inp.facts.vllm_version
+    return (inp.engine.vllm_version if inp.engine is not None and inp.engine.ok else None) or m.engine.vllm_version
+
+
 def deferred(inp: PlanInput) -> bool:
     """The venv does not verify now: preflight's engine checks wait for the engine step."""
     return inp.target.manifest.engine is not None and (inp.engine is None or not inp.engine.ok)

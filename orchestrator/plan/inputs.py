@@ -129,3 +129,4 @@ class RegenInput:
     services: list[ServiceInput]                # every installed model that still has a manifest
     orphaned: list[str] = field(default_factory=list)   # installed, but no manifest now
     restart: bool = False
+    engines: Mapping[str, EngineState] = field(default_factory=dict)   # service -> its engine venv (`engine:`)

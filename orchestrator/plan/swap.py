@@ -305,7 +305,7 @@ def upgrade_rollback(inp: PlanInput) -> list[Action]:
     """Stop the new start, put the service's previous files back, start it with them, wait for it."""
     t, entry = inp.target, inp.entry
     return [service.stop_action(entry, t.name, "the upgrade failed", drain=False),
-            service.restore_action(t),
+            service.restore_action(t, inp.facts.installed.get(t.name)),
             service.start_service_action(entry, t.name, restart=True,
                                          summary=f"start {t.name} with its previous unit"),
             service.ready_action(t, inp.opts.budget_s, already_serving=False, marks_ready=False)]
