@@ -107,6 +107,11 @@ def upload_wheelhouse(host: Host, entry: HostEntry, on_step: Callable[[str], Non
     return sent
 
 
+def build_args(entry: HostEntry, lock: Lock) -> list[str]:
+    """The engine script's arguments for building the lock's venv (what the plan shows is what runs)."""
+    return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=wheelhouse_dir(entry) if entry.wheelhouse else None)]
+
+
 def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict], None] | None = None,
           timeout: float = 4 * 3600.0) -> dict:
     """Build (and verify) the lock's venv on the host; the wheelhouse first when the host has one.
@@ -116,8 +121,7 @@ def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict]
     if entry.wheelhouse:
         uploaded = upload_wheelhouse(host, entry, (lambda s: on_event({"event": "step", "what": s}))
                                      if on_event else None)
-    args = _args(entry, lock, uv=entry.uv, wheelhouse=wheelhouse_dir(entry) if entry.wheelhouse else None)
-    events, result = scripts.stream_events(host, entry.python, SCRIPT, ["build", args], EVENTS,
+    events, result = scripts.stream_events(host, entry.python, SCRIPT, build_args(entry, lock), EVENTS,
                                            on_event=on_event, timeout=timeout)
     errors = [e for e in events if e["event"] == "error"]
     if errors:

@@ -17,7 +17,7 @@ from orchestrator.config.engine import lock_of, python_path
 from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host import scripts
-from orchestrator.host.engine import SCRIPT, build
+from orchestrator.host.engine import SCRIPT, build, build_args
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.preflight import FAIL, HostAnswer, PreflightFacts, evaluate, needs_for
@@ -76,8 +76,7 @@ def engine_action(inp: PlanInput) -> Action | None:
     source = "the uploaded wheelhouse (offline)" if entry.wheelhouse else "the host's registries"
     why = f"{state.state}: {state.detail}" if state is not None else "not checked"
     skip = frozenset(inp.opts.skip_checks) | frozenset(entry.skip_checks)
-    shown = scripts.command(entry.python, SCRIPT, ["build", json.dumps({"root": entry.engines_root,
-                                                                        "lock": lock.name})])
+    shown = scripts.command(entry.python, SCRIPT, build_args(entry, lock))
 
     def run(env: RunEnv) -> str:
         def on_event(event: dict) -> None:
