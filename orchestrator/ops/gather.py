@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.config.effective import effective
-from orchestrator.config.engine import lock_of, python_path
+from orchestrator.config.engine import lock_of, python_path, vllm_path
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement, Request, ServiceSpec, resolve
@@ -209,8 +209,11 @@ def _refused(checks: list[Check]) -> bool:
 
 
 def host_facts(host: Host, entry: HostEntry, m: Manifest, request: Request, names: Collection[str] = ()) -> HostFacts:
-    """The host's facts for an operation on the service the request names (and `names`)."""
-    return gather(host, entry, sorted({request.name or m.name, *names}), ports=[service_port(m, entry, request)])
+    """The host's facts for an operation on the service the request names (and `names`). Whether the
+    service user can run vLLM, and who could change what root runs, are judged on the vllm the
+    service runs: its engine venv's when the manifest has `engine:`."""
+    runs = entry.model_copy(update={"vllm": vllm_path(m, entry)}) if m.engine is not None else entry
+    return gather(host, runs, sorted({request.name or m.name, *names}), ports=[service_port(m, entry, request)])
 
 
 def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,

@@ -76,6 +76,7 @@ def test_deploy_builds_the_engine_offline_from_the_uploaded_wheelhouse_and_runs_
     assert res.ok, res.error
     assert statuses(res)["engine"] == "done"
     venv = venv_of(sim_host, m)
+    assert f"it can run {venv}/bin/vllm" in res.plan.text()         # preflight's service-user check
     marker = json.loads((venv / "vllm-orch-engine.json").read_text())
     assert marker["hash"] == lock_of(m.engine).hash and marker["vllm_version"] == "0.33.0"     # type: ignore[arg-type]
     assert sorted(p.name for p in (sim_host.dir / "engines" / ".wheelhouse").iterdir()) == \
