@@ -103,38 +103,49 @@ def same_version(have, want):
 
 
 def verify(venv, lock):
-    """(None, vllm version) when the venv holds the lock and runs, else (why, None)."""
+    """(None, vllm version) when the venv holds the lock and runs, else (why, None). The pins and
+    imports, and `vllm --version`, run side by side (each imports vLLM: seconds on a real one)."""
     py, vllm = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "vllm")
     pins = [p for p in lock.get("pins", [])]
     names = set(n for n, _ in pins)
     mods = ["vllm"] + (["torch"] if "torch" in names else []) + \
         (["flashinfer"] if "flashinfer-python" in names else [])
+    env = dict(os.environ, VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
     try:
-        r = subprocess.run([py, "-I", "-c", VERIFY, json.dumps([pins, mods])], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        probe = subprocess.Popen([py, "-I", "-c", VERIFY, json.dumps([pins, mods])], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+    except OSError as exc:
         return "%s does not run: %s" % (py, exc), None
     try:
-        found = json.loads(r.stdout.decode(errors="replace").strip().splitlines()[-1])
+        version_run = subprocess.Popen([vllm, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    except OSError as exc:
+        probe.kill()
+        probe.wait()
+        return "vllm --version: %s" % exc, None
+    try:
+        out, err = probe.communicate(timeout=600)
+        vout, _ = version_run.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        for p in (probe, version_run):
+            p.kill()
+            p.wait()
+        return "the venv's checks took more than 600 s", None
+    try:
+        found = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return "the venv's Python failed: %s" % r.stderr.decode(errors="replace").strip()[-300:], None
+        return "the venv's Python failed: %s" % err.decode(errors="replace").strip()[-300:], None
     for name, want in pins:
         have = found["versions"].get(name)
         if not same_version(have, want):
             return "%s is %s, the lock pins %s" % (name, have or "not installed", want), None
-    for mod, err in found["imports"].items():
-        if err:
-            return "import %s failed: %s" % (mod, err), None
-    try:
-        r = subprocess.run([vllm, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600,
-                           env=dict(os.environ, VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu")))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "vllm --version: %s" % exc, None
-    lines = r.stdout.decode(errors="replace").strip().splitlines()
+    for mod, error in found["imports"].items():
+        if error:
+            return "import %s failed: %s" % (mod, error), None
+    lines = vout.decode(errors="replace").strip().splitlines()
     version = lines[-1].strip() if lines else ""
-    if r.returncode != 0 or not same_version(version, lock["vllm_version"]):
+    if version_run.returncode != 0 or not same_version(version, lock["vllm_version"]):
         return "vllm --version printed %r (exit %d), the lock pins %s" % (
-            version[:80], r.returncode, lock["vllm_version"]), None
+            version[:80], version_run.returncode, lock["vllm_version"]), None
     return None, version
 
 
