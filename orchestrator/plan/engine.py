@@ -36,11 +36,6 @@ def service_vllm_version(inp: PlanInput) -> str | None:
     return (inp.engine.vllm_version if inp.engine is not None and inp.engine.ok else None) or m.engine.vllm_version
 
 
-def deferred(inp: PlanInput) -> bool:
-    """The venv does not verify now: preflight's engine checks wait for the engine step."""
-    return inp.target.manifest.engine is not None and (inp.engine is None or not inp.engine.ok)
-
-
 def after_build_checks(env: RunEnv, inp: PlanInput, skip: frozenset[str]) -> list[str]:
     """Preflight's engine checks, against the venv just built: the failures' lines."""
     m, r = inp.target.manifest, inp.target.rendered
