@@ -150,6 +150,11 @@ def process_lines(procs: list[dict]) -> list[tuple[str, bool]]:
     return out
 
 
+def engine_words(v: ServiceStatus) -> str:
+    """What a service runs: `vLLM 0.33.0 (engine vllm-0.33.0-<hash>)`, or the host's vLLM."""
+    return f"vLLM {v.vllm_version or '?'}" + (f" (engine {v.engine})" if v.engine else "")
+
+
 def render_host_details(console, r: HostStatus) -> None:
     """The per-host lines under the table: why this state, GPUs, processes, models, bench."""
     head = f"[bold]{escape(r.host)}[/]{f' ({escape(r.label)})' if r.label else ''}: " \
@@ -159,6 +164,8 @@ def render_host_details(console, r: HostStatus) -> None:
         head += f" (port {r.port}" + (f", PID {r.main_pid}" if r.main_pid else "") + ")"
     if len(r.services) > 1:
         head += escape(f" [GPUs {','.join(map(str, r.services[0].gpus))}]") if r.services[0].gpus else ""
+    if r.services and r.services[0].engine:
+        head += escape(f" {engine_words(r.services[0])}")
     console.print(head)
     for line in node_lines(r.services[0]) if r.services else []:
         console.print(f"  {line}", markup=False)
@@ -171,6 +178,8 @@ def render_host_details(console, r: HostStatus) -> None:
             line += f" (port {v.port}" + (f", PID {v.main_pid}" if v.main_pid else "") + ")"
         if v.gpus:
             line += escape(f" [GPUs {','.join(map(str, v.gpus))}]")
+        if v.vllm_version:
+            line += escape(f" {engine_words(v)}")
         console.print(line)
         for extra in unit_lines(v) + node_lines(v):
             console.print(f"    {extra}", markup=False)

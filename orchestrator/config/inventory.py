@@ -221,6 +221,19 @@ class HostEntry(Strict):
         "", description="Python that runs host-side helper scripts (download, flag check); it needs "
                         "huggingface_hub. Default (empty): `python` beside the vllm executable (the vLLM venv).")
     nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi executable.")
+    engines_root: str = Field(
+        "/var/lib/vllm-orch/engines",
+        description="Folder of the engine venvs (manifests with `engine:`): one per distinct lock, named by its "
+                    "hash, built and owned by root, read-only to the service user. gc deletes the ones no "
+                    "service uses.")
+    uv: str = Field("uv", description="uv on the host: it builds the engine venvs (from the registries the "
+                                      "host reaches, as its `env` says, e.g. UV_INDEX_URL; or from the "
+                                      "uploaded wheelhouse).")
+    wheelhouse: str = Field(
+        "", description="A folder on the CONTROLLER of wheels (vLLM, torch, flashinfer, ... for the host's "
+                        "platform, with their dependencies): for a host without the registries, the engine step "
+                        "uploads the wheels the host lacks (by name and size) to engines_root/.wheelhouse and "
+                        "builds offline from them. Empty: the host's own registries.")
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
     env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
                                          "units_dir (process).")
@@ -290,7 +303,8 @@ class HostEntry(Strict):
         return v
 
     @field_validator("address", "user", "identity_file", "known_hosts_file", "models_root", "vllm", "python",
-                     "nvidia_smi", "units_dir", "env_dir", "state_dir", "log_dir", "service_user", "label",
+                     "nvidia_smi", "engines_root", "uv", "wheelhouse", "units_dir", "env_dir", "state_dir", "log_dir",
+                     "service_user", "label",
                      mode="before")
     @classmethod
     def _text(cls, v):
@@ -304,13 +318,14 @@ class HostEntry(Strict):
             raise ValueError(f"{v!r} is not a user name (lowercase letters, digits, _ and -, at most 32)")
         return v
 
-    @field_validator("vllm", "python", "nvidia_smi")
+    @field_validator("vllm", "python", "nvidia_smi", "uv")
     @classmethod
     def _program(cls, v: str, info) -> str:
         """Every program path may start a unit's command line (ExecStart=, ExecStartPost=, the
         health check's): `+/usr/bin/python3` would run the probe as root, `-` ignore its failure."""
         if (v or info.field_name != "python") and (not v or v[0] in EXEC_PREFIXES):
-            what = {"vllm": "the vLLM path", "python": "the Python path", "nvidia_smi": "the nvidia-smi path"}
+            what = {"vllm": "the vLLM path", "python": "the Python path", "nvidia_smi": "the nvidia-smi path",
+                    "uv": "the uv path"}
             raise ValueError(f"{v!r}: {what[info.field_name or 'vllm']} cannot start with one of "
                              f"{' '.join(EXEC_PREFIXES)} (systemd reads them as ExecStart= prefixes)")
         return v
@@ -328,7 +343,7 @@ class HostEntry(Strict):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
-    @field_validator("models_root", "units_dir", "state_dir", "env_dir", "log_dir")
+    @field_validator("models_root", "engines_root", "units_dir", "state_dir", "env_dir", "log_dir")
     @classmethod
     def _absolute(cls, v: str) -> str:
         if not v:
@@ -338,13 +353,13 @@ class HostEntry(Strict):
             raise ValueError(f"{v!r} is too broad a folder for vllm-orch to manage")
         return v
 
-    @field_validator("models_root")
+    @field_validator("models_root", "engines_root")
     @classmethod
-    def _models_root(cls, v: str) -> str:
+    def _models_root(cls, v: str, info) -> str:
         why = system_folder(v)
         if why:
-            raise ValueError(f"{why}: vllm-orch deletes folders under models_root, so it must be a folder "
-                             f"of its own, e.g. /var/lib/vllm-orch/models or /data/models")
+            raise ValueError(f"{why}: vllm-orch deletes folders under {info.field_name}, so it must be a folder "
+                             f"of its own, e.g. /var/lib/vllm-orch/{'models' if info.field_name == 'models_root' else 'engines'}")
         return v
 
     _doc: YamlDoc | None = PrivateAttr(None)       # the file this entry was read from (for file:line)
@@ -399,13 +414,13 @@ class HostEntry(Strict):
     def root_programs(self) -> list[str]:
         """What vllm-orch runs as root on this host: the Python of every helper script and of the
         units' root-run parts, nvidia-smi (the facts), vLLM itself when the service runs as root."""
-        return [self.python, self.nvidia_smi] + ([self.vllm] if self.service_user == "root" else [])
+        return [self.python, self.nvidia_smi, self.uv] + ([self.vllm] if self.service_user == "root" else [])
 
     @property
     def root_folders(self) -> list[str]:
         """The folders vllm-orch writes as root."""
         return list(dict.fromkeys([self.models_root, self.state_dir, self.env_dir, self.units_dir, self.log_dir,
-                                   self.bin_dir]))
+                                   self.bin_dir, self.engines_root]))
 
     @property
     def service_home(self) -> str:

@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import typing
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -740,6 +741,97 @@ class MultiNode(Strict):
         return self.ports.get(name) or derived_port(name, head_gpus)
 
 
+# A version as pip writes one (PEP 440's public part, a local label allowed: 0.33.0, 2.10.0+cu130,
+# 0.6.1rc1, 1.0.post2): what reaches a requirements line and a folder name, so nothing else.
+PKG_VERSION = re.compile(r"^[0-9]{1,4}(\.[0-9]{1,6}){0,4}((a|b|rc)[0-9]{1,4})?(\.post[0-9]{1,4})?(\.dev[0-9]{1,8})?"
+                         r"(\+[a-z0-9]{1,20}(\.[a-z0-9]{1,20}){0,3})?$")
+# A distribution name (PEP 508), which pip normalizes (PEP 503: lowercase, runs of -_. as one -).
+PKG_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
+# A vLLM wheel from an https address: its file name (PEP 427) says the version. No query, fragment,
+# credentials or spaces: the address goes into a requirements file as `vllm @ URL`.
+VLLM_WHEEL_URL = re.compile(r"^https://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?(/[A-Za-z0-9._~%+-]{1,200}){0,20}"
+                            r"/vllm-(?P<version>[0-9][A-Za-z0-9.+%]{0,60})-[A-Za-z0-9._+-]{1,200}\.whl$")
+ENGINE_PYTHON = re.compile(r"^3\.(9|1[0-9])$")
+# Packages with a field of their own in `engine:` (flashinfer's two halves are one field).
+ENGINE_OWN = ("vllm", "torch", "flashinfer-python", "flashinfer-cubin")
+
+
+def pkg_key(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class Engine(Strict):
+    """The vLLM build a service runs (docs/operations.md, "Engines"): one locked set of packages,
+    installed into a venv of its own on the host (content-addressed: two services with the same
+    lock share it). Absent: the service runs the inventory's `vllm`."""
+
+    vllm: str = Field(
+        description="The vLLM version (`0.33.0`), or an https address of a vLLM wheel "
+                    "(`https://.../vllm-0.33.0+cu130-cp38-abi3-manylinux_2_35_x86_64.whl`).")
+    torch: str | None = Field(
+        None, description="torch's version, pinned (e.g. `2.10.0`). Empty: whatever the vLLM version requires, "
+                          "resolved when the venv is built (the lock then names only what is pinned).")
+    flashinfer: str | None = Field(
+        None, description="flashinfer-python AND flashinfer-cubin at this one version: the two must match, "
+                          "or start-up fails after the weights have loaded.")
+    packages: dict[str, str] = Field(
+        default_factory=dict,
+        description="Other packages the model needs, pinned: name -> version (e.g. `transformers: 4.57.1`).")
+    python: str = Field("3.12", description="The venv's Python version (3.9 - 3.19), found on the host by uv.")
+
+    @field_validator("vllm")
+    @classmethod
+    def _vllm(cls, v: str) -> str:
+        if v.startswith("https://"):
+            if not VLLM_WHEEL_URL.match(v):
+                raise ValueError(f"{v[:80]!r} is not an https address of a vLLM wheel "
+                                 "(.../vllm-VERSION-...whl, no query, fragment or credentials)")
+            version = urllib.parse.unquote(VLLM_WHEEL_URL.match(v).group("version"))  # type: ignore[union-attr]
+            if not PKG_VERSION.match(version):
+                raise ValueError(f"{version[:40]!r} (from the wheel's name) is not a version like 0.33.0")
+            return v
+        if not PKG_VERSION.match(v):
+            raise ValueError(f"{v[:40]!r} is not a version like 0.33.0 nor an https address of a vLLM wheel")
+        return v
+
+    @field_validator("torch", "flashinfer")
+    @classmethod
+    def _pinned(cls, v: str | None) -> str | None:
+        if v is not None and not PKG_VERSION.match(v):
+            raise ValueError(f"{v[:40]!r} is not a version like 2.10.0")
+        return v
+
+    @field_validator("packages")
+    @classmethod
+    def _packages(cls, v: dict[str, str]) -> dict[str, str]:
+        seen: dict[str, str] = {}
+        for name, version in v.items():
+            if not PKG_NAME.match(name):
+                raise at(name, f"{name[:40]!r} is not a package name")
+            if pkg_key(name) in ENGINE_OWN:
+                raise at(name, f"{name} has its own field in engine: (vllm, torch, flashinfer)")
+            if pkg_key(name) in seen:
+                raise at(name, f"{name} is also listed as {seen[pkg_key(name)]}")
+            seen[pkg_key(name)] = name
+            if not isinstance(version, str) or not PKG_VERSION.match(version):
+                raise at(name, f"{str(version)[:40]!r} is not a pinned version like 4.57.1")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not ENGINE_PYTHON.match(v):
+            raise ValueError(f"{v[:20]!r} is not a Python version like 3.12")
+        return v
+
+    @property
+    def vllm_version(self) -> str:
+        """The vLLM version the lock installs (a wheel's, from its file name)."""
+        m = VLLM_WHEEL_URL.match(self.vllm)
+        return urllib.parse.unquote(m.group("version")) if m else self.vllm
+
+
 class Manifest(Strict):
     """A deployable model: what to download, how to run vLLM, how to know it works."""
 
@@ -762,6 +854,10 @@ class Manifest(Strict):
     performance: Performance = Field(
         default_factory=Performance,
         description="Expected throughput, measured after the smoke test (a floor: warn or fail when far below).")
+    engine: Engine | None = Field(
+        None, description="The vLLM build this service runs, in a venv of its own on the host (vLLM version "
+                          "or wheel, the pinned torch, flashinfer and other packages, the Python). Absent: "
+                          "the host's `vllm` (inventory).")
     multinode: MultiNode | None = Field(
         None, description="One service across several hosts: how many, vLLM's runtime (mp or ray) and "
                           "the ports the nodes meet at. Absent: the service runs on one host.")
@@ -837,6 +933,11 @@ class Manifest(Strict):
             raise at("vllm.shutdown_timeout",
                      f"--shutdown-timeout needs vLLM >= {SHUTDOWN_TIMEOUT_SINCE} (vllm PR #34730) but "
                      f"requires.min_vllm_version is {self.requires.min_vllm_version}: raise it, or set 0")
+        if self.engine is not None and any(floor):
+            have = re.match(r"^[0-9.]*[0-9]", self.engine.vllm_version)
+            if have and _version_tuple(have.group(0)) < floor:
+                raise at("engine.vllm", f"vLLM {self.engine.vllm_version} is older than requires.min_vllm_version "
+                                        f"{self.requires.min_vllm_version}")
         return self
 
     def _check_multinode(self) -> None:

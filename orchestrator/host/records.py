@@ -131,6 +131,8 @@ class ServiceRecord(NodeFields):
     manifest_hash: str | None = None
     unit_hash: str | None = None
     vllm_version: str | None = None
+    engine: str | None = Field(None, description="Its engine venv (engines_root/NAME), when its manifest has "
+                                                 "`engine:`; absent: the inventory's vllm.")
     argv: list[str] = Field(default_factory=list)
     deployed_at: str | None = None
     host_label: str | None = None
@@ -155,6 +157,8 @@ class InstalledRecord(NodeFields):
     port: int = 0
     gpus_from: Origin = Field(Origin.MANIFEST, description="Where its GPUs came from.")
     port_from: Origin = Field(Origin.MANIFEST, description="Where its port came from.")
+    engine: str | None = Field(None, description="The engine venv its unit runs (engines_root/NAME); absent: "
+                                                 "the inventory's vllm.")
     installed_at: str | None = None
 
     @model_validator(mode="before")

@@ -25,6 +25,7 @@ from orchestrator.ops.execute import Ask, Reporter, RunOutcome, confirmation, ru
 from orchestrator.ops.nodes import as_nodes, node_envs, open_sessions, parallel
 from orchestrator.ops.session import OpResult
 from orchestrator.plan.deploy import plan_deploy
+from orchestrator.plan.engine import service_vllm_version
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.model import Plan
 from orchestrator.plan.run import Options, RunEnv
@@ -107,7 +108,7 @@ def history_record(inp: PlanInput, plan: Plan, outcome: RunOutcome, env: RunEnv,
     record = {"operation": "deploy", "model": inp.target.model, "service": m.name, "ok": outcome.ok,
               "seconds": round(result.seconds, 2),
               "steps": outcome.timings(), "manifest_hash": inp.target.rendered.manifest_hash,
-              "unit_hash": inp.target.rendered.unit_hash, "vllm_version": inp.facts.vllm_version,
+              "unit_hash": inp.target.rendered.unit_hash, "vllm_version": service_vllm_version(inp),
               "noop": not plan.changes}
     if ready is not None:
         record["smoke"] = ready.smoke.summary()

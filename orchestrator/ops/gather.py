@@ -21,23 +21,26 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.config.effective import effective
+from orchestrator.config.engine import lock_of, python_path, vllm_path
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement, Request, ServiceSpec, resolve
 from orchestrator.errors import ConfigError, DeployFailed
-from orchestrator.host import scripts
-from orchestrator.host.base import Host, Result
+from orchestrator.host import engine, scripts
+from orchestrator.host.base import Host
 from orchestrator.host.download import plan_download
+from orchestrator.host.engine import EngineState
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.state import lock_holder
 from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import placement_refusal
+from orchestrator.plan.engine import ENGINE_CHECKS
 from orchestrator.plan.inputs import DownloadPlan, LockFacts, PlanInput, RegenInput, ServiceInput, WarmFacts
 from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, PreflightFacts, evaluate, needs_for
 from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders
-from orchestrator.plan.swap import old_model_name
+from orchestrator.plan.swap import already_done, old_model_name
 from orchestrator.probe import api
 from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
 from orchestrator.secret import Secret
@@ -157,21 +160,16 @@ def download_plan(host: Host, entry: HostEntry, m: Manifest, model: str, facts: 
     return DownloadPlan.from_event(event)
 
 
-def _answer(value: dict | None, result: Result) -> HostAnswer:
-    tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-    return HostAnswer(value=value, exit_code=result.exit_code, tail=tail, seconds=round(result.duration, 3))
-
-
 def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str], facts: HostFacts | None,
                     skip: set[str], timeout: float = 180.0) -> PreflightFacts:
     """Ask the host's Python for its package versions and its vLLM parser's verdict on the argv
     (each only when a check needs it); GPUs come from the host facts already read."""
     packages = None
     if VERSION_CHECKS - skip:
-        packages = _answer(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
+        packages = HostAnswer.of(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
     argcheck = None
     if {"flags", "env"} - skip:
-        argcheck = _answer(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
+        argcheck = HostAnswer.of(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
                                              timeout=timeout))
     if facts is None:
         return PreflightFacts(python=python, packages=packages, argcheck=argcheck, gpus=None,
@@ -182,22 +180,34 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
                           service_reach=facts.service_reach, root_trust=facts.root_trust)
 
 
+def engine_state(host: Host, entry: HostEntry, svc: ServiceInput) -> EngineState | None:
+    """The service's engine venv as the host has it (None: a manifest without `engine:`)."""
+    m = svc.manifest
+    return engine.check(host, entry, lock_of(m.engine)) if m.engine is not None else None
+
+
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
-              stopping: Collection[str] = ()) -> list[Check]:
+              stopping: Collection[str] = (), engine_now: EngineState | None = None) -> list[Check]:
+    """The preflight checks, asking the service's vLLM venv (its engine venv when the manifest names
+    one); a missing engine venv defers the checks that need it to the engine step (plan/engine.py)."""
     m, r = svc.manifest, svc.rendered
     needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{svc.model}.yaml", effective=svc.effective)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     # A Ray worker node's unit runs `ray start`, not `vllm serve`: vLLM's parser has nothing to check there
     # (the head's argv carries the service's flags, and is checked on the head).
     ray_worker = {"flags", "env"} if is_ray_worker(m, r.role) else set()
-    pf = preflight_facts(host, entry.python, list(r.argv), dict(needs.env), facts, skip | ray_worker)
+    later = set(ENGINE_CHECKS) if m.engine is not None and (engine_now is None or not engine_now.ok) else set()
+    pf = preflight_facts(host, python_path(m, entry), list(r.argv), dict(needs.env), facts,
+                         skip | ray_worker | later)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign,
-                      skip=skip | ray_worker)
+                      skip=skip | ray_worker | later)
     for c in checks:    # skipped by the inventory, not by the command line: say so
         if c.status == SKIPPED and c.name in entry.skip_checks and c.name not in opts.skip_checks:
             c.summary = "skipped (host setting)"
         elif c.status == SKIPPED and c.name in ray_worker and c.name not in skip:
             c.summary = "skipped (a Ray worker node runs `ray start`; the head's vLLM command line is checked on the head)"
+        elif c.status == SKIPPED and c.name in later and c.name not in skip:
+            c.summary = "later: the engine step asks the venv it builds, before anything stops"
     return checks
 
 
@@ -208,8 +218,11 @@ def _refused(checks: list[Check]) -> bool:
 def host_facts(host: Host, entry: HostEntry, m: Manifest, request: Request, names: Collection[str] = (),
                nodes: Sequence[HostEntry] = ()) -> HostFacts:
     """The host's facts for an operation on the service the request names (and `names`), as a node
-    of `nodes` (a multi-node service's hosts, head first)."""
-    return gather(host, entry, sorted({request.name or m.name, *names}), ports=service_ports(m, entry, request, nodes))
+    of `nodes` (a multi-node service's hosts, head first). Whether the service user can run vLLM, and
+    who could change what root runs, are judged on the vllm the service runs: its engine venv's when
+    the manifest has `engine:`."""
+    runs = entry.model_copy(update={"vllm": vllm_path(m, entry)}) if m.engine is not None else entry
+    return gather(host, runs, sorted({request.name or m.name, *names}), ports=service_ports(m, entry, request, nodes))
 
 
 def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,
@@ -217,9 +230,10 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts
     """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy), for this
     host as a node of the service `spec` (its own argv is what the parser checks)."""
     target = service_input(HostReads(host), entry, m, facts, spec)
-    checks = preflight(host, entry, target, facts, opts)
+    state = engine_state(host, entry, target)
+    checks = preflight(host, entry, target, facts, opts, engine_now=state)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
-                     hf_token=hf_token())
+                     hf_token=hf_token(), engine=state)
 
 
 def for_deploy(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts: Options, lock: LockFacts,
@@ -292,10 +306,11 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
     old = service_input(reads, entry, replaced[0], facts, replaced[1], True) if replaced is not None else None
     target = service_input(reads, entry, m, facts, spec)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
-    if old is None and target.serving:
-        return inp                               # the planner decides whether there is nothing to do
-    checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set())
-    inp = replace(inp, preflight=checks)
+    if old is None and already_done(inp):
+        return inp                               # serving these very files: nothing to do (the planner says so)
+    state = engine_state(host, entry, target)
+    checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set(), engine_now=state)
+    inp = replace(inp, preflight=checks, engine=state)
     return inp if _refused(checks) else _with_download(host, inp)
 
 
@@ -324,8 +339,9 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
     found, orphaned = regen_services(facts, entry, manifests)
     reads = HostReads(host)
     services = [service_input(reads, entry, m, facts, spec, True) for m, spec in found]
+    engines = {s.name: state for s in services if (state := engine_state(host, entry, s)) is not None}
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services, orphaned=orphaned,
-                      restart=restart)
+                      restart=restart, engines=engines)
 
 
 def service_manifest(name: str, facts: HostFacts, manifests: Mapping[str, Manifest]) -> Manifest | None:

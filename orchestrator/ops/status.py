@@ -81,6 +81,8 @@ class ServiceStatus:
     # A multi-node service: its rank on this host (0: the head) and its nodes, head first (from its
     # records); the head's row lists every node with its state (fold_nodes).
     rank: int | None = None
+    vllm_version: str | None = None      # what it runs: its record's (its engine venv's), else the host's vllm
+    engine: str | None = None            # its engine venv (engines_root/NAME), None: the inventory's vllm
     node_names: list[str] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)      # head only: {host, rank, state, unit_state, reason}
 
@@ -336,6 +338,8 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
     if nodes is not None and nodes.nodes and nodes.rank is not None:
         row.node_names, row.rank = list(nodes.nodes), nodes.rank
     row.model = facts.model_of(name)
+    row.engine = rec.engine if rec is not None else None
+    row.vllm_version = (rec.vllm_version if rec is not None else None) or facts.vllm_version
     placement = facts.placement(name, entry.name)      # its record's, else where it was installed
     row.port = (placement.port if placement is not None else 0) or port_of(name)
     row.served_name = (rec.served_name if rec is not None else None) or served_name_of(name)

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.host import state
+from orchestrator.errors import DeployFailed
+from orchestrator.host import engine, state
 from orchestrator.host.base import Host
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.records import HistoryEntry
@@ -119,7 +120,12 @@ def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
 
 
 def gc_plan(host: Host, entry: HostEntry, lock: LockFacts) -> Plan:
-    return plan_gc(entry, gc_facts(host, entry), lock)
+    facts = gc_facts(host, entry)
+    try:
+        listing = engine.listing(host, entry)
+    except DeployFailed as err:
+        return plan_gc(entry, facts, lock, engines_error=err.message)
+    return plan_gc(entry, facts, lock, listing.get("engines", []))
 
 
 def run_gc(host: Host, entry: HostEntry, plan: Plan, reporter: Reporter | None = None, guard=None) -> dict:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from orchestrator.errors import RefusedError
 from orchestrator.host.ownership import gpu_list
 from orchestrator.plan import prepare, service
+from orchestrator.plan.engine import engine_action
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
@@ -101,6 +102,7 @@ def plan_deploy(*nodes: PlanInput) -> Plan:
     plan.add(prepare.download_action(head) if one else download_all_action(nodes))
     if not one and plan.add_checked(*verify_same_action(nodes)):
         return plan
+    engines(plan, nodes, tag)
     running = {i.entry.name: bool((st := i.facts.services.get(m.name)) and st.active) for i in nodes}
     installs = [tag(i.entry.name, service.install_action(i.entry, i.target)) for i in nodes]
     # Any node's new files or stopped service restarts them all, together: a rank cannot rejoin a
@@ -147,6 +149,14 @@ def plan_deploy(*nodes: PlanInput) -> Plan:
     if first is not None:
         plan.recover(first, stop_title(m.name, one), stop_everywhere(nodes, tag))
     return plan
+
+
+def engines(plan: Plan, nodes: Sequence[PlanInput], tag: Callable[[str, Action], Action]) -> None:
+    """Each node's engine venv (a manifest with `engine:`, plan/engine.py), built before anything stops."""
+    for i in nodes:
+        action = engine_action(i)
+        if action is not None:
+            plan.add(tag(i.entry.name, action))
 
 
 def checked(tag: Callable[[str, Action], Action], node: str,

@@ -12,6 +12,7 @@ from orchestrator.config.effective import Effective
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import ServiceSpec
+from orchestrator.host.engine import EngineState
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan.preflight import Check
 from orchestrator.plan.run import Options
@@ -112,6 +113,7 @@ class PlanInput:
     hf_token: Secret | None = None
     old: ServiceInput | None = None             # swap: the model being replaced
     warm: WarmFacts | None = None               # the new model's page-cache state (when warming)
+    engine: EngineState | None = None           # the service's engine venv (a manifest with `engine:`)
 
     @property
     def name(self) -> str:
@@ -127,3 +129,4 @@ class RegenInput:
     services: list[ServiceInput]                # every installed model that still has a manifest
     orphaned: list[str] = field(default_factory=list)   # installed, but no manifest now
     restart: bool = False
+    engines: Mapping[str, EngineState] = field(default_factory=dict)   # service -> its engine venv (`engine:`)

@@ -513,6 +513,12 @@ class HostAnswer:
     tail: list[str] = dc_field(default_factory=list)     # last stderr/stdout lines, for failures
     seconds: float | None = None
 
+    @classmethod
+    def of(cls, value: dict | None, result: Any) -> HostAnswer:
+        """From a script's JSON answer and its Result (host/scripts.run_json)."""
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        return cls(value=value, exit_code=result.exit_code, tail=tail, seconds=round(result.duration, 3))
+
 
 @dataclass
 class PreflightFacts:

@@ -44,6 +44,15 @@ def plan_regen(inp: RegenInput) -> Plan:
     user = prepare.user_action(entry, facts.users)
     if not user.noop and inp.services:           # the units name the service user: it must exist
         plan.add(user)
+    for svc in inp.services:        # regen writes units; only the engine step builds the venv one names
+        st_engine = inp.engines.get(svc.name)
+        if svc.manifest.engine is not None and (st_engine is None or not st_engine.ok):
+            why = f"{st_engine.state}: {st_engine.detail}" if st_engine is not None else "not checked"
+            return plan.refuse(Action("engine", f"{svc.name}'s engine venv does not verify ({why})"), RefusedError(
+                f"{svc.name}'s manifest names an engine that is not built on {entry.name} ({why}): regen would "
+                "install a unit that cannot start", host=entry.name, step="engine",
+                hint=f"`vllm-orch swap {svc.model} --host {entry.name}` builds it first and rolls back if it "
+                     "fails (an engine change is an upgrade)"))
     restarts: list[str] = []
     for svc in inp.services:
         install = plan.add(service.install_action(entry, svc, step=f"install {svc.name}"))

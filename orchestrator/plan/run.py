@@ -69,6 +69,7 @@ class RunRecord:
     """What the steps of one run produced, in the order they ran."""
 
     download: DownloadResult | None = None
+    engine: dict | None = None                  # the engine step's build: venv name, version, seconds, bytes
     warm: WarmResult | None = None
     stopped_at: float | None = None             # monotonic time the old service was stopped (swap)
     ready_at: float | None = None               # monotonic time the new service passed its gates

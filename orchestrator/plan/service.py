@@ -12,6 +12,7 @@ import time
 from collections.abc import Collection, Sequence
 
 from orchestrator.config.effective import MANIFEST
+from orchestrator.config.engine import lock_of
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import NodeRole, node_binds
@@ -22,6 +23,7 @@ from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import Holders, gpu_list, holders, kill_commands, wait_released
 from orchestrator.host.records import InstalledRecord, NodeFields, ServiceRecord
 from orchestrator.host.services import Service
+from orchestrator.plan.engine import service_vllm_version
 from orchestrator.plan.inputs import PlanInput, ServiceInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.perf import BelowFloor, expected_text, likely_causes, shortfalls
@@ -164,6 +166,7 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
+                           engine=lock_of(r.manifest.engine).name if r.manifest.engine else None,
                            installed_at=state.now_iso(), cluster_ports=cluster_ports(r.manifest),
                            node_ports=node_ports(r.manifest, r.role), **origins,
                            **NodeFields.of(r.role))
@@ -235,14 +238,17 @@ def install_action(entry: HostEntry, svc: ServiceInput, step: str = "install") -
                   commands=cmds + Service.for_host(None, entry, name).reload_commands(), run=run)
 
 
-def restore_action(svc: ServiceInput) -> Action:
-    """Put back the files that were installed before this run (regen's recovery)."""
+def restore_action(svc: ServiceInput, previous: InstalledRecord | None = None) -> Action:
+    """Put back the files that were installed before this run (regen's recovery), and with them
+    `previous`, their installed record (an upgrade's rollback: the record names the engine they run)."""
     files = [(f.path, svc.installed_files.get(f.path), f.mode) for f in svc.rendered.files]
 
     def run(env: RunEnv) -> str:
         for path, data, mode in files:
             if data is not None:
                 env.host.put(path, data, mode)
+        if previous is not None:
+            state.write_installed(env.host, env.entry, svc.name, previous)
         s = service_of(env, svc.name)
         s.run_all(s.reload_commands(), "daemon-reload")
         return "previous files restored"
@@ -264,14 +270,16 @@ def start_action(inp: PlanInput, unit_changed: bool) -> Action:
     if st is not None and running and not unit_changed:
         return Action("start", f"nothing to do, because {name} is already running (PID {st.main_pid})",
                       noop=True, run=lambda env: _mark_cursor(env, name))
-    return start_service_action(entry, name, restart=running, enable=inp.opts.enable,
+    return start_service_action(entry, name, restart=running, enable=inp.opts.enable, downtime_starts=running,
                                 summary=f"{'restart (the unit changed)' if running else 'start'} {name}"
                                         + (" and enable it at boot" if inp.opts.enable else ""))
 
 
 def start_service_action(entry: HostEntry, model: str, *, restart: bool = False, enable: bool = False,
-                         summary: str | None = None, step: str = "start") -> Action:
-    """Start (or restart) a service with its installed unit; its log position is marked first."""
+                         summary: str | None = None, step: str = "start", downtime_starts: bool = False) -> Action:
+    """Start (or restart) a service with its installed unit; its log position is marked first.
+    `downtime_starts`: the restart stops a serving service (an upgrade: the same service, new files),
+    so the downtime is counted from here."""
     shown = Service.for_host(None, entry, model)
     cmds = (shown.stop_commands() if restart else []) + shown.start_commands() + \
         (shown.enable_commands() if enable else [])
@@ -279,6 +287,8 @@ def start_service_action(entry: HostEntry, model: str, *, restart: bool = False,
     def run(env: RunEnv) -> str:
         _mark_cursor(env, model)
         svc = service_of(env, model)
+        if downtime_starts and env.record.stopped_at is None:
+            env.record.stopped_at = time.monotonic()
         svc.run_all(cmds, f"start {model}", timeout=600)
         env.record.started.add(model)
         st = svc.wait_started()
@@ -390,7 +400,7 @@ def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
     key: Secret | None = svc.api_key
     origins = svc.effective.origins if svc.effective is not None else {}
     previous = previous_measurement(inp)
-    argv, vllm_version = list(svc.rendered.argv), inp.facts.vllm_version
+    argv, vllm_version = list(svc.rendered.argv), service_vllm_version(inp)
 
     def run(env: RunEnv) -> str:
         got = measure(Endpoint(env.host, m.serving.port, key), m.served_name, max_tokens=perf.max_tokens,
@@ -426,9 +436,11 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
     m, r = inp.target.manifest, inp.target.rendered
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
-    return ServiceRecord(model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
+    vllm_version = (env.record.engine or {}).get("vllm_version") or service_vllm_version(inp)
+    return ServiceRecord(engine=lock_of(m.engine).name if m.engine else None,
+                         model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
                          repo=m.source.repo, revision=commit, manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
-                         vllm_version=inp.facts.vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
+                         vllm_version=vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
                          hardware=inp.target.effective.hardware if inp.target.effective else None,
                          perf=env.record.perf.get(m.name), cluster_ports=cluster_ports(m),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
 from orchestrator.fmt import fmt_bytes
-from orchestrator.host import modeldirs, state
+from orchestrator.host import engine, modeldirs, state
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import Holders, Proc, gpu_list, holders, kill_commands, read_gpus, wait_released
 from orchestrator.host.services import Service
@@ -191,19 +191,64 @@ def gc_choice(facts: HostFacts) -> tuple[list[GcCandidate], list[tuple[str, str]
     return delete, keep
 
 
-def plan_gc(entry: HostEntry, facts: HostFacts, lock: LockFacts) -> Plan:
+def engines_in_use(facts: HostFacts) -> set[str]:
+    """The engine venvs a service uses: named by its record (what runs, and what a rollback goes back
+    to) or by its installed files (what its next start runs)."""
+    return {r.engine for r in facts.records.values() if r.engine} | \
+        {i.engine for i in facts.installed.values() if i.engine}
+
+
+def engine_choice(facts: HostFacts, engines: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """(engine venvs that go, those that stay and why) from the host's listing (host/engine.py)."""
+    used = engines_in_use(facts)
+    go = [e for e in engines if e["name"] not in used]
+    return go, [(e["name"], "a service uses it") for e in engines if e["name"] in used]
+
+
+def plan_gc(entry: HostEntry, facts: HostFacts, lock: LockFacts, engines: list[dict] | None = None,
+            engines_error: str | None = None) -> Plan:
+    """gc's plan: model folders (gc_choice) and, from the host's listing of engines_root (`engines`;
+    None with `engines_error`: it could not be read, so none is deleted), the engine venvs no
+    service's record or installed files name."""
     delete, keep = gc_choice(facts)
+    gone_engines, kept_engines = engine_choice(facts, engines or [])
+    if engines_error:
+        kept_engines.append(("engine venvs", f"not listed ({engines_error}): none deleted"))
+    keep = keep + kept_engines
     plan = Plan("gc", entry.describe(), "inactive model folders",
                 info={"delete": [vars(c) for c in delete], "keep": [list(k) for k in keep],
                       "bytes": sum(c.bytes for c in delete)})
     plan.add(prepare.lock_action(lock))
     plan.add(Action("keep", f"{len(keep)} folder{'s' if len(keep) != 1 else ''} stay", noop=True,
                     details=[f"{n}: {why}" for n, why in keep]))
-    if not delete:
+    if not delete and not gone_engines:
         plan.add(Action("delete", "nothing to do, because no folder of vllm-orch's is unused", noop=True))
     for c in delete:
         plan.add(delete_action(entry, c))
+    for e in gone_engines:
+        plan.add(engine_delete_action(entry, e))
+    plan.info["bytes"] += sum(int(e.get("bytes") or 0) for e in gone_engines)
+    plan.info["delete_engines"] = [e["name"] for e in gone_engines]
     return plan
+
+
+def engine_delete_action(entry: HostEntry, e: dict) -> Action:
+    """Remove one engine venv no service uses, through the engine script's guarded removal."""
+    name, size = e["name"], int(e.get("bytes") or 0)
+    path = f"{entry.engines_root}/{name}"
+
+    def run(env: RunEnv) -> str:
+        why = engine.remove(env.host, env.entry, name)
+        if why is not None:
+            env.record.kept.append((name, why))
+            return f"kept: {why}"
+        env.record.deleted.append((name, size))
+        return f"deleted ({fmt_bytes(size)})"
+
+    what = f"vLLM {e.get('vllm_version')}" if e.get("complete") else "a build that did not finish"
+    return Action("delete", f"delete the engine venv {path} ({fmt_bytes(size)}, {what}; no service uses it)",
+                  commands=[engine.remove_command(entry, name)],
+                  confirm=f"delete {path} on {entry.name} ({fmt_bytes(size)})", run=run)
 
 
 def delete_action(entry: HostEntry, c: GcCandidate) -> Action:

@@ -36,6 +36,7 @@ from orchestrator.fmt import fmt_bytes
 from orchestrator.host.facts import HostFacts
 from orchestrator.plan import prepare, service
 from orchestrator.plan.deploy import (
+    engines,
     hosts_desc,
     preflights,
     start_actions,
@@ -160,6 +161,14 @@ def plan_swap(*nodes: PlanInput, old: OldService | None = None,
         assert first is not None
         plan.recover(first, f"roll back to {old.name}" + ("" if one else f" on {', '.join(old.nodes)}"),
                      rollback_actions(nodes, old, elsewhere, tag, new_started_before=not stops))
+    elif (first_start := next((a for a in starts if not a.noop), None)) is not None and one and old is None \
+            and running[entry.name] and not installs[0].noop and head.target.installed_files.get(
+                head.target.rendered.unit.path) is not None:
+        # the same service with new files (an engine upgrade: its unit names another venv): a failed
+        # start or gate puts its previous files back (the old venv stays: its record still names it)
+        # and starts it again
+        plan.recover(first_start, f"roll back to {m.name}'s previous unit (its previous engine)",
+                     upgrade_rollback(head))
     elif (first_start := next((a for a in starts if not a.noop), None)) is not None:
         # nothing to roll back to (a swap from nothing, or from a service that does not run): a
         # failed start is stopped, so it cannot hold the GPUs
@@ -225,6 +234,7 @@ def _stage(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
     plan.add(prepare.download_action(head) if one else download_all_action(nodes))
     if len(nodes) > 1 and plan.add_checked(*verify_same_action(nodes)):
         return plan
+    engines(plan, nodes, tag)
     return None
 
 
@@ -291,6 +301,16 @@ def rollback_actions(nodes: Sequence[PlanInput], old: OldService,
     return actions
 
 
+def upgrade_rollback(inp: PlanInput) -> list[Action]:
+    """Stop the new start, put the service's previous files back, start it with them, wait for it."""
+    t, entry = inp.target, inp.entry
+    return [service.stop_action(entry, t.name, "the upgrade failed", drain=False),
+            service.restore_action(t, inp.facts.installed.get(t.name)),
+            service.start_service_action(entry, t.name, restart=True,
+                                         summary=f"start {t.name} with its previous unit"),
+            service.ready_action(t, inp.opts.budget_s, already_serving=False, marks_ready=False)]
+
+
 def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     """The disk cannot hold both models: stop the old one and delete its folder first (--yes)."""
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
@@ -335,6 +355,7 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     plan.warnings.append(text)
     old_running = bool(f.services.get(old.name) and f.services[old.name].active)
     old_enabled = service.enabled_at_boot(f, old.name)
+    engines(plan, [inp], lambda _node, action: action)       # the venv needs no room of the models disk
     if old_running:
         plan.add(service.stop_action(entry, old.name, "downtime starts; not staged", downtime_starts=True,
                                      swap_to=m.name, enabled=old_enabled))

@@ -21,6 +21,7 @@ from pathlib import Path
 import jinja2
 
 from orchestrator import __version__
+from orchestrator.config.engine import vllm_path
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import NodeRole, ray_node_ports
@@ -196,9 +197,10 @@ def model_dir(model: str, host: HostEntry) -> str:
     return f"{host.models_root}/{model}"
 
 
-def ray_executable(host: HostEntry) -> str:
+def ray_executable(m: Manifest, host: HostEntry) -> str:
     """`ray` beside the vllm executable (the same venv: Ray's version must be the one vLLM imports)."""
-    return str(Path(host.vllm).with_name("ray")) if "/" in host.vllm else "ray"
+    vllm = vllm_path(m, host)
+    return str(Path(vllm).with_name("ray")) if "/" in vllm else "ray"
 
 
 def ray_unit_name(m: Manifest) -> str:
@@ -233,7 +235,7 @@ def _ray_argv(m: Manifest, host: HostEntry, role: NodeRole) -> list[tuple[str, s
     foreground for systemd."""
     assert m.multinode is not None
     port = meet_port(m, "ray_port")
-    out = [(ray_executable(host), "host.vllm"), ("start", "(command)")]
+    out = [(ray_executable(m, host), "engine.vllm" if m.engine else "host.vllm"), ("start", "(command)")]
     if role.head:
         out += [("--head", "(node rank)"), ("--port", "multinode.ray_port"), (str(port), "multinode.ray_port")]
     else:
@@ -311,7 +313,7 @@ def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,
         out.extend((str(t), field_path) for t in tokens)
 
     v, s = m.vllm, m.serving
-    add("host.vllm", host.vllm)
+    add("engine.vllm" if m.engine else "host.vllm", vllm_path(m, host))
     add("(command)", "serve")
     add("name", model_dir(model or m.name, host))
     add("serving.served_model_name", "--served-model-name", m.served_name)
@@ -451,10 +453,10 @@ def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
 HOME_TREES = ("/home", "/root", "/run/user")
 
 
-def protect_home(host: HostEntry) -> str:
+def protect_home(host: HostEntry, m: Manifest | None = None) -> str:
     """ProtectHome= for the unit: `yes` (hidden) unless the models, vLLM or its Python live in a home
     folder; then `read-only`, which still keeps the service from writing there."""
-    paths = (host.models_root, host.vllm, host.python)
+    paths = (host.models_root, vllm_path(m, host) if m is not None else host.vllm, host.python)
     inside = any(p == t or p.startswith(t + "/") for p in paths for t in HOME_TREES)
     return "read-only" if inside else "yes"
 
@@ -523,7 +525,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, model=model, host=host, model_dir=mdir, env_path=epath,
-                  manifest_hash=mhash, protect_home=protect_home(host), credential=CREDENTIAL,
+                  manifest_hash=mhash, protect_home=protect_home(host, m), credential=CREDENTIAL,
                   restart_exit=RESTART_EXIT, busy_exit=BUSY_EXIT, cache_env=CACHE_ENV)
     ray = role is not None and m.multinode is not None and m.multinode.backend == "ray"
     if ray and host.service_manager != "systemd":

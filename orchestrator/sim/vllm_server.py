@@ -89,7 +89,10 @@ def _read_json(path: Path, default):
 
 
 SIM = _read_json(HOST_DIR / "sim.json", {})
-VERSION = str(SIM.get("vllm_version", "0.33.0"))
+# A simulated engine venv (orchestrator/sim/engines.py) runs this server as its own version, with its
+# own packages; otherwise the host's vLLM is the version in sim.json, its packages the host folder's.
+ENGINE_VERSION = os.environ.get("VLLM_SIM_VLLM_VERSION")
+VERSION = ENGINE_VERSION or str(SIM.get("vllm_version", "0.33.0"))
 FINGERPRINT = f"vllm-{VERSION}-{random.getrandbits(32):08x}"   # "vllm-<version>-<8 hex>", per server
 
 
@@ -395,6 +398,36 @@ class EnableDisableAction(argparse.Action):
         setattr(namespace, self.dest, option_string not in self.negative)
 
 
+# Flags whose presence follows the version: (flag, first release with it, first release without it).
+# --shutdown-timeout: added by vllm PR #34730, released in v0.18.0. --swap-space: in EngineArgs
+# 0.15.0-0.17.1, absent from 0.18.0 on (unsloth-zoo #1210; absent from the 0.24.0 and 0.33.0 wheels'
+# engine/arg_utils.py). A version outside a flag's range fails on it with argparse's own
+# "unrecognized arguments".
+VERSIONED_FLAGS = [("--shutdown-timeout", "0.18.0", None), ("--swap-space", None, "0.18.0")]
+
+
+def has_flag(flag: str) -> bool:
+    for name, since, until in VERSIONED_FLAGS:
+        if name == flag:
+            return (since is None or not version_before(VERSION, since)) and \
+                (until is None or version_before(VERSION, until))
+    return True
+
+
+def start_line(addr: str, port: int) -> tuple[str, str]:
+    """(logger location, text) of the API server's start line, as this version words it: 0.33.0 logs
+    `[entry.py:139] Starting vLLM server on URL` (entrypoints/launchers/api_server/entry.py), 0.24.0
+    the same words from `[api_server.py:581]` (entrypoints/openai/api_server.py); older releases
+    `Starting vLLM API server 0 on URL` (api_server.py). Where between them the words changed is not
+    pinned down: the simulator takes 0.20.0, a chosen boundary (and the old line's number is chosen)."""
+    url = f"http://{addr}:{port}"
+    if version_before(VERSION, "0.20.0"):
+        return "api_server.py:1874", f"Starting vLLM API server 0 on {url}"
+    if version_before(VERSION, "0.33.0"):
+        return "api_server.py:581", f"Starting vLLM server on {url}"
+    return "entry.py:139", f"Starting vLLM server on {url}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
     parser.add_argument("-v", "--version", action="version", version=VERSION)
@@ -420,7 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
         for names in opts(_OPTVAL_OPTS):
             serve.add_argument(*names, nargs="?", const=True, default=None)
         for names in opts(_VALUE_OPTS):
-            serve.add_argument(*names, default=None)
+            if has_flag(names[0]):
+                serve.add_argument(*names, default=None)
+        for flag, _since, _until in VERSIONED_FLAGS:
+            if has_flag(flag) and flag not in _VALUE_OPTS.split():
+                serve.add_argument(flag, default=None)
     return parser
 
 
@@ -625,6 +662,12 @@ def await_titles(holders) -> None:
 
 
 def dist_version(dist: str):
+    if ENGINE_VERSION:          # an engine venv: its own installed packages
+        from importlib import metadata
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
     norm = dist.replace("-", "_").lower()
     for d in (HOST_DIR / "site-packages").glob("*.dist-info"):
         if d.name.lower().startswith(norm + "-"):
@@ -1768,7 +1811,7 @@ class Launch:
             "max_num_batched_tokens": int(a.max_num_batched_tokens or 8192), "custom_code": bool(
                 cfg_json.get("auto_map")) if cfg_json else prof["custom_code"],
             "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
-            "shutdown_timeout": int(a.shutdown_timeout or 0),
+            "shutdown_timeout": int(getattr(a, "shutdown_timeout", None) or 0),   # none before 0.18.0
             "strategy": a.safetensors_load_strategy,
             "prefetch_threads": int(a.safetensors_prefetch_num_threads or 8),
             "prefetch_block": int(a.safetensors_prefetch_block_size or 16 * MiB),
@@ -2220,7 +2263,7 @@ class Launch:
         addr = cfg["host"] or "0.0.0.0"
         for api in apis:
             log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
-            log(api, "INFO", "entry.py:139", f"Starting vLLM server on http://{addr}:{cfg['port']}")
+            log(api, "INFO", *start_line(addr, cfg["port"]))
             log(api, "INFO", "launcher.py:188", "Available routes are:")
             for path, methods in Server.ROUTES:
                 log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")

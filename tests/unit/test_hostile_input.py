@@ -140,6 +140,33 @@ HOSTILE = [
     ("disk-reserve-inf", "h-raw", None, "disk_reserve_gib"),
     ("inventory-yaml-nul", "h-raw", b"hosts:\n  h: {address: local\x00}\n", ":2"),
     ("inventory-alias-bomb", "h-raw", None, "expanding aliases"),
+    # -- manifest: engine (each value reaches a requirements file that root's uv reads) -------------
+    ("engine-vllm-shell", "m", {"engine": {"vllm": "0.33.0; rm -rf /"}}, "engine.vllm"),
+    ("engine-vllm-option", "m", {"engine": {"vllm": "--index-url=https://evil.example/simple"}}, "engine.vllm"),
+    ("engine-vllm-http-wheel", "m", {"engine": {"vllm": "http://evil.example/vllm-0.33.0-py3-none-any.whl"}},
+     "engine.vllm"),
+    ("engine-vllm-url-credentials", "m",
+     {"engine": {"vllm": "https://u:p@evil.example/vllm-0.33.0-py3-none-any.whl"}}, "engine.vllm"),
+    ("engine-vllm-url-query", "m",
+     {"engine": {"vllm": "https://evil.example/vllm-0.33.0-py3-none-any.whl?x=--pre"}}, "engine.vllm"),
+    ("engine-torch-newline", "m", {"engine": {"vllm": "0.33.0", "torch": "2.10.0\n--extra-index-url x"}},
+     "engine.torch"),
+    ("engine-flashinfer-range", "m", {"engine": {"vllm": "0.33.0", "flashinfer": ">=0.6"}}, "engine.flashinfer"),
+    ("engine-package-name-option", "m",
+     {"engine": {"vllm": "0.33.0", "packages": {"--extra-index-url https://evil": "1"}}}, "engine.packages"),
+    ("engine-package-unpinned", "m", {"engine": {"vllm": "0.33.0", "packages": {"transformers": ">=4"}}},
+     "engine.packages.transformers"),
+    ("engine-package-twice", "m", {"engine": {"vllm": "0.33.0", "packages": {"flashinfer_python": "0.6.1"}}},
+     "engine.packages.flashinfer_python"),
+    ("engine-python-words", "m", {"engine": {"vllm": "0.33.0", "python": "3.12 --system"}}, "engine.python"),
+    ("engine-below-min-vllm", "m", {"engine": {"vllm": "0.20.0"}, "requires": {"min_vllm_version": "0.25.0"}},
+     "engine.vllm"),
+    ("engine-unknown-key", "m", {"engine": {"vllm": "0.33.0", "index_url": "https://evil.example"}},
+     "engine.index_url"),
+    # -- inventory: where engines are built, and by what -----------------------------------------
+    ("engines-root-slash", "h", {"engines_root": "/"}, "engines_root"),
+    ("engines-root-system", "h", {"engines_root": "/usr/lib"}, "engines_root"),
+    ("uv-plus-prefix", "h", {"uv": "+/usr/bin/uv"}, "uv"),
 ]
 
 RAW = {

@@ -98,3 +98,30 @@ def test_sim_versions_compare_like_releases():
 def test_canned_answers():
     assert vs.answer_for("What is 2+2? Answer with one number.")[1] == "4"
     assert vs.answer_for("Explain KV caches")[1] == vs.FILLER.strip()
+
+
+@pytest.mark.parametrize("version, shutdown, swap_space", [("0.17.1", False, True), ("0.18.0", True, False),
+                                                           ("0.24.0", True, False), ("0.33.0", True, False)])
+def test_the_flag_set_follows_the_version(version, shutdown, swap_space, monkeypatch, capsys):
+    """A simulated engine venv's parser is its version's: --shutdown-timeout from 0.18.0 (vllm PR
+    #34730), --swap-space until 0.17.1 (absent from 0.18.0 on)."""
+    monkeypatch.setattr(vs, "VERSION", version)
+    for flag, there in (("--shutdown-timeout", shutdown), ("--swap-space", swap_space)):
+        if there:
+            parse(f"serve /m/x {flag} 4")
+            continue
+        with pytest.raises(SystemExit) as exc:
+            parse(f"serve /m/x {flag} 4")
+        assert exc.value.code == 2 and f"unrecognized arguments: {flag} 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version, where, words", [("0.33.0", "entry.py:139", "Starting vLLM server on"),
+                                                   ("0.24.0", "api_server.py:581", "Starting vLLM server on"),
+                                                   ("0.19.1", "api_server.py:1874", "Starting vLLM API server 0 on")])
+def test_the_start_line_follows_the_version_and_vllm_orch_reads_each(version, where, words, monkeypatch):
+    from orchestrator.probe.logsig import phase_of
+
+    monkeypatch.setattr(vs, "VERSION", version)
+    at, text = vs.start_line("0.0.0.0", 8000)
+    assert (at, text) == (where, f"{words} http://0.0.0.0:8000")
+    assert phase_of(f"(APIServer pid=7) INFO 12-01 10:00:00 [{at}] {text}") == "starting API server"

@@ -1,0 +1,91 @@
+"""A manifest's `engine:` as it lands on a host: the locked set of packages (the lock), its hash,
+and the venv it names. Pure.
+
+One venv per distinct lock, content-addressed: `<engines_root>/vllm-<version>-<hash>`, the hash
+being sha256 of the lock's canonical JSON (the Python version and the sorted requirement lines).
+Two services whose manifests lock the same set share one venv; a changed pin is another venv,
+built beside the one the old service keeps serving from. A manifest without `engine:` runs the
+inventory's `vllm` (today's behaviour).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Engine, Manifest, pkg_key
+
+MARKER = "vllm-orch-engine.json"          # written last into a venv that built and verified
+
+
+@dataclass(frozen=True)
+class Lock:
+    """What one venv holds: the Python version and pinned requirement lines, sorted by name."""
+
+    python: str
+    requirements: tuple[str, ...]
+    vllm_version: str
+    pins: tuple[tuple[str, str], ...]       # (normalized name, version) of every pinned package
+
+    def as_json(self) -> str:
+        return json.dumps({"python": self.python, "requirements": list(self.requirements)},
+                          sort_keys=True, separators=(",", ":"))
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.as_json().encode()).hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        """The venv's folder name: readable, and its content's address."""
+        return f"vllm-{self.vllm_version}-{self.hash}"
+
+    def as_dict(self) -> dict:
+        return {"python": self.python, "requirements": list(self.requirements), "hash": self.hash,
+                "name": self.name, "vllm_version": self.vllm_version, "pins": [list(p) for p in self.pins]}
+
+
+def lock_of(engine: Engine) -> Lock:
+    """The lock of an `engine:` section: vllm (a version, or `vllm @ URL` of a wheel), torch,
+    flashinfer-python and flashinfer-cubin at one version, the other packages."""
+    reqs: dict[str, str] = {}
+    pins: dict[str, str] = {}
+    if engine.vllm.startswith("https://"):
+        reqs["vllm"] = f"vllm @ {engine.vllm}"
+    else:
+        reqs["vllm"] = f"vllm=={engine.vllm}"
+    pins["vllm"] = engine.vllm_version
+    if engine.torch:
+        reqs["torch"] = f"torch=={engine.torch}"
+        pins["torch"] = engine.torch
+    if engine.flashinfer:
+        for half in ("flashinfer-python", "flashinfer-cubin"):
+            reqs[half] = f"{half}=={engine.flashinfer}"
+            pins[half] = engine.flashinfer
+    for name, version in engine.packages.items():
+        key = pkg_key(name)
+        reqs[key] = f"{key}=={version}"
+        pins[key] = version
+    return Lock(engine.python, tuple(reqs[k] for k in sorted(reqs)), engine.vllm_version,
+                tuple(sorted(pins.items())))
+
+
+def venv_path(entry: HostEntry, lock: Lock) -> str:
+    return f"{entry.engines_root}/{lock.name}"
+
+
+def vllm_path(m: Manifest, entry: HostEntry) -> str:
+    """The vllm executable the service runs: its engine venv's, else the inventory's."""
+    if m.engine is None:
+        return entry.vllm
+    return f"{venv_path(entry, lock_of(m.engine))}/bin/vllm"
+
+
+def python_path(m: Manifest, entry: HostEntry) -> str:
+    """The Python whose vLLM parser and packages preflight asks: the engine venv's, else the
+    inventory's `python` (the host's vLLM venv by default)."""
+    if m.engine is None:
+        return entry.python
+    return f"{venv_path(entry, lock_of(m.engine))}/bin/python"

@@ -1,0 +1,138 @@
+"""Controller side of the engine venvs (orchestrator/host/remote/engine.py, run by the host's Python):
+check one, build one (uploading the wheelhouse first for a host without registries), list them, and
+the guarded removal gc uses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.config.engine import Lock
+from orchestrator.config.inventory import HostEntry
+from orchestrator.errors import DeployFailed, RefusedError
+from orchestrator.host import scripts
+from orchestrator.host.base import Host, Script
+
+SCRIPT = "engine.py"
+EVENTS = ("step", "done", "error")
+WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """What the host says about one lock's venv: ok, missing, partial (a build cut short),
+    mismatch (its marker names another lock) or broken (it does not verify), and why."""
+
+    lock: Lock
+    path: str
+    state: str
+    detail: str = ""
+    vllm_version: str | None = None
+    bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+
+def wheelhouse_dir(entry: HostEntry) -> str:
+    return f"{entry.engines_root}/.wheelhouse"
+
+
+def _args(entry: HostEntry, lock: Lock, **more) -> str:
+    return json.dumps({"root": entry.engines_root, "lock": lock.as_dict(), **more})
+
+
+def check(host: Host, entry: HostEntry, lock: Lock) -> EngineState:
+    path = f"{entry.engines_root}/{lock.name}"
+    answer, result = scripts.run_json(host, entry.python, SCRIPT, ["check", _args(entry, lock)], timeout=900)
+    if answer is None:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no answer"]
+        return EngineState(lock, path, "broken", f"the engine check did not answer: {tail[0][:300]}")
+    return EngineState(lock, path, str(answer.get("state")), str(answer.get("detail") or ""),
+                       answer.get("vllm_version"), answer.get("bytes"))
+
+
+def listing(host: Host, entry: HostEntry) -> dict:
+    """{"engines": [{"name", "complete", "vllm_version", "bytes"}], "wheelhouse": {file: size}}."""
+    answer, result = scripts.run_json(host, entry.python, SCRIPT, ["list", json.dumps({"root": entry.engines_root})],
+                                      timeout=120)
+    if answer is None:
+        raise DeployFailed("the engine listing did not answer", host=entry.name, step="engines",
+                           details=(result.stderr or result.stdout).strip().splitlines()[-3:])
+    return answer
+
+
+def remove_command(entry: HostEntry, name: str) -> Script:
+    """The guarded removal of one engine venv (a folder named like one, under engines_root, no link)."""
+    return scripts.command(entry.python, SCRIPT, ["remove", json.dumps({"root": entry.engines_root, "name": name})])
+
+
+def remove(host: Host, entry: HostEntry, name: str) -> str | None:
+    """Remove one engine venv through the guarded removal: None when removed, else why not."""
+    answer, result = scripts.run_json(host, entry.python, SCRIPT,
+                                      ["remove", json.dumps({"root": entry.engines_root, "name": name})], timeout=600)
+    if answer is not None and answer.get("removed"):
+        return None
+    return str((answer or {}).get("why") or (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1])
+
+
+def local_wheels(folder: str) -> dict[str, Path]:
+    """The wheels of the controller's wheelhouse (file names a wheel can have, regular files)."""
+    out = {}
+    for p in sorted(Path(folder).expanduser().iterdir()):
+        if WHEEL.match(p.name) and p.is_file() and not p.is_symlink():
+            out[p.name] = p
+    return out
+
+
+def upload_wheelhouse(host: Host, entry: HostEntry, on_step: Callable[[str], None] | None = None) -> int:
+    """Put the controller's wheelhouse (inventory `wheelhouse`) into engines_root/.wheelhouse: the
+    wheels the host lacks or holds at another size. Returns the bytes sent."""
+    have = listing(host, entry).get("wheelhouse", {})
+    sent = 0
+    for name, path in local_wheels(entry.wheelhouse).items():
+        size = path.stat().st_size
+        if have.get(name) == size:
+            continue
+        host.put(f"{wheelhouse_dir(entry)}/{name}", path.read_bytes(), 0o644)
+        sent += size
+        if on_step:
+            on_step(f"uploaded {name}")
+    return sent
+
+
+def build_args(entry: HostEntry, lock: Lock) -> list[str]:
+    """The engine script's arguments for building the lock's venv (what the plan shows is what runs)."""
+    return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=wheelhouse_dir(entry) if entry.wheelhouse else None)]
+
+
+def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict], None] | None = None,
+          timeout: float = 4 * 3600.0) -> dict:
+    """Build (and verify) the lock's venv on the host; the wheelhouse first when the host has one.
+    Returns the done event plus "uploaded_bytes" and "seconds" (the whole step's)."""
+    started = time.monotonic()
+    uploaded = 0
+    if entry.wheelhouse:
+        uploaded = upload_wheelhouse(host, entry, (lambda s: on_event({"event": "step", "what": s}))
+                                     if on_event else None)
+    events, result = scripts.stream_events(host, entry.python, SCRIPT, build_args(entry, lock), EVENTS,
+                                           on_event=on_event, timeout=timeout)
+    errors = [e for e in events if e["event"] == "error"]
+    if errors:
+        message = str(errors[0].get("message", ""))
+        if "symlink" in message or "not a folder vllm-orch built" in message:
+            raise RefusedError(f"engine venv refused: {message}", host=entry.name, step="engine")
+        raise DeployFailed(f"engine venv {lock.name} did not build: {message}", host=entry.name, step="engine",
+                           hint="the host's uv must reach the registries (the inventory's env, e.g. "
+                                "UV_INDEX_URL), or set `wheelhouse` for it to build offline")
+    done = [e for e in events if e["event"] == "done"]
+    if result.exit_code != 0 or not done:
+        raise DeployFailed(f"the engine build exited {result.exit_code}", host=entry.name, step="engine",
+                           details=(result.stderr or "").strip().splitlines()[-5:])
+    return {**done[0], "uploaded_bytes": uploaded, "seconds": round(time.monotonic() - started, 2)}

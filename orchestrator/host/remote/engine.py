@@ -1,0 +1,296 @@
+"""Host-side engine venvs (a manifest's `engine:`): check one, build one, list them, remove one.
+
+Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orchestrator/host/engine.py).
+
+    check   {"root", "lock"}                     -> {"state": ok|missing|partial|mismatch|broken, ...}
+    build   {"root", "lock", "uv", "wheelhouse"} -> JSON-line events: step ..., then done or error
+    list    {"root"}                             -> {"engines": [{"name", "lock", "bytes", "complete"}],
+                                                     "wheelhouse": {file: size}}
+    remove  {"root", "name"}                     -> {"removed": bool, "why"}
+
+A venv is `<root>/<lock name>` (vllm-<version>-<hash>). It counts as built only when its marker
+(vllm-orch-engine.json, written LAST) names the lock whose hash is its name's, and it verifies: every
+pinned distribution at its pinned version, `import vllm` (and torch, flashinfer when pinned), and
+`vllm --version` printing the lock's version. A folder without the marker is a build that was cut
+short: the next build removes it and starts again (a venv cannot be moved once built, so it is built
+in place). Everything under root is root's and read-only to others (dirs 0755, files without group or
+other write): the service user runs the venv but cannot change it. uv's cache and the Pythons uv
+installs live under root too (`.uv-cache`, `.python`): a Python in root's home would be out of the
+service user's reach.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+MARKER = "vllm-orch-engine.json"
+NAME = re.compile(r"^vllm-[0-9][A-Za-z0-9.+]{0,60}-[0-9a-f]{16}$")
+WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
+
+
+def emit(event, **fields):
+    fields["event"] = event
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def lock_hash(lock):
+    text = json.dumps({"python": lock["python"], "requirements": list(lock["requirements"])},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def safe_dir(root, name):
+    """<root>/<name> when name is an engine venv's name and the path is a real folder (no link)."""
+    if not NAME.match(name or ""):
+        return None
+    path = os.path.join(root, name)
+    return path if os.path.isdir(path) and not os.path.islink(path) else None
+
+
+def dir_bytes(path):
+    total = 0
+    for top, dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(top, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+VERIFY = r"""
+import json, sys
+from importlib import metadata
+pins, mods = json.loads(sys.argv[1])
+out = {"versions": {}, "imports": {}}
+for name, want in pins:
+    try:
+        out["versions"][name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        out["versions"][name] = None
+for mod in mods:
+    try:
+        __import__(mod)
+        out["imports"][mod] = None
+    except BaseException as exc:
+        out["imports"][mod] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+print(json.dumps(out))
+"""
+
+
+def same_version(have, want):
+    if have is None:
+        return False
+    return have == want or have.split("+")[0] == want or have.replace("+", "%2B") == want
+
+
+def verify(venv, lock):
+    """(None, vllm version) when the venv holds the lock and runs, else (why, None). The pins and
+    imports, and `vllm --version`, run side by side (each imports vLLM: seconds on a real one)."""
+    py, vllm = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "vllm")
+    pins = [p for p in lock.get("pins", [])]
+    names = set(n for n, _ in pins)
+    mods = ["vllm"] + (["torch"] if "torch" in names else []) + \
+        (["flashinfer"] if "flashinfer-python" in names else [])
+    env = dict(os.environ, VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
+    try:
+        probe = subprocess.Popen([py, "-I", "-c", VERIFY, json.dumps([pins, mods])], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+    except OSError as exc:
+        return "%s does not run: %s" % (py, exc), None
+    try:
+        version_run = subprocess.Popen([vllm, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    except OSError as exc:
+        probe.kill()
+        probe.wait()
+        return "vllm --version: %s" % exc, None
+    try:
+        out, err = probe.communicate(timeout=600)
+        vout, _ = version_run.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        for p in (probe, version_run):
+            p.kill()
+            p.wait()
+        return "the venv's checks took more than 600 s", None
+    try:
+        found = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "the venv's Python failed: %s" % err.decode(errors="replace").strip()[-300:], None
+    for name, want in pins:
+        have = found["versions"].get(name)
+        if not same_version(have, want):
+            return "%s is %s, the lock pins %s" % (name, have or "not installed", want), None
+    for mod, error in found["imports"].items():
+        if error:
+            return "import %s failed: %s" % (mod, error), None
+    lines = vout.decode(errors="replace").strip().splitlines()
+    version = lines[-1].strip() if lines else ""
+    if version_run.returncode != 0 or not same_version(version, lock["vllm_version"]):
+        return "vllm --version printed %r (exit %d), the lock pins %s" % (
+            version[:80], version_run.returncode, lock["vllm_version"]), None
+    return None, version
+
+
+def check(args):
+    root, lock = args["root"], args["lock"]
+    if lock_hash(lock) != lock["hash"] or not lock["name"].endswith("-" + lock["hash"]):
+        return {"state": "mismatch", "detail": "the lock's hash does not match its content"}
+    venv = os.path.join(root, lock["name"])
+    if os.path.islink(venv) or (os.path.exists(venv) and not os.path.isdir(venv)):
+        return {"state": "broken", "detail": "%s is not a folder vllm-orch built" % venv}
+    if not os.path.isdir(venv):
+        return {"state": "missing", "detail": "%s does not exist" % venv}
+    marker = read_json(os.path.join(venv, MARKER))
+    if marker is None:
+        return {"state": "partial", "detail": "%s has no %s: a build that did not finish" % (venv, MARKER)}
+    if not isinstance(marker, dict) or marker.get("hash") != lock["hash"] or \
+            lock_hash(marker.get("lock") or {"python": "", "requirements": []}) != lock["hash"]:
+        return {"state": "mismatch", "detail": "%s/%s names another lock" % (venv, MARKER)}
+    why, version = verify(venv, lock)
+    if why:
+        return {"state": "broken", "detail": why}
+    return {"state": "ok", "vllm_version": version, "bytes": marker.get("bytes"),
+            "built_seconds": marker.get("seconds")}
+
+
+def run(argv, env, what):
+    emit("step", what=what, argv=argv)
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    if r.returncode != 0:
+        tail = r.stdout.decode(errors="replace").strip().splitlines()[-8:]
+        raise RuntimeError("%s failed (exit %d): %s" % (what, r.returncode, " | ".join(tail)))
+
+
+def lock_down(path):
+    """Root's and read-only to everyone else: dirs 0755 (files keep their x bits), no group/other write."""
+    uid = os.geteuid()
+    for top, dirs, files in os.walk(path):
+        for name in [top] + [os.path.join(top, d) for d in dirs] + [os.path.join(top, f) for f in files]:
+            st = os.lstat(name)
+            if uid == 0 and (st.st_uid != 0 or st.st_gid != 0):
+                os.lchown(name, 0, 0)
+            if not os.path.islink(name) and st.st_mode & 0o022:
+                os.chmod(name, st.st_mode & ~0o022)
+
+
+def build(args):
+    root, lock, uv = args["root"], args["lock"], args["uv"]
+    wheelhouse = args.get("wheelhouse")
+    started = time.monotonic()
+    state = check(args)
+    if state["state"] == "ok":
+        emit("done", seconds=0.0, built=False, **state)
+        return 0
+    if state["state"] in ("mismatch", "broken") and "not a folder" in state.get("detail", ""):
+        emit("error", message=state["detail"])
+        return 1
+    os.makedirs(root, mode=0o755, exist_ok=True)
+    if os.path.islink(root):
+        emit("error", message="%s is a symlink: vllm-orch builds engines only in a folder of its own" % root)
+        return 1
+    venv = os.path.join(root, lock["name"])
+    if safe_dir(root, lock["name"]):
+        emit("step", what="remove the unfinished or broken %s (%s)" % (venv, state.get("detail")))
+        shutil.rmtree(venv)
+    env = dict(os.environ, UV_CACHE_DIR=os.path.join(root, ".uv-cache"),
+               UV_PYTHON_INSTALL_DIR=os.path.join(root, ".python"), UV_NO_CONFIG="1")
+    offline = []
+    if wheelhouse:
+        offline = ["--offline", "--no-index", "--find-links", wheelhouse]
+        env["UV_PYTHON_DOWNLOADS"] = "never"
+    reqs = os.path.join(root, ".requirements-%s.txt" % lock["name"])
+    with open(reqs, "w") as f:
+        f.write("\n".join(lock["requirements"]) + "\n")
+    try:
+        run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
+            + [venv], env, "uv venv (Python %s)" % lock["python"])
+        run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
+             "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
+        why, version = verify(venv, lock)
+        if why:
+            raise RuntimeError("the new venv does not verify: " + why)
+        size = dir_bytes(venv)
+        seconds = round(time.monotonic() - started, 2)
+        marker = {"hash": lock["hash"], "lock": {"python": lock["python"], "requirements": lock["requirements"]},
+                  "vllm_version": version, "bytes": size, "seconds": seconds, "built_at": time.time()}
+        tmp = os.path.join(venv, MARKER + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(marker, f)
+        lock_down(venv)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(venv, MARKER))
+    except (RuntimeError, OSError) as exc:
+        if safe_dir(root, lock["name"]):
+            shutil.rmtree(venv, ignore_errors=True)
+        emit("error", message=str(exc)[-1500:])
+        return 1
+    finally:
+        try:
+            os.remove(reqs)
+        except OSError:
+            pass
+    emit("done", seconds=seconds, built=True, state="ok", vllm_version=version, bytes=size)
+    return 0
+
+
+def listing(args):
+    root = args["root"]
+    out = {"engines": [], "wheelhouse": {}}  # type: dict
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        path = safe_dir(root, name)
+        if path is None:
+            continue
+        marker = read_json(os.path.join(path, MARKER))
+        out["engines"].append({"name": name, "complete": isinstance(marker, dict),
+                               "vllm_version": marker.get("vllm_version") if isinstance(marker, dict) else None,
+                               "bytes": dir_bytes(path)})
+    house = os.path.join(root, ".wheelhouse")
+    if os.path.isdir(house) and not os.path.islink(house):
+        for name in sorted(os.listdir(house)):
+            full = os.path.join(house, name)
+            if WHEEL.match(name) and os.path.isfile(full) and not os.path.islink(full):
+                out["wheelhouse"][name] = os.path.getsize(full)
+    return out
+
+
+def remove(args):
+    path = safe_dir(args["root"], args["name"])
+    if path is None:
+        return {"removed": False, "why": "not an engine venv folder under %s" % args["root"]}
+    shutil.rmtree(path)
+    return {"removed": True}
+
+
+def main():
+    mode, args = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "build":
+        return build(args)
+    answer = {"check": check, "list": listing, "remove": remove}[mode](args)
+    print(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

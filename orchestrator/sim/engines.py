@@ -1,0 +1,111 @@
+"""SIMULATED engine wheels: a small local wheelhouse from which uv builds versioned simulated vLLM venvs
+(a manifest's `engine:`), offline, as it builds real ones from a real wheelhouse.
+
+- `vllm-<version>`: the package `vllm` (its `__version__`) with the simulated server inside
+  (orchestrator/sim/vllm_server.py, copied in as `vllm/_sim_server.py`) and a `vllm` console script
+  that runs it as that version: its parser, start-up lines and version traps follow the version
+  (vllm_server.py, VERSIONED_FLAGS and the start line), and the packages it checks (the flashinfer
+  pair) are the venv's own. It needs nothing but the standard library (psutil when present).
+- `torch-<version>` (`torch/version.py` with its CUDA build, as inspect_env.py reads it),
+  `flashinfer-python-<version>` (module `flashinfer`), `flashinfer-cubin-<version>`.
+
+A vLLM wheel may declare requirements (`requires`): a wheel that pulls a mismatched flashinfer pair
+reproduces the start-up death after loading (vllm #49804) in a venv whose lock did not pin the pair.
+The simulated server finds its host folder from its venv: engines_root is `<host dir>/engines`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from orchestrator.paths import package_file
+
+TAG = "py3-none-any"
+
+_SIM_MAIN = '''"""SIMULATED vLLM {version}: runs vllm-orch's simulated server as this version."""
+import os
+import sys
+from pathlib import Path
+
+from vllm import __version__
+
+
+def main():
+    os.environ["VLLM_SIM_VLLM_VERSION"] = __version__
+    # engines_root is <host dir>/engines: the venv is <host dir>/engines/<name>
+    os.environ.setdefault("VLLM_SIM_HOST_DIR", str(Path(sys.prefix).resolve().parent.parent))
+    from vllm import _sim_server
+    return _sim_server.main()
+'''
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def make_wheel(folder: Path, dist: str, version: str, files: Mapping[str, str | bytes], *,
+               scripts: Mapping[str, str] | None = None, requires: Iterable[str] = ()) -> Path:
+    """A pure-Python wheel (PEP 427) of `files` ({path in the wheel: text}), with console `scripts`
+    ({name: module:function}) and Requires-Dist lines."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = dist.replace("-", "_")
+    info = f"{stem}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\nSummary: SIMULATED {dist} (vllm-orch sim)\n" \
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    entries: dict[str, bytes] = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+    entries[f"{info}/METADATA"] = meta.encode()
+    entries[f"{info}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: vllm-orch-sim\nRoot-Is-Purelib: true\nTag: {TAG}\n".encode()
+    if scripts:
+        entries[f"{info}/entry_points.txt"] = ("[console_scripts]\n" + "".join(
+            f"{k} = {v}\n" for k, v in scripts.items())).encode()
+    record = [_record_line(n, d) for n, d in entries.items()] + [f"{info}/RECORD,,"]
+    entries[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = folder / f"{stem}-{version}-{TAG}.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return path
+
+
+def vllm_wheel(folder: Path, version: str, requires: Iterable[str] = ()) -> Path:
+    server = package_file("sim", "vllm_server.py").read_text()
+    return make_wheel(folder, "vllm", version, {
+        "vllm/__init__.py": f'"""SIMULATED vLLM."""\n__version__ = "{version}"\n',
+        "vllm/_sim.py": _SIM_MAIN.format(version=version),
+        "vllm/_sim_server.py": server,
+    }, scripts={"vllm": "vllm._sim:main"}, requires=requires)
+
+
+def torch_wheel(folder: Path, version: str) -> Path:
+    cuda = None
+    if "+cu" in version:
+        digits = version.split("+cu", 1)[1]
+        cuda = f"{int(digits[:-1])}.{digits[-1]}"
+    return make_wheel(folder, "torch", version, {
+        "torch/__init__.py": f'"""SIMULATED torch."""\n__version__ = "{version}"\nfrom torch import version\n',
+        "torch/version.py": f'__version__ = "{version}"\ncuda = {cuda!r}\n',
+    })
+
+
+def flashinfer_wheels(folder: Path, version: str, cubin: str | None = None) -> list[Path]:
+    """flashinfer-python at `version` and flashinfer-cubin at `cubin` (default: the same)."""
+    return [make_wheel(folder, "flashinfer-python", version,
+                       {"flashinfer/__init__.py": f'"""SIMULATED flashinfer."""\n__version__ = "{version}"\n'}),
+            make_wheel(folder, "flashinfer-cubin", cubin or version,
+                       {"flashinfer_cubin/__init__.py": f'__version__ = "{cubin or version}"\n'})]
+
+
+def wheelhouse(folder: Path, vllm_versions: Iterable[str] = ("0.33.0",), *, torch: str = "2.13.0+cu130",
+               flashinfer: Iterable[str] = ("0.6.14",)) -> Path:
+    """A wheelhouse with a simulated vLLM of each version, torch, and flashinfer pairs."""
+    for v in vllm_versions:
+        vllm_wheel(folder, v)
+    torch_wheel(folder, torch)
+    for f in flashinfer:
+        flashinfer_wheels(folder, f)
+    return folder

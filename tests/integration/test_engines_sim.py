@@ -1,0 +1,139 @@
+"""Engine venvs (a manifest's `engine:`) on a SIMULATED host, built by the REAL uv, offline, from a
+wheelhouse the controller uploads (small simulated wheels made here: orchestrator/sim/engines.py; no
+network): a deploy builds its venv and runs from it; two services on one host run two vLLM versions
+(each with its version's flags and log lines); an upgrade whose new engine dies after loading rolls
+back to the old venv; an engine the new venv's own checks refuse fails before anything stops; gc
+removes the venv no service uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.engine import lock_of
+from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import Request
+from orchestrator.host import http
+from orchestrator.host.state import read_records
+from orchestrator.ops.status import host_status
+from orchestrator.ops.stop import gc_plan, run_gc
+from orchestrator.plan.inputs import LockFacts
+from orchestrator.sim import engines as sim_engines
+
+from .deployhelp import SHIPPED, deploy, entry, free_port, statuses, swap
+
+MM = "minimax-m25"             # TP4: GPUs 0-3 by its manifest
+UV = shutil.which("uv", path=str(Path(os.sys.executable).parent)) or shutil.which("uv")
+PY = f"{os.sys.version_info.major}.{os.sys.version_info.minor}"   # a Python uv finds on this machine
+pytestmark = pytest.mark.skipif(UV is None, reason="uv is in the dev extra: ./dev test installs it")
+
+
+def with_engine(vllm: str, *, name: str = MM, port: int | None = None, flashinfer: str | None = "0.6.14") -> Manifest:
+    data = SHIPPED[MM].model_dump()
+    data["name"], data["serving"]["port"] = name, port or free_port()
+    data["serving"]["served_model_name"] = name
+    data["engine"] = {"vllm": vllm, "torch": "2.13.0+cu130", "python": PY,
+                      **({"flashinfer": flashinfer} if flashinfer else {})}
+    return Manifest.model_validate(data)
+
+
+@pytest.fixture
+def wheels(tmp_path) -> Path:
+    """The controller's wheelhouse: simulated vLLM 0.24.0 and 0.33.0, torch, flashinfer 0.6.14; and
+    vLLM 0.26.0 whose wheel pulls flashinfer-python 0.6.14 with flashinfer-cubin 0.6.13 (the pair
+    vllm #49804 saw mismatched on 0.26.0)."""
+    house = sim_engines.wheelhouse(tmp_path / "wheelhouse", ("0.24.0", "0.33.0"))
+    sim_engines.flashinfer_wheels(house, "0.6.13")
+    sim_engines.vllm_wheel(house, "0.26.0", requires=["flashinfer-python==0.6.14", "flashinfer-cubin==0.6.13"])
+    return house
+
+
+def host_entry(sim_host, wheels: Path):
+    """The host with its engines under its folder, built by this machine's uv from `wheels`. Without
+    the simulator's PYTHONPATH (the host folder's faked packages): an engine venv has its own."""
+    env = {k: v for k, v in sim_host.entry["env"].items() if k != "PYTHONPATH"}
+    return entry(sim_host, engines_root=str(sim_host.dir / "engines"), uv=UV, wheelhouse=str(wheels), env=env)
+
+
+def venv_of(sim_host, m: Manifest) -> Path:
+    assert m.engine is not None
+    return sim_host.dir / "engines" / lock_of(m.engine).name
+
+
+def version_at(sim_host, port: int) -> str:
+    return http.request(sim_host.host, port, "GET", "/version", timeout=5).json()["version"]
+
+
+def test_deploy_builds_the_engine_offline_from_the_uploaded_wheelhouse_and_runs_from_it(sim_host, wheels):
+    e = host_entry(sim_host, wheels)
+    m = with_engine("0.33.0")
+    res = deploy(e, m)
+    assert res.ok, res.error
+    assert statuses(res)["engine"] == "done"
+    venv = venv_of(sim_host, m)
+    assert f"it can run {venv}/bin/vllm" in res.plan.text()         # preflight's service-user check
+    marker = json.loads((venv / "vllm-orch-engine.json").read_text())
+    assert marker["hash"] == lock_of(m.engine).hash and marker["vllm_version"] == "0.33.0"     # type: ignore[arg-type]
+    assert sorted(p.name for p in (sim_host.dir / "engines" / ".wheelhouse").iterdir()) == \
+        sorted(p.name for p in wheels.iterdir())
+    writable = [p for p in venv.rglob("*") if not p.is_symlink() and p.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)]
+    assert not writable, writable[:3]
+    rec = read_records(sim_host.host, e)[MM]
+    assert rec.engine == venv.name and rec.vllm_version == "0.33.0"
+    unit = (sim_host.dir / "units" / f"vllm-{MM}.sh").read_text()
+    assert f"{venv}/bin/vllm" in unit
+    pid = int((sim_host.dir / "state" / "run" / f"vllm-{MM}.pid").read_text().split()[0])
+    assert str(venv) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    row = next(s for s in host_status(e).services if s.name == MM)
+    assert (row.vllm_version, row.engine) == ("0.33.0", venv.name)
+    again = deploy(e, m)
+    assert again.ok and statuses(again)["engine"] == "skipped"
+
+
+def test_two_services_on_one_host_run_two_vllm_versions_each_with_its_flags_and_lines(sim_host, wheels):
+    e = host_entry(sim_host, wheels)
+    new, old = with_engine("0.33.0"), with_engine("0.24.0", name="mm-old")
+    assert deploy(e, new).ok
+    res = deploy(e, old, request=Request(None, (4, 5, 6, 7), old.serving.port))
+    assert res.ok, res.error
+    assert version_at(sim_host, new.serving.port) == "0.33.0"
+    assert version_at(sim_host, old.serving.port) == "0.24.0"
+    logs = {n: (sim_host.dir / "logs" / f"vllm-{n}.log").read_text() for n in (MM, "mm-old")}
+    assert "[entry.py:139] Starting vLLM server on" in logs[MM]
+    assert "[api_server.py:581] Starting vLLM server on" in logs["mm-old"]
+    rows = {s.name: s.vllm_version for s in host_status(e).services}
+    assert rows == {MM: "0.33.0", "mm-old": "0.24.0"}
+    assert venv_of(sim_host, new) != venv_of(sim_host, old)
+
+
+def test_an_upgrade_that_dies_after_loading_rolls_back_to_the_old_venv_and_gc_removes_the_new(sim_host, wheels):
+    e = host_entry(sim_host, wheels)
+    old = with_engine("0.24.0")
+    assert deploy(e, old).ok
+    ep_port = old.serving.port
+    # the new lock leaves flashinfer to vLLM 0.26.0's own requirements: a mismatched pair. Its own
+    # check (package-pairs, asked of the new venv by the engine step) refuses it before anything stops
+    new = with_engine("0.26.0", port=ep_port, flashinfer=None)
+    refused = swap(e, new, {MM: new})
+    assert not refused.ok and refused.error is not None and refused.error.step == "engine"
+    assert "package-pairs" in refused.error.message, refused.error.message
+    assert "stop" not in statuses(refused) and version_at(sim_host, ep_port) == "0.24.0"
+    # skipped, the start dies after loading (flashinfer's RuntimeError) and the swap rolls back
+    res = swap(e, new, {MM: new}, skip_checks=frozenset({"package-pairs"}))
+    assert not res.ok
+    assert res.outcome is not None and res.outcome.recovery is not None and res.outcome.recovery.ok, res.outcome
+    assert "flashinfer" in str(res.error)
+    assert version_at(sim_host, ep_port) == "0.24.0"
+    assert read_records(sim_host.host, e)[MM].engine == venv_of(sim_host, old).name
+    assert f"{venv_of(sim_host, old)}/bin/vllm" in (sim_host.dir / "units" / f"vllm-{MM}.sh").read_text()
+    assert venv_of(sim_host, new).is_dir()                  # built, kept until gc
+    plan = gc_plan(sim_host.host, e, LockFacts(held=True))
+    assert plan.info["delete_engines"] == [venv_of(sim_host, new).name]
+    record = run_gc(sim_host.host, e, plan)
+    assert record["ok"], record
+    assert not venv_of(sim_host, new).exists() and venv_of(sim_host, old).is_dir()
