@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,10 @@ class Watcher:
                             pass
                 except FileNotFoundError:
                     pass
+            # Let the other threads run: a loop that never sleeps held the GIL from paramiko's
+            # transport thread, and on a busy machine the SSH connection under test timed out
+            # ("Socket is closed"). A temp file lives for the whole 48 MB write: 1 ms polls see it.
+            time.sleep(0.001)
 
     def __enter__(self):
         self.thread.start()

@@ -39,7 +39,12 @@ def test_staged_swap_measures_downtime(sim_host, pair):
     assert steps.index("download") < steps.index("stop"), "the download must happen while the old model serves"
     assert result.extra["staged"] is True
     downtime, load = result.extra["downtime_s"], result.extra["load_s"]
-    assert load <= downtime <= load + 2.0, (downtime, load)
+    assert load <= downtime, (downtime, load)
+    # What the downtime window holds (the stop to the new model ready): no download, no warm-up.
+    # How much longer than the load it is (0.2 s on a quiet machine) is benchmarks/bench_deploy_swap.py's.
+    done = [r.step for r in result.outcome.results if r.status == "done"]
+    window = done[done.index("stop"):done.index("ready") + 1]
+    assert "start" in window and not {"download", "warm"} & set(window), window
     assert read_active(sim_host.host, e).model == new.name
     assert read_history(sim_host.host, e)[-1].shown()["operation"] == "swap"
     assert (sim_host.dir / "models" / old.name).is_dir(), "the previous model's files must stay"
