@@ -20,7 +20,7 @@ def escape(text: object) -> str:
     return markup_escape(printable(text))
 
 
-STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
+STATE_STYLE = {"ready": "bold green", "asleep": "cyan", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red", "running": "green", "unknown": "yellow"}
 
 # The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).

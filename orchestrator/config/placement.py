@@ -75,12 +75,15 @@ class Placement:
     host: str
     gpus: tuple[int, ...]
     port: int
+    asleep: bool = False            # sleep mode: its GPUs are free but for a CUDA context each
 
     def clash(self, other: Placement) -> str | None:
-        """What `other` takes of this placement's GPUs or port (None: they can run side by side)."""
+        """What `other` takes of this placement's GPUs or port (None: they can run side by side).
+        A sleeping service shares its GPUs with an awake one (at most one awake per GPU), never
+        its port: its server still listens."""
         if other.host != self.host or other.name == self.name:
             return None
-        shared = sorted(set(self.gpus) & set(other.gpus))
+        shared = [] if self.asleep or other.asleep else sorted(set(self.gpus) & set(other.gpus))
         what = []
         if shared:
             what.append("GPU" + ("s " if len(shared) > 1 else " ") + ",".join(map(str, shared)))

@@ -15,6 +15,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
 from orchestrator.host.ownership import gpu_list
 from orchestrator.plan.inputs import ServiceInput
+from orchestrator.plan.sleep import room_refusal
 
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
@@ -56,7 +57,7 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
                 f"port {want.port}", host=host, step="placement",
                 hint=f"place {name} elsewhere (--gpus, --port), `{swap} --replace {other.name} --host {host}`, "
                      f"or `vllm-orch stop {other.name} --host {host}` first")
-    return None
+    return room_refusal(facts, svc.manifest, host, awake_too=replacing)
 
 
 def record_warnings(facts: HostFacts) -> list[str]:

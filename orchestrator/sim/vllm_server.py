@@ -1405,6 +1405,8 @@ class Server:
         else:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None, "prompt_logprobs": None}
+        if body.get("return_token_ids"):      # the completion's token ids (protocol.py return_token_ids)
+            choice["token_ids"] = [piece_id(t) for _, t in seq[:len(parts["content"]) + len(parts["reasoning"])]]
         await self.json(writer, 200, {"id": rid, "object": obj, "created": created,
                                       "model": name, "choices": [choice], "usage": usage,
                                       "service_tier": None, "system_fingerprint": FINGERPRINT,
@@ -1519,8 +1521,8 @@ DEV_ROUTES = [("/reset_prefix_cache", "POST"), ("/reset_mm_cache", "POST"),
               ("/finish_weight_update", "POST"), ("/update_weight_version", "POST"),
               ("/weight_info", "GET"), ("/weight_checker", "POST"), ("/get_world_size", "GET")]
 PAUSE_MODES = ("abort", "wait", "keep")     # vllm/v1/engine/__init__.py PauseMode
-H2D_BYTES_PER_S = 25e9      # pinned host RAM <-> one GPU, per GPU and in parallel (PCIe 5 x16
-                            # sustains ~50 GB/s at best; cudaMemcpy of many tensors about half)
+H2D_BYTES_PER_S = 50e9      # pinned host RAM <-> one GPU, per GPU and in parallel: PCIe 5 x16,
+                            # ~50 GB/s each way for pinned copies (the issue's 547 GB / 8 links in 1.4 s)
 SLEEP_TAGS_REPR = "{'weights', 'kv_cache'}"
 # Each sleep-mode log line the simulator prints: its `file:line` prefix -> (the source file under
 # vllm/, the format string at or just after that line). tests/integration/test_sleep_contract.py
@@ -1546,6 +1548,14 @@ def dev_mode() -> bool:
         return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))
     except ValueError:
         return False
+
+
+def live_speed(cfg: dict) -> float:
+    """The host's speed now (`vllm-orch sim up --speed` rewrites sim.json; a sleeping server lives
+    on across it): VLLM_SIM_SPEED, else sim.json's, else the speed the server started with."""
+    env = os.environ.get("VLLM_SIM_SPEED")
+    speed = float(env) if env else float(_read_json(HOST_DIR / "sim.json", {}).get("speed") or cfg["speed"])
+    return max(speed, 1e-9)
 
 
 def query_params(query: str) -> dict:
@@ -1604,7 +1614,7 @@ class Sleeper:
         if self.cfg["sleep_mode"]:
             # level 1: the weights are copied out (D2H, every GPU in parallel) before the unmap
             if level == 1:
-                await asyncio.sleep(w_bytes / (H2D_BYTES_PER_S * max(self.cfg["speed"], 1e-9)))
+                await asyncio.sleep(w_bytes / (H2D_BYTES_PER_S * live_speed(self.cfg)))
             self.left_mib += self.leak_mib
             kept = CUDA_CONTEXT_MIB + self.left_mib
             pooled = [launch.full_mib(g) - CUDA_CONTEXT_MIB for (_p, _t, g, _s) in launch.holders]
@@ -1667,7 +1677,7 @@ class Sleeper:
                 raise WakeFailed("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
         if self.cfg["sleep_mode"]:
             w_bytes = launch.w_mib * MiB
-            speed = max(self.cfg["speed"], 1e-9)
+            speed = live_speed(self.cfg)
             if self.level == 1:
                 seconds = w_bytes / (H2D_BYTES_PER_S * speed)
             else:    # level 2: the weights are read again, from the page cache or the disk

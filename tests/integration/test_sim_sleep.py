@@ -121,3 +121,26 @@ def test_faults_wake_fails_wake_corrupt_and_vram_leak(sim_host):
         add_fault(sim_host.dir, "wake-corrupt", "tiny")
         assert call(srv, "POST", "/wake_up")[0] == 200
         assert answer(srv) != good
+
+
+def test_the_health_check_leaves_a_sleeping_server_alone(sim_host, tmp_path, monkeypatch):
+    """The health timer's check sends a one-token completion, which a sleeping vLLM holds until a
+    wake: it counted as a hang and restarted the service cold. It asks /is_sleeping first."""
+    import importlib.util
+
+    from orchestrator.paths import package_file
+    spec = importlib.util.spec_from_file_location("unit_probe_sleep", package_file("host", "remote", "unit_probe.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "unit_show", lambda unit, prop: "active")
+    monkeypatch.setattr(mod, "api_key", lambda: None)
+    with SimServer(sim_host, [str(model(sim_host)), *ARGV, "--enable-sleep-mode"],
+                   env={"VLLM_SERVER_DEV_MODE": "1"}) as srv:
+        srv.wait_ready()
+        args = ["check", "--unit", "vllm-tiny.service", "--port", str(srv.port), "--served-name", "tiny",
+                "--model", "tiny", "--failures", "1", "--timeout", "2", "--state-dir", str(tmp_path)]
+        assert mod.main(args) == 0
+        assert call(srv, "POST", "/sleep?level=1")[0] == 200
+        assert mod.main(args) == 0
+        state = json.loads((tmp_path / "health" / "tiny.json").read_text())
+        assert state["last"]["note"] == "asleep (sleep mode): not probed" and state["failures"] == 0
