@@ -155,6 +155,7 @@ class ServiceRecord(NodeFields):
     canary: Canary | None = Field(None, description="The known answer a wake is checked against.")
     sleep_cycles: int | None = Field(None, description="Sleeps since it last started cold.")
     sleep_first_mib: int | None = Field(None, description="The most it kept on a GPU after its first sleep.")
+    sleep_last_mib: int | None = Field(None, description="The most it kept on a GPU after its last sleep.")
 
 
 class InstalledRecord(NodeFields):

@@ -116,6 +116,37 @@ def room_refusal(facts: HostFacts, m: Manifest, host: str, awake_too: Collection
     return None
 
 
+def next_sleep_mib(facts: HostFacts, name: str) -> tuple[int, str]:
+    """(MiB per GPU the awake service NAME is expected to keep after its next sleep, why): what it
+    kept after its last one plus its growth per cycle so far; the CUDA-context allowance when it
+    never slept since its start."""
+    rec = facts.record(name)
+    if rec is None or rec.sleep_last_mib is None or rec.sleep_first_mib is None or not rec.sleep_cycles:
+        return CONTEXT_ALLOWANCE_MIB, f"the {CONTEXT_ALLOWANCE_MIB} MiB CUDA-context allowance"
+    per = (rec.sleep_last_mib - rec.sleep_first_mib) // max(rec.sleep_cycles - 1, 1)
+    want = max(CONTEXT_ALLOWANCE_MIB, rec.sleep_last_mib + max(per, 0))
+    return want, (f"{rec.sleep_last_mib} MiB after its last sleep" + (f", growing {per} MiB per cycle over "
+                                                                      f"{rec.sleep_cycles}" if per > 0 else ""))
+
+
+def sleep_or_stop(facts: HostFacts, old: ServiceInput, awake: Manifest, host: str) -> tuple[bool, str]:
+    """Whether the awake service `old` may sleep beside `awake` (which comes up on its GPUs): what it
+    is expected to keep must leave `awake` its memory share, and its growth stay under the bound;
+    else it is stopped (its next start is cold) and the plan says why."""
+    rec = facts.record(old.name)
+    if rec is not None and rec.sleep_first_mib is not None and rec.sleep_last_mib is not None \
+            and rec.sleep_last_mib - rec.sleep_first_mib > LEAK_BOUND_MIB:
+        return False, (f"{old.name} kept {rec.sleep_last_mib - rec.sleep_first_mib} MiB more per GPU after its last "
+                       f"sleep than after its first, over the {LEAK_BOUND_MIB} MiB bound (vllm #36651): stopped "
+                       f"instead of put to sleep (its next start is cold)")
+    want, why = next_sleep_mib(facts, old.name)
+    refusal = room_refusal(facts, awake, host, awake_too={old.name}, expect={old.name: want})
+    if refusal is not None:
+        return False, (f"{old.name} would keep about {want} MiB per GPU asleep ({why}), which leaves "
+                       f"{awake.name} too little: stopped instead of put to sleep")
+    return True, why
+
+
 def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, downtime_starts: bool = False,
                  weights: int = 0) -> Action:
     """POST /sleep?level=N, then read what the service keeps on its GPUs and record it asleep (its
@@ -146,7 +177,8 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
                                f"{CONTEXT_ALLOWANCE_MIB} MiB): sleep mode freed nothing", host=env.entry.name,
                                step="sleep", hint="is --enable-sleep-mode in its command line (`vllm-orch regen "
                                                   "--restart`)?")
-        state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first)
+        state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first,
+                            sleep_last_mib=most)
         env.record.sleeps[name] = {"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
                                    "cycles": cycles, "growth_mib": growth}
         over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
@@ -197,6 +229,7 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
         env.record.ready[name] = ready
         text, ids, _ = api.canary(_endpoint(env, svc), m.served_name)
         state.update_record(env.host, env.entry, name, asleep=None, sleep_cycles=None, sleep_first_mib=None,
+                            sleep_last_mib=None,
                             canary=Canary(prompt=api.CANARY_PROMPT, text=text, token_ids=ids, at=state.now_iso()))
         if marks_ready:
             env.record.ready_at = time.monotonic()

@@ -403,10 +403,10 @@ def plan_sleep_swap(inp: PlanInput) -> Plan:
     ended = _stage(plan, [inp], one, {}, lambda _n, a: a, True, unstaged_ok=False)
     if ended is not None:
         return ended
-    room = sleep.room_refusal(f, m, entry.name, awake_too={old.name},
-                              expect={old.name: sleep.CONTEXT_ALLOWANCE_MIB})
-    if room is not None:
-        return plan.refuse(Action("placement", room.message), room)
+    may, why_not = sleep.sleep_or_stop(f, old, m, entry.name)
+    if not may:
+        return plan.refuse(Action("sleep", why_not), RefusedError(
+            f"--sleep-old: {why_not}", host=entry.name, step="sleep", hint="swap without --sleep-old stops it"))
     plan.add(prepare.user_action(entry, f.users))
     install = plan.add(service.install_action(entry, inp.target))
     starts = start_actions([inp], not install.noop or not bool((st := f.services.get(m.name)) and st.active),
@@ -448,8 +448,11 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
     sleeps = old is not None and inp.opts.sleep_old and old.manifest.sleep is not None
     if old is not None and inp.opts.sleep_old and not sleeps:
         plan.warnings.append(f"{old.name} has no sleep section: it is stopped, not put to sleep")
-    room = sleep.room_refusal(f, m, entry.name, awake_too={old.name} if old else set(),
-                              expect={old.name: sleep.CONTEXT_ALLOWANCE_MIB} if old and sleeps else None)
+    if old is not None and sleeps:
+        sleeps, why = sleep.sleep_or_stop(f, old, m, entry.name)
+        if not sleeps:
+            plan.warnings.append(why)
+    room = sleep.room_refusal(f, m, entry.name, awake_too={old.name} if old else set())
     if room is not None:
         return plan.refuse(Action("placement", room.message), room)
     first: Action | None = None

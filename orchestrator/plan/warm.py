@@ -209,4 +209,22 @@ def history_fields(record: RunRecord, model: str, exp: dict | None) -> dict:
         at = dict(reversed(ready.phases))               # each phase's first time
         if "loading weights" in at and "weights loaded" in at:
             out["weights_s"] = round(at["weights loaded"] - at["loading weights"], 2)
+    ledger = startup_ledger(record, model)
+    if ledger:
+        out["startup"] = ledger
+    return out
+
+
+def startup_ledger(record: RunRecord, model: str) -> dict:
+    """The run's start-up ledger for `model` (history's `startup`): vllm-orch's download and page-cache
+    warm-up, then the start's phases from vLLM's own lines (probe/readiness.start_ledger)."""
+    out: dict = {}
+    if record.download is not None:
+        out["download_s"] = round(record.download.seconds, 2)
+    if record.warm is not None:
+        out["warm_s"] = round(record.warm.seconds, 2)
+    ready = record.ready.get(model)
+    if ready is not None:
+        out.update(ready.ledger)
+        out["ready_s"] = round(ready.seconds, 2)
     return out

@@ -2297,7 +2297,7 @@ class Launch:
         if self.mesh is not None:       # the profile run needs every node's ranks loaded
             await self.collective(cfg, w0, ec, multi, self.mesh.all_loaded())
         compile_s = await self.compile(cfg, w0, compile_s)
-        log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
+        log(w0, "INFO", "monitor.py:62", f"torch.compile took {compile_s:.2f} s in total")
         kv_gib = budget_gib - w_gib - 2.4
         if kv_gib <= 0.2 or self.fault == "crash-no-kv-memory":
             self.worker_crash(w0, ec, multi, [

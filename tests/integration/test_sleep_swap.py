@@ -10,7 +10,9 @@ import pytest
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.host.nvidia_smi import parse_gpus
-from orchestrator.host.state import read_history, read_record
+from orchestrator.host.state import read_history, read_record, update_record
+from orchestrator.ops.status import gather_status
+from orchestrator.plan.sleep import LEAK_BOUND_MIB
 from orchestrator.probe.api import Endpoint, health, is_sleeping
 from orchestrator.sim import manager, vllm_server
 from orchestrator.sim.nvidia_smi import write_meminfo
@@ -127,3 +129,52 @@ def test_a_sleeping_service_keeps_only_a_context_per_gpu(sim_host, pair):
     kept = read_record(sim_host.host, e, old.name).asleep
     assert kept is not None and max(kept.gpu_mib.values()) == vllm_server.CUDA_CONTEXT_MIB
     assert min(used(sim_host)) > 80000          # nvfp4 awake on every GPU beside it
+
+
+def test_memory_kept_over_cycles_is_reported_and_a_sleeper_that_would_crowd_the_gpus_stops(sim_host, pair):
+    """vram-leak (vllm #36651): each sleep of kimi-k25-int4 leaves 2500 MiB more per GPU. The growth
+    is recorded and shown; the sleep that would leave kimi-k25-nvfp4 too little memory is not done:
+    the plan says so and stops kimi-k25-int4 instead (its next start is cold)."""
+    e, old, new, manifests = pair
+    manager.add_fault("sim", "vram-leak", model=old.name, mib=2500, home=sim_host.home)
+    assert swap(e, new, manifests, sleep_old=True).ok              # int4's 1st sleep
+    assert swap(e, old, manifests, sleep_old=True).ok              # int4 wakes, nvfp4 sleeps
+    assert swap(e, new, manifests, sleep_old=True).ok              # int4's 2nd sleep
+    asleep = read_record(sim_host.host, e, old.name).asleep
+    assert asleep.cycles == 2 and asleep.growth_mib == 2500, asleep
+    slept = read_history(sim_host.host, e)[-1].shown()["sleep"]["slept"][old.name]
+    assert slept["growth_mib"] == 2500 and slept["cycles"] == 2
+    row = next(v for h in gather_status([e]) for v in h.services if v.name == old.name)
+    assert row.state == "asleep" and "2500 MiB more than after its first sleep" in row.state_reason
+    assert row.asleep["growth_mib"] == 2500 and "in host RAM" in row.asleep["where"]
+    assert swap(e, old, manifests, sleep_old=True).ok              # int4 wakes (growth under the bound)
+    result = swap(e, new, manifests, sleep_old=True)               # a 3rd sleep would keep ~8 GiB
+    assert result.ok, result.error
+    assert any("too little" in w and "stopped instead" in w for w in result.plan.warnings), result.plan.warnings
+    assert read_record(sim_host.host, e, old.name) is None         # stopped, its record gone
+    assert is_sleeping(Endpoint(sim_host.host, new.serving.port)) is False
+
+
+def test_a_sleeper_grown_past_the_bound_is_restarted_cold_at_its_wake(sim_host, pair):
+    e, old, new, manifests = pair
+    assert swap(e, new, manifests, sleep_old=True).ok
+    rec = read_record(sim_host.host, e, old.name)
+    grown = rec.asleep.model_copy(update={"growth_mib": LEAK_BOUND_MIB + 1, "cycles": 7})
+    update_record(sim_host.host, e, old.name, asleep=grown)
+    pid = main_pid(sim_host, e, old.name)
+    result = swap(e, old, manifests)                                # nvfp4 stops, int4 restarts cold
+    assert result.ok, result.error
+    woke = read_history(sim_host.host, e)[-1].shown()["sleep"]["woke"][old.name]
+    assert woke["cold"] is True and "bound" in woke["reason"]
+    assert main_pid(sim_host, e, old.name) != pid
+    assert read_record(sim_host.host, e, old.name).canary is not None
+
+
+def test_every_start_records_its_phases_from_vllms_lines(sim_host, pair):
+    e, old, new, manifests = pair
+    deployed = read_history(sim_host.host, e)[-1].shown()
+    ledger = deployed["startup"]
+    for key in ("download_s", "weights_s", "compile_s", "graphs_s", "init_engine_s", "api_up_s",
+                "first_token_s", "ready_s"):
+        assert key in ledger, (key, ledger)
+    assert ledger["api_up_s"] <= ledger["first_token_s"] <= ledger["ready_s"]
