@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.config.inventory import HostEntry  # noqa: E402
 from orchestrator.config.manifest import Manifest  # noqa: E402
 from orchestrator.host.local import LocalHost  # noqa: E402
-from orchestrator.host.state import read_history, read_record  # noqa: E402
+from orchestrator.host.state import read_history  # noqa: E402
 from orchestrator.ops.execute import Reporter  # noqa: E402
 from orchestrator.ops.swap import run_swap  # noqa: E402
 from orchestrator.plan.run import Options  # noqa: E402
@@ -117,8 +117,12 @@ def main() -> None:
         speed(a.speed)
         r = swap(int4, sleep_old=True)                         # wakes int4 from level 2
         assert r.ok, r.error
-        out["level2"] = (r.extra["downtime_s"], r.extra["downtime_s"] * a.speed,
-                         read_history(host, e)[-1].shown()["sleep"]["woke"][int4.name])
+        woke2 = read_history(host, e)[-1].shown()["sleep"]["woke"][int4.name]
+        slept2 = read_history(host, e)[-1].shown()["sleep"]["slept"][nvfp4.name]
+        # field-equivalent: the simulated transfers (the other's sleep, the wake's read) x S, the
+        # rest (requests, vllm-orch's own steps) as measured
+        scaled = woke2["wake_s"] + slept2["seconds"]
+        out["level2"] = (r.extra["downtime_s"], scaled * a.speed + r.extra["downtime_s"] - scaled, woke2)
         available(1472)
         speed(FAST)
         # the canary catches a corrupted wake, the rollback brings the other back
@@ -132,10 +136,10 @@ def main() -> None:
         for i in range(a.cycles):
             target = int4 if i % 2 == 0 else nvfp4
             r = swap(target, sleep_old=True)
-            slept = (read_history(host, e)[-1].shown().get("sleep") or {}).get("slept") or {}
-            woke = (read_history(host, e)[-1].shown().get("sleep") or {}).get("woke") or {}
-            rec = read_record(host, e, nvfp4.name)
-            cycles.append((i + 1, target.name, r.ok, slept, woke, rec.asleep.growth_mib if rec and rec.asleep else None))
+            last = next(h.shown() for h in reversed(read_history(host, e)) if h.operation == "swap")
+            slept = (last.get("sleep") or {}).get("slept") or {}
+            woke = (last.get("sleep") or {}).get("woke") or {}
+            cycles.append((i + 1, target.name, r.ok, slept, woke, r.plan.warnings if r.ok else [str(r.error)]))
         out["cycles"] = cycles
     finally:
         manager.down(home)
@@ -150,17 +154,19 @@ def main() -> None:
     d2, field2, woke2 = out["level2"]
     read_s = 547e9 / 4e9
     print(f"fallback: {out['fallback'][0] if out['fallback'] else 'NONE'}")
-    print(f"level 2 swap to kimi-k25-int4 (speed {a.speed:g}): downtime {d2:.2f} s, field-equivalent {field2:.0f} s "
+    print(f"level 2 swap to kimi-k25-int4 (speed {a.speed:g}): downtime {d2:.2f} s, wake {woke2['wake_s']:.2f} s; "
+          f"field-equivalent {field2:.0f} s (the other's sleep and the wake x {a.speed:g}, the rest as measured) "
           f"(target <= the weights' read from the page cache {read_s:.0f} s + 10 s = {read_s + 10:.0f} s)")
     ok, msg, rb = out["canary"]
     print(f"wake-corrupt: swap ok={ok}; {msg[:120]}; rollback {rb}")
     print(f"{a.cycles} sleep/wake swaps with vram-leak (1000 MiB per sleep of kimi-k25-nvfp4; bound {LEAK_BOUND_MIB} MiB):")
-    for i, name, ok, slept, woke, growth in out["cycles"]:
+    for i, name, ok, slept, woke, said in out["cycles"]:
         s = slept.get("kimi-k25-nvfp4")
         w = woke.get("kimi-k25-nvfp4")
         what = (f"nvfp4 slept keeping {s['gpu_mib']} MiB per GPU, growth {s['growth_mib']} MiB" if s else
-                f"nvfp4 woke: {'COLD RESTART' if w and w.get('cold') else 'wake'}" if w else "")
-        print(f"  {i:>2} -> {name:<14} ok={ok} {what}")
+                f"nvfp4 woke: {'COLD RESTART: ' + w.get('reason', '') if w and w.get('cold') else 'wake'}" if w else "")
+        extra = "; ".join(x for x in said if "nvfp4" in x)
+        print(f"  {i:>2} -> {name:<14} ok={ok} {what}" + (f" | {extra}" if extra else ""))
 
 
 if __name__ == "__main__":

@@ -457,13 +457,17 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
         return plan.refuse(Action("placement", room.message), room)
     first: Action | None = None
     if old is not None and sleeps:
+        assert old.manifest.sleep is not None
         level, why = sleep.level_for(f, old, 0)
+        if level != old.manifest.sleep.level:
+            plan.warnings.append(f"{old.name} sleeps at level {level}: {why}")
         plan.info["sleep_level"] = level
+        # its sleep reads what it keeps on the GPUs: /sleep returns once the memory is unmapped
         first = plan.add(sleep.sleep_action(entry, old, level, f"downtime starts; {why}", downtime_starts=True,
                                             weights=sleep.weights_bytes(f, old)))
     elif old is not None:
         first = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True))
-    plan.add(sleep.room_action(m, f"{old.name} {'asleep' if sleeps else 'stopped'}" if old else "nothing else awake"))
+        plan.add(sleep.room_action(m, f"{old.name} stopped"))
     wake = plan.add(sleep.wake_action(entry, inp.target, "it serves again", budget_s=inp.opts.budget_s))
     first = first or wake
     gone = old.name if old is not None and not sleeps else None

@@ -1578,6 +1578,7 @@ class Sleeper:
         self.leak_mib = 0.0         # fault vram-leak: MiB per GPU left behind per sleep
         self.left_mib = 0.0         # what the leaks so far hold on each GPU
         self.backend_logged = False
+        self.corrupted = False      # fault wake-corrupt: until a level-2 wake reads the weights again
 
     @property
     def workers(self) -> list:
@@ -1694,9 +1695,11 @@ class Sleeper:
                 register_gpu(p.pid, title, gpu, int(launch.full_mib(gpu) + self.left_mib), st,
                              CPU_BYTES_PER_WORKER // SCALE)
             refresh_meminfo()
+        if self.level == 2 and self.corrupted:       # the weights were read again: the bad copy is gone
+            self.corrupted = self.cfg["garbage"] = False
         if fault and fault.get("fault") == "wake-corrupt":
             fault_fired("wake-corrupt")
-            self.cfg["garbage"] = True
+            self.corrupted = self.cfg["garbage"] = True
         log(launch.ec, "INFO", "abstract.py:426", f"It took {time.monotonic() - started:.6f} "
             f"seconds to wake up tags {tags if tags is not None else SLEEP_TAGS_REPR}.")
         self.level = 0

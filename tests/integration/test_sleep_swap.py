@@ -68,7 +68,7 @@ def test_sleep_old_then_wake_it_back_with_its_canary(sim_host, pair):
     pid = main_pid(sim_host, e, old.name)
     back = swap(e, old, manifests, sleep_old=True)          # nvfp4 sleeps, int4 wakes
     assert back.ok, back.error
-    assert [a.step for a in back.plan.actions][:3] == ["lock", "sleep", "gpus"]
+    assert [a.step for a in back.plan.actions][:3] == ["lock", "sleep", "wake"]
     assert read_record(sim_host.host, e, old.name).asleep is None
     assert read_record(sim_host.host, e, new.name).asleep is not None
     hist = read_history(sim_host.host, e)[-1].shown()
@@ -91,6 +91,9 @@ def test_a_corrupted_wake_is_caught_by_the_canary_and_rolled_back(sim_host, pair
     assert read_record(sim_host.host, e, old.name).asleep.level == 2
     assert is_sleeping(Endpoint(sim_host.host, new.serving.port)) is False    # the other one serves again
     assert read_history(sim_host.host, e)[-1].operation == "rollback"
+    again = swap(e, old, manifests, sleep_old=True)      # level 2 re-read the weights: the bad copy is gone
+    assert again.ok, again.error
+    assert read_history(sim_host.host, e)[-1].shown()["sleep"]["woke"][old.name]["canary"] == "match"
 
 
 def test_a_failing_wake_rolls_back_to_the_other(sim_host, pair):
