@@ -126,6 +126,28 @@ def model_bytes(inp: PlanInput, facts: WarmFacts | None) -> tuple[int, int, int 
     return (inp.download.total_bytes if inp.download else 0), 0, None
 
 
+# load_format values whose reads go through the page cache: vLLM's default safetensors loader (mmap,
+# model_executor/model_loader/default_loader.py), and fastsafetensors without GPUDirect Storage.
+PAGE_CACHE_LOADERS = (None, "auto", "safetensors", "pt", "fastsafetensors")
+
+
+def loader_bypass(m: Manifest) -> str | None:
+    """Why the page-cache warm-up would not help the manifest's loader (None: it reads through the
+    page cache). fastsafetensors: vLLM 0.33 asks for GPUDirect Storage only when its process group
+    is one rank (model_loader/weight_utils.py: `nogds = pg.size() > 1`), and GDS opens the files
+    O_DIRECT for cuFileRead (fastsafetensors/cpp/ext.cpp, raw_gds_file_handle); its nogds reader uses
+    mmap or pread, through the page cache. Other loaders (runai_streamer, instanttensor, tensorizer,
+    ...) read with their own engines, not checked here: not warmed, rather than warmed for nothing."""
+    fmt = m.vllm.load_format
+    if fmt == "fastsafetensors" and m.vllm.tensor_parallel_size * m.vllm.pipeline_parallel_size == 1:
+        return ("load_format fastsafetensors on one rank reads with GPUDirect Storage when the host has it "
+                "(O_DIRECT, past the page cache)")
+    if fmt not in PAGE_CACHE_LOADERS:
+        return (f"load_format {fmt} reads the weights with its own engine, which vllm-orch has not checked "
+                f"uses the page cache")
+    return None
+
+
 def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downtime") -> tuple[Action, Expected]:
     """The warm step (a no-op with the reason when nothing is to be done) and the expected
     downtimes. `before`: what the warm-up precedes ("kimi-k25-int4 stops", "the start");
@@ -137,6 +159,9 @@ def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downt
     estimate = exp.text(m, what)
     if not inp.opts.warm:
         return Action("warm", f"nothing to do, because warming is off (--no-warm); {estimate}", noop=True), exp
+    bypass = loader_bypass(m)
+    if bypass:
+        return Action("warm", f"nothing to do, because {bypass}; {estimate}", noop=True), exp
     if facts is not None and facts.error:
         return Action("warm", f"nothing to do, because the weight files could not be surveyed ({facts.error}); "
                               f"{estimate}", noop=True), exp

@@ -155,3 +155,19 @@ def test_an_interrupted_swap_whose_new_service_runs_warms_nothing():
                          survey=weights(NVFP4, 119, 540 * GB), warm=True))
     steps = [a.step for a in plan.actions]
     assert "warm" not in steps and "stop" not in steps and step(plan, "start").noop
+
+
+@pytest.mark.parametrize("load_format, tp, why", [
+    (None, 8, None),
+    ("fastsafetensors", 8, None),                 # vLLM 0.33: nogds with a group of 8: mmap / pread
+    ("fastsafetensors", 1, "reads with GPUDirect Storage when the host has it"),
+    ("runai_streamer", 8, "load_format runai_streamer reads the weights with its own engine"),
+    ("instanttensor", 8, "load_format instanttensor reads the weights with its own engine"),
+])
+def test_the_warm_up_follows_how_the_loader_reads(load_format, tp, why):
+    from orchestrator.plan.warm import loader_bypass
+    m = MODELS[NVFP4]
+    m = m.model_copy(update={"vllm": m.vllm.model_copy(update={"load_format": load_format,
+                                                                "tensor_parallel_size": tp})})
+    got = loader_bypass(m)
+    assert (got is None) if why is None else (why in got)
