@@ -9,8 +9,9 @@ Kimi-K2.5 INT4 <-> Kimi-K2.5 NVFP4 on the same eight GPUs, both with `sleep: {le
   level 1     `swap --sleep-old` back and forth at speed 1 (the field's rates): the awake one's
               sleep (device -> host copy), the wake (host -> device at 50 GB/s per GPU), the canary
               and the warm-up request, as measured
-  level 2     the host's RAM lowered below the weights: the plan falls back to level 2, and the wake
-              reads the weights again from the page cache, at speed S (x S for the field's)
+  level 2     the host's RAM lowered below the weights: the plan falls back to level 2; the swap back
+              warms the weights into the page cache while the other serves, and the wake reads them
+              from there, at speed S (the simulated transfers x S for the field's)
   canary      the `wake-corrupt` fault: the wake is caught by the canary and rolled back
   cycles      --cycles sleep/wake swaps with the `vram-leak` fault (1000 MiB per sleep): the growth
               each sleep reports, and the cycle whose wake restarts the service cold (past the
@@ -115,7 +116,7 @@ def main() -> None:
         assert r.ok, r.error
         out["fallback"] = [w for w in r.plan.warnings if "level 2" in w]
         speed(a.speed)
-        r = swap(int4, sleep_old=True)                         # wakes int4 from level 2
+        r = swap(int4, sleep_old=True, warm=True)              # wakes int4 from level 2 (its weights warmed first)
         assert r.ok, r.error
         woke2 = read_history(host, e)[-1].shown()["sleep"]["woke"][int4.name]
         slept2 = read_history(host, e)[-1].shown()["sleep"]["slept"][nvfp4.name]

@@ -52,7 +52,7 @@ from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.multinode import OldService, download_all_action, forget_record_action, on, verify_same_action
 from orchestrator.plan.placements import clash_refusal, name_refusal, record_warnings, service_names
 from orchestrator.plan.run import RunEnv
-from orchestrator.plan.warm import cpu_need
+from orchestrator.plan.warm import cpu_need, warm_step
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
@@ -456,6 +456,12 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
     if room is not None:
         return plan.refuse(Action("placement", room.message), room)
     first: Action | None = None
+    asleep = f.asleep(m.name)
+    if asleep is not None and asleep.level == 2:     # its wake reads the weights: from the page cache, warmed first
+        action, exp = warm_step(inp, prepare.model_path(entry, inp.target.model),
+                                before=f"{old.name} {'sleeps' if sleeps else 'stops'}" if old else "the wake")
+        plan.add(action)
+        plan.info["expected_downtime_s"] = exp.as_dict()
     if old is not None and sleeps:
         assert old.manifest.sleep is not None
         level, why = sleep.level_for(f, old, 0)

@@ -120,8 +120,10 @@ def test_too_little_ram_for_level_1_falls_back_to_level_2_and_says_so(sim_host, 
     assert result.ok, result.error
     asleep = read_record(sim_host.host, e, old.name).asleep
     assert asleep is not None and asleep.level == 2 and "dropped" in asleep.where()
-    back = swap(e, old, manifests)                      # wakes int4 from level 2; nvfp4 stops
+    back = swap(e, old, manifests, warm=True)           # wakes int4 from level 2; nvfp4 stops
     assert back.ok, back.error
+    steps = [a.step for a in back.plan.actions]
+    assert steps.index("warm") < steps.index("stop") < steps.index("wake")     # read from the page cache
     assert read_history(sim_host.host, e)[-1].shown()["sleep"]["woke"][old.name]["level"] == 2
     assert read_record(sim_host.host, e, new.name) is None
 
