@@ -376,7 +376,8 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
                                     and (r.get("service") or r.get("model")) == name), None)
     if auth_problem:
         row.state_reason += f"; {auth_problem}"
-    if (asleep := facts.asleep(name)) is not None and row.state == "ready":
+    if (asleep := facts.asleep(name)) is not None and row.state == "ready" and \
+            probes.is_sleeping(probes.Endpoint(host, row.port)) is not False:    # the server's word wins
         most = max(asleep.gpu_mib.values(), default=0)
         row.asleep = {**asleep.model_dump(mode="json", exclude_none=True), "where": asleep.where()}
         row.state = "asleep"

@@ -36,7 +36,6 @@ from orchestrator.plan.run import RunEnv
 from orchestrator.plan.warm import MARGIN_PCT
 from orchestrator.probe import api
 from orchestrator.probe.readiness import wait_ready
-from orchestrator.secret import Secret
 
 CONTEXT_ALLOWANCE_MIB = 1024    # what a sleeping worker may keep per GPU: its CUDA context (~0.5 GiB
                                 # on an H100/B200, vLLM's "memory is still in use" line) and NCCL's
@@ -147,6 +146,30 @@ def sleep_or_stop(facts: HostFacts, old: ServiceInput, awake: Manifest, host: st
     return True, why
 
 
+def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: bool = False) -> tuple[int, int, int]:
+    """Read what the service NAME keeps on its GPUs after a sleep (nvidia-smi, by the ownership rule)
+    and record it asleep: (MiB kept on its fullest GPU, its cycles, its growth since its first sleep).
+    `first_check`: a first sleep that kept about everything freed nothing (no --enable-sleep-mode)."""
+    facts = gather(env.host, env.entry, [name])
+    held = held_mib(facts, name)
+    most = max(held.values(), default=0)
+    rec = facts.record(name)
+    cycles = ((rec.sleep_cycles or 0) if rec is not None else 0) + 1
+    first = most if rec is None or rec.sleep_first_mib is None else rec.sleep_first_mib
+    growth = max(0, most - first)
+    if first_check and cycles == 1 and most > CONTEXT_ALLOWANCE_MIB + LEAK_BOUND_MIB:
+        raise DeployFailed(f"{name} still holds {most} MiB per GPU after /sleep (a CUDA context is about "
+                           f"{CONTEXT_ALLOWANCE_MIB} MiB): sleep mode freed nothing", host=env.entry.name,
+                           step="sleep", hint="is --enable-sleep-mode in its command line (`vllm-orch regen "
+                                              "--restart`)?")
+    asleep = Asleep(level=level, since=state.now_iso(), weights_bytes=weights if level == 1 else 0,
+                    gpu_mib={str(g): v for g, v in sorted(held.items())}, allowance_mib=CONTEXT_ALLOWANCE_MIB,
+                    cycles=cycles, first_mib=first, growth_mib=growth)
+    state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first,
+                        sleep_last_mib=most)
+    return most, cycles, growth
+
+
 def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, downtime_starts: bool = False,
                  weights: int = 0) -> Action:
     """POST /sleep?level=N, then read what the service keeps on its GPUs and record it asleep (its
@@ -162,28 +185,11 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
         except api.HttpError as exc:
             raise DeployFailed(f"{name} did not go to sleep: {exc}", host=env.entry.name, step="sleep") from None
         seconds = time.monotonic() - t0
-        facts = gather(env.host, env.entry, [name])
-        held = held_mib(facts, name)
-        most = max(held.values(), default=0)
-        rec = facts.record(name)
-        cycles = ((rec.sleep_cycles or 0) if rec is not None else 0) + 1
-        first = most if rec is None or rec.sleep_first_mib is None else rec.sleep_first_mib
-        growth = max(0, most - first)
-        asleep = Asleep(level=level, since=state.now_iso(), weights_bytes=weights if level == 1 else 0,
-                        gpu_mib={str(g): v for g, v in sorted(held.items())}, allowance_mib=CONTEXT_ALLOWANCE_MIB,
-                        cycles=cycles, first_mib=first, growth_mib=growth)
-        if most > CONTEXT_ALLOWANCE_MIB + LEAK_BOUND_MIB and cycles == 1:
-            raise DeployFailed(f"{name} still holds {most} MiB per GPU after /sleep (a CUDA context is about "
-                               f"{CONTEXT_ALLOWANCE_MIB} MiB): sleep mode freed nothing", host=env.entry.name,
-                               step="sleep", hint="is --enable-sleep-mode in its command line (`vllm-orch regen "
-                                                  "--restart`)?")
-        state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first,
-                            sleep_last_mib=most)
+        most, cycles, growth = record_sleep(env, name, level, weights, first_check=True)
         env.record.sleeps[name] = {"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
                                    "cycles": cycles, "growth_mib": growth}
         over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
-        warn = most > CONTEXT_ALLOWANCE_MIB
-        if warn:
+        if most > CONTEXT_ALLOWANCE_MIB:
             env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {CONTEXT_ALLOWANCE_MIB} "
                                        f"MiB allowance{over}")
         return (f"{name} asleep at level {level} in {seconds:.1f}s; it keeps {most} MiB per GPU "
@@ -227,10 +233,8 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
         ready = wait_ready(env.host, service, m, cursor, on_event=env.event, budget_s=budget_s or m.startup.budget_seconds,
                            no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s, api_key=key)
         env.record.ready[name] = ready
-        text, ids, _ = api.canary(_endpoint(env, svc), m.served_name)
         state.update_record(env.host, env.entry, name, asleep=None, sleep_cycles=None, sleep_first_mib=None,
-                            sleep_last_mib=None,
-                            canary=Canary(prompt=api.CANARY_PROMPT, text=text, token_ids=ids, at=state.now_iso()))
+                            sleep_last_mib=None, canary=canary_of(env, svc))
         if marks_ready:
             env.record.ready_at = time.monotonic()
         env.record.wakes[name] = {"cold": True, "reason": reason}
@@ -247,13 +251,12 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
         try:
             api.wake_up(ep)
             wake_s = time.monotonic() - t0
-            text, ids, _ = api.canary(ep, m.served_name)
+            got = canary_of(env, svc)
             want = rec.canary if rec is not None else None
-            if want is not None and ((want.token_ids is not None and ids is not None and want.token_ids != ids)
-                                     or want.text != text):
-                raise DeployFailed(f"{name} woke with other answers: its canary gave {text[:60]!r} where it gave "
-                                   f"{want.text[:60]!r} when it first became ready (corrupted weights after the wake)",
-                                   host=env.entry.name, step="wake")
+            if want is not None and not same_answer(want, got):
+                raise DeployFailed(f"{name} woke with other answers: its canary gave {got.text[:60]!r} where it "
+                                   f"gave {want.text[:60]!r} when it first became ready (corrupted weights after "
+                                   f"the wake)", host=env.entry.name, step="wake")
             t1 = time.monotonic()
             api.canary(ep, m.served_name)            # the warm-up request (the first after a wake is slow)
             warm_s = time.monotonic() - t1
@@ -263,10 +266,8 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
                     raise
                 raise DeployFailed(f"{name} did not wake: {exc}", host=env.entry.name, step="wake") from None
             return cold(env, f"the wake failed: {exc}")
-        if want is None:        # woken for the first time since vllm-orch records canaries: this is it
-            state.update_record(env.host, env.entry, name,
-                                canary=Canary(prompt=api.CANARY_PROMPT, text=text, token_ids=ids, at=state.now_iso()))
-        state.update_record(env.host, env.entry, name, asleep=None)
+        # woken for the first time since vllm-orch records canaries: this answer is its canary
+        state.update_record(env.host, env.entry, name, asleep=None, **({} if want is not None else {"canary": got}))
         if marks_ready:
             env.record.ready_at = time.monotonic()
         env.record.wakes[name] = {"wake_s": round(wake_s, 3), "warmup_s": round(warm_s, 3),
@@ -297,20 +298,20 @@ def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
                                                                 timeout=600)
             state.write_record(env.host, env.entry, name, None)
             return f"{name} did not go back to sleep ({exc}): stopped"
-        facts = gather(env.host, env.entry, [name])
-        held = held_mib(facts, name)
-        rec = facts.record(name)
-        state.update_record(env.host, env.entry, name, asleep=Asleep(
-            level=2, since=state.now_iso(), gpu_mib={str(g): v for g, v in sorted(held.items())},
-            allowance_mib=CONTEXT_ALLOWANCE_MIB, cycles=((rec.sleep_cycles or 0) if rec else 0) + 1,
-            first_mib=rec.sleep_first_mib if rec else None), sleep_cycles=((rec.sleep_cycles or 0) if rec else 0) + 1)
-        return f"{name} asleep again at level 2 (its weights are read again at its next wake)"
+        most, _cycles, _growth = record_sleep(env, name, 2, 0)
+        return f"{name} asleep again at level 2, keeping {most} MiB per GPU (its weights are read again at its next wake)"
 
     return Action("sleep", f"put {name} back to sleep at level 2 ({why}; stopped if that fails)", run=run)
 
 
-def canary_of(env: RunEnv, svc: ServiceInput, key: Secret | None = None) -> Canary:
-    """The canary of a service that just became ready (recorded with it)."""
-    text, ids, _ = api.canary(api.Endpoint(env.host, svc.manifest.serving.port, key or svc.api_key),
-                              svc.manifest.served_name)
+def canary_of(env: RunEnv, svc: ServiceInput) -> Canary:
+    """The service's greedy answer to the canary prompt now (recorded at its first ready)."""
+    text, ids, _ = api.canary(_endpoint(env, svc), svc.manifest.served_name)
     return Canary(prompt=api.CANARY_PROMPT, text=text, token_ids=ids, at=state.now_iso())
+
+
+def same_answer(want: Canary, got: Canary) -> bool:
+    """Token for token when both have their ids (vLLM's return_token_ids), else the text."""
+    if want.token_ids is not None and got.token_ids is not None:
+        return want.token_ids == got.token_ids and want.text == got.text
+    return want.text == got.text
