@@ -183,3 +183,8 @@ def test_every_start_records_its_phases_from_vllms_lines(sim_host, pair):
                 "first_token_s", "ready_s"):
         assert key in ledger, (key, ledger)
     assert ledger["api_up_s"] <= ledger["first_token_s"] <= ledger["ready_s"]
+    # the next plan to start it expects this host's figures, not the manifest's declared ones
+    assert swap(e, new, manifests).ok                   # a stop/start swap to nvfp4
+    dry = swap(e, old, manifests, dry_run=True)
+    warm = next(a for a in dry.plan.actions if a.step == "warm")
+    assert f"this host's last start of {old.name}" in warm.summary + " ".join(warm.details), warm.summary

@@ -171,3 +171,21 @@ def test_the_warm_up_follows_how_the_loader_reads(load_format, tp, why):
                                                                 "tensor_parallel_size": tp})})
     got = loader_bypass(m)
     assert (got is None) if why is None else (why in got)
+
+
+def test_the_expected_downtime_uses_this_hosts_last_start_when_history_has_one():
+    from orchestrator.host.records import HistoryEntry
+    from orchestrator.plan.warm import measured_from
+    m = MODELS[KIMI]
+    history = [HistoryEntry(operation="deploy", service=KIMI, ok=True, at="2026-12-01T10:00:00+00:00",
+                            startup={"weights_s": 137.0, "ready_s": 300.0},
+                            warm={"cached_bytes": 547 * GB, "total_bytes": 547 * GB}),
+               HistoryEntry(operation="swap", service=NVFP4, ok=True, startup={"weights_s": 1.0, "ready_s": 2.0})]
+    ms = measured_from(history, KIMI, 547 * GB)
+    assert ms is not None and ms.other_s == 163.0 and ms.cached_bytes_s == pytest.approx(547 * GB / 137.0)
+    assert ms.disk_bytes_s is None                      # that start read from the page cache only
+    assert load_seconds(m, 547 * GB, 547 * GB, ms) == pytest.approx(137.0 + 163.0)
+    assert load_seconds(m, 547 * GB, 0, ms) == pytest.approx(547e9 / 315e6 + 163.0)    # the disk: declared
+    text = expected(m, 547 * GB, 0, None, measured=ms).text(m)
+    assert "this host's last start of kimi-k25-int4 (2026-12-01T10:00:00+00:00): 163 s besides reading" in text
+    assert measured_from(history, "other", 1) is None
