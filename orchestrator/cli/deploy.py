@@ -19,11 +19,11 @@ from orchestrator.cli.options import (
 )
 
 
-def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False, replace=None):
+def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False, replace=None, sleep_old=False):
     from orchestrator.plan.run import Options
 
     return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks),
-                   warm=warm, replace=replace)
+                   warm=warm, replace=replace, sleep_old=sleep_old)
 
 
 def placement_options(f):

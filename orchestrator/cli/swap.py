@@ -51,10 +51,14 @@ from orchestrator.cli.options import (
 @click.option("--replace", "replace", default=None, metavar="SERVICE",
               help="The service MODEL replaces, on a host that runs several; the others keep serving. MODEL "
                    "takes its GPUs and port unless --gpus / --port say otherwise.")
+@click.option("--sleep-old", "sleep_old", is_flag=True,
+              help="Put the old service to sleep (vLLM's sleep mode: its manifest's `sleep` section) instead of "
+                   "stopping it: a later swap back wakes it in seconds. Level 1 when host RAM holds its weights, "
+                   "else level 2 (the plan says which). Needs a port of its own for MODEL (--port).")
 @placement_options
 @pass_app
 def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, max_unavailable,
-         continue_on_failure, yes, warm, replace, service_name, gpus, port):
+         continue_on_failure, yes, warm, replace, sleep_old, service_name, gpus, port):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
@@ -63,6 +67,12 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     the readiness gates. If it fails any gate, it is stopped and the previous model is started again
     with its previous unit; its files are never deleted. Downtime (old stopped -> new ready) is
     measured and reported. Once the new model serves it takes the old one's start at boot.
+
+    With sleep mode (a `sleep` section in the manifests): `--sleep-old` puts the old service to
+    sleep instead of stopping it; a swap to a service that sleeps on the host wakes it (the awake one
+    sleeps with --sleep-old, else stops), checks its canary (the greedy answer recorded at its first
+    ready, token for token) and warms it up; a failure puts it back to sleep and brings the other
+    back, a cold start as the last resort.
 
     Ctrl-C, SIGTERM or a lost terminal rolls back the same way (a second Ctrl-C abandons the
     rollback). A swap cut short for good is shown by `vllm-orch status`; running swap again
@@ -82,6 +92,7 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
       vllm-orch swap kimi-k25-nvfp4 --host sim --dry-run
       vllm-orch swap minimax-m25 --host gpu1
       vllm-orch swap kimi-k25-int4 --replace minimax-m25 --host gpu1
+      vllm-orch swap kimi-k25-nvfp4 --host gpu1 --sleep-old --port 8001
       vllm-orch swap minimax-m25 --group prod --max-unavailable 1
     """
     from orchestrator.cli.views import warm_summary
@@ -95,7 +106,7 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     request = service_request(m, service_name, gpus, port)     # bad --gpus: exit 2 before any host
     secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
     manifests, _bad = load_all(resolved_models_dir(app))
-    opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace)
+    opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace, sleep_old=sleep_old)
     if per_host(m, hosts):                      # the same swap on each host: rolling
         from orchestrator.cli.fleet import rolling_swap
 

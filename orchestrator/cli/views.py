@@ -20,7 +20,7 @@ def escape(text: object) -> str:
     return markup_escape(printable(text))
 
 
-STATE_STYLE = {"ready": "bold green", "loading": "bold yellow", "failed": "bold red",
+STATE_STYLE = {"ready": "bold green", "asleep": "cyan", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red", "running": "green", "unknown": "yellow"}
 
 # The headline figures `vllm-orch bench --host` records (orchestrator/bench/report.py: headline()).
@@ -290,6 +290,32 @@ def last_cold_swaps(records: list[dict]) -> list[float | None]:
     return out
 
 
+# The start-up ledger's phases as `history` names them, in the order a start goes through them.
+STARTUP_PHASES = (("download_s", "download"), ("warm_s", "warm-up"), ("weights_s", "weights"),
+                  ("compile_s", "compile"), ("graphs_s", "CUDA graphs"), ("init_engine_s", "engine init"),
+                  ("api_up_s", "API up at"), ("first_token_s", "first token at"), ("ready_s", "ready at"))
+
+
+def startup_summary(ledger: dict) -> str:
+    """A start's phases in one line: `download 12.0s, weights 30.2s, compile 4.1s, ...`."""
+    return ", ".join(f"{label} {ledger[k]:.1f}s" for k, label in STARTUP_PHASES
+                     if isinstance(ledger.get(k), (int, float)))
+
+
+def sleep_summary(part: dict) -> str:
+    """What a swap with sleep mode did: who slept at which level, who woke and how."""
+    out = []
+    for name, s in (part.get("slept") or {}).items():
+        out.append(f"{name} slept (level {s.get('level')}, {s.get('seconds', 0):.1f}s, keeps {s.get('gpu_mib')} MiB"
+                   f"/GPU" + (f", +{s['growth_mib']} MiB over {s.get('cycles')} cycles" if s.get("growth_mib") else "")
+                   + ")")
+    for name, w in (part.get("woke") or {}).items():
+        out.append(f"{name} restarted cold ({w.get('reason')})" if w.get("cold") else
+                   f"{name} woke in {w.get('wake_s', 0):.1f}s (canary {w.get('canary')}, warm-up "
+                   f"{w.get('warmup_s', 0):.2f}s)")
+    return "; ".join(out)
+
+
 def history_details(rec: dict, cold_before: float | None = None) -> str:
     """One line of what a history record says beyond its operation and result (`cold_before`: the
     downtime of the last cold swap to the same model, to show what warming saved)."""
@@ -336,6 +362,10 @@ def history_details(rec: dict, cold_before: float | None = None) -> str:
     saved = warm_saving(rec, cold_before)
     if saved:
         parts.append(saved)
+    if rec.get("startup"):
+        parts.append("start-up " + startup_summary(rec["startup"]))
+    if rec.get("sleep"):
+        parts.append(sleep_summary(rec["sleep"]))
     if rec.get("steps"):
         slow = sorted(rec["steps"].items(), key=lambda kv: -kv[1])[:3]
         parts.append("slowest: " + ", ".join(f"{k} {v:.1f}s" for k, v in slow))

@@ -36,7 +36,9 @@ SECRET_HINT = "list it in serving.secret_env and set it in the environment of `v
 # Written by the env file template itself (templates/vllm.env.j2): rendered from manifest fields.
 RENDERED_ENV = {"CUDA_VISIBLE_DEVICES": "serving.gpu_ids", "VLLM_ENGINE_READY_TIMEOUT_S": "startup.budget_seconds",
                 "HF_HUB_OFFLINE": "(always 1: the weights are downloaded before the start)",
-                "CUDA_DEVICE_ORDER": "(always PCI_BUS_ID: the order nvidia-smi numbers GPUs in)"}
+                "CUDA_DEVICE_ORDER": "(always PCI_BUS_ID: the order nvidia-smi numbers GPUs in)",
+                "VLLM_SERVER_DEV_MODE": "sleep (1 with sleep mode: it opens vLLM's development endpoints, "
+                                        "which --api-key does not cover)"}
 # Variables vllm-orch sets in the env file (GPUs, the engine's ready timeout, offline start) or relies
 # on being the host's own (what runs, what is preloaded into it): a manifest cannot override them.
 RESERVED_ENV = (*RENDERED_ENV, "LD_PRELOAD", "PATH")
@@ -411,6 +413,9 @@ class VllmArgs(Strict):
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the field vllm.{typed[flag]} instead")
             if flag in ("--served-model-name", "--port", "--host", "--model"):
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; it is rendered from the serving section")
+            if flag == "--enable-sleep-mode":
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the manifest's sleep section "
+                                             "(it also guards the endpoints sleep mode needs)")
             if flag in SECRET_FLAGS:
                 var = SECRET_FLAGS[flag]
                 how = (f"list {var} in serving.secret_env and set it in the environment of `vllm-orch "
@@ -832,6 +837,21 @@ class Engine(Strict):
         return urllib.parse.unquote(m.group("version")) if m else self.vllm
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class Sleep(Strict):
+    """vLLM's sleep mode: the service can be put to sleep (its GPUs freed) and woken in seconds."""
+
+    level: Literal[1, 2] = Field(
+        description="1: a sleep copies the weights to host RAM (a wake copies them back: seconds; "
+                    "needs their size in free RAM); 2: a sleep drops them (a wake reads them again "
+                    "from the page cache or the disk). Renders --enable-sleep-mode and "
+                    "VLLM_SERVER_DEV_MODE=1, which opens vLLM's development endpoints (/sleep, "
+                    "/wake_up, /collective_rpc, /update_weights, ...) that --api-key does not cover: "
+                    "so serving.host must be a loopback address (docs/security.md).")
+
+
 class Manifest(Strict):
     """A deployable model: what to download, how to run vLLM, how to know it works."""
 
@@ -861,6 +881,9 @@ class Manifest(Strict):
     multinode: MultiNode | None = Field(
         None, description="One service across several hosts: how many, vLLM's runtime (mp or ray) and "
                           "the ports the nodes meet at. Absent: the service runs on one host.")
+    sleep: Sleep | None = Field(
+        None, description="vLLM's sleep mode (`swap --sleep-old` puts the service to sleep instead of "
+                          "stopping it, and a swap back wakes it). Absent: the service is stopped.")
 
     @property
     def cluster_port_name(self) -> str | None:
@@ -891,6 +914,17 @@ class Manifest(Strict):
         s, v = self.serving, self.vllm
         if s.gpu_ids is not None and len(s.gpu_ids) != s.gpus:
             raise at("serving.gpu_ids", f"serving.gpu_ids lists {len(s.gpu_ids)} GPUs but serving.gpus is {s.gpus}")
+        if self.sleep is not None:
+            if self.multinode is not None:
+                raise at("sleep", "sleep mode is for a service on one host: a multi-node service is "
+                                  "stopped and started")
+            if s.host not in LOOPBACK:
+                raise at("sleep", f"sleep mode needs serving.host 127.0.0.1 (it is {s.host}): "
+                                  "VLLM_SERVER_DEV_MODE=1 opens /sleep, /wake_up, /collective_rpc and "
+                                  "/update_weights to every client that reaches the port, outside "
+                                  "--api-key (its guarded prefixes are /v1, /v2, /inference, /cohere); "
+                                  "reach the service through a proxy or an SSH tunnel "
+                                  "(docs/security.md)")
         if self.multinode is not None:
             self._check_multinode()
         elif v.world_size != s.gpus:

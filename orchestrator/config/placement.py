@@ -76,6 +76,7 @@ class Placement:
     gpus: tuple[int, ...]
     port: int
     binds: tuple[tuple[str, int], ...] = ()     # the other ports it listens on here: (multinode field, port)
+    asleep: bool = False            # sleep mode: its GPUs are free but for a CUDA context each
 
     @property
     def ports(self) -> dict[int, str]:
@@ -84,10 +85,12 @@ class Placement:
         return {**expand_ports(dict(self.binds)), **({self.port: "API port"} if self.port else {})}
 
     def clash(self, other: Placement) -> str | None:
-        """What `other` takes of this placement's GPUs or ports (None: they can run side by side)."""
+        """What `other` takes of this placement's GPUs or ports (None: they can run side by side).
+        A sleeping service shares its GPUs with an awake one (at most one awake per GPU), never
+        its ports: its server still listens."""
         if other.host != self.host or other.name == self.name:
             return None
-        shared = sorted(set(self.gpus) & set(other.gpus))
+        shared = [] if self.asleep or other.asleep else sorted(set(self.gpus) & set(other.gpus))
         what = []
         if shared:
             what.append("GPU" + ("s " if len(shared) > 1 else " ") + ",".join(map(str, shared)))

@@ -28,7 +28,7 @@ from orchestrator.host import scripts
 from orchestrator.host.base import Host
 from orchestrator.host.modeldirs import is_ours
 from orchestrator.host.ownership import Proc, classify
-from orchestrator.host.records import InstalledRecord, Record, ServiceRecord, SwapMarker
+from orchestrator.host.records import Asleep, InstalledRecord, Record, ServiceRecord, SwapMarker
 from orchestrator.host.services import ServiceState
 
 R = TypeVar("R", bound=Record)
@@ -120,7 +120,8 @@ class HostFacts:
         for rec in (self.record(name), self.installed.get(name)):
             if rec is None or not (rec.gpus or rec.port):
                 continue
-            p = Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds())
+            p = Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds(),
+                          asleep=self.asleep(name) is not None)
             if all((p.gpus, p.port, p.binds) != (q.gpus, q.port, q.binds) for q in out):
                 out.append(p)
         return out
@@ -139,6 +140,16 @@ class HostFacts:
         model (and the running services' own names). Disk freeing and gc never delete these."""
         running = self.running()
         return set(running) | {self.model_of(n) for n in (*self.records, *running)}
+
+    def asleep(self, name: str) -> Asleep | None:
+        """How the service NAME sleeps (its record says it was put to sleep and its unit still
+        runs), None when it is awake or not running."""
+        rec, st = self.record(name), self.services.get(name)
+        return rec.asleep if rec is not None and rec.asleep is not None and st is not None and st.active else None
+
+    def sleeping(self) -> set[str]:
+        """The host's services asleep now."""
+        return {n for n in self.records if self.asleep(n) is not None}
 
     def running(self) -> list[str]:
         return [name for name, st in self.services.items() if st.active]

@@ -150,6 +150,7 @@ class Holders:
     kill: list[Proc] = field(default_factory=list)      # left behind or abandoned: killed before the start
     others: list[Proc] = field(default_factory=list)    # another running managed service: never killed
     foreign: list[Proc] = field(default_factory=list)   # killed only with --kill-foreign
+    asleep: list[Proc] = field(default_factory=list)    # a sleeping service's (its CUDA contexts): kept
 
     def victims(self, kill_foreign: bool) -> list[Proc]:
         return self.kill + ([p for p in self.foreign if p.killable] if kill_foreign else [])
@@ -161,13 +162,15 @@ class Holders:
 
 
 def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, gpus: Iterable[int],
-            stopping: Iterable[str] = (), *, protected: Iterable[str]) -> Holders:
+            stopping: Iterable[str] = (), *, protected: Iterable[str], asleep: Iterable[str] = ()) -> Holders:
     """Sort the processes on `gpus` (and those bound to the service port) for the service `model`;
     `stopping`: managed services this operation stops first (a swap's old model); `protected`: the
     other services of the host (recorded or running, HostFacts.services_known): what one of them
     left between two of its starts (systemd restarting it) is theirs, never ours to kill. Every
-    caller (deploy's GPU step, swap, stop, preflight) names them."""
-    want, mine = set(gpus), {model, *stopping}
+    caller (deploy's GPU step, swap, stop, preflight) names them. `asleep`: the host's services in
+    sleep mode: their processes stay on the GPUs (a CUDA context each) beside an awake service, and
+    are theirs (`Holders.asleep`), neither in the way nor leftovers."""
+    want, mine, sleeping = set(gpus), {model, *stopping}, set(asleep)
     theirs = set(protected) - mine
     gpu_list = list(gpu_procs)
     on_gpu = {p.pid for p in gpu_list}
@@ -176,7 +179,9 @@ def holders(gpu_procs: Iterable[Proc], port_procs: Iterable[Proc], model: str, g
         on_port = p.gpu_index is None
         if not on_port and p.gpu_index not in want:
             continue                                   # never touch processes on other GPUs
-        if p.kind == SERVICE:
+        if p.kind == SERVICE and p.model in sleeping and p.model not in mine and not on_port:
+            out.asleep.append(p)
+        elif p.kind == SERVICE:
             (out.ours if p.model in mine else out.others).append(p)
         elif p.kind == LEFT and p.model in theirs:
             out.others.append(p)
@@ -254,19 +259,22 @@ def gpu_list(indices: Iterable[int]) -> str:
 
 
 def wait_released(host: Host, entry: HostEntry, indices: list[int], timeout: float, poll: float = 0.5,
-                  ignore: Iterable[Proc] = ()) -> str:
+                  ignore: Iterable[Proc] = (), asleep: Iterable[Proc] = ()) -> str:
     """Poll nvidia-smi until the GPUs hold no process and their memory is released. `ignore`:
     processes that are not ours to wait for (foreign ones stop leaves alone); a GPU one of them
-    holds is checked for our processes only, since its memory is theirs."""
+    holds is checked for our processes only, since its memory is theirs. `asleep`: a sleeping
+    service's processes, which stay: what they hold (read now) is allowed on their GPUs."""
     start = time.monotonic()
     deadline = start + timeout
-    skip = {p.pid for p in ignore}
+    skip = {p.pid for p in ignore} | {p.pid for p in asleep}
     shared = {p.gpu_index for p in ignore}
     while True:
         gpus, apps = read_gpus(host, entry)
         procs = [a for i in indices for a in apps.get(i, []) if a.pid not in skip]
+        kept = {i: sum(a.used_memory_mib or 0 for a in apps.get(i, []) if a.pid in skip) for i in indices}
         busy = {g.index: g.memory_used_mib or 0 for g in gpus
-                if g.index in indices and g.index not in shared and (g.memory_used_mib or 0) >= IDLE_GPU_MIB}
+                if g.index in indices and g.index not in shared
+                and (g.memory_used_mib or 0) - kept.get(g.index, 0) >= IDLE_GPU_MIB}
         if not procs and not busy:
             held = f" (GPU {', '.join(str(i) for i in sorted(x for x in shared if x in indices))} stays in use "
             held = held + "by a process that is not ours)" if shared & set(indices) else ""

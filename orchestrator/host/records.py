@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from orchestrator.config.manifest import LEGACY_PORTS
 from orchestrator.config.placement import NodeRole, Origin, Recorded
+from orchestrator.fmt import fmt_bytes
 
 RECORDS_VERSION = 1
 
@@ -115,6 +116,40 @@ class NodeFields(Record):
         return bool(self.nodes) and len(self.nodes or ()) > 1
 
 
+class Asleep(BaseModel):
+    """A service put to sleep (vLLM's sleep mode): its process lives, its GPUs are free but for a
+    CUDA context each; what the last sleep left there, against the allowance, over the cycles."""
+
+    model_config = ConfigDict(extra="allow")
+
+    level: int = Field(description="1: the weights in host RAM; 2: dropped (a wake reads them again).")
+    since: str | None = None
+    weights_bytes: int = Field(0, description="The weights' size (in host RAM at level 1).")
+    gpu_mib: dict[str, int] = Field(default_factory=dict, description="MiB it holds per GPU after the sleep.")
+    allowance_mib: int = Field(0, description="What a sleeping process may hold per GPU (its CUDA context).")
+    cycles: int = Field(0, description="Sleeps since it last started cold.")
+    first_mib: int | None = Field(None, description="The most it held on a GPU after its first sleep.")
+    growth_mib: int = Field(0, description="How much more it holds than after its first sleep (a leak).")
+
+    def where(self) -> str:
+        """Where its weights are, for status: "level 1: 547 GB in host RAM"."""
+        if self.level == 1:
+            return f"level 1: {fmt_bytes(self.weights_bytes)} in host RAM"
+        return "level 2: weights dropped (a wake reads them from the page cache or disk)"
+
+
+class Canary(BaseModel):
+    """A greedy completion of a fixed prompt recorded when the service first became ready: a wake
+    must give the same tokens back (corrupted weights answer otherwise)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str
+    text: str
+    token_ids: list[int] | None = None
+    at: str | None = None
+
+
 class ServiceRecord(NodeFields):
     """services/NAME.json: a service vllm-orch started and proved serving (written by deploy's and
     swap's record step, removed by stop)."""
@@ -139,6 +174,11 @@ class ServiceRecord(NodeFields):
     enabled: bool = Field(False, description="Whether it starts at boot.")
     hardware: str | None = None
     perf: dict[str, Any] | None = Field(None, description="The last throughput measurement (the perf step).")
+    asleep: Asleep | None = Field(None, description="Put to sleep (sleep mode): None while it serves.")
+    canary: Canary | None = Field(None, description="The known answer a wake is checked against.")
+    sleep_cycles: int | None = Field(None, description="Sleeps since it last started cold.")
+    sleep_first_mib: int | None = Field(None, description="The most it kept on a GPU after its first sleep.")
+    sleep_last_mib: int | None = Field(None, description="The most it kept on a GPU after its last sleep.")
 
 
 class InstalledRecord(NodeFields):

@@ -188,6 +188,16 @@ def read_history(host: Host, entry: HostEntry) -> list[HistoryEntry]:
     return parse_history((data or b"").decode(errors="replace").splitlines())
 
 
+def history_tail(host: Host, entry: HostEntry, size: int = 1 << 20) -> list[HistoryEntry]:
+    """The last `size` bytes of history.jsonl (its last lines, oldest first; the first, cut, left out):
+    what a plan reads of it (this host's last measured start)."""
+    r = host.run(["tail", "-c", str(size), _path(entry, "history.jsonl")], timeout=30)
+    if not r.ok:
+        return []
+    lines = r.stdout.splitlines()
+    return parse_history(lines[1:] if len(r.stdout.encode()) >= size else lines)
+
+
 def parse_history(lines: list[str]) -> list[HistoryEntry]:
     out = []
     for line in lines:

@@ -31,7 +31,7 @@ from orchestrator.host.base import Host
 from orchestrator.host.download import plan_download
 from orchestrator.host.engine import EngineState
 from orchestrator.host.facts import HostFacts, gather
-from orchestrator.host.state import lock_holder
+from orchestrator.host.state import history_tail, lock_holder
 from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import placement_refusal
@@ -41,6 +41,7 @@ from orchestrator.plan.preflight import FAIL, SKIPPED, Check, HostAnswer, Prefli
 from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import already_done, old_model_name
+from orchestrator.plan.warm import measured_from
 from orchestrator.probe import api
 from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
 from orchestrator.secret import Secret
@@ -260,7 +261,9 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
     inp = replace(inp, download=download_plan(host, inp.entry, t.manifest, t.model, inp.facts, inp.hf_token))
     if inp.opts.warm:
         inp = replace(inp, warm=warm_facts(host, inp.entry, t.model))
-    return inp
+    load = (inp.warm.weights_bytes or inp.warm.total_bytes) if inp.warm is not None and inp.warm.files else \
+        (inp.download.total_bytes if inp.download else 0)
+    return replace(inp, measured=measured_from(history_tail(host, inp.entry), t.name, load))
 
 
 def swap_spec(facts: Mapping[str, HostFacts], entries: list[HostEntry], m: Manifest, request: Request,

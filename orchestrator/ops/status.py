@@ -85,6 +85,9 @@ class ServiceStatus:
     engine: str | None = None            # its engine venv (engines_root/NAME), None: the inventory's vllm
     node_names: list[str] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)      # head only: {host, rank, state, unit_state, reason}
+    # sleep mode: {level, where ("level 1: 547 GB in host RAM"), since, gpu_mib, allowance_mib,
+    # cycles, growth_mib}; None while it serves
+    asleep: dict | None = None
 
 
 # The fields a host's row copies from its first service (the one a single-service host has).
@@ -384,6 +387,15 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
                                     and (r.get("service") or r.get("model")) == name), None)
     if auth_problem:
         row.state_reason += f"; {auth_problem}"
+    if (asleep := facts.asleep(name)) is not None and row.state == "ready" and \
+            probes.is_sleeping(probes.Endpoint(host, row.port)) is not False:    # the server's word wins
+        most = max(asleep.gpu_mib.values(), default=0)
+        row.asleep = {**asleep.model_dump(mode="json", exclude_none=True), "where": asleep.where()}
+        row.state = "asleep"
+        row.state_reason = (f"{asleep.where()}; it keeps {most} MiB per GPU (allowance {asleep.allowance_mib})"
+                            + (f", {asleep.growth_mib} MiB more than after its first sleep over {asleep.cycles} "
+                               f"cycles" if asleep.growth_mib else "")
+                            + f"; `vllm-orch swap {name} --host {entry.name}` wakes it")
     if row.state == "loading" and not row.port:
         row.state_reason += " (port unknown: no manifest and no active record)"
     return row

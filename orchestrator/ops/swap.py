@@ -36,7 +36,7 @@ from orchestrator.ops.stop import recorded_nodes
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.multinode import OldService
 from orchestrator.plan.run import Options, RunEnv
-from orchestrator.plan.swap import old_model_name, plan_swap
+from orchestrator.plan.swap import old_model_name, plan_sleep_swap, plan_swap
 from orchestrator.plan.warm import history_fields
 from orchestrator.probe.readiness import failure_fields
 
@@ -108,7 +108,8 @@ def run_swap(nodes: HostEntry | Sequence[HostEntry], m: Manifest, manifests: dic
                 sessions[n].host, by_name[n], [multi_old])).services.get(multi_old)) is not None and st.active}
             old = OldService(multi_old, tuple(old_nodes), head_old, frozenset(running))
         elsewhere = {n: (by_name[n], sessions[n].lock) for n in old_nodes if n not in names}
-        plan = plan_swap(*inputs, old=old, elsewhere=elsewhere)
+        sleeping = len(by_name) == 1 and (opts.sleep_old or inputs[0].facts.asleep(name) is not None)
+        plan = plan_sleep_swap(inputs[0]) if sleeping else plan_swap(*inputs, old=old, elsewhere=elsewhere)
         info = dict(plan.info)
         result = OpResult("swap", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
         if info.get("noop"):
@@ -152,7 +153,9 @@ def _read_outcome(result: OpResult, head: RunEnv, inputs: Sequence[PlanInput], e
                              f"if {name} fails), or `vllm-orch swap {old_name} --host {names[0]}` to go back")
     if rb is not None and old_name and result.extra.get("staged"):
         old_ready = head.record.ready.get(old_name)
+        woke = head.record.wakes.get(old_name)
         text = (f"{old_name} serves again ({old_ready.smoke.summary()})" if rb.ok and old_ready
+                else f"{old_name} serves again (woken, its canary matches)" if rb.ok and woke and not woke.get("cold")
                 else f"{old_name} did not come back: {rb.error.message if rb.error else '?'}")
         result.extra["rollback"] = {"ok": rb.ok, "result": text, "seconds": round(rb.seconds, 3)}
         if result.error is not None and result.error.details:
@@ -179,6 +182,10 @@ def _history(result: OpResult, head: RunEnv, model: str, inputs: Sequence[PlanIn
     extra.update({k: v for k, v in record.items() if k in ("warm", "weights_s")})
     if "rollback" in extra:
         record["rollback"] = extra["rollback"]
+    if head.record.sleeps or head.record.wakes or extra.get("sleep"):
+        record["sleep"] = extra["sleep_run"] = {
+            "mode": extra.get("sleep"), "level": extra.get("sleep_level"),
+            "slept": dict(head.record.sleeps), "woke": dict(head.record.wakes)}
     ready = head.record.ready.get(name)
     if ready is not None:
         record["tokens_per_s"] = ready.smoke.tokens_per_s

@@ -100,6 +100,19 @@ class ServiceInput:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """This host's last start of the model (history's `startup`, plan/warm.startup_ledger): the seconds
+    of everything but reading the weights (compile, graphs, engine init, API, first answer), and the
+    weights' read rate when that start read them almost all from the page cache or almost all from
+    the disk (its warm-up says which)."""
+
+    at: str
+    other_s: float
+    cached_bytes_s: float | None = None
+    disk_bytes_s: float | None = None
+
+
+@dataclass(frozen=True)
 class PlanInput:
     """Everything deploy's and swap's planners look at."""
 
@@ -114,6 +127,7 @@ class PlanInput:
     old: ServiceInput | None = None             # swap: the model being replaced
     warm: WarmFacts | None = None               # the new model's page-cache state (when warming)
     engine: EngineState | None = None           # the service's engine venv (a manifest with `engine:`)
+    measured: Measured | None = None            # this host's last start of it (history's ledger)
 
     @property
     def name(self) -> str:

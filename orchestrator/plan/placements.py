@@ -16,6 +16,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.host.facts import HostFacts
 from orchestrator.host.ownership import gpu_list, holders
 from orchestrator.plan.inputs import ServiceInput
+from orchestrator.plan.sleep import room_refusal
 
 
 def host_placements(facts: HostFacts, host: str) -> list[Placement]:
@@ -67,7 +68,7 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
                 f"{named} already takes {what} on {host}: {name} needs {needs(want)}", host=host, step="placement",
                 hint=f"place {name} elsewhere (--gpus, --port{', ' + _set_port(want) if want.binds else ''}), "
                      f"`{swap} --replace {other.name} --host {host}`, or `vllm-orch stop {other.name} --host {host}` first")
-    return listener_refusal(facts, want, replacing)
+    return listener_refusal(facts, want, replacing) or room_refusal(facts, svc.manifest, host, awake_too=replacing)
 
 
 def _set_port(p: Placement, label: str | None = None) -> str:

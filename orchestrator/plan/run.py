@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.base import Host
 from orchestrator.host.ownership import Proc
+from orchestrator.host.records import Canary
 
 if TYPE_CHECKING:
     from orchestrator.probe.readiness import Ready
@@ -38,6 +39,7 @@ class Options:
     gpu_release_timeout_s: float = GPU_RELEASE_TIMEOUT_S
     warm: bool = False                      # warm the page cache before the start (swap: on by default)
     replace: str | None = None              # swap --replace: the service the new model replaces
+    sleep_old: bool = False                 # swap --sleep-old: the old service sleeps instead of stopping
 
 
 @dataclass
@@ -81,6 +83,9 @@ class RunRecord:
     killed: list[Proc] = field(default_factory=list)              # stop: the leftovers it killed
     deleted: list[tuple[str, int]] = field(default_factory=list)  # gc: (folder, bytes) deleted
     kept: list[tuple[str, str]] = field(default_factory=list)     # gc: (folder, why) the host refused to delete
+    sleeps: dict[str, dict] = field(default_factory=dict)         # service -> its sleep (level, seconds, MiB kept)
+    wakes: dict[str, dict] = field(default_factory=dict)          # service -> its wake (seconds, canary, warm-up)
+    canaries: dict[str, Canary] = field(default_factory=dict)     # service -> its Canary at its first ready
 
     def downtime_s(self) -> float | None:
         if self.stopped_at is None or self.ready_at is None:

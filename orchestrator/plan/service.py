@@ -28,6 +28,7 @@ from orchestrator.plan.inputs import PlanInput, ServiceInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.perf import BelowFloor, expected_text, likely_causes, shortfalls
 from orchestrator.plan.run import RunEnv
+from orchestrator.plan.sleep import canary_of
 from orchestrator.probe.api import Endpoint
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
@@ -43,7 +44,7 @@ def placement_holders(facts: HostFacts, m: Manifest, stopping: Collection[str] =
     """The processes on the manifest's GPUs and port, by the one ownership rule; the host's other
     services (recorded or running) are never ours to kill."""
     return holders(facts.procs, facts.ports.get(m.serving.port, []), m.name, m.serving.visible_devices,
-                   stopping, protected=facts.services_known())
+                   stopping, protected=facts.services_known(), asleep=facts.sleeping())
 
 
 # -- GPUs free -------------------------------------------------------------------------------------
@@ -111,9 +112,14 @@ def gpus_action(inp: PlanInput, stopping: Collection[str] = ()) -> tuple[Action,
             return killed + f"{gpu_list(want)} held only by {', '.join(sorted({p.model or '?' for p in now.ours}))}"
         if not kill and not stops and not victims:
             return f"re-read right before the start: {gpu_list(want)} still free"
-        return killed + wait_released(env.host, env.entry, want, env.opts.gpu_release_timeout_s, env.opts.poll_s)
+        return killed + wait_released(env.host, env.entry, want, env.opts.gpu_release_timeout_s, env.opts.poll_s,
+                                      asleep=now.asleep)
 
     if not victims:
+        if held.asleep:
+            sleepers = ", ".join(sorted({p.model or "?" for p in held.asleep}))
+            return Action("gpus", f"check that {gpu_list(want)} are free but for {sleepers}, asleep", run=run,
+                          details=[f"stays (asleep, a CUDA context per GPU): {p.describe()}" for p in held.asleep]), None
         if stops:
             return Action("gpus", f"check that {gpu_list(want)} are released after the stop", run=run,
                           details=[f"the processes on {gpu_list(want)} belong to {', '.join(stops)}, "
@@ -368,6 +374,8 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         env.record.ready[m.name] = ready
         if marks_ready:
             env.record.ready_at = time.monotonic()
+        if m.sleep is not None:     # sleep mode: the known answer a wake is checked against
+            env.record.canaries[m.name] = canary_of(env, svc)
         state.touch_usage(env.host, env.entry, svc.model)        # by folder: disk eviction reads it
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
@@ -443,8 +451,8 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
                          vllm_version=vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,
                          hardware=inp.target.effective.hardware if inp.target.effective else None,
-                         perf=env.record.perf.get(m.name), cluster_ports=cluster_ports(m),
-                         node_ports=node_ports(m, r.role), **NodeFields.of(r.role))
+                         perf=env.record.perf.get(m.name), canary=env.record.canaries.get(m.name),
+                         cluster_ports=cluster_ports(m), node_ports=node_ports(m, r.role), **NodeFields.of(r.role))
 
 
 def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False,

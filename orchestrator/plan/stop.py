@@ -57,7 +57,8 @@ def model_gpus(facts: HostFacts, model: str, manifest_gpus: list[int] | None) ->
 def leftovers(facts: HostFacts, model: str, gpus: list[int]) -> Holders:
     """The processes on the model's GPUs, sorted by the one ownership rule (orchestrator.host.ownership)
     as if the model's service were being stopped: its own and what was abandoned may be killed."""
-    return holders(facts.procs, [], model, gpus, stopping={model}, protected=facts.services_known())
+    return holders(facts.procs, [], model, gpus, stopping={model}, protected=facts.services_known(),
+                   asleep=facts.sleeping())
 
 
 def rows(procs: list[Proc]) -> list[dict]:
@@ -154,10 +155,12 @@ def release_step(name: str, gpus: list[int], held: Holders) -> Action:
     if held.others:
         return Action("gpus", f"nothing to do, because {', '.join(sorted({p.model or '?' for p in held.others}))} "
                               f"also runs on {gpu_list(gpus)}: not waited for", noop=True)
-    foreign = list(held.foreign)
+    foreign, asleep = list(held.foreign), list(held.asleep)
     return Action("gpus", f"wait until {gpu_list(gpus)} are released", run=lambda env: wait_released(
-        env.host, env.entry, gpus, env.opts.gpu_release_timeout_s, env.opts.poll_s, ignore=foreign),
-        details=[f"left alone (not ours): {p.describe()}" for p in foreign])
+        env.host, env.entry, gpus, env.opts.gpu_release_timeout_s, env.opts.poll_s, ignore=foreign,
+        asleep=asleep),
+        details=[f"left alone (not ours): {p.describe()}" for p in foreign]
+        + [f"stays (asleep): {p.describe()}" for p in asleep])
 
 
 # -- gc --------------------------------------------------------------------------------------------

@@ -33,8 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.fmt import fmt_bytes
+from orchestrator.host import state
 from orchestrator.host.facts import HostFacts
-from orchestrator.plan import prepare, service
+from orchestrator.plan import prepare, service, sleep
 from orchestrator.plan.deploy import (
     engines,
     hosts_desc,
@@ -46,11 +47,13 @@ from orchestrator.plan.deploy import (
     unpinned_warning,
     warm_before,
 )
-from orchestrator.plan.inputs import LockFacts, PlanInput
+from orchestrator.plan.inputs import LockFacts, PlanInput, ServiceInput
 from orchestrator.plan.interrupted import half_done
 from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.multinode import OldService, download_all_action, forget_record_action, on, verify_same_action
 from orchestrator.plan.placements import clash_refusal, name_refusal, record_warnings, service_names
+from orchestrator.plan.run import RunEnv
+from orchestrator.plan.warm import cpu_need, warm_step
 
 FIELD_DOWNLOAD_RATE = 547e9 / (28 * 60)    # field report: 547 GB in 28 min (~325 MB/s)
 
@@ -70,7 +73,10 @@ def old_model_name(facts: HostFacts, target: str, host: str = "", replace: str |
             raise ConfigError(f"--replace {replace}: {host or 'the host'} runs no such service"
                               + (f" (it runs {', '.join(names)})" if names else " (it runs none)"))
         return replace
+    names = [n for n in names if n == target or facts.asleep(n) is None]    # a sleeping one stays asleep
     others = [n for n in names if n != target]
+    if facts.asleep(target) is not None and len(others) == 1:       # waking it: the awake one gives way
+        return others[0]
     if len(names) > 1 and others:
         raise ConfigError(f"{host or 'the host'} runs several services ({', '.join(names)}): say which one "
                           f"{target} replaces with --replace NAME")
@@ -200,7 +206,7 @@ def _hand_over(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
 
 def _stage(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
            elsewhere: Mapping[str, tuple[HostEntry, LockFacts]], tag: Callable[[str, Action], Action],
-           one: bool) -> Plan | None:
+           one: bool, unstaged_ok: bool = True) -> Plan | None:
     """The swap's steps while the old service still serves: every lock, the overlap and half-done
     refusals, preflight, disk room for both (one host without it: the unstaged swap), the download
     on every node, verify-same. The plan to return when they end it (a refusal, an unstaged swap)."""
@@ -224,7 +230,7 @@ def _stage(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
     for i in nodes:
         keep = {i.old.name, i.old.model} if i.old is not None else set()
         disk, err = prepare.disk_action(i, keep=keep)
-        if err is not None and one and i.old is not None:
+        if err is not None and one and i.old is not None and unstaged_ok:
             return _unstaged(plan, i, err)
         if err is not None and not one:
             err.hint = (err.hint or "") + "; a swap across nodes always stages (free space, or stop the old " \
@@ -375,4 +381,138 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     plan.recover(start, f"stop {m.name} (no rollback: {old.name} was deleted to make room)",
                  [service.stop_action(entry, m.name, "it failed to become ready", only_if_started=True,
                                       drain=False)])
+    return plan
+
+
+# -- sleep mode (plan/sleep.py's steps) ------------------------------------------------------------
+
+def plan_sleep_swap(inp: PlanInput) -> Plan:
+    """A swap on one host with vLLM's sleep mode. To a service that sleeps there: the awake one
+    sleeps (--sleep-old) or stops, the target wakes, its canary matches, a warm-up request; a failure
+    puts the target back to sleep (level 2: its weights are read again at the next wake) and wakes
+    the other back (or starts it), a cold start as the last resort. To a service that does not run:
+    `swap --sleep-old` stages it like every swap and puts the old one to sleep instead of stopping it
+    (the level its host RAM allows, said in the plan); a failure stops the new one and wakes the old."""
+    m, f, entry = inp.target.manifest, inp.facts, inp.entry
+    old = inp.old if inp.old is not None and (st := f.services.get(inp.old.name)) is not None and st.active else None
+    asleep = f.asleep(m.name)
+    info: dict = {"from": old.name if old else None, "to": m.name, "staged": True,
+                  "sleep": "wake" if asleep is not None else "sleep-old"}
+    plan = Plan("swap", entry.describe(), f"{old.name if old else '(nothing)'} -> {m.name}", info=info,
+                warnings=record_warnings(f))
+    if asleep is not None:
+        return _wake_target(plan, inp, old)
+    if old is None or old.manifest.sleep is None or not inp.opts.sleep_old:
+        why = (f"{old.name} has no sleep section in its manifest (add `sleep: {{level: 1}}`, then `vllm-orch regen "
+               f"--restart`)" if old is not None and old.manifest.sleep is None else "nothing serves to put to sleep")
+        plan.add(prepare.lock_action(inp.lock))
+        return plan.refuse(Action("sleep", why), RefusedError(f"--sleep-old: {why}", host=entry.name, step="sleep",
+                                                              hint="swap without --sleep-old stops it instead"))
+    rec = f.record(old.name)
+    if rec is not None and "--enable-sleep-mode" not in rec.argv:
+        plan.add(prepare.lock_action(inp.lock))
+        return plan.refuse(Action("sleep", f"{old.name} runs without --enable-sleep-mode"), RefusedError(
+            f"--sleep-old: {old.name} was started without --enable-sleep-mode: a sleep would free nothing",
+            host=entry.name, step="sleep", hint=f"`vllm-orch regen --restart --host {entry.name}` restarts it with its "
+                                                f"sleep section first"))
+    if m.serving.port == old.manifest.serving.port:
+        plan.add(prepare.lock_action(inp.lock))
+        return plan.refuse(Action("placement", f"{old.name} keeps port {m.serving.port} while it sleeps"), RefusedError(
+            f"{old.name} keeps listening on port {m.serving.port} while it sleeps: {m.name} needs another port",
+            host=entry.name, step="placement", hint="give it one with --port"))
+    one = OldService(old.name, (entry.name,), old, frozenset({entry.name}))
+    ended = _stage(plan, [inp], one, {}, lambda _n, a: a, True, unstaged_ok=False)
+    if ended is not None:
+        return ended
+    may, why_not = sleep.sleep_or_stop(f, old, m, entry.name)
+    if not may:
+        return plan.refuse(Action("sleep", why_not), RefusedError(
+            f"--sleep-old: {why_not}", host=entry.name, step="sleep", hint="swap without --sleep-old stops it"))
+    plan.add(prepare.user_action(entry, f.users))
+    install = plan.add(service.install_action(entry, inp.target))
+    starts = start_actions([inp], not install.noop or not bool((st := f.services.get(m.name)) and st.active),
+                           lambda _n, a: a)
+    warm_before(plan, [inp], starts, lambda _n, a: a, what="downtime", before=f"{old.name} sleeps")
+    need, _ = cpu_need(m, entry)
+    level, why = sleep.level_for(f, old, need)
+    if level != old.manifest.sleep.level:
+        plan.warnings.append(f"{old.name} sleeps at level {level}: {why}")
+    info["sleep_level"] = level
+    first = plan.add(sleep.sleep_action(entry, old, level, f"downtime starts; {why}", downtime_starts=True,
+                                        weights=sleep.weights_bytes(f, old)))
+    plan.add(sleep.room_action(m, f"{old.name} asleep"))
+    for a in starts:
+        plan.add(a)
+    plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
+    plan.add(service.perf_action(inp))
+    plan.add(service.record_action(inp, enabled=inp.opts.enable or service.enabled_at_boot(f, m.name)))
+    plan.recover(first, f"wake {old.name} back", [
+        service.stop_action(entry, m.name, "the swap failed", drain=False, only_if_started=True),
+        sleep.room_action(old.manifest, f"{m.name} stopped"),
+        sleep.wake_action(entry, old, "it serves again", marks_ready=False, cold_fallback=True,
+                          budget_s=inp.opts.budget_s)])
+    return plan
+
+
+def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
+    """Swap to a sleeping service: the awake one sleeps or stops, the target wakes (canary, warm-up)."""
+    m, f, entry = inp.target.manifest, inp.facts, inp.entry
+    plan.add(prepare.lock_action(inp.lock))
+    half = half_done(f, entry.name)
+    if half:
+        return plan.refuse(Action("swap", half[0]), RefusedError(
+            f"{half[0]}: finish or undo it before waking {m.name}", host=entry.name, step="swap", hint=half[1]))
+    rec = f.record(m.name)
+    if rec is not None and rec.unit_hash and rec.unit_hash != inp.target.rendered.unit_hash:
+        plan.warnings.append(f"{m.name} sleeps with the files it was started with, not those rendered now: "
+                             f"it wakes as it ran (`vllm-orch regen --restart` applies the new ones)")
+    sleeps = old is not None and inp.opts.sleep_old and old.manifest.sleep is not None
+    if old is not None and inp.opts.sleep_old and not sleeps:
+        plan.warnings.append(f"{old.name} has no sleep section: it is stopped, not put to sleep")
+    if old is not None and sleeps:
+        sleeps, why = sleep.sleep_or_stop(f, old, m, entry.name)
+        if not sleeps:
+            plan.warnings.append(why)
+    room = sleep.room_refusal(f, m, entry.name, awake_too={old.name} if old else set())
+    if room is not None:
+        return plan.refuse(Action("placement", room.message), room)
+    first: Action | None = None
+    asleep = f.asleep(m.name)
+    if asleep is not None and asleep.level == 2:     # its wake reads the weights: from the page cache, warmed first
+        action, exp = warm_step(inp, prepare.model_path(entry, inp.target.model),
+                                before=f"{old.name} {'sleeps' if sleeps else 'stops'}" if old else "the wake")
+        plan.add(action)
+        plan.info["expected_downtime_s"] = exp.as_dict()
+    if old is not None and sleeps:
+        assert old.manifest.sleep is not None
+        level, why = sleep.level_for(f, old, 0)
+        if level != old.manifest.sleep.level:
+            plan.warnings.append(f"{old.name} sleeps at level {level}: {why}")
+        plan.info["sleep_level"] = level
+        # its sleep reads what it keeps on the GPUs: /sleep returns once the memory is unmapped
+        first = plan.add(sleep.sleep_action(entry, old, level, f"downtime starts; {why}", downtime_starts=True,
+                                            weights=sleep.weights_bytes(f, old)))
+    elif old is not None:
+        first = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True))
+        plan.add(sleep.room_action(m, f"{old.name} stopped"))
+    wake = plan.add(sleep.wake_action(entry, inp.target, "it serves again", budget_s=inp.opts.budget_s))
+    first = first or wake
+    gone = old.name if old is not None and not sleeps else None
+
+    def record(env: RunEnv) -> str:
+        if gone:
+            state.write_record(env.host, env.entry, gone, None)
+        return f"{m.name} recorded awake" + (f"; {gone}'s record goes (stopped)" if gone else "")
+
+    plan.add(Action("record", f"record {m.name} as serving" + (f"; {gone}'s record goes" if gone else ""), run=record))
+    back: list[Action] = [sleep.resleep_action(entry, inp.target, "the swap failed")]
+    if old is not None:
+        back.append(sleep.room_action(old.manifest, f"{m.name} asleep again"))
+        if sleeps:
+            back.append(sleep.wake_action(entry, old, "it serves again", marks_ready=False, cold_fallback=True,
+                                          budget_s=inp.opts.budget_s))
+        else:
+            back += [service.start_service_action(entry, old.name, summary=f"start {old.name} with its unit"),
+                     service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
+    plan.recover(first, f"put {m.name} back to sleep" + (f" and bring {old.name} back" if old else ""), back)
     return plan

@@ -31,8 +31,9 @@ from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host import scripts
 from orchestrator.host.facts import Memory
+from orchestrator.host.records import HistoryEntry
 from orchestrator.host.warm import REASONS, SCRIPT, run_warm, warm_args
-from orchestrator.plan.inputs import PlanInput, WarmFacts
+from orchestrator.plan.inputs import Measured, PlanInput, WarmFacts
 from orchestrator.plan.model import Action
 from orchestrator.plan.run import RunEnv, RunRecord, WarmResult
 
@@ -73,12 +74,33 @@ def budget_for(memory: Memory | None, m: Manifest, entry: HostEntry) -> Budget |
                   budget=max(0, memory.available - margin - need), floor=margin + need)
 
 
-def load_seconds(m: Manifest, total: int, cached: int) -> float:
+def load_seconds(m: Manifest, total: int, cached: int, measured: Measured | None = None) -> float:
     """Expected start-up time: cached bytes at the page-cache rate, the rest at the disk rate,
-    plus what does not depend on the page cache."""
+    plus what does not depend on the page cache; this host's measured figures where it has them
+    (`measured`), the manifest's declared ones otherwise."""
     cached = min(max(cached, 0), total)
     rates = m.loading
-    return cached / (rates.cached_mb_s * MB) + (total - cached) / (rates.disk_mb_s * MB) + rates.other_seconds
+    cache_rate = (measured.cached_bytes_s if measured else None) or rates.cached_mb_s * MB
+    disk_rate = (measured.disk_bytes_s if measured else None) or rates.disk_mb_s * MB
+    other = measured.other_s if measured is not None else rates.other_seconds
+    return cached / cache_rate + (total - cached) / disk_rate + other
+
+
+def measured_from(history: list[HistoryEntry], name: str, load_bytes: int) -> Measured | None:
+    """The last successful deploy or swap that started the service NAME and recorded its ledger;
+    `load_bytes`: the weights' bytes now (the rates are per byte of them)."""
+    for rec in reversed(history):
+        led = rec.extra("startup") or {}
+        if rec.operation not in ("deploy", "swap") or not rec.ok or rec.subject != name or \
+                not isinstance(led.get("weights_s"), (int, float)) or not isinstance(led.get("ready_s"), (int, float)):
+            continue
+        weights_s = max(float(led["weights_s"]), 1e-3)
+        warm = rec.extra("warm") or {}
+        share = warm["cached_bytes"] / warm["total_bytes"] if warm.get("total_bytes") else None
+        return Measured(at=rec.at or "?", other_s=max(0.0, float(led["ready_s"]) - weights_s),
+                        cached_bytes_s=load_bytes / weights_s if share is not None and share >= 0.9 else None,
+                        disk_bytes_s=load_bytes / weights_s if share is not None and share <= 0.1 else None)
+    return None
 
 
 @dataclass(frozen=True)
@@ -90,6 +112,7 @@ class Expected:
     total: int
     cached_now: int
     cached_after: int | None
+    measured: Measured | None = None
 
     def as_dict(self) -> dict:
         return {"cold_s": round(self.cold_s, 1), "warm_s": None if self.warm_s is None else round(self.warm_s, 1)}
@@ -98,6 +121,13 @@ class Expected:
         r = m.loading
         with_warm = f"{fmt_duration(self.warm_s)} with it" if self.warm_s is not None else \
             "unknown with it (the host's memory is unknown)"
+        ms = self.measured
+        if ms is not None:
+            rates = ", ".join(f"{label} {v / MB:.0f} MB/s" for label, v in (("page cache", ms.cached_bytes_s),
+                                                                             ("disk", ms.disk_bytes_s)) if v)
+            return (f"expected {what}: {fmt_duration(self.cold_s)} without warming, {with_warm} ({fmt_bytes(self.total)} "
+                    f"of weights; this host's last start of {m.name} ({ms.at}): {ms.other_s:.0f} s besides reading "
+                    f"the weights" + (f", {rates}" if rates else "") + "; the rest manifest loading.*)")
         other = f"{r.other_seconds:g} s of compile and graphs" if r.other_seconds else \
             "compile and graphs not declared (loading.other_seconds)"
         return (f"expected {what}: {fmt_duration(self.cold_s)} without warming, {with_warm} "
@@ -105,17 +135,18 @@ class Expected:
                 f"from the page cache, + {other}; manifest loading.*)")
 
 
-def expected(m: Manifest, total: int, cached_now: int, b: Budget | None, weights: int | None = None) -> Expected:
+def expected(m: Manifest, total: int, cached_now: int, b: Budget | None, weights: int | None = None,
+             measured: Measured | None = None) -> Expected:
     """Expected load times from the files' bytes (`total`, what the page cache holds) and, when the
     index states it, the checkpoint's tensor bytes (`weights`, what vLLM loads: a simulated host's
-    index keeps the real size of its scaled files)."""
+    index keeps the real size of its scaled files); `measured`: this host's last start of it."""
     load = weights or total
     share = load / total if total else 1.0
-    cold = load_seconds(m, load, int(cached_now * share))
+    cold = load_seconds(m, load, int(cached_now * share), measured)
     if b is None:
-        return Expected(cold, None, load, cached_now, None)
+        return Expected(cold, None, load, cached_now, None, measured)
     after = min(total, max(cached_now, b.budget))
-    return Expected(cold, load_seconds(m, load, int(after * share)), load, cached_now, after)
+    return Expected(cold, load_seconds(m, load, int(after * share), measured), load, cached_now, after, measured)
 
 
 def model_bytes(inp: PlanInput, facts: WarmFacts | None) -> tuple[int, int, int | None]:
@@ -126,6 +157,28 @@ def model_bytes(inp: PlanInput, facts: WarmFacts | None) -> tuple[int, int, int 
     return (inp.download.total_bytes if inp.download else 0), 0, None
 
 
+# load_format values whose reads go through the page cache: vLLM's default safetensors loader (mmap,
+# model_executor/model_loader/default_loader.py), and fastsafetensors without GPUDirect Storage.
+PAGE_CACHE_LOADERS = (None, "auto", "safetensors", "pt", "fastsafetensors")
+
+
+def loader_bypass(m: Manifest) -> str | None:
+    """Why the page-cache warm-up would not help the manifest's loader (None: it reads through the
+    page cache). fastsafetensors: vLLM 0.33 asks for GPUDirect Storage only when its process group
+    is one rank (model_loader/weight_utils.py: `nogds = pg.size() > 1`), and GDS opens the files
+    O_DIRECT for cuFileRead (fastsafetensors/cpp/ext.cpp, raw_gds_file_handle); its nogds reader uses
+    mmap or pread, through the page cache. Other loaders (runai_streamer, instanttensor, tensorizer,
+    ...) read with their own engines, not checked here: not warmed, rather than warmed for nothing."""
+    fmt = m.vllm.load_format
+    if fmt == "fastsafetensors" and m.vllm.tensor_parallel_size * m.vllm.pipeline_parallel_size == 1:
+        return ("load_format fastsafetensors on one rank reads with GPUDirect Storage when the host has it "
+                "(O_DIRECT, past the page cache)")
+    if fmt not in PAGE_CACHE_LOADERS:
+        return (f"load_format {fmt} reads the weights with its own engine, which vllm-orch has not checked "
+                f"uses the page cache")
+    return None
+
+
 def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downtime") -> tuple[Action, Expected]:
     """The warm step (a no-op with the reason when nothing is to be done) and the expected
     downtimes. `before`: what the warm-up precedes ("kimi-k25-int4 stops", "the start");
@@ -133,10 +186,13 @@ def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downt
     m, entry, facts = inp.target.manifest, inp.entry, inp.warm
     b = budget_for(inp.facts.memory, m, entry)
     total, cached_now, weights = model_bytes(inp, facts)
-    exp = expected(m, total, cached_now, b, weights)
+    exp = expected(m, total, cached_now, b, weights, inp.measured)
     estimate = exp.text(m, what)
     if not inp.opts.warm:
         return Action("warm", f"nothing to do, because warming is off (--no-warm); {estimate}", noop=True), exp
+    bypass = loader_bypass(m)
+    if bypass:
+        return Action("warm", f"nothing to do, because {bypass}; {estimate}", noop=True), exp
     if facts is not None and facts.error:
         return Action("warm", f"nothing to do, because the weight files could not be surveyed ({facts.error}); "
                               f"{estimate}", noop=True), exp
@@ -209,4 +265,22 @@ def history_fields(record: RunRecord, model: str, exp: dict | None) -> dict:
         at = dict(reversed(ready.phases))               # each phase's first time
         if "loading weights" in at and "weights loaded" in at:
             out["weights_s"] = round(at["weights loaded"] - at["loading weights"], 2)
+    ledger = startup_ledger(record, model)
+    if ledger:
+        out["startup"] = ledger
+    return out
+
+
+def startup_ledger(record: RunRecord, model: str) -> dict:
+    """The run's start-up ledger for `model` (history's `startup`): vllm-orch's download and page-cache
+    warm-up, then the start's phases from vLLM's own lines (probe/readiness.start_ledger)."""
+    out: dict = {}
+    if record.download is not None:
+        out["download_s"] = round(record.download.seconds, 2)
+    if record.warm is not None:
+        out["warm_s"] = round(record.warm.seconds, 2)
+    ready = record.ready.get(model)
+    if ready is not None:
+        out.update(ready.ledger)
+        out["ready_s"] = round(ready.seconds, 2)
     return out

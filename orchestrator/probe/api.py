@@ -238,3 +238,61 @@ def smoke_test(ep: Endpoint, served_name: str, prompt: str, expect: str, max_tok
     elif st.usage is None:
         result.ok, result.problem = False, "the stream carried no usage (stream_options.include_usage ignored)"
     return result
+
+
+# -- sleep mode (vLLM 0.33: entrypoints/serve/dev/sleep/api_router.py; VLLM_SERVER_DEV_MODE=1) -----
+# Outside the API key's guarded prefixes: sent without it.
+CANARY_PROMPT = "The quick brown fox jumps over the lazy dog. Repeat the sentence once more:"
+CANARY_TOKENS = 16
+
+
+def _dev(ep: Endpoint) -> Endpoint:
+    return Endpoint(ep.host, ep.port, None, ep.address)
+
+
+def sleep(ep: Endpoint, level: int, timeout: float = 600.0) -> dict:
+    """POST /sleep?level=N: {"status": "sleeping", "level": N} once the engine sleeps."""
+    r = _dev(ep).request("POST", f"/sleep?level={int(level)}", timeout=timeout)
+    if r.status != 200:
+        raise http.HttpError(f"POST /sleep?level={level}: HTTP {r.status} {r.body[:200]!r}")
+    return r.json()
+
+
+def wake_up(ep: Endpoint, timeout: float = 600.0) -> dict:
+    """POST /wake_up (every tag): {"status": "awake", "tags": null}; HTTP 500 when the remap fails."""
+    r = _dev(ep).request("POST", "/wake_up", timeout=timeout)
+    if r.status != 200:
+        raise http.HttpError(f"POST /wake_up: HTTP {r.status} {r.body[:200]!r}")
+    out = r.json()
+    if not isinstance(out, dict) or out.get("status") != "awake":
+        raise http.HttpError(f"POST /wake_up: the engine is not fully awake: {out!r}")
+    return out
+
+
+def is_sleeping(ep: Endpoint, timeout: float = 5.0) -> bool | None:
+    """GET /is_sleeping; None when the endpoint does not answer (no dev mode, not serving)."""
+    try:
+        r = _dev(ep).request("GET", "/is_sleeping", timeout=timeout)
+    except http.HttpError:
+        return None
+    if r.status != 200:
+        return None
+    out = r.json()
+    return bool(out.get("is_sleeping")) if isinstance(out, dict) else None
+
+
+def canary(ep: Endpoint, served_name: str, timeout: float = 120.0) -> tuple[str, list[int] | None, float]:
+    """A greedy completion of CANARY_PROMPT: (its text, its token ids, seconds). The same weights give
+    the same tokens; corrupted ones (a bad wake) do not."""
+    t0 = time.monotonic()
+    r = ep.request("POST", "/v1/completions", json={
+        "model": served_name, "prompt": CANARY_PROMPT, "max_tokens": CANARY_TOKENS, "temperature": 0,
+        "seed": 0, "return_token_ids": True}, timeout=timeout)
+    if r.status == 401:
+        raise Unauthorized("HTTP 401 from /v1/completions: the API key is missing or wrong")
+    if r.status != 200:
+        raise http.HttpError(f"POST /v1/completions: HTTP {r.status} {r.body[:200]!r}")
+    choice = (r.json().get("choices") or [{}])[0]
+    ids = choice.get("token_ids")
+    return str(choice.get("text") or ""), [int(i) for i in ids] if isinstance(ids, list) else None, \
+        time.monotonic() - t0

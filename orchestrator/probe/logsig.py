@@ -120,7 +120,7 @@ PROGRESS: list[tuple[re.Pattern, str]] = [
     # no "Model loading took", so that line alone marks the end of loading there).
     (re.compile(r"Loading weights took|Model loading took"), "weights loaded"),
     (re.compile(r"Loading (safetensors checkpoint shards|weights)"), "loading weights"),
-    (re.compile(r"torch\.compile takes|Compiling a graph"), "compiling"),
+    (re.compile(r"torch\.compile (takes|took)|Compiling a graph"), "compiling"),
     # "GPU KV cache size" on GPUs; vLLM's CPU build logs "CPU KV cache size" (kv_cache_utils.py).
     (re.compile(r"[GC]PU KV cache size|Available KV cache memory"), "KV cache"),
     (re.compile(r"Capturing CUDA graph|Graph capturing finished"), "CUDA graphs"),
@@ -129,6 +129,18 @@ PROGRESS: list[tuple[re.Pattern, str]] = [
 ]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# The start-up ledger: vLLM 0.33's own figures in its start-up lines (each source line named), by phase.
+LEDGER: list[tuple[str, re.Pattern]] = [
+    # model_executor/model_loader/weight_utils.py:538 (a start that downloads itself; vllm-orch's
+    # own download is the run's `download` step)
+    ("download_s", re.compile(r"Time spent downloading weights for .*: ([\d.]+) seconds")),
+    ("weights_s", re.compile(r"Loading weights took ([\d.]+) seconds")),           # default_loader.py:507
+    ("model_load_s", re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds")),   # gpu_model_runner.py:5089
+    ("compile_s", re.compile(r"torch\.compile took ([\d.]+) s in total")),          # compilation/monitor.py:62
+    ("graphs_s", re.compile(r"Graph capturing finished in ([\d.]+) secs")),         # gpu_model_runner.py:6517
+    ("init_engine_s", re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")),  # core.py:413
+]
 
 
 def clean(line: str) -> str:
@@ -141,6 +153,18 @@ def fatal_in(line: str) -> Signature | None:
         if sig.pattern.search(line):
             return sig
     return None
+
+
+def ledger(lines: list[str]) -> dict[str, float]:
+    """vLLM's own start-up figures (LEDGER) from its log lines, the last of each (a worker's line
+    is printed by every rank: they agree within a rounding)."""
+    out: dict[str, float] = {}
+    for line in lines:
+        for key, pattern in LEDGER:
+            m = pattern.search(line)
+            if m:
+                out[key] = float(m.group(1))
+    return out
 
 
 def phase_of(line: str) -> str | None:

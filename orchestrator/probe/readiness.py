@@ -45,6 +45,22 @@ class Ready:
     seconds: float
     log_lines: int
     phases: list[tuple[str, float]] = field(default_factory=list)
+    ledger: dict[str, float] = field(default_factory=dict)     # the start's phases (start_ledger)
+
+
+def start_ledger(lines: list[str], phases: list[tuple[str, float]], passed: list[tuple[str, float]],
+                 smoke: probes.SmokeResult) -> dict[str, float]:
+    """A start's phases: vLLM's own figures from its log (logsig.LEDGER: weight loading, compile, CUDA
+    graph capture, the engine's init), and when the wait saw the API come up and the first token of
+    the smoke completion (seconds since the wait began, i.e. since the start)."""
+    out = logsig.ledger(lines)
+    at = dict(reversed(phases))
+    if "API server up" in at:
+        out["api_up_s"] = round(at["API server up"], 2)
+    smoke_at = dict(passed).get(GATES[4])
+    if smoke_at is not None and smoke.ttft_s is not None:
+        out["first_token_s"] = round(smoke_at - smoke.seconds + smoke.ttft_s, 2)
+    return out
 
 
 class NotReady(DeployFailed):
@@ -289,7 +305,8 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                 on_event("gate", GATES[4])
                 smoke_result = smoke
                 if state.ready is None:
-                    return Ready(passed, smoke, time.monotonic() - start, len(seen), phases)
+                    return Ready(passed, smoke, time.monotonic() - start, len(seen), phases,
+                                 start_ledger(seen, phases, passed, smoke))
                 continue
             if smoke.answer or "garbage" in (smoke.problem or "") or "does not match" in (smoke.problem or ""):
                 fail("smoke", f"smoke test failed: {smoke.problem}",
@@ -298,7 +315,8 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
         if stage == 5 and state.ready and smoke_result is not None:
             passed.append((UNIT_GATE, time.monotonic() - start))
             on_event("gate", UNIT_GATE)
-            return Ready(passed, smoke_result, time.monotonic() - start, len(seen), phases)
+            return Ready(passed, smoke_result, time.monotonic() - start, len(seen), phases,
+                         start_ledger(seen, phases, passed, smoke_result))
         if stage < 3 and now - last_line_at > quiet_limit:
             fail("hang", f"no new log line for {now - last_line_at:.0f}s (no-progress window "
                          f"{quiet_limit:.0f}s) - an NCCL hang looks like this",

@@ -50,7 +50,7 @@ CACHE_ENV = ("Environment=VLLM_CACHE_ROOT=%C/vllm-orch/vllm TRITON_CACHE_DIR=%C/
 # What templates/vllm.env.j2 writes besides the manifest's env and secrets: never secret (the last
 # three: a node of a multi-node service, from the inventory's cluster settings; node_env below).
 ORCH_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S", "HF_HUB_OFFLINE",
-            "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+            "VLLM_SERVER_DEV_MODE", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 # Secrets only vLLM's HTTP server reads (vllm/entrypoints: the API key middleware): not written to
 # the env file of a worker node of a multi-node service, which serves no HTTP.
@@ -359,6 +359,8 @@ def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,
             add(f"vllm.{name}", f"--{flag}" if value else f"--no-{flag}")
     if v.shutdown_timeout:
         add("vllm.shutdown_timeout", "--shutdown-timeout", v.shutdown_timeout)
+    if m.sleep is not None:
+        add("sleep.level", "--enable-sleep-mode")
     if v.compilation_config is not None:
         add("vllm.compilation_config", "--compilation-config",
             json.dumps(v.compilation_config, separators=(",", ":"), sort_keys=True))

@@ -44,6 +44,12 @@ runs inside minimal Debian containers. It behaves like vLLM 0.33 wherever the or
   does not notice a lost node while idle (/health 200); its next request fails (TP: HTTP 500 at once,
   PP: after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and the head exits; a headless node outlives its
   head, silent, until stopped. Headless nodes never serve HTTP.
+- sleep mode (see Sleeper): with VLLM_SERVER_DEV_MODE=1 the development routes (DEV_ROUTES, outside
+  the API key) and /sleep, /wake_up, /is_sleeping with 0.33's parameters, answers and log lines; a
+  sleep frees each GPU but for its CUDA context (level 1 keeps the weights in host RAM), a wake
+  takes the weights back at the host-to-device rate (level 1) or from the page cache and disk
+  (level 2) and fails while another process holds the memory; without --enable-sleep-mode it frees
+  nothing. Faults wake-fails, wake-corrupt and vram-leak are consumed by the endpoint they hit.
 - faults from `<hostdir>/faults.json`, consumed at start (see FAULTS); an entry with `times: N`
   fires at N starts (a failure that comes back at every restart). Each fault that takes effect is
   logged to `<hostdir>/logs/faults-fired.jsonl` (what, PID, when) for tests and benchmarks.
@@ -221,7 +227,16 @@ FAULTS = {
     "slow-compile": "multi-node: this node's torch.compile takes `seconds` (default 30) longer (a cold "
                     "compile cache): the other nodes' ranks wait for it in a collective, which torch "
                     "aborts after --distributed-timeout-seconds (else 600 s)",
+    # sleep mode (consumed at /sleep or /wake_up, not at start: see SLEEP_FAULTS)
+    "wake-corrupt": "the next /wake_up succeeds but the engine answers junk afterwards (corrupted "
+                    "weights after a wake, seen in the field)",
+    "wake-fails": "the next /wake_up fails: HTTP 500, the engine stays asleep (a CUDA error while "
+                  "remapping its memory)",
+    "vram-leak": "from the next /sleep on, every sleep leaves `mib` (default 2048) MiB more per GPU "
+                 "behind than the CUDA context (vllm issue #36651: memory grows over sleep/wake cycles)",
 }
+# Faults of a live process's sleep and wake: consumed by the endpoint that fires them.
+SLEEP_FAULTS = ("wake-corrupt", "wake-fails", "vram-leak")
 
 
 def fault_fired(fault: str, **extra) -> None:
@@ -247,9 +262,10 @@ def _write_whole(path: Path, text: str) -> None:
             f.truncate()
 
 
-def consume_fault(model_names: list) -> dict | None:
+def consume_fault(model_names: list, only: tuple = ()) -> dict | None:
     """Take the first pending non-hub fault for one of these model names (or for any model): the
-    entry is removed, or its `times` count lowered when more starts are to fail."""
+    entry is removed, or its `times` count lowered when more starts are to fail. A start takes any
+    fault but the sleep-mode ones; the sleep endpoints take only theirs (`only`)."""
     path = HOST_DIR / "faults.json"
     if not path.exists():
         return None
@@ -264,6 +280,8 @@ def consume_fault(model_names: list) -> dict | None:
         for i, f in enumerate(faults):
             name = f.get("fault", "")
             if name.startswith("hub-") or name not in FAULTS:
+                continue
+            if (name not in only) if only else (name in SLEEP_FAULTS):
                 continue
             if f.get("model") in (None, "", *model_names):
                 if int(f.get("times") or 1) > 1:
@@ -939,6 +957,7 @@ class Engine:
         self.draining = False      # shutdown: new requests are refused
         self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
         self.dead = False          # a worker died: every request fails
+        self.paused = False        # asleep (any level): requests are accepted, not scheduled
         # TP/PP across nodes, a node lost while serving: nothing happens until a step needs its
         # ranks; then this (Launch.lost_peer_step) fails the step the way vLLM does
         self.lost_peer: Callable[[], Awaitable[None]] | None = None
@@ -1017,6 +1036,8 @@ class Engine:
             admitted = True
             core.admitted += 1
             await asyncio.sleep(0.015)        # the request's own scheduling overhead (in parallel)
+            while self.paused and not (self.dead or self.aborting):
+                await asyncio.sleep(0.05)          # vLLM's paused scheduler holds them
             await core.prefill_lane.acquire()
             lane = True
             core.waiting -= 1
@@ -1180,6 +1201,7 @@ class Server:
         self.created = int(time.time())
         # set when the first decode step kills the engine (a version trap)
         self.on_decode: Callable[[], None] | None = None
+        self.sleeper: Sleeper | None = None    # the dev endpoints, with VLLM_SERVER_DEV_MODE=1
 
     async def handle(self, reader, writer):
         try:
@@ -1211,7 +1233,8 @@ class Server:
                         await reader.readline()
                 conn = headers.get("connection", "").lower()
                 keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-                await self.route(method, target.split("?", 1)[0], headers, body, writer)
+                path, _, query = target.partition("?")
+                await self.route(method, path, headers, body, writer, query)
                 if not keep:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
@@ -1253,9 +1276,11 @@ class Server:
         return scheme.lower() == "bearer" and any(
             [hmac.compare_digest(token.encode(), k.encode()) for k in keys])
 
-    async def route(self, method, path, headers, body, writer):
+    async def route(self, method, path, headers, body, writer, query: str = ""):
         if not self.authorized(method, path, headers):
             return await self.respond(writer, 401, UNAUTHORIZED_BODY)
+        if self.sleeper is not None and any(path == r for r, _ in DEV_ROUTES):
+            return await self.dev_route(method, path, body, writer, query)
         if path == "/health" and method in ("GET", "HEAD"):
             return await self.respond(writer, 200 if self.healthy else 503)
         if path == "/ping":
@@ -1292,6 +1317,61 @@ class Server:
         if any(path == r for r, _ in self.ROUTES):
             return await self.json(writer, 405, {"detail": "Method Not Allowed"})
         return await self.json(writer, 404, {"detail": "Not Found"})
+
+    async def dev_route(self, method, path, body, writer, query: str) -> None:
+        """vLLM 0.33's development endpoints (entrypoints/serve/dev/, entrypoints/rl/), registered
+        only with VLLM_SERVER_DEV_MODE=1 and, being outside GUARDED_PREFIX, open to anyone who
+        reaches the port whatever --api-key says. The sleep ones act; the others answer as if they
+        had done their work (what they do is beside the point: that a client can call them)."""
+        sleeper = self.sleeper
+        assert sleeper is not None
+        if not any(path == r and method in m.split(", ") for r, m in DEV_ROUTES):
+            return await self.json(writer, 405, {"detail": "Method Not Allowed"})
+        params = query_params(query)
+        if path == "/sleep":
+            bad = []
+            level_s = (params.get("level") or ["1"])[-1]
+            mode = (params.get("mode") or ["abort"])[-1]
+            try:
+                level = int(level_s)
+            except ValueError:
+                level = None
+                bad.append({"type": "int_parsing", "loc": ["query", "level"],
+                            "msg": "Input should be a valid integer, unable to parse string as an "
+                                   "integer", "input": level_s})
+            if level is not None and not 0 <= level <= 2:
+                kind, op, lim = ("less_than_equal", "less than or equal to", 2) if level > 2 else (
+                    "greater_than_equal", "greater than or equal to", 0)
+                bad.append({"type": kind, "loc": ["query", "level"],
+                            "msg": f"Input should be {op} {lim}", "input": level_s,
+                            "ctx": {"le" if level > 2 else "ge": lim}})
+            if mode not in PAUSE_MODES:
+                bad.append({"type": "literal_error", "loc": ["query", "mode"],
+                            "msg": "Input should be " + ", ".join(f"'{m}'" for m in PAUSE_MODES[:-1])
+                                   + f" or '{PAUSE_MODES[-1]}'", "input": mode,
+                            "ctx": {"expected": ", ".join(f"'{m}'" for m in PAUSE_MODES[:-1])
+                                    + f" or '{PAUSE_MODES[-1]}'"}})
+            if bad or level is None:
+                return await self.json(writer, 422, {"detail": bad})
+            await sleeper.sleep(level)
+            return await self.json(writer, 200, {"status": "sleeping", "level": level})
+        if path == "/wake_up":
+            tags = params.get("tags") or None
+            try:
+                awake = await sleeper.wake_up(tags)
+            except WakeFailed as e:
+                return await self.json(writer, 500, self.error(str(e), "InternalServerError", 500))
+            return await self.json(writer, 200, {"status": "awake" if awake else "sleeping",
+                                                 "tags": tags})
+        if path == "/is_sleeping":
+            return await self.json(writer, 200, {"is_sleeping": sleeper.is_sleeping})
+        if path == "/collective_rpc":
+            return await self.json(writer, 200, {"results": [None] * max(1, len(sleeper.workers))})
+        if path == "/server_info":
+            return await self.json(writer, 200, {"vllm_config": f"model={self.cfg['model']}"})
+        if path == "/is_paused":
+            return await self.json(writer, 200, {"is_paused": self.engine.paused})
+        return await self.json(writer, 200, {"status": "ok"})
 
     async def completions(self, path, raw, writer):
         chat = path.endswith("chat/completions")
@@ -1380,6 +1460,8 @@ class Server:
         else:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None, "prompt_logprobs": None}
+        if body.get("return_token_ids"):      # the completion's token ids (protocol.py return_token_ids)
+            choice["token_ids"] = [piece_id(t) for _, t in seq[:len(parts["content"]) + len(parts["reasoning"])]]
         await self.json(writer, 200, {"id": rid, "object": obj, "created": created,
                                       "model": name, "choices": [choice], "usage": usage,
                                       "service_tier": None, "system_fingerprint": FINGERPRINT,
@@ -1470,6 +1552,215 @@ class Server:
 # --------------------------------------------------------------------------------------------
 class StartupFailed(Exception):
     pass
+
+
+# --------------------------------------------------------------------------------------------
+# Sleep mode (vLLM 0.33: entrypoints/serve/dev/sleep/api_router.py, v1/executor/abstract.py,
+# v1/worker/gpu_worker.py, device_allocator/cumem.py and sleep_mode_backend.py). The endpoints
+# exist only with VLLM_SERVER_DEV_MODE=1 (entrypoints/launchers/api_server/routers.py), outside
+# the API key's GUARDED_PREFIX. Level 1 copies the weights to pinned host RAM and drops the rest
+# (KV cache, graphs' runtime pool), level 2 drops everything; each GPU keeps its CUDA context.
+# Without --enable-sleep-mode the cumem allocator pools nothing: /sleep answers 200 and frees
+# 0 GiB (vLLM's own line says so). A wake needs the memory back: when another process holds it
+# the remap fails (HTTP 500) and the engine stays asleep.
+DEV_ROUTES = [("/reset_prefix_cache", "POST"), ("/reset_mm_cache", "POST"),
+              ("/reset_encoder_cache", "POST"), ("/collective_rpc", "POST"),
+              ("/server_info", "GET"), ("/sleep", "POST"), ("/release_kv_cache_memory", "POST"),
+              ("/wake_up", "POST"), ("/is_sleeping", "GET"),
+              # entrypoints/rl/online/api_router.py (registered with them): weights replaced
+              # over HTTP by anyone who reaches the port
+              ("/pause", "POST"), ("/resume", "POST"), ("/abort_requests", "POST"),
+              ("/is_paused", "GET"), ("/init_weight_transfer_engine", "POST"),
+              ("/shutdown_weight_transfer_engine", "POST"), ("/start_weight_update", "POST"),
+              ("/start_draft_weight_update", "POST"), ("/update_weights", "POST"),
+              ("/finish_weight_update", "POST"), ("/update_weight_version", "POST"),
+              ("/weight_info", "GET"), ("/weight_checker", "POST"), ("/get_world_size", "GET")]
+PAUSE_MODES = ("abort", "wait", "keep")     # vllm/v1/engine/__init__.py PauseMode
+H2D_BYTES_PER_S = 50e9      # pinned host RAM <-> one GPU, per GPU and in parallel: PCIe 5 x16,
+                            # ~50 GB/s each way for pinned copies (the issue's 547 GB / 8 links in 1.4 s)
+SLEEP_TAGS_REPR = "{'weights', 'kv_cache'}"
+# Each sleep-mode log line the simulator prints: its `file:line` prefix -> (the source file under
+# vllm/, the format string at or just after that line). tests/integration/test_sleep_contract.py
+# pins them to the real 0.33.0 source.
+SLEEP_LOG_SOURCES = {
+    "__init__.py:44": ("entrypoints/serve/__init__.py", "SECURITY WARNING: Development endpoints are enabled! "),
+    "api_router.py:50": ("entrypoints/serve/dev/sleep/api_router.py", "wake up the engine with tags: %s"),
+    "abstract.py:402": ("v1/executor/abstract.py", "Executor is already sleeping."),
+    "abstract.py:408": ("v1/executor/abstract.py", "It took %.6f seconds to fall asleep."),
+    "abstract.py:414": ("v1/executor/abstract.py", "Executor is not sleeping."),
+    "abstract.py:419": ("v1/executor/abstract.py", "Tag %s is not in sleeping tags %s"),
+    "abstract.py:426": ("v1/executor/abstract.py", "It took %.6f seconds to wake up tags %s."),
+    "gpu_worker.py:335": ("v1/worker/gpu_worker.py", "Sleep mode freed %s GiB memory, %s GiB memory is still in use."),
+    "cumem.py:282": ("device_allocator/cumem.py", "CuMemAllocator: sleep freed %.2f GiB memory in total, of which "),
+    "sleep_mode_backend.py:202": ("device_allocator/sleep_mode_backend.py", "Using sleep-mode backend: %s"),
+    "core.py:1027": ("v1/engine/core.py", "Waiting for in-flight requests to complete before sleeping..."),
+}
+
+
+def dev_mode() -> bool:
+    """envs.VLLM_SERVER_DEV_MODE: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))."""
+    try:
+        return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))
+    except ValueError:
+        return False
+
+
+def live_speed(cfg: dict) -> float:
+    """The host's speed now (`vllm-orch sim up --speed` rewrites sim.json; a sleeping server lives
+    on across it): VLLM_SIM_SPEED, else sim.json's, else the speed the server started with."""
+    env = os.environ.get("VLLM_SIM_SPEED")
+    speed = float(env) if env else float(_read_json(HOST_DIR / "sim.json", {}).get("speed") or cfg["speed"])
+    return max(speed, 1e-9)
+
+
+def query_params(query: str) -> dict:
+    from urllib.parse import parse_qs
+    return parse_qs(query, keep_blank_values=True)
+
+
+class WakeFailed(Exception):
+    pass
+
+
+class Sleeper:
+    """One server's sleep state: which level it sleeps at, its cycles, what a leak left behind."""
+
+    def __init__(self, launch: Launch, cfg: dict):
+        self.launch, self.cfg = launch, cfg
+        self.level = 0              # 0: awake; 1 or 2 while asleep
+        self.paused_only = False    # /sleep?level=0: the scheduler alone is paused
+        self.cycles = 0
+        self.leak_mib = 0.0         # fault vram-leak: MiB per GPU left behind per sleep
+        self.left_mib = 0.0         # what the leaks so far hold on each GPU
+        self.backend_logged = False
+        self.corrupted = False      # fault wake-corrupt: until a level-2 wake reads the weights again
+
+    @property
+    def workers(self) -> list:
+        return self.launch.holders
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self.level) or self.paused_only
+
+    def _names(self) -> list:
+        return [Path(self.cfg["model"]).name, self.cfg["model"], *self.cfg["served"]]
+
+    async def sleep(self, level: int) -> None:
+        launch, engine = self.launch, self.launch.engine
+        if level == 0:
+            engine.paused = self.paused_only = True
+            return
+        if self.level:
+            log(launch.ec, "WARNING", "abstract.py:402", "Executor is already sleeping.")
+            return
+        if engine.in_flight:
+            log(launch.ec, "INFO", "core.py:1027", "Waiting for in-flight requests to complete "
+                "before sleeping...")
+        engine.paused = True
+        if not self.backend_logged:
+            self.backend_logged = True
+            log(launch.w0, "INFO", "sleep_mode_backend.py:202", "Using sleep-mode backend: cumem")
+        fault = consume_fault(self._names(), only=("vram-leak",))
+        if fault:
+            self.leak_mib = float(fault.get("mib") or 2048)
+            fault_fired("vram-leak", mib=self.leak_mib)
+        started = time.monotonic()
+        w_bytes = launch.w_mib * MiB
+        if self.cfg["sleep_mode"]:
+            # level 1: the weights are copied out (D2H, every GPU in parallel) before the unmap
+            if level == 1:
+                await asyncio.sleep(w_bytes / (H2D_BYTES_PER_S * live_speed(self.cfg)))
+            self.left_mib += self.leak_mib
+            kept = CUDA_CONTEXT_MIB + self.left_mib
+            pooled = [launch.full_mib(g) - CUDA_CONTEXT_MIB for (_p, _t, g, _s) in launch.holders]
+            for (p, title, gpu, st) in launch.holders:
+                cpu = CPU_BYTES_PER_WORKER + (w_bytes if level == 1 else 0)
+                register_gpu(p.pid, title, gpu, int(kept), st, int(cpu) // SCALE)
+            refresh_meminfo()
+            freed = (pooled[0] - self.left_mib) * MiB if pooled else 0
+            total = pooled[0] * MiB if pooled else 0
+            log(launch.w0, "INFO", "cumem.py:282", "CuMemAllocator: sleep freed "
+                f"{total / GiB:.2f} GiB memory in total, of which "
+                f"{(w_bytes if level == 1 else 0) / GiB:.2f} GiB is backed up in CPU and the rest "
+                f"{(total - (w_bytes if level == 1 else 0)) / GiB:.2f} GiB is discarded directly.")
+            in_use = kept * MiB
+        else:
+            freed = 0
+            in_use = launch.full_mib(launch.holders[0][2]) * MiB if launch.holders else 0
+            log(launch.w0, "INFO", "cumem.py:282", "CuMemAllocator: sleep freed 0.00 GiB memory "
+                "in total, of which 0.00 GiB is backed up in CPU and the rest 0.00 GiB is "
+                "discarded directly.")
+        log(launch.w0, "INFO", "gpu_worker.py:335", f"Sleep mode freed {round(freed / GiB, 2)} GiB "
+            f"memory, {round(in_use / GiB, 2)} GiB memory is still in use.")
+        self.level = level
+        self.cycles += 1
+        log(launch.ec, "INFO", "abstract.py:408",
+            f"It took {time.monotonic() - started:.6f} seconds to fall asleep.")
+
+    async def wake_up(self, tags: list | None) -> bool:
+        launch, engine = self.launch, self.launch.engine
+        log(launch.api, "INFO", "api_router.py:50", f"wake up the engine with tags: {tags}")
+        if self.paused_only and not self.level:
+            if tags is None or "scheduling" in tags:
+                self.paused_only = engine.paused = False
+            return not self.paused_only
+        if not self.level:
+            log(launch.ec, "WARNING", "abstract.py:414", "Executor is not sleeping.")
+            return True
+        for tag in tags or []:
+            if tag not in ("weights", "kv_cache", "scheduling"):
+                log(launch.ec, "WARNING", "abstract.py:419",
+                    f"Tag {tag} is not in sleeping tags {SLEEP_TAGS_REPR}")
+                return False
+        fault = consume_fault(self._names(), only=("wake-fails", "wake-corrupt"))
+        started = time.monotonic()
+        # the memory must be free again: another process on these GPUs makes the remap fail
+        used = gpu_used_mib()
+        for (_p, _title, gpu, _st) in launch.holders:
+            need = launch.full_mib(gpu) - CUDA_CONTEXT_MIB
+            if used.get(gpu, 0) + need > launch.total_mib(gpu) or (
+                    fault and fault.get("fault") == "wake-fails"):
+                if fault and fault.get("fault") == "wake-fails":
+                    fault_fired("wake-fails")
+                log_raw(launch.ec, traceback_text(
+                    [("vllm/v1/executor/abstract.py", 424, "wake_up",
+                      'self.collective_rpc("wake_up", kwargs=dict(tags=tags))'),
+                     ("vllm/device_allocator/cumem.py", 350, "wake_up",
+                      "create_and_map(handle)")],
+                    "RuntimeError: CUDA Error: out of memory at "
+                    "/workspace/csrc/cumem_allocator.cpp:62"))
+                raise WakeFailed("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
+        if self.cfg["sleep_mode"]:
+            w_bytes = launch.w_mib * MiB
+            speed = live_speed(self.cfg)
+            if self.level == 1:
+                seconds = w_bytes / (H2D_BYTES_PER_S * speed)
+            else:    # level 2: the weights are read again, from the page cache or the disk
+                files = weight_files(self.cfg["model_dir"]) if self.cfg["model_dir"] else []
+                served = sum(p.stat().st_size for p in files) or 1
+                cached = sum(fincore(files).values()) if files else 0
+                factor = self.cfg["size"] / served
+                seconds = (cached * factor / (CACHE_BYTES_PER_S * speed)
+                           + (served - cached) * factor / (DISK_BYTES_PER_S * speed))
+                for p in files:      # the read fills the page cache like any load
+                    Piece(p, 0, p.stat().st_size, 0).read()
+            await asyncio.sleep(seconds)
+            for (p, title, gpu, st) in launch.holders:
+                register_gpu(p.pid, title, gpu, int(launch.full_mib(gpu) + self.left_mib), st,
+                             CPU_BYTES_PER_WORKER // SCALE)
+            refresh_meminfo()
+        if self.level == 2 and self.corrupted:       # the weights were read again: the bad copy is gone
+            self.corrupted = self.cfg["garbage"] = False
+        if fault and fault.get("fault") == "wake-corrupt":
+            fault_fired("wake-corrupt")
+            self.corrupted = self.cfg["garbage"] = True
+        log(launch.ec, "INFO", "abstract.py:426", f"It took {time.monotonic() - started:.6f} "
+            f"seconds to wake up tags {tags if tags is not None else SLEEP_TAGS_REPR}.")
+        self.level = 0
+        self.paused_only = False
+        engine.paused = False
+        return True
 
 
 # The first decode of an MLA model with FP8 KV and DCP > 1 on vLLM < 0.25.0 (mla_attention.py).
@@ -1813,6 +2104,8 @@ class Launch:
             "trust": bool(a.trust_remote_code), "architectures": cfg_json.get("architectures"),
             "shutdown_timeout": int(getattr(a, "shutdown_timeout", None) or 0),   # none before 0.18.0
             "strategy": a.safetensors_load_strategy,
+            "sleep_mode": bool(a.enable_sleep_mode),
+            "dev_mode": dev_mode(),
             "prefetch_threads": int(a.safetensors_prefetch_num_threads or 8),
             "prefetch_block": int(a.safetensors_prefetch_block_size or 16 * MiB),
             **nodes,
@@ -1888,6 +2181,10 @@ class Launch:
     def register(self, pid: int, title: str, gpu: int, used_mib: float, start_time) -> None:
         """A GPU worker's GPU memory, and its CPU memory (CPU_BYTES_PER_WORKER, scaled like the files)."""
         register_gpu(pid, title, gpu, int(used_mib), start_time, CPU_BYTES_PER_WORKER // SCALE)
+
+    def full_mib(self, gpu: int) -> float:
+        """What one worker holds once loaded: its share of --gpu-memory-utilization."""
+        return self.cfg["util"] * self.total_mib(gpu) - 300
 
     def total_mib(self, gpu: int) -> int:
         for g in SIM.get("gpus") or []:
@@ -1985,6 +2282,7 @@ class Launch:
         compile_s, graph_s = other_s * 0.1, other_s * 0.1
         n_gpu_shards = cfg["tp"] * cfg["pp"] * (cfg["dp"] if cfg["ep"] else 1)
         w_mib = cfg["size"] / n_gpu_shards / MiB
+        self.w_mib = w_mib
         log(w0, "INFO", "gpu_model_runner.py:4979", f"Starting to load model {cfg['model']}...")
         if cfg["profile"] == "kimi-k25-nvfp4":
             log(w0, "INFO", "nvfp4.py:211", "Using 'FLASHINFER_B12X' NvFp4 MoE backend out of "
@@ -2057,7 +2355,7 @@ class Launch:
         if self.mesh is not None:       # the profile run needs every node's ranks loaded
             await self.collective(cfg, w0, ec, multi, self.mesh.all_loaded())
         compile_s = await self.compile(cfg, w0, compile_s)
-        log(w0, "INFO", "monitor.py:34", f"torch.compile takes {compile_s:.2f} s in total")
+        log(w0, "INFO", "monitor.py:62", f"torch.compile took {compile_s:.2f} s in total")
         kv_gib = budget_gib - w_gib - 2.4
         if kv_gib <= 0.2 or self.fault == "crash-no-kv-memory":
             self.worker_crash(w0, ec, multi, [
@@ -2261,11 +2559,18 @@ class Launch:
                 or [self.api])
         self.cfg, self.engine, self.server = cfg, engine, server
         addr = cfg["host"] or "0.0.0.0"
+        routes = list(Server.ROUTES)
+        if cfg["dev_mode"]:
+            server.sleeper = Sleeper(self, cfg)
+            routes += DEV_ROUTES
         for api in apis:
+            if cfg["dev_mode"]:
+                log(api, "WARNING", "__init__.py:44", "SECURITY WARNING: Development endpoints "
+                    "are enabled! This should NOT be used in production!")
             log(api, "INFO", "entry.py:134", "Supported tasks: ['generate']")
             log(api, "INFO", *start_line(addr, cfg["port"]))
             log(api, "INFO", "launcher.py:188", "Available routes are:")
-            for path, methods in Server.ROUTES:
+            for path, methods in routes:
                 log(api, "INFO", "launcher.py:196", f"Route: {path}, Methods: {methods}")
         sock = self.sock
         assert sock is not None                     # start() bound it

@@ -184,12 +184,13 @@ def test_stop_spares_what_another_recorded_service_left_on_shared_gpus():
     a stop of another service on overlapping GPUs must not kill them (the rule's protection of the
     host's other services reaches stop as it reaches deploy)."""
     from orchestrator.host.facts import HostFacts
+    from orchestrator.host.records import ServiceRecord
     from orchestrator.plan.stop import leftovers
 
     procs = [p(1, 0, SERVICE, "kimi"), p(6, 1, LEFT, "mini"), p(3, 1, ABANDONED)]
     facts = HostFacts(hostname="h", disk_path="/", disk_total=10, disk_free=5, gpus=[], gpu_error=None,
                       driver_version=None, cuda_version=None, procs=procs, vllm_version=None, vllm_error=None,
                       models={}, active=None, installed={}, services={}, usage={},
-                      records={"mini": {"model": "mini", "gpus": [1]}})
+                      records={"mini": ServiceRecord(model="mini", gpus=[1])})
     held = leftovers(facts, "kimi", [0, 1])
     assert [x.pid for x in held.kill] == [3] and [x.pid for x in held.others] == [6]

@@ -155,3 +155,37 @@ def test_an_interrupted_swap_whose_new_service_runs_warms_nothing():
                          survey=weights(NVFP4, 119, 540 * GB), warm=True))
     steps = [a.step for a in plan.actions]
     assert "warm" not in steps and "stop" not in steps and step(plan, "start").noop
+
+
+@pytest.mark.parametrize("load_format, tp, why", [
+    (None, 8, None),
+    ("fastsafetensors", 8, None),                 # vLLM 0.33: nogds with a group of 8: mmap / pread
+    ("fastsafetensors", 1, "reads with GPUDirect Storage when the host has it"),
+    ("runai_streamer", 8, "load_format runai_streamer reads the weights with its own engine"),
+    ("instanttensor", 8, "load_format instanttensor reads the weights with its own engine"),
+])
+def test_the_warm_up_follows_how_the_loader_reads(load_format, tp, why):
+    from orchestrator.plan.warm import loader_bypass
+    m = MODELS[NVFP4]
+    m = m.model_copy(update={"vllm": m.vllm.model_copy(update={"load_format": load_format,
+                                                                "tensor_parallel_size": tp})})
+    got = loader_bypass(m)
+    assert (got is None) if why is None else (why in got)
+
+
+def test_the_expected_downtime_uses_this_hosts_last_start_when_history_has_one():
+    from orchestrator.host.records import HistoryEntry
+    from orchestrator.plan.warm import measured_from
+    m = MODELS[KIMI]
+    history = [HistoryEntry(operation="deploy", service=KIMI, ok=True, at="2026-12-01T10:00:00+00:00",
+                            startup={"weights_s": 137.0, "ready_s": 300.0},
+                            warm={"cached_bytes": 547 * GB, "total_bytes": 547 * GB}),
+               HistoryEntry(operation="swap", service=NVFP4, ok=True, startup={"weights_s": 1.0, "ready_s": 2.0})]
+    ms = measured_from(history, KIMI, 547 * GB)
+    assert ms is not None and ms.other_s == 163.0 and ms.cached_bytes_s == pytest.approx(547 * GB / 137.0)
+    assert ms.disk_bytes_s is None                      # that start read from the page cache only
+    assert load_seconds(m, 547 * GB, 547 * GB, ms) == pytest.approx(137.0 + 163.0)
+    assert load_seconds(m, 547 * GB, 0, ms) == pytest.approx(547e9 / 315e6 + 163.0)    # the disk: declared
+    text = expected(m, 547 * GB, 0, None, measured=ms).text(m)
+    assert "this host's last start of kimi-k25-int4 (2026-12-01T10:00:00+00:00): 163 s besides reading" in text
+    assert measured_from(history, "other", 1) is None

@@ -216,6 +216,16 @@ def request(port, method, path, body=None, timeout=10.0, address="127.0.0.1", un
         conn.close()
 
 
+def asleep(port):
+    """Whether the server sleeps (vLLM's GET /is_sleeping, a development endpoint: only with sleep
+    mode, which renders VLLM_SERVER_DEV_MODE=1; no key). False when it does not say."""
+    try:
+        status, body = request(port, "GET", "/is_sleeping", timeout=5.0)
+        return status == 200 and bool(json.loads(body).get("is_sleeping"))
+    except (OSError, http.client.HTTPException, ValueError, AttributeError):
+        return False
+
+
 def probe(port, served, health_path, timeout, listed=True, unit=None):
     """(ok, why not): /health 200, the name listed (optional), a one-token completion answered;
     the requests with the key go only to a process of `unit` (NotTheService: not ok, say why)."""
@@ -403,6 +413,11 @@ def cmd_check(a):
     stamp = {"at": now_iso(), "ts": time.time()}
     if unit_state != "active":
         state.update(failures=0, last=dict(stamp, ok=None, note="%s is %s: not probed" % (a.unit, unit_state)))
+        write_state(path, state)
+        return 0
+    if asleep(a.port):
+        # sleep mode: the engine is paused on purpose, and a completion would wait until a wake
+        state.update(failures=0, last=dict(stamp, ok=None, note="asleep (sleep mode): not probed"))
         write_state(path, state)
         return 0
     before = engine_progress(a.port)

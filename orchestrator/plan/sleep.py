@@ -1,0 +1,317 @@
+"""Sleep mode's steps, pure to plan (their work is bound `run` callables): put a service to sleep,
+read what it keeps on its GPUs, wake it, check it against its canary, warm it up; the room an awake
+service needs beside sleeping ones; whether host RAM holds a level-1 sleep.
+
+vLLM 0.33 (entrypoints/serve/dev/sleep/api_router.py, v1/executor/abstract.py): `POST /sleep?level=1`
+copies the weights to pinned host RAM and frees the GPUs but for a CUDA context each; level 2 drops
+the weights too (a wake reads them again); `POST /wake_up` maps everything back in the same process,
+without a new start, compile or graph capture. The endpoints exist only with VLLM_SERVER_DEV_MODE=1
+(the manifest's `sleep` section renders it, on loopback only: docs/security.md).
+
+A wake is trusted only after its canary: the greedy completion recorded when the service first
+became ready must come back token for token (corrupted weights after a wake were seen in the
+field). Then one warm-up request (the first after a wake is several times slower). GPU memory a
+sleeping service holds is read after each sleep and compared with the CUDA-context allowance; what
+it grows over cycles (vllm issue #36651) is recorded, and past LEAK_BOUND_MIB the next wake restarts
+the service cold instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+from orchestrator.errors import DeployFailed, RefusedError
+from orchestrator.fmt import fmt_bytes
+from orchestrator.host import state
+from orchestrator.host.facts import HostFacts, gather
+from orchestrator.host.ownership import SERVICE, gpu_list, wait_released
+from orchestrator.host.records import Asleep, Canary
+from orchestrator.host.services import Service
+from orchestrator.plan.inputs import ServiceInput
+from orchestrator.plan.model import Action
+from orchestrator.plan.run import RunEnv
+from orchestrator.plan.warm import MARGIN_PCT
+from orchestrator.probe import api
+from orchestrator.probe.readiness import wait_ready
+
+CONTEXT_ALLOWANCE_MIB = 1024    # what a sleeping worker may keep per GPU: its CUDA context (~0.5 GiB
+                                # on an H100/B200, vLLM's "memory is still in use" line) and NCCL's
+LEAK_BOUND_MIB = 4096           # growth over cycles past which the next wake is a cold restart
+
+
+def _endpoint(env: RunEnv, svc: ServiceInput) -> api.Endpoint:
+    return api.Endpoint(env.host, svc.manifest.serving.port, svc.api_key)
+
+
+def held_mib(facts: HostFacts, name: str) -> dict[int, int]:
+    """MiB the service NAME's processes hold per GPU (nvidia-smi, by the ownership rule)."""
+    out: dict[int, int] = {}
+    for p in facts.procs:
+        if p.kind == SERVICE and p.model == name and p.gpu_index is not None:
+            out[p.gpu_index] = out.get(p.gpu_index, 0) + p.used_mib
+    return out
+
+
+def weights_bytes(facts: HostFacts, svc: ServiceInput) -> int:
+    folder = facts.models.get(svc.model)
+    return folder.bytes if folder is not None else 0
+
+
+def level_for(facts: HostFacts, svc: ServiceInput, need_bytes: int) -> tuple[int, str]:
+    """The level to sleep `svc` at and why: the manifest's, but level 1 only when host RAM holds its
+    weights (pinned: outside MemAvailable) above the memory floor (10% of MemAvailable, as the warm-up
+    keeps, plus `need_bytes`: what the service that comes up takes on the CPU side)."""
+    m = svc.manifest
+    assert m.sleep is not None
+    size = weights_bytes(facts, svc)
+    if m.sleep.level == 2:
+        return 2, "the manifest's level"
+    mem = facts.memory
+    if mem is None or mem.available is None:
+        return 2, "level 1 needs the host's free RAM, which could not be read: level 2 (weights dropped)"
+    room = mem.available - mem.available * MARGIN_PCT // 100 - need_bytes
+    if size > room:
+        return 2, (f"level 1 would keep {fmt_bytes(size)} of weights in host RAM, and "
+                   f"{fmt_bytes(max(room, 0))} is free above the memory floor: level 2 instead "
+                   f"(weights dropped, a wake reads them again)")
+    return 1, f"{fmt_bytes(size)} of weights to host RAM ({fmt_bytes(room)} free above the memory floor)"
+
+
+def room_refusal(facts: HostFacts, m: Manifest, host: str, awake_too: Collection[str] = (),
+                 expect: Mapping[str, int] | None = None) -> RefusedError | None:
+    """An awake service beside sleeping ones on its GPUs: its gpu_memory_utilization share of each
+    GPU plus what the sleeping ones hold there must fit (vLLM's start-up check compares its share
+    with the free memory: "Free memory on device ... is less than desired GPU memory utilization").
+    `awake_too`: services that hold the GPUs now but go before it starts (not counted); `expect`:
+    services this operation puts to sleep first, with the MiB per GPU each is expected to keep."""
+    expect = dict(expect or {})
+    sleeping = (facts.sleeping() - set(awake_too) - {m.name}) | set(expect)
+    if not sleeping:
+        return None
+    totals = {g.index: g.memory_total_mib for g in facts.gpus if g.memory_total_mib}
+    held: dict[int, int] = {}
+    for name in sleeping:
+        if name in expect:
+            placed = facts.placement(name, host)
+            kept = {g: expect[name] for g in (placed.gpus if placed else ())}
+        else:
+            kept = held_mib(facts, name)
+        for gpu, mib in kept.items():
+            held[gpu] = held.get(gpu, 0) + mib
+    util = m.vllm.gpu_memory_utilization
+    for gpu in m.serving.visible_devices:
+        total, there = totals.get(gpu), held.get(gpu, 0)
+        if total and there and util * total + there > total:
+            most = (total - there) / total
+            return RefusedError(
+                f"{m.name} asks for {util:g} of GPU {gpu} ({total} MiB) and the sleeping "
+                f"{', '.join(sorted(sleeping))} keep{'s' if len(sleeping) == 1 else ''} {there} MiB there: vLLM's "
+                f"start-up memory check would fail", host=host, step="placement",
+                hint=f"set vllm.gpu_memory_utilization to {int(most * 100) / 100:g} or less, or stop the sleeping "
+                     f"service first")
+    return None
+
+
+def next_sleep_mib(facts: HostFacts, name: str) -> tuple[int, str]:
+    """(MiB per GPU the awake service NAME is expected to keep after its next sleep, why): what it
+    kept after its last one plus its growth per cycle so far; the CUDA-context allowance when it
+    never slept since its start."""
+    rec = facts.record(name)
+    if rec is None or rec.sleep_last_mib is None or rec.sleep_first_mib is None or not rec.sleep_cycles:
+        return CONTEXT_ALLOWANCE_MIB, f"the {CONTEXT_ALLOWANCE_MIB} MiB CUDA-context allowance"
+    per = (rec.sleep_last_mib - rec.sleep_first_mib) // max(rec.sleep_cycles - 1, 1)
+    want = max(CONTEXT_ALLOWANCE_MIB, rec.sleep_last_mib + max(per, 0))
+    return want, (f"{rec.sleep_last_mib} MiB after its last sleep" + (f", growing {per} MiB per cycle over "
+                                                                      f"{rec.sleep_cycles}" if per > 0 else ""))
+
+
+def sleep_or_stop(facts: HostFacts, old: ServiceInput, awake: Manifest, host: str) -> tuple[bool, str]:
+    """Whether the awake service `old` may sleep beside `awake` (which comes up on its GPUs): what it
+    is expected to keep must leave `awake` its memory share, and its growth stay under the bound;
+    else it is stopped (its next start is cold) and the plan says why."""
+    rec = facts.record(old.name)
+    if rec is not None and rec.sleep_first_mib is not None and rec.sleep_last_mib is not None \
+            and rec.sleep_last_mib - rec.sleep_first_mib > LEAK_BOUND_MIB:
+        return False, (f"{old.name} kept {rec.sleep_last_mib - rec.sleep_first_mib} MiB more per GPU after its last "
+                       f"sleep than after its first, over the {LEAK_BOUND_MIB} MiB bound (vllm #36651): stopped "
+                       f"instead of put to sleep (its next start is cold)")
+    want, why = next_sleep_mib(facts, old.name)
+    refusal = room_refusal(facts, awake, host, awake_too={old.name}, expect={old.name: want})
+    if refusal is not None:
+        return False, (f"{old.name} would keep about {want} MiB per GPU asleep ({why}), which leaves "
+                       f"{awake.name} too little: stopped instead of put to sleep")
+    return True, why
+
+
+def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: bool = False) -> tuple[int, int, int]:
+    """Read what the service NAME keeps on its GPUs after a sleep (nvidia-smi, by the ownership rule)
+    and record it asleep: (MiB kept on its fullest GPU, its cycles, its growth since its first sleep).
+    `first_check`: a first sleep that kept about everything freed nothing (no --enable-sleep-mode)."""
+    facts = gather(env.host, env.entry, [name])
+    held = held_mib(facts, name)
+    most = max(held.values(), default=0)
+    rec = facts.record(name)
+    cycles = ((rec.sleep_cycles or 0) if rec is not None else 0) + 1
+    first = most if rec is None or rec.sleep_first_mib is None else rec.sleep_first_mib
+    growth = max(0, most - first)
+    if first_check and cycles == 1 and most > CONTEXT_ALLOWANCE_MIB + LEAK_BOUND_MIB:
+        raise DeployFailed(f"{name} still holds {most} MiB per GPU after /sleep (a CUDA context is about "
+                           f"{CONTEXT_ALLOWANCE_MIB} MiB): sleep mode freed nothing", host=env.entry.name,
+                           step="sleep", hint="is --enable-sleep-mode in its command line (`vllm-orch regen "
+                                              "--restart`)?")
+    asleep = Asleep(level=level, since=state.now_iso(), weights_bytes=weights if level == 1 else 0,
+                    gpu_mib={str(g): v for g, v in sorted(held.items())}, allowance_mib=CONTEXT_ALLOWANCE_MIB,
+                    cycles=cycles, first_mib=first, growth_mib=growth)
+    state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first,
+                        sleep_last_mib=most)
+    return most, cycles, growth
+
+
+def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, downtime_starts: bool = False,
+                 weights: int = 0) -> Action:
+    """POST /sleep?level=N, then read what the service keeps on its GPUs and record it asleep (its
+    cycles, and how much more it keeps than after its first sleep)."""
+    name = svc.name
+
+    def run(env: RunEnv) -> str:
+        if downtime_starts:
+            env.record.stopped_at = time.monotonic()
+        t0 = time.monotonic()
+        try:
+            api.sleep(_endpoint(env, svc), level)
+        except api.HttpError as exc:
+            raise DeployFailed(f"{name} did not go to sleep: {exc}", host=env.entry.name, step="sleep") from None
+        seconds = time.monotonic() - t0
+        most, cycles, growth = record_sleep(env, name, level, weights, first_check=True)
+        env.record.sleeps[name] = {"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
+                                   "cycles": cycles, "growth_mib": growth}
+        over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
+        if most > CONTEXT_ALLOWANCE_MIB:
+            env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {CONTEXT_ALLOWANCE_MIB} "
+                                       f"MiB allowance{over}")
+        return (f"{name} asleep at level {level} in {seconds:.1f}s; it keeps {most} MiB per GPU "
+                f"(allowance {CONTEXT_ALLOWANCE_MIB}){over}")
+
+    return Action("sleep", f"put {name} to sleep at level {level} ({why})", run=run,
+                  details=[f"POST http://127.0.0.1:{svc.manifest.serving.port}/sleep?level={level}",
+                           "then read what it keeps on its GPUs (nvidia-smi) and record it asleep"])
+
+
+def room_action(m: Manifest, why: str) -> Action:
+    """Wait until the service's GPUs hold nothing but sleeping services' contexts (the stopped or
+    slept service's memory released)."""
+    gpus = m.serving.visible_devices
+
+    def run(env: RunEnv) -> str:
+        facts = gather(env.host, env.entry, [m.name])
+        sleepers = facts.sleeping() | {m.name}
+        kept = [p for p in facts.procs if p.kind == SERVICE and p.model in sleepers]
+        return wait_released(env.host, env.entry, gpus, env.opts.gpu_release_timeout_s, env.opts.poll_s,
+                             asleep=kept)
+
+    return Action("gpus", f"check that {gpu_list(gpus)} are free but for sleeping services ({why})", run=run)
+
+
+def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: bool = True,
+                cold_fallback: bool = False, budget_s: float | None = None) -> Action:
+    """POST /wake_up, the canary token for token, one warm-up request; the service's record says it
+    serves again. Past LEAK_BOUND_MIB of growth over its cycles it is restarted cold instead (and its
+    canary recorded anew). `cold_fallback` (a rollback's last resort): a failed wake or canary
+    restarts it cold too."""
+    m, name, key = svc.manifest, svc.name, svc.api_key
+    shown = Service.for_host(None, entry, name)
+
+    def cold(env: RunEnv, reason: str) -> str:
+        service = Service.for_host(env.host, env.entry, name)
+        service.run_all(shown.stop_commands(False), f"stop {name}", timeout=600)
+        cursor = service.log_cursor()
+        service.run_all(shown.start_commands(), f"start {name}", timeout=600)
+        env.record.started.add(name)
+        ready = wait_ready(env.host, service, m, cursor, on_event=env.event, budget_s=budget_s or m.startup.budget_seconds,
+                           no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s, api_key=key)
+        env.record.ready[name] = ready
+        state.update_record(env.host, env.entry, name, asleep=None, sleep_cycles=None, sleep_first_mib=None,
+                            sleep_last_mib=None, canary=canary_of(env, svc))
+        if marks_ready:
+            env.record.ready_at = time.monotonic()
+        env.record.wakes[name] = {"cold": True, "reason": reason}
+        return f"restarted {name} cold ({reason}); smoke: {ready.smoke.summary()}"
+
+    def run(env: RunEnv) -> str:
+        rec = state.read_record(env.host, env.entry, name)
+        asleep = rec.asleep if rec is not None else None
+        if asleep is not None and asleep.growth_mib > LEAK_BOUND_MIB:
+            return cold(env, f"it kept {asleep.growth_mib} MiB more per GPU after {asleep.cycles} sleeps than after "
+                             f"its first, over the {LEAK_BOUND_MIB} MiB bound (vllm #36651)")
+        ep = _endpoint(env, svc)
+        t0 = time.monotonic()
+        try:
+            api.wake_up(ep)
+            wake_s = time.monotonic() - t0
+            got = canary_of(env, svc)
+            want = rec.canary if rec is not None else None
+            if want is not None and not same_answer(want, got):
+                raise DeployFailed(f"{name} woke with other answers: its canary gave {got.text[:60]!r} where it "
+                                   f"gave {want.text[:60]!r} when it first became ready (corrupted weights after "
+                                   f"the wake)", host=env.entry.name, step="wake")
+            t1 = time.monotonic()
+            api.canary(ep, m.served_name)            # the warm-up request (the first after a wake is slow)
+            warm_s = time.monotonic() - t1
+        except (api.HttpError, DeployFailed) as exc:
+            if not cold_fallback:
+                if isinstance(exc, DeployFailed):
+                    raise
+                raise DeployFailed(f"{name} did not wake: {exc}", host=env.entry.name, step="wake") from None
+            return cold(env, f"the wake failed: {exc}")
+        # woken for the first time since vllm-orch records canaries: this answer is its canary
+        state.update_record(env.host, env.entry, name, asleep=None, **({} if want is not None else {"canary": got}))
+        if marks_ready:
+            env.record.ready_at = time.monotonic()
+        env.record.wakes[name] = {"wake_s": round(wake_s, 3), "warmup_s": round(warm_s, 3),
+                                  "canary": "match" if want is not None else "recorded",
+                                  "level": asleep.level if asleep else None}
+        return (f"{name} awake in {wake_s:.1f}s; canary {'matches token for token' if want else 'recorded'}; "
+                f"warm-up request {warm_s:.2f}s")
+
+    details = [f"POST http://127.0.0.1:{m.serving.port}/wake_up, then the canary (a greedy completion, token for "
+               f"token as recorded at its first ready) and one warm-up request"]
+    if cold_fallback:
+        details.append(f"if the wake or the canary fails: restart {name} cold (the last resort)")
+    return Action("wake", f"wake {name} ({why})", run=run, details=details)
+
+
+def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
+    """A rollback's: the service woken by this run goes back to sleep at level 2 (its weights are
+    dropped and read again at its next wake: a corrupted copy does not survive); stopped when even
+    that fails."""
+    name = svc.name
+    shown = Service.for_host(None, entry, name)
+
+    def run(env: RunEnv) -> str:
+        try:
+            api.sleep(_endpoint(env, svc), 2)
+        except api.HttpError as exc:
+            Service.for_host(env.host, env.entry, name).run_all(shown.stop_commands(False), f"stop {name}",
+                                                                timeout=600)
+            state.write_record(env.host, env.entry, name, None)
+            return f"{name} did not go back to sleep ({exc}): stopped"
+        most, _cycles, _growth = record_sleep(env, name, 2, 0)
+        return f"{name} asleep again at level 2, keeping {most} MiB per GPU (its weights are read again at its next wake)"
+
+    return Action("sleep", f"put {name} back to sleep at level 2 ({why}; stopped if that fails)", run=run)
+
+
+def canary_of(env: RunEnv, svc: ServiceInput) -> Canary:
+    """The service's greedy answer to the canary prompt now (recorded at its first ready)."""
+    text, ids, _ = api.canary(_endpoint(env, svc), svc.manifest.served_name)
+    return Canary(prompt=api.CANARY_PROMPT, text=text, token_ids=ids, at=state.now_iso())
+
+
+def same_answer(want: Canary, got: Canary) -> bool:
+    """Token for token when both have their ids (vLLM's return_token_ids), else the text."""
+    if want.token_ids is not None and got.token_ids is not None:
+        return want.token_ids == got.token_ids and want.text == got.text
+    return want.text == got.text

@@ -1,0 +1,78 @@
+"""The simulated sleep mode is vLLM 0.33.0's, read from its source in the cached parser venv: the
+development routes and their methods, /sleep's parameters and the three answers, the pause modes,
+the API key's guarded prefixes, VLLM_SERVER_DEV_MODE, and every log line the simulator prints.
+
+The real server cannot be asked: vLLM's CPU build (what tests/integration/test_real_vllm*.py run)
+has no sleep mode. `Platform.is_sleep_mode_available` is true for CUDA, ROCm and XPU only, and
+ModelConfig refuses --enable-sleep-mode elsewhere ("Sleep mode is not supported on current
+platform."); the last test pins that too, so the source is the contract."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sim import vllm_server as sim
+
+
+@pytest.fixture(scope="module")
+def vllm_src(vllm_parser_python) -> Path:
+    found = sorted(Path(vllm_parser_python).parent.parent.glob("lib/python3*/site-packages/vllm"))
+    assert found, f"no vllm package beside {vllm_parser_python}"
+    return found[0]
+
+
+def routes(path: Path) -> set:
+    return {(p, m.upper()) for m, p in re.findall(r'@router\.(post|get)\("([^"]+)"\)', path.read_text())}
+
+
+def test_the_dev_routes_are_vllms(vllm_src):
+    real: set = set()
+    for f in [*(vllm_src / "entrypoints/serve/dev").glob("*/api_router.py"),
+              vllm_src / "entrypoints/rl/online/api_router.py"]:
+        real |= routes(f)
+    assert real == set(sim.DEV_ROUTES)
+    # and they are registered only with VLLM_SERVER_DEV_MODE, parsed as bool(int(...))
+    registry = (vllm_src / "entrypoints/launchers/api_server/routers.py").read_text()
+    assert "if envs.VLLM_SERVER_DEV_MODE:\n        from vllm.entrypoints.serve import register_vllm_dev_api_routers" in registry
+    assert '"VLLM_SERVER_DEV_MODE": lambda: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))' in (
+        vllm_src / "envs.py").read_text()
+
+
+def test_the_sleep_endpoints_parameters_and_answers(vllm_src):
+    src = (vllm_src / "entrypoints/serve/dev/sleep/api_router.py").read_text()
+    assert "level: Annotated[int, Query(ge=0, le=2)] = 1," in src
+    assert 'mode: Annotated[PauseMode, Query()] = "abort",' in src
+    assert 'return JSONResponse(content={"status": "sleeping", "level": level})' in src
+    assert 'tags = raw_request.query_params.getlist("tags")' in src
+    assert 'content={"status": "awake" if fully_awake else "sleeping", "tags": tags}' in src
+    assert 'return JSONResponse(content={"is_sleeping": is_sleeping})' in src
+    modes = re.search(r"PauseMode = Literal\[(.*)\]", (vllm_src / "v1/engine/__init__.py").read_text())
+    assert modes and tuple(re.findall(r'"(\w+)"', modes.group(1))) == sim.PAUSE_MODES
+    assert 'SLEEP_TAGS = frozenset(("weights", "kv_cache"))' in (vllm_src / "v1/executor/abstract.py").read_text()
+
+
+def test_the_api_key_guards_only_these_prefixes(vllm_src):
+    src = (vllm_src / "entrypoints/serve/middleware/authenticate.py").read_text()
+    m = re.search(r"GUARDED_PREFIX = (\(.*\))", src)
+    assert m and eval(m.group(1)) == sim.GUARDED_PREFIX           # noqa: S307 (a literal tuple)
+    assert not any(p.startswith(sim.GUARDED_PREFIX) for p, _ in sim.DEV_ROUTES)
+
+
+@pytest.mark.parametrize("where", sorted(sim.SLEEP_LOG_SOURCES))
+def test_every_sleep_log_line_is_at_its_place_in_the_source(vllm_src, where):
+    rel, fmt = sim.SLEEP_LOG_SOURCES[where]
+    line = int(where.rsplit(":", 1)[1])
+    lines = (vllm_src / rel).read_text().splitlines()
+    assert Path(rel).name == where.rsplit(":", 1)[0]
+    near = "\n".join(lines[line - 1:line + 3])
+    assert fmt in near, f"{rel}:{line}: {fmt!r} not in\n{near}"
+
+
+def test_the_cpu_build_has_no_sleep_mode(vllm_src):
+    src = (vllm_src / "platforms/interface.py").read_text()
+    assert "return self._enum in (PlatformEnum.CUDA, PlatformEnum.ROCM, PlatformEnum.XPU)" in src
+    assert '"Sleep mode is not supported on current platform."' in (vllm_src / "config/model.py").read_text()
+    assert "def is_sleep_mode_available" not in (vllm_src / "platforms/cpu.py").read_text()

@@ -1,0 +1,79 @@
+"""The sleep-swap planner and the placement rules of sleep mode, from hand-made facts."""
+
+from __future__ import annotations
+
+from orchestrator.config.manifest import Manifest
+from orchestrator.config.placement import Placement
+from orchestrator.host.ownership import SERVICE, Proc, holders
+from orchestrator.host.records import Asleep, ServiceRecord
+from orchestrator.plan.inputs import ServiceInput
+from orchestrator.plan.sleep import room_refusal
+from orchestrator.plan.swap import old_model_name, plan_sleep_swap
+from orchestrator.render.artifacts import render
+from tests.unit.test_planners import ENTRY, MODELS, download, facts, inp, running, svc
+
+KIMI, NVFP4 = "kimi-k25-int4", "kimi-k25-nvfp4"
+
+
+def sleepy(name: str, port: int, util: float | None = None) -> ServiceInput:
+    data = MODELS[name].model_dump()
+    data["serving"].update(port=port, host="127.0.0.1")
+    data["sleep"] = {"level": 1}
+    if util is not None:
+        data["vllm"]["gpu_memory_utilization"] = util
+    m = Manifest.model_validate(data)
+    return ServiceInput(manifest=m, rendered=render(m, ENTRY, {}))
+
+
+def test_a_sleeping_service_shares_gpus_but_never_its_port():
+    awake = Placement("a", "a", "h", (0, 1), 8000)
+    asleep = Placement("b", "b", "h", (0, 1), 8001, asleep=True)
+    assert awake.clash(asleep) is None
+    assert awake.clash(Placement("b", "b", "h", (0, 1), 8000, asleep=True)) == "port 8000"
+    assert awake.clash(Placement("b", "b", "h", (1,), 8001)) == "GPU 1"
+
+
+def test_a_sleepers_processes_are_its_own_and_in_nobodys_way():
+    procs = [Proc(10, "VLLM::Worker_TP0", 530, 0, SERVICE, "b", start_time=5),
+             Proc(11, "VLLM::Worker_TP0", 90000, 1, SERVICE, "c", start_time=5)]
+    held = holders(procs, [], "a", [0, 1], protected={"b", "c"}, asleep={"b"})
+    assert [p.pid for p in held.asleep] == [10] and [p.pid for p in held.others] == [11]
+    assert held.victims(kill_foreign=True) == []
+
+
+def test_the_awake_one_must_leave_room_for_what_the_sleepers_keep():
+    f = facts(services=running("b"), procs=[Proc(10 + g, "VLLM::Worker", 9000, g, SERVICE, "b", start_time=5)
+                                            for g in range(8)])
+    f.records["b"] = ServiceRecord(model="b", gpus=list(range(8)), port=8001, asleep=Asleep(level=1))
+    m = sleepy(NVFP4, 8002, util=0.93).manifest
+    refusal = room_refusal(f, m, "gpu1")
+    assert refusal is not None and "keeps 9000 MiB" in refusal.message
+    assert "gpu_memory_utilization to 0.9 or less" in (refusal.hint or "")
+    assert room_refusal(f, sleepy(NVFP4, 8002, util=0.9).manifest, "gpu1") is None
+
+
+def test_sleep_old_is_refused_without_a_sleep_section_or_on_the_old_ones_port():
+    f = facts(services=running(KIMI))
+    f.records[KIMI] = ServiceRecord(model=KIMI, gpus=list(range(8)), port=8000, argv=["vllm", "--enable-sleep-mode"])
+    plain = plan_sleep_swap(inp(sleepy(NVFP4, 8001), f, download(0), old=svc(KIMI, installed=True), sleep_old=True))
+    assert plain.refusal is not None and "has no sleep section" in plain.refusal.message
+    same = plan_sleep_swap(inp(sleepy(NVFP4, 8000), f, download(0), old=sleepy(KIMI, 8000), sleep_old=True))
+    assert same.refusal is not None and "keeps listening on port 8000" in same.refusal.message
+    f.records[KIMI] = ServiceRecord(model=KIMI, gpus=list(range(8)), port=8000, argv=["vllm"])
+    old_argv = plan_sleep_swap(inp(sleepy(NVFP4, 8001), f, download(0), old=sleepy(KIMI, 8000), sleep_old=True))
+    assert old_argv.refusal is not None and "without --enable-sleep-mode" in old_argv.refusal.message
+
+
+def test_waking_a_sleeper_replaces_the_one_awake_service():
+    f = facts(services=running(KIMI, NVFP4))
+    f.records[KIMI] = ServiceRecord(model=KIMI, gpus=list(range(8)), port=8000, asleep=Asleep(level=1))
+    f.records[NVFP4] = ServiceRecord(model=NVFP4, gpus=list(range(8)), port=8001)
+    assert old_model_name(f, KIMI, "gpu1") == NVFP4
+    plan = plan_sleep_swap(inp(sleepy(KIMI, 8000), f, None, old=sleepy(NVFP4, 8001), sleep_old=True))
+    assert plan.refusal is None, plan.refusal
+    assert [a.step for a in plan.actions] == ["lock", "sleep", "wake", "record"]     # level 1: nothing to warm
+    back = plan.recovery_for(2)
+    assert back is not None and [a.step for a in back.actions] == ["sleep", "gpus", "wake"]
+    stop = plan_sleep_swap(inp(sleepy(KIMI, 8000), f, None, old=sleepy(NVFP4, 8001)))     # without --sleep-old
+    assert [a.step for a in stop.actions] == ["lock", "stop", "gpus", "wake", "record"]
+    assert [a.step for a in stop.recovery_for(2).actions] == ["sleep", "gpus", "start", "ready"]
