@@ -207,7 +207,10 @@ class SshHost(Host):
         Not SFTP: its open() creates the file with the server's default mode (0644) before any chmod,
         and with sudo it needed a staging copy in /tmp."""
         started = time.monotonic()
-        code, out, err = self._exec(self.wrap(self.put_command(path, mode), None, None), 60, data, None,
+        # A minute, and a second per MB: an engine's wheels are GBs (a fixed minute cut a 48 MB
+        # file short on a busy machine, and would cut every CUDA torch wheel short).
+        timeout = 60 + len(data) / 1e6
+        code, out, err = self._exec(self.wrap(self.put_command(path, mode), None, None), timeout, data, None,
                                     self.sudo)
         if code != 0:
             raise OSError(f"{self.name}: cannot write {path}{' with sudo' if self.sudo else ''}: "

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.host.local import LocalHost
 from orchestrator.host.ssh import SshHost
 
-PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (48 << 20) + b"\n"      # big enough to watch it being written
+PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (16 << 20) + b"\n"      # big enough to watch it being written
 
 
 class Watcher:
@@ -40,8 +40,7 @@ class Watcher:
                 except FileNotFoundError:
                     pass
             # Let the other threads run: a loop that never sleeps held the GIL from paramiko's
-            # transport thread, and on a busy machine the SSH connection under test timed out
-            # ("Socket is closed"). A temp file lives for the whole 48 MB write: 1 ms polls see it.
+            # transport thread on a busy machine. A temp file lives for the whole 16 MB write: 1 ms polls see it.
             time.sleep(0.001)
 
     def __enter__(self):
