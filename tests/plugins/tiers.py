@@ -11,7 +11,7 @@ without anyone remembering to mark it):
     real_vllm    vLLM's CPU build serving a tiny model
     ray          a real Ray cluster
 
-`./dev test --quick` runs unit, sim, ssh and vllm_parser (no container, no real vLLM or Ray);
+`./dev test --quick` runs unit, sim and ssh (no container, no real vLLM, its parser or Ray);
 `./dev test` runs everything.
 
 Parallel runs (pytest-xdist, `--dist loadgroup`): the tests of a file that uses a module-scoped
