@@ -319,8 +319,16 @@ def test_an_interrupt_reaches_every_host_in_flight_and_starts_no_more():
         time.sleep(0.1)
         _thread.interrupt_main()
 
-    threading.Thread(target=ctrl_c, daemon=True).start()
-    rows = run_fleet(entries(4), one, parallel=2)
+    # Ctrl-C's own meaning in the main thread for this test: a test before it in the same worker may
+    # have left another SIGINT handler (a run of the CLI's main installs its own), and one that does
+    # not reach the fleet's token loses the interrupt (a --quick run hung here until its 300 s guard).
+    import signal
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        rows = run_fleet(entries(4), one, parallel=2)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert sorted(recovered) == ["h1", "h2"]
     assert [(r.result, r.code) for r in rows] == [("interrupted", 130)] * 2 + [("not run", 0)] * 2
     assert rows[2].cause == "not started: interrupted" and worst_exit([r.code for r in rows]) == 130
