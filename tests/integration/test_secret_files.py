@@ -16,7 +16,7 @@ import pytest
 from orchestrator.host.local import LocalHost
 from orchestrator.host.ssh import SshHost
 
-PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (16 << 20) + b"\n"      # big enough to watch it being written
+PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (48 << 20) + b"\n"      # big enough to watch it being written
 
 
 class Watcher:
@@ -39,9 +39,9 @@ class Watcher:
                             pass
                 except FileNotFoundError:
                     pass
-            # Let the other threads run: a loop that never sleeps held the GIL from paramiko's
-            # transport thread on a busy machine. A temp file lives for the whole 16 MB write: 1 ms polls see it.
-            time.sleep(0.001)
+            # Let the other threads run (paramiko's transport thread on a busy machine) without
+            # sleeping: a local write of the file is over in milliseconds, and 1 ms sleeps missed it.
+            time.sleep(0)
 
     def __enter__(self):
         self.thread.start()
