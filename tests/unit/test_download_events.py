@@ -67,3 +67,34 @@ def test_host_script_is_python39_syntax_and_stdlib_plus_hub_only():
             imported.add(node.module.split(".")[0])
     import sys
     assert imported - set(sys.stdlib_module_names) == {"huggingface_hub"}
+
+
+def test_a_failed_file_stops_the_queue_in_its_own_worker():
+    """The worker that fails raises the abort itself: CI saw a 1-worker run finish the next shard
+    after the dropped one, because the main thread set the abort only after the worker took the next
+    file."""
+    import importlib.util
+    import threading
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("dl_script", package_file("host", "remote", "download.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dl = mod.Downloader.__new__(mod.Downloader)
+    dl.abort = threading.Event()
+    started = []
+
+    def run(f):
+        started.append(f["name"])
+        if f["name"] == "b":
+            raise mod.Fail("network", "connection lost", "b")
+        return "ok"
+
+    dl._run_file = run
+    assert dl.run_file({"name": "a"}) == "ok"
+    with pytest.raises(mod.Fail):
+        dl.run_file({"name": "b"})
+    with pytest.raises(mod.Aborted):
+        dl.run_file({"name": "c"})
+    assert started == ["a", "b"]

@@ -365,7 +365,21 @@ class Downloader:
         self._fetched_lock = threading.Lock()
 
     def run_file(self, f: dict) -> str:
-        """Download, verify and install one file; returns its status (ok|refetched)."""
+        """Download, verify and install one file; returns its status (ok|refetched).
+
+        A failure raises the abort here, in the worker's own thread: set later by the main thread, the
+        same worker could already have taken (and finished) the next file of the queue."""
+        if self.abort.is_set():
+            raise Aborted()
+        try:
+            return self._run_file(f)
+        except Aborted:
+            raise
+        except BaseException:
+            self.abort.set()
+            raise
+
+    def _run_file(self, f: dict) -> str:
         final = self.local_dir / f["name"]
         try:
             st = os.lstat(str(final))
@@ -642,12 +656,10 @@ def main(argv: list | None = None) -> int:
                 except Fail as fail:
                     if first_fail is None:
                         first_fail = fail
-                        dl.abort.set()
                     continue
                 except Exception as exc:  # noqa: BLE001 - a bug or an unexpected OS error: report it
                     if first_fail is None:
                         first_fail = Fail("network", "%s: %s: %s" % (f["name"], type(exc).__name__, exc), f["name"])
-                        dl.abort.set()
                     continue
                 emit("file", file=f["name"], size=f["size"],
                      sha256=record.data["files"][f["name"]]["sha256"], status=status)
