@@ -136,7 +136,9 @@ class _Node:
     joined: bool = False                # its ranks said they joined the world (logsig.JOINED)
 
     def failure(self, elapsed: float) -> _Failure | None:
-        """A fatal line among the node's new log lines, or its unit stopped; None while it runs."""
+        """A fatal line among the node's new log lines, or its unit stopped; None while it runs.
+        The unit's state is read BEFORE the log (see wait_ready)."""
+        active = self.service.state().active
         lines, self.cursor = self.service.read_log(self.cursor)
         self.seen.extend(lines)
         self.fresh = len(lines)
@@ -145,7 +147,7 @@ class _Node:
             sig, line = found
             return _Failure(self.name, "fatal-log", f"fatal log line on node {self.name} after {elapsed:.1f}s: "
                                                     f"{sig.meaning}", logsig.clean(line), sig.fix, sig.key in CONSEQUENCES)
-        if not self.service.state().active:
+        if not active:
             root, hint, consequence = _exited(self.seen)
             return _Failure(self.name, "crash", f"vLLM on node {self.name} exited after {elapsed:.1f}s (a rank of the "
                                                 f"service is gone: it cannot serve)", root, hint, consequence)
@@ -218,6 +220,11 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
                                host=service.entry.name, step="ready")
         now = time.monotonic()
         elapsed = now - start
+        # The state BEFORE the log: a process seen exited has written its last line by then, so the
+        # exit is judged with it. Read the other way round, a head that printed "Connection closed by
+        # peer" (the consequence of a rank's death) and exited between the two reads was judged
+        # without that line, and the deploy named the head instead of the rank with the root cause.
+        state = service.state()
         lines, cursor_box[0] = service.read_log(cursor_box[0])
         if lines:
             last_line_at = now
@@ -235,7 +242,6 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             sig, line = found
             failures.append(_Failure(None, "fatal-log", f"fatal log line after {elapsed:.1f}s: {sig.meaning}",
                                      logsig.clean(line), sig.fix, sig.key in CONSEQUENCES))
-        state = service.state()
         if not state.active:
             root, hint, consequence = _exited(seen)
             failures.append(_Failure(None, "crash", f"the service exited after {elapsed:.1f}s" +

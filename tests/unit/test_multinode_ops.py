@@ -22,6 +22,10 @@ PEER = ("(Worker_PP0_TP0 pid=5) RuntimeError: [../third_party/gloo/gloo/transpor
         "Connection closed by peer [127.0.0.1]:40012")
 
 
+def _refused(*_args, **_kw):
+    raise ConnectionRefusedError("nothing listens yet (the service is loading)")
+
+
 @dataclass
 class Scripted:
     """A Service whose log grows by one scripted batch per read, and whose unit dies at a poll."""
@@ -35,7 +39,7 @@ class Scripted:
 
     def __post_init__(self):
         self.entry = HostEntry(name=self.name, address="10.0.0.9")
-        self.host = type("H", (), {"connects": 0, "name": self.name})()
+        self.host = type("H", (), {"connects": 0, "name": self.name, "connect_tcp": _refused})()
 
     def log_cursor(self) -> str:
         return "o:0"
@@ -61,6 +65,16 @@ def test_a_rank_crash_on_the_worker_is_pinned_on_the_worker_not_the_head_that_di
         wait(head, worker)
     assert err.value.host == "gpu2" and err.value.kind == "fatal-log" and "CUDA error" in err.value.root_cause
     assert "on node gpu2" in err.value.message
+
+
+def test_a_head_that_exits_right_after_its_consequence_line_still_waits_for_the_cause():
+    """The head prints "Connection closed by peer" and exits between two reads of a poll (a race a
+    busy machine hit): its exit is judged with that line, so the rank's root cause on gpu2 is named."""
+    head = Scripted("gpu1", [["INFO waiting for ranks"], [PEER]], dies_at=1)
+    worker = Scripted("gpu2", [["INFO loading"], [], [CUDA]], dies_at=3)
+    with pytest.raises(NotReady) as err:
+        wait(head, worker)
+    assert err.value.host == "gpu2" and err.value.kind == "fatal-log" and "CUDA error" in err.value.root_cause
 
 
 def test_a_line_about_another_nodes_death_alone_fails_after_the_grace_naming_where_it_was_seen():
