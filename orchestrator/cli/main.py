@@ -135,21 +135,33 @@ def _interrupt(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
-def interrupt_on_termination() -> None:
+def interrupt_on_termination() -> dict:
     """Ctrl-C, SIGTERM (kill, a CI runner, systemd) and SIGHUP (the terminal or the SSH session to
     this machine went away) cancel a running operation cooperatively (orchestrator/host/cancel.py):
     it stops at its next check, between steps or inside a wait, the running step fails and the
     plan's recovery branch runs (a swap's rollback puts the old model back) instead of the process
-    vanishing half way; on a fleet every host's run does. See orchestrator.ops.execute."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+    vanishing half way; on a fleet every host's run does. See orchestrator.ops.execute.
+    Returns the handlers it replaced (main puts them back when it returns)."""
+    return {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
-    interrupt_on_termination()
+    previous = interrupt_on_termination()
     try:
-        result = cli.main(args=argv, prog_name="vllm-orch", standalone_mode=False)
+        result = _run(argv, debug)
+    finally:
+        # main() called in-process (tests, a wrapper) must not leave its handlers behind: a later
+        # operation in that process would see Ctrl-C cancel a token that is no longer its own
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    sys.exit(exit_code(result))
+
+
+def _run(argv: list[str] | None, debug: bool) -> object:
+    """The one error boundary: each error becomes its line(s) and its exit code (SystemExit)."""
+    try:
+        return cli.main(args=argv, prog_name="vllm-orch", standalone_mode=False)
     except OrchestratorError as err:
         _print_error(err)
         if debug:
@@ -172,7 +184,6 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
         click.echo("hint: run again with --debug for the traceback, and report it", err=True)
         sys.exit(1)
-    sys.exit(exit_code(result))
 
 
 def _print_error(err: OrchestratorError) -> None:

@@ -116,3 +116,26 @@ def test_one_hosts_recovery_does_not_answer_the_interrupt_for_the_others():
         later(0.3, token.cancel)
         rows = run_fleet([HostEntry(name=f"h{i}", address="x") for i in (1, 2)], one, parallel=2)
     assert sorted(order) == ["h1 recovered", "h2 stopped"] and [r.code for r in rows] == [130, 130]
+
+
+def test_main_in_process_puts_the_callers_signal_handlers_back():
+    """main() installs its cancelling handlers for the command's run only: called in-process (a test,
+    a wrapper), it leaves the caller's handlers as they were, even when the command fails."""
+    import signal
+
+    import pytest
+
+    from orchestrator.cli.main import main
+
+    def mine(signum, frame):
+        pass
+
+    saved = {sig: signal.signal(sig, mine) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for argv in (["--help"], ["no-such-command"]):
+            with pytest.raises(SystemExit):
+                main(argv)
+            assert all(signal.getsignal(sig) is mine for sig in saved), argv
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
