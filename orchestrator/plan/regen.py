@@ -71,7 +71,7 @@ def plan_regen(inp: RegenInput) -> Plan:
         ready = plan.add(service.ready_action(svc, inp.opts.budget_s, already_serving=False, marks_ready=False))
         ready.step = f"ready {svc.name}"
         plan.recover(restart, f"put {svc.name}'s previous unit back and restart it", [
-            service.restore_action(svc),
+            service.restore_action(svc, facts.installed.get(svc.name)),
             service.start_service_action(entry, svc.name, restart=True, summary=f"restart {svc.name} "
                                          f"with its previous unit"),
             service.ready_action(svc, inp.opts.budget_s, already_serving=False, marks_ready=False)],

@@ -93,3 +93,18 @@ def replay_on(m: Operations, *steps) -> None:
 @pytest.mark.parametrize("unit", [Unit()])
 def test_the_fake_host_starts_nothing_without_installed_files(unit):
     assert not unit.active
+
+
+def test_a_failed_regen_restart_puts_the_installed_record_back_with_the_unit():
+    """regen --restart installs the new unit and its installed record; the restart fails its gates
+    and the recovery puts the previous unit back. The installed record stayed the new one: the host
+    then said it had installed what it does not run (the engine an upgrade names, the ports)."""
+    from tests.unit.test_state_machine import ENTRY
+
+    m = replay(deploy("tiny-llama-a"))
+    path = f"{ENTRY.state_dir}/installed/tiny-llama-a.json"
+    before, port = m.host.files[path], m.host.units["tiny-llama-a"].port
+    m.host.fail_ready = "tiny-llama-a"
+    replay_on(m, regen(restart=True, change="port"))
+    assert m.host.units["tiny-llama-a"].active and m.host.units["tiny-llama-a"].port == port
+    assert m.host.files[path] == before
