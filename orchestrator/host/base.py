@@ -18,9 +18,26 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
 
 from orchestrator.errors import CommandFailed
 from orchestrator.secret import Secret, reveal
+
+PUT_CHUNK = 1 << 20          # put_file's block: what a streamed upload holds in memory at a time
+
+
+def blocks(source: bytes | BinaryIO | None):
+    """What goes to a command's stdin, block by block: bytes as they are, a binary file read in
+    PUT_CHUNK blocks (never whole: see Host.put_file)."""
+    if source is None:
+        return
+    if isinstance(source, (bytes, bytearray)):
+        if source:
+            yield source
+        return
+    while block := source.read(PUT_CHUNK):
+        yield block
 
 
 @dataclass(frozen=True)
@@ -119,8 +136,9 @@ class Host(ABC):
 
     # -- the interface -------------------------------------------------------------------------
     @abstractmethod
-    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
-            env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result: ...
+    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | BinaryIO | None = None,
+            env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
+        """Run to the end; `input` (bytes, or a binary file read in blocks) is written to stdin."""
 
     @abstractmethod
     def stream(self, cmd: Command, *, on_line: Callable[[str], None], timeout: float = 3600.0,
@@ -131,6 +149,11 @@ class Host(ABC):
 
     @abstractmethod
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    def put_file(self, path: str, local: Path, mode: int = 0o644) -> None:
+        """put() of a local file's content, for files too big to hold in memory (an engine's wheels
+        are GBs): LocalHost and SshHost stream it in PUT_CHUNK blocks, atomically as put() does."""
+        self.put(path, local.read_bytes(), mode)
 
     @abstractmethod
     def get(self, path: str) -> bytes | None: ...

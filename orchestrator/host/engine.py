@@ -100,7 +100,7 @@ def upload_wheelhouse(host: Host, entry: HostEntry, on_step: Callable[[str], Non
         size = path.stat().st_size
         if have.get(name) == size:
             continue
-        host.put(f"{wheelhouse_dir(entry)}/{name}", path.read_bytes(), 0o644)
+        host.put_file(f"{wheelhouse_dir(entry)}/{name}", path, 0o644)     # streamed: wheels are GBs
         sent += size
         if on_step:
             on_step(f"uploaded {name}")

@@ -12,9 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from orchestrator.host import cancel
-from orchestrator.host.base import Command, Host, Result, Spawned, printable
+from orchestrator.host.base import Command, Host, Result, Spawned, blocks, printable
 
 
 class LocalSpawned(Spawned):
@@ -56,9 +57,10 @@ class LocalSpawned(Spawned):
             self.proc.wait()
 
 
-def _feed(pipe, data: bytes) -> None:
+def _feed(pipe, data: bytes | BinaryIO) -> None:
     try:
-        pipe.write(data)
+        for block in blocks(data):
+            pipe.write(block)
         pipe.close()
     except OSError:          # the command exited without reading all of it
         pass
@@ -73,15 +75,23 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 class LocalHost(Host):
-    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
+    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | BinaryIO | None = None,
             env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
         started = time.monotonic()
         text = self.wrap(cmd, env, sudo)
-        proc = subprocess.Popen(["sh", "-c", text], stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        # bytes go through a pipe; a file (Host.put_file) is the command's stdin itself: the kernel
+        # streams it, nothing of it is held here
+        data: bytes | None = None
+        stdin: int | BinaryIO = subprocess.DEVNULL
+        if isinstance(input, (bytes, bytearray)):
+            data, stdin = bytes(input), subprocess.PIPE
+        elif input is not None:
+            stdin = input
+        proc = subprocess.Popen(["sh", "-c", text], stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         with cancel.on_cancel(lambda: _kill_group(proc)):     # Ctrl-C ends the command (host/cancel.py)
             try:
-                out, err = proc.communicate(input, timeout=timeout)
+                out, err = proc.communicate(data, timeout=timeout)
                 code = proc.returncode
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
@@ -139,8 +149,15 @@ class LocalHost(Host):
         """Atomic write: a new 0600 temp file beside the target (O_EXCL | O_NOFOLLOW, a random name:
         a link planted at a guessable name is never written through), chmod, rename. With sudo the
         shell does it (Host.put_command), like every other command on this host."""
+        self._put(path, data, mode)
+
+    def put_file(self, path: str, local: Path, mode: int = 0o644) -> None:
+        with open(local, "rb") as source:
+            self._put(path, source, mode, timeout=60 + local.stat().st_size / 1e6)
+
+    def _put(self, path: str, data: bytes | BinaryIO, mode: int, timeout: float = 60.0) -> None:
         if self.sudo:
-            self.run(self.put_command(path, mode), input=data).check(self.name, f"write {path}")
+            self.run(self.put_command(path, mode), input=data, timeout=timeout).check(self.name, f"write {path}")
             return
         started = time.monotonic()
         p = Path(path)
@@ -149,7 +166,8 @@ class LocalHost(Host):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for block in blocks(data):
+                    f.write(block)
             os.chmod(tmp, mode)
             os.replace(tmp, p)
         except BaseException:

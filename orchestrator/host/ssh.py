@@ -13,12 +13,14 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import BinaryIO
 
 import paramiko
 
 from orchestrator.errors import ConnectError
 from orchestrator.host import cancel
-from orchestrator.host.base import Command, Host, Result, Spawned, printable
+from orchestrator.host.base import Command, Host, Result, Spawned, blocks, printable
 from orchestrator.host.ssh_connect import Target, connect, resolve_target
 
 # paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
@@ -99,7 +101,7 @@ class SshHost(Host):
                                host=self.name) from None
 
     # -- commands --------------------------------------------------------------------------------
-    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | None = None,
+    def run(self, cmd: Command, *, timeout: float = 60.0, input: bytes | BinaryIO | None = None,
             env: Mapping[str, str] | None = None, sudo: bool | None = None) -> Result:
         started = time.monotonic()
         code, out, err = self._exec(self.wrap(cmd, env, sudo), timeout, input, None,
@@ -139,7 +141,7 @@ class SshHost(Host):
             kill = f"kill -KILL -- -{pgid}"
             self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None, bound=False, cancellable=False)
 
-    def _exec(self, text: str, timeout: float, input: bytes | None,
+    def _exec(self, text: str, timeout: float, input: bytes | BinaryIO | None,
               on_stdout: Callable[[bytes], None] | None,
               sudo: bool = False, bound: bool = True, cancellable: bool = True) -> tuple[int, bytes, bytes]:
         """Run shell text on one channel; stdout goes to on_stdout as it arrives (or is kept).
@@ -151,10 +153,13 @@ class SshHost(Host):
         deadline = time.monotonic() + timeout
         try:
             chan.exec_command(f'echo "{_PID_MARK.decode()}$$" >&2; {bounded(text, timeout) if bound else text}')
-            if input:
-                chan.sendall(input)
-            chan.shutdown_write()
             token = cancel.current() if cancellable else None
+            for block in blocks(input):
+                if token is not None and token.requested:      # Ctrl-C in a long upload
+                    self._kill_group(err, sudo)
+                    raise KeyboardInterrupt
+                chan.sendall(block)
+            chan.shutdown_write()
             while True:
                 if token is not None and token.requested:      # Ctrl-C (host/cancel.py): end the command,
                     self._kill_group(err, sudo)                # then its channel (below)
@@ -206,10 +211,17 @@ class SshHost(Host):
         stdin to a 0600 mktemp file beside the target, then chmod and rename (Host.put_command).
         Not SFTP: its open() creates the file with the server's default mode (0644) before any chmod,
         and with sudo it needed a staging copy in /tmp."""
+        self._put(path, data, len(data), mode)
+
+    def put_file(self, path: str, local: Path, mode: int = 0o644) -> None:
+        with open(local, "rb") as source:
+            self._put(path, source, local.stat().st_size, mode)
+
+    def _put(self, path: str, data: bytes | BinaryIO, size: int, mode: int) -> None:
         started = time.monotonic()
         # A minute, and a second per MB: an engine's wheels are GBs (a fixed minute cut a 48 MB
         # file short on a busy machine, and would cut every CUDA torch wheel short).
-        timeout = 60 + len(data) / 1e6
+        timeout = 60 + size / 1e6
         code, out, err = self._exec(self.wrap(self.put_command(path, mode), None, None), timeout, data, None,
                                     self.sudo)
         if code != 0:
