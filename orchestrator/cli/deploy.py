@@ -149,7 +149,8 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
 
 
 @click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
-                                  "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host."))
+                                  "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host (a "
+                                  "full check of an engine venv records its verdict in the venv)."))
 @model_argument()
 @fleet_host_options
 @skip_check_option

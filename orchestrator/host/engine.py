@@ -6,6 +6,7 @@ the guarded removal gc uses.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -56,7 +57,10 @@ def _args(entry: HostEntry, lock: Lock, **more) -> str:
 
 
 def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A number the host's answer gave (JSON: NaN and Infinity parse too), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def check(host: Host, entry: HostEntry, lock: Lock, *, force: bool = False) -> EngineState:
