@@ -13,7 +13,8 @@
 - the engine check on every deploy: a no-op redeploy of an engine service on a SIMULATED host and the
   check alone, with the verdict recorded by an earlier check trusted (the default) and with the full
   check (--verify-engine, what every deploy ran before the verdict); with --real-venv, the check
-  alone on vLLM's CPU build (the real_vllm cache), full and trusted
+  alone on vLLM's CPU build (the real_vllm cache), full and trusted, and a no-op redeploy of the tiny
+  model it serves as an engine service
 """
 
 from __future__ import annotations
@@ -189,6 +190,41 @@ def real_checks(tmp: Path, runs: int) -> None:
     print(f"REAL vLLM {env['version']} engine check, the recorded verdict trusted (stats only): {median_s(trusted)}")
 
 
+def real_deploys(tmp: Path, runs: int) -> None:
+    """A no-op redeploy of the tiny model served by a REAL vLLM (the CPU build) as an engine service
+    (its engine venv: the cached venv, linked_engine), full check vs the verdict trusted."""
+    from orchestrator.devtools import real_vllm_venv as rv
+
+    if not rv.is_built():
+        return
+    env = manager.real_vllm_env(build=False)
+    home = tmp / "sim-real"
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
+    manager.up(1, speed=2000, real_vllm=True, home=home)
+    try:
+        raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        linked, _lock = linked_engine(tmp / "real-deploy", Path(env["venv"]), env["version"])
+        entry = HostEntry.model_validate({**raw, "name": "sim", "engines_root": linked.engines_root})
+        data = SHIPPED["tiny-llama-a"].model_dump()
+        data["serving"]["port"] = free_port()
+        data["engine"] = {"vllm": env["version"].split("+")[0], "python": "3.11"}
+        m = Manifest.model_validate(data)
+        first = deploy(entry, m, budget_s=600, poll_s=0.5)
+        assert first.ok, first.error
+        times: dict[str, list[float]] = {"trusted": [], "full": []}
+        for _ in range(runs):
+            for full in (False, True):
+                t0 = time.monotonic()
+                res = deploy(entry, m, budget_s=600, poll_s=0.5, verify_engine=full)
+                times["full" if full else "trusted"].append(time.monotonic() - t0)
+                assert res.ok, res.error
+        for what, t in times.items():
+            print(f"REAL vLLM {env['version']} tiny-llama-a as an engine service, no-op redeploy, engine check "
+                  f"{what}: {median_s(t)}")
+    finally:
+        manager.down(home)
+
+
 def cached_real_venvs() -> None:
     root = Path.home() / ".cache" / "vllm-orch"
     for v in sorted(root.glob("vllm-*")):
@@ -214,6 +250,7 @@ def main() -> None:
         engine_checks(tmp, wheels, args.runs)
         if args.real_venv:
             real_checks(tmp, args.runs)
+            real_deploys(tmp, args.runs)
         if args.checks_only:
             return
         builds(tmp, wheels, args.runs + 1)
