@@ -173,11 +173,11 @@ def test_a_redeploy_trusts_the_recorded_verdict_and_a_reinstall_or_a_garbled_ver
     assert "verified earlier, unchanged" in step and "--verify-engine" in step, step
     # vLLM reinstalled in the venv by the real uv (the same wheel): a new dist-info folder
     site = next(venv.glob("lib/python*/site-packages"))
-    dist_before = (site / "vllm-0.33.0.dist-info").stat().st_ino
+    dist_before = (site / "vllm-0.33.0.dist-info").stat().st_ctime_ns
     subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--reinstall-package",
                     "vllm", "--offline", "--no-index", "--find-links", str(wheels), "vllm==0.33.0"], check=True,
                    env=dict(os.environ, UV_CACHE_DIR=str(sim_host.dir / "engines" / ".uv-cache"), UV_NO_CONFIG="1"))
-    assert (site / "vllm-0.33.0.dist-info").stat().st_ino != dist_before
+    assert (site / "vllm-0.33.0.dist-info").stat().st_ctime_ns != dist_before     # (its inode may be reused)
     step = redeploy(1)
     assert "the full check" in step and "the venv changed since it was verified" in step, step
     assert "verified earlier, unchanged" in redeploy(0)
