@@ -9,9 +9,9 @@
 - `torch-<version>` (`torch/version.py` with its CUDA build, as inspect_env.py reads it),
   `flashinfer-python-<version>` (module `flashinfer`), `flashinfer-cubin-<version>`.
 
-Each import of a simulated `vllm` appends a line (pid, argv, version) to `<host dir>/logs/vllm-imports.log`
-(`IMPORTS`): the tests count what the engine check ran on a host (`vllm --version`, the verify's
-`python -c`).
+Each import of a simulated `vllm` appends a line (pid, argv, version) to
+`<host dir>/logs/sim-vllm-imports.jsonl` (`IMPORTS`; not named like a service's log): the tests count
+what the engine check ran on a host (`vllm --version`, the verify's `python -c`).
 
 A vLLM wheel may declare requirements (`requires`): a wheel that pulls a mismatched flashinfer pair
 reproduces the start-up death after loading (vllm #49804) in a venv whose lock did not pin the pair.
@@ -81,7 +81,7 @@ __version__ = "{version}"
 
 
 def _log_import():
-    """One line per import in <host dir>/logs/vllm-imports.log (the venv is <host dir>/engines/NAME)."""
+    """One line per import in <host dir>/logs/sim-vllm-imports.jsonl (the venv is <host dir>/engines/NAME)."""
     import json
     import os
     import sys
@@ -94,10 +94,10 @@ def _log_import():
         pass
 
 
-IMPORTS = "vllm-imports.log"
+IMPORTS = "sim-vllm-imports.jsonl"
 _log_import()
 '''
-IMPORTS = "vllm-imports.log"        # in the host's logs folder: one JSON line per import of a simulated vllm
+IMPORTS = "sim-vllm-imports.jsonl"        # in the host's logs folder: one JSON line per import of a simulated vllm
 
 
 def vllm_wheel(folder: Path, version: str, requires: Iterable[str] = ()) -> Path:
