@@ -10,6 +10,11 @@
 - an upgrade swap on a SIMULATED host (the same model, engine 0.24.0 -> 0.33.0): downtime (the
   restart -> the gates passed), and a failed upgrade's rollback time
 - disk per venv: the simulated ones, and the machine's cached real venvs (~/.cache/vllm-orch)
+- the engine check on every deploy: a no-op redeploy of an engine service on a SIMULATED host and the
+  check alone, with the verdict recorded by an earlier check trusted (the default) and with the full
+  check (--verify-engine, what every deploy ran before the verdict); with --real-venv, the check
+  alone on vLLM's CPU build (the real_vllm cache), full and trusted, and a no-op redeploy of the tiny
+  model it serves as an engine service
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from orchestrator.host.local import LocalHost  # noqa: E402
 from orchestrator.sim import engines as sim_engines  # noqa: E402
 from orchestrator.sim import manager  # noqa: E402
 from tests.integration.deployhelp import SHIPPED, deploy, free_port, swap  # noqa: E402
+from tests.integration.test_engine_verdict_real_vllm import linked_engine  # noqa: E402
 
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -129,6 +135,96 @@ def upgrade(tmp: Path, wheels: Path, runs: int) -> None:
         manager.down(tmp / "sim-upgrade")
 
 
+def median_s(times: list[float]) -> str:
+    return f"median {statistics.median(times):.3f} s over {len(times)} (min {min(times):.3f}, max {max(times):.3f})"
+
+
+def engine_checks(tmp: Path, wheels: Path, runs: int) -> None:
+    """A no-op redeploy and the engine check alone, trusted verdict vs full check, interleaved."""
+    entry = sim_entry(tmp / "sim-check", wheels)
+    host = LocalHost("sim", env=entry.env)
+    try:
+        data = SHIPPED["minimax-m25"].model_dump()
+        data["serving"]["port"] = free_port()
+        data["engine"] = {"vllm": "0.33.0", "torch": "2.13.0+cu130", "python": PY, "flashinfer": "0.6.14"}
+        m = Manifest.model_validate(data)
+        assert deploy(entry, m).ok
+        lock = lock_of(m.engine)  # type: ignore[arg-type]
+        times: dict[str, list[float]] = {"deploy trusted": [], "deploy full": [], "check trusted": [], "check full": []}
+        for _ in range(runs):
+            for full in (False, True):
+                t0 = time.monotonic()
+                assert deploy(entry, m, verify_engine=full).ok
+                times["deploy full" if full else "deploy trusted"].append(time.monotonic() - t0)
+                t0 = time.monotonic()
+                state = host_engine.check(host, entry, lock, force=full)
+                times["check full" if full else "check trusted"].append(time.monotonic() - t0)
+                assert state.verified == ("now" if full else "earlier"), state
+        for what, t in times.items():
+            print(f"SIMULATED engine service, no-op redeploy / engine check alone: {what}: {median_s(t)}")
+    finally:
+        manager.down(tmp / "sim-check")
+
+
+def real_checks(tmp: Path, runs: int) -> None:
+    from orchestrator.devtools import real_vllm_venv as rv
+
+    if not rv.is_built():
+        print("vLLM's CPU build is not built here (python -m orchestrator.devtools.real_vllm_venv): no real figures")
+        return
+    env = manager.real_vllm_env(build=False)
+    entry, lock = linked_engine(tmp / "real", Path(env["venv"]), env["version"])
+    host = LocalHost("h")
+    full, trusted = [], []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        state = host_engine.check(host, entry, lock, force=True)
+        full.append(time.monotonic() - t0)
+        assert state.verified == "now", state
+        t0 = time.monotonic()
+        state = host_engine.check(host, entry, lock)
+        trusted.append(time.monotonic() - t0)
+        assert state.verified == "earlier", state
+    print(f"REAL vLLM {env['version']} (CPU build) engine check, full (pins, import vllm, vllm --version side by "
+          f"side): {median_s(full)}")
+    print(f"REAL vLLM {env['version']} engine check, the recorded verdict trusted (stats only): {median_s(trusted)}")
+
+
+def real_deploys(tmp: Path, runs: int) -> None:
+    """A no-op redeploy of the tiny model served by a REAL vLLM (the CPU build) as an engine service
+    (its engine venv: the cached venv, linked_engine), full check vs the verdict trusted."""
+    from orchestrator.devtools import real_vllm_venv as rv
+
+    if not rv.is_built():
+        return
+    env = manager.real_vllm_env(build=False)
+    home = tmp / "sim-real"
+    os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
+    manager.up(1, speed=2000, real_vllm=True, home=home)
+    try:
+        raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        linked, _lock = linked_engine(tmp / "real-deploy", Path(env["venv"]), env["version"])
+        entry = HostEntry.model_validate({**raw, "name": "sim", "engines_root": linked.engines_root})
+        data = SHIPPED["tiny-llama-a"].model_dump()
+        data["serving"]["port"] = free_port()
+        data["engine"] = {"vllm": env["version"].split("+")[0], "python": "3.11"}
+        m = Manifest.model_validate(data)
+        first = deploy(entry, m, budget_s=600, poll_s=0.5)
+        assert first.ok, first.error
+        times: dict[str, list[float]] = {"trusted": [], "full": []}
+        for _ in range(runs):
+            for full in (False, True):
+                t0 = time.monotonic()
+                res = deploy(entry, m, budget_s=600, poll_s=0.5, verify_engine=full)
+                times["full" if full else "trusted"].append(time.monotonic() - t0)
+                assert res.ok, res.error
+        for what, t in times.items():
+            print(f"REAL vLLM {env['version']} tiny-llama-a as an engine service, no-op redeploy, engine check "
+                  f"{what}: {median_s(t)}")
+    finally:
+        manager.down(home)
+
+
 def cached_real_venvs() -> None:
     root = Path.home() / ".cache" / "vllm-orch"
     for v in sorted(root.glob("vllm-*")):
@@ -141,6 +237,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--real-wheel", type=Path, help="a real vLLM wheel on disk")
+    ap.add_argument("--real-venv", action="store_true", help="the engine check on vLLM's CPU build (cached)")
+    ap.add_argument("--checks-only", action="store_true", help="only the engine check's figures")
     args = ap.parse_args()
     if UV is None:
         sys.exit("uv is in the dev extra (pip install uv)")
@@ -149,6 +247,12 @@ def main() -> None:
         wheels = sim_engines.wheelhouse(tmp / "wheelhouse", ("0.24.0", "0.33.0"))
         sim_engines.flashinfer_wheels(wheels, "0.6.13")
         sim_engines.vllm_wheel(wheels, "0.26.0", requires=["flashinfer-python==0.6.14", "flashinfer-cubin==0.6.13"])
+        engine_checks(tmp, wheels, args.runs)
+        if args.real_venv:
+            real_checks(tmp, args.runs)
+            real_deploys(tmp, args.runs)
+        if args.checks_only:
+            return
         builds(tmp, wheels, args.runs + 1)
         upgrade(tmp, wheels, args.runs)
         if args.real_wheel:

@@ -15,15 +15,17 @@ from orchestrator.cli.options import (
     kill_foreign_option,
     model_argument,
     skip_check_option,
+    verify_engine_option,
     yes_option,
 )
 
 
-def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False, replace=None, sleep_old=False):
+def make_options(skip_checks, kill_foreign, enable=False, yes=False, warm=False, replace=None, sleep_old=False,
+                 verify_engine=False):
     from orchestrator.plan.run import Options
 
     return Options(kill_foreign=kill_foreign, enable=enable, yes=yes, skip_checks=frozenset(skip_checks),
-                   warm=warm, replace=replace, sleep_old=sleep_old)
+                   warm=warm, replace=replace, sleep_old=sleep_old, verify_engine=verify_engine)
 
 
 def placement_options(f):
@@ -84,6 +86,7 @@ def finish(result, as_json: bool):
 @dry_run_option()
 @json_option()
 @skip_check_option
+@verify_engine_option
 @kill_foreign_option
 @click.option("--enable", is_flag=True, help="Also enable the unit so it starts at boot (systemd hosts).")
 @yes_option("delete the inactive model folders the plan frees disk with (vllm-orch's own only); without it "
@@ -94,8 +97,8 @@ def finish(result, as_json: bool):
                    "start-up with and without).")
 @placement_options
 @pass_app
-def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, enable, yes,
-           warm, service_name, gpus, port):
+def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, skip_checks, verify_engine, kill_foreign,
+           enable, yes, warm, service_name, gpus, port):
     """Deploy MODEL on a host: lock, preflight, disk, download + verify, free the GPUs, install the
     unit, start, wait for the readiness gates (health, model listed, smoke completion), record.
 
@@ -133,7 +136,7 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     request = service_request(m, service_name, gpus, port)     # bad --gpus: exit 2 before any host
     secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
     name = request.name or m.name
-    opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm)
+    opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm, verify_engine=verify_engine)
     if per_host(m, hosts):                      # the same service on each host: a fleet run
         from orchestrator.cli.fleet import fleet_op
 
@@ -146,14 +149,17 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
 
 
 @click.command(epilog=exit_codes("0 every check passed (warnings and skips included), 1 the host could not "
-                                  "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host."))
+                                  "be asked, 2 bad input, 3 a check failed. Nothing is changed on the host (a "
+                                  "full check of an engine venv records its verdict in the venv)."))
 @model_argument()
 @fleet_host_options
 @skip_check_option
+@verify_engine_option
 @json_option("Print the checks as JSON.")
 @placement_options
 @pass_app
-def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json, service_name, gpus, port):
+def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, verify_engine, as_json, service_name, gpus,
+          port):
     """Run the preflight checks of MODEL on a host and change nothing: GPUs, VRAM, driver, the vLLM
     version (and, where the host's vLLM can parse them, the rendered flags).
 
@@ -169,7 +175,7 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, as_json
     m = load_model(app, model)
     request = service_request(m, service_name, gpus, port)
     name = request.name or m.name
-    opts = make_options(skip_checks, False)
+    opts = make_options(skip_checks, False, verify_engine=verify_engine)
     if m.multinode is not None:                 # every node's own argv, through its own vLLM's parser
         from orchestrator.config.placement import node_roles
 

@@ -176,6 +176,12 @@ skip_check_option = click.option(
     "--skip-check", "skip_checks", multiple=True, type=click.Choice(CHECK_NAMES), metavar="NAME",
     help=f"Skip a preflight check by name (repeatable; shown as skipped in the plan): {', '.join(CHECK_NAMES)}.")
 
+verify_engine_option = click.option(
+    "--verify-engine", is_flag=True,
+    help="Check the service's engine venv (a manifest's `engine:`) in full: the pins, its imports and `vllm "
+         "--version` (tens of seconds on a real vLLM), instead of trusting the verdict an earlier full check "
+         "recorded on the host while the venv's files are unchanged since.")
+
 kill_foreign_option = click.option(
     "--kill-foreign", is_flag=True,
     help="Also kill GPU processes that are not vLLM on the model's GPUs (refused otherwise).")

@@ -23,6 +23,7 @@ from orchestrator.cli.options import (
     kill_foreign_option,
     model_argument,
     skip_check_option,
+    verify_engine_option,
     yes_option,
 )
 
@@ -36,6 +37,7 @@ from orchestrator.cli.options import (
 @dry_run_option()
 @json_option()
 @skip_check_option
+@verify_engine_option
 @kill_foreign_option
 @click.option("--max-unavailable", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
               help="With several hosts: swap at most K hosts at a time (the others keep serving).")
@@ -57,8 +59,8 @@ from orchestrator.cli.options import (
                    "else level 2 (the plan says which). Needs a port of its own for MODEL (--port).")
 @placement_options
 @pass_app
-def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, kill_foreign, max_unavailable,
-         continue_on_failure, yes, warm, replace, sleep_old, service_name, gpus, port):
+def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, verify_engine, kill_foreign,
+         max_unavailable, continue_on_failure, yes, warm, replace, sleep_old, service_name, gpus, port):
     """Replace the active model on a host with MODEL, with rollback.
 
     The new model is downloaded and verified while the old one keeps serving (when the disk holds
@@ -106,7 +108,8 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
     request = service_request(m, service_name, gpus, port)     # bad --gpus: exit 2 before any host
     secrets_from_environ(m)                     # a secret it needs and is not given: exit 2 before any host
     manifests, _bad = load_all(resolved_models_dir(app))
-    opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace, sleep_old=sleep_old)
+    opts = make_options(skip_checks, kill_foreign, yes=yes, warm=warm, replace=replace, sleep_old=sleep_old,
+                        verify_engine=verify_engine)
     if per_host(m, hosts):                      # the same swap on each host: rolling
         from orchestrator.cli.fleet import rolling_swap
 

@@ -6,6 +6,7 @@ the guarded removal gc uses.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -26,7 +27,10 @@ WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
 @dataclass(frozen=True)
 class EngineState:
     """What the host says about one lock's venv: ok, missing, partial (a build cut short),
-    mismatch (its marker names another lock) or broken (it does not verify), and why."""
+    mismatch (its marker names another lock) or broken (it does not verify), and why. An ok venv
+    was `verified` "now" (the full check ran: `verify_seconds`, and `why_verified`: no verdict, a
+    changed venv, --verify-engine) or "earlier" (the verdict recorded at `verified_at` by a check
+    that passed, the venv unchanged since: only stats ran)."""
 
     lock: Lock
     path: str
@@ -34,6 +38,10 @@ class EngineState:
     detail: str = ""
     vllm_version: str | None = None
     bytes: int | None = None
+    verified: str = ""
+    verified_at: float | None = None
+    verify_seconds: float | None = None
+    why_verified: str = ""
 
     @property
     def ok(self) -> bool:
@@ -48,14 +56,28 @@ def _args(entry: HostEntry, lock: Lock, **more) -> str:
     return json.dumps({"root": entry.engines_root, "lock": lock.as_dict(), **more})
 
 
-def check(host: Host, entry: HostEntry, lock: Lock) -> EngineState:
+def _number(value: object) -> float | None:
+    """A number the host's answer gave (JSON: NaN and Infinity parse too), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def check(host: Host, entry: HostEntry, lock: Lock, *, force: bool = False) -> EngineState:
+    """The lock's venv as the host has it. Trusts the verdict a passed verify recorded when nothing
+    it fingerprints changed since (stats only); `force` (--verify-engine) verifies in full."""
     path = f"{entry.engines_root}/{lock.name}"
-    answer, result = scripts.run_json(host, entry.python, SCRIPT, ["check", _args(entry, lock)], timeout=900)
+    answer, result = scripts.run_json(host, entry.python, SCRIPT, ["check", _args(entry, lock, force=force)],
+                                      timeout=900)
     if answer is None:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no answer"]
         return EngineState(lock, path, "broken", f"the engine check did not answer: {tail[0][:300]}")
+    size = answer.get("bytes")
     return EngineState(lock, path, str(answer.get("state")), str(answer.get("detail") or ""),
-                       answer.get("vllm_version"), answer.get("bytes"))
+                       answer.get("vllm_version"), size if isinstance(size, int) else None,
+                       verified=str(answer.get("verified") or ""), verified_at=_number(answer.get("verified_at")),
+                       verify_seconds=_number(answer.get("verify_seconds")),
+                       why_verified=str(answer.get("why_verified") or ""))
 
 
 def listing(host: Host, entry: HostEntry) -> dict:

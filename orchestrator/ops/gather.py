@@ -181,10 +181,11 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
                           service_reach=facts.service_reach, root_trust=facts.root_trust)
 
 
-def engine_state(host: Host, entry: HostEntry, svc: ServiceInput) -> EngineState | None:
-    """The service's engine venv as the host has it (None: a manifest without `engine:`)."""
+def engine_state(host: Host, entry: HostEntry, svc: ServiceInput, opts: Options) -> EngineState | None:
+    """The service's engine venv as the host has it (None: a manifest without `engine:`): its
+    recorded verdict when the venv is unchanged since, else (or with --verify-engine) the full check."""
     m = svc.manifest
-    return engine.check(host, entry, lock_of(m.engine)) if m.engine is not None else None
+    return engine.check(host, entry, lock_of(m.engine), force=opts.verify_engine) if m.engine is not None else None
 
 
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
@@ -231,7 +232,7 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts
     """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy), for this
     host as a node of the service `spec` (its own argv is what the parser checks)."""
     target = service_input(HostReads(host), entry, m, facts, spec)
-    state = engine_state(host, entry, target)
+    state = engine_state(host, entry, target, opts)
     checks = preflight(host, entry, target, facts, opts, engine_now=state)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
                      hf_token=hf_token(), engine=state)
@@ -311,7 +312,7 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
     if old is None and already_done(inp):
         return inp                               # serving these very files: nothing to do (the planner says so)
-    state = engine_state(host, entry, target)
+    state = engine_state(host, entry, target, opts)
     checks = preflight(host, entry, target, facts, opts, stopping={old.name} if old else set(), engine_now=state)
     inp = replace(inp, preflight=checks, engine=state)
     return inp if _refused(checks) else _with_download(host, inp)
@@ -342,7 +343,7 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
     found, orphaned = regen_services(facts, entry, manifests)
     reads = HostReads(host)
     services = [service_input(reads, entry, m, facts, spec, True) for m, spec in found]
-    engines = {s.name: state for s in services if (state := engine_state(host, entry, s)) is not None}
+    engines = {s.name: state for s in services if (state := engine_state(host, entry, s, opts)) is not None}
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services, orphaned=orphaned,
                       restart=restart, engines=engines)
 

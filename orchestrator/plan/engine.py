@@ -1,6 +1,7 @@
 """The plan step `engine` (a manifest with `engine:`): the service's venv, one per distinct lock
 under the host's engines_root. Nothing to do when it exists and verifies (its marker's lock hash,
-the pinned versions, the imports, `vllm --version`); else it is built with uv (from the host's
+the pinned versions, the imports, `vllm --version`; or the verdict such a check recorded on the host,
+when the venv's files are unchanged since: host/remote/engine.py); else it is built with uv (from the host's
 registries, or offline from the wheelhouse the controller uploads) while the old service keeps
 serving, like the download: deploy and swap place it before anything stops.
 
@@ -12,12 +13,13 @@ argv, its package versions) right after building it and fails before anything st
 from __future__ import annotations
 
 import json
+import time
 
 from orchestrator.config.engine import lock_of, python_path
 from orchestrator.errors import DeployFailed
-from orchestrator.fmt import fmt_bytes
+from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host import scripts
-from orchestrator.host.engine import SCRIPT, build, build_args
+from orchestrator.host.engine import SCRIPT, EngineState, build, build_args
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.preflight import FAIL, HostAnswer, PreflightFacts, evaluate, needs_for
@@ -56,6 +58,26 @@ def after_build_checks(env: RunEnv, inp: PlanInput, skip: frozenset[str]) -> lis
             for c in checks if c.status == FAIL and c.name in ENGINE_CHECKS]
 
 
+def when(stamp: float | None) -> str:
+    """A time the host wrote (untrusted: any number) as UTC, or "at an unknown time"."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(stamp)) if stamp else "at an unknown time"
+    except (OverflowError, OSError, ValueError):
+        return "at an unknown time"
+
+
+def verified(state: EngineState) -> str:
+    """How an ok venv was found ok: its verdict trusted (verified earlier, unchanged since: stats
+    only), or the full check run now (and why)."""
+    what = f"lock {state.lock.hash}, vLLM {state.vllm_version}" + (f", {fmt_bytes(state.bytes)}" if state.bytes else "")
+    if state.verified == "earlier":
+        return f"verified earlier, unchanged ({what}; verified {when(state.verified_at)}, its files unchanged " \
+               f"since; --verify-engine checks it in full)"
+    took = f" in {fmt_duration(state.verify_seconds)}" if state.verify_seconds is not None else ""
+    why = f"; {state.why_verified}" if state.why_verified else ""
+    return f"exists and verifies ({what}): the full check{took} (pins, imports, vllm --version{why})"
+
+
 def engine_action(inp: PlanInput) -> Action | None:
     """None for a manifest without `engine:` (the inventory's vllm); else the venv's step."""
     m, entry = inp.target.manifest, inp.entry
@@ -65,9 +87,7 @@ def engine_action(inp: PlanInput) -> Action | None:
     state = inp.engine
     path = f"{entry.engines_root}/{lock.name}"
     if state is not None and state.ok:
-        size = f", {fmt_bytes(state.bytes)}" if state.bytes else ""
-        return Action("engine", f"nothing to do, because {path} exists and verifies (lock {lock.hash}, vLLM "
-                                f"{state.vllm_version}{size})", noop=True)
+        return Action("engine", f"nothing to do, because {path} {verified(state)}", noop=True)
     source = "the uploaded wheelhouse (offline)" if entry.wheelhouse else "the host's registries"
     why = f"{state.state}: {state.detail}" if state is not None else "not checked"
     skip = frozenset(inp.opts.skip_checks) | frozenset(entry.skip_checks)

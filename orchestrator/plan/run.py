@@ -40,6 +40,7 @@ class Options:
     warm: bool = False                      # warm the page cache before the start (swap: on by default)
     replace: str | None = None              # swap --replace: the service the new model replaces
     sleep_old: bool = False                 # swap --sleep-old: the old service sleeps instead of stopping
+    verify_engine: bool = False             # --verify-engine: the engine venv's full check, not its recorded verdict
 
 
 @dataclass

@@ -9,6 +9,10 @@
 - `torch-<version>` (`torch/version.py` with its CUDA build, as inspect_env.py reads it),
   `flashinfer-python-<version>` (module `flashinfer`), `flashinfer-cubin-<version>`.
 
+Each import of a simulated `vllm` appends a line (pid, argv, version) to
+`<host dir>/logs/sim-vllm-imports.jsonl` (`IMPORTS`; not named like a service's log): the tests count
+what the engine check ran on a host (`vllm --version`, the verify's `python -c`).
+
 A vLLM wheel may declare requirements (`requires`): a wheel that pulls a mismatched flashinfer pair
 reproduces the start-up death after loading (vllm #49804) in a venv whose lock did not pin the pair.
 The simulated server finds its host folder from its venv: engines_root is `<host dir>/engines`.
@@ -72,10 +76,34 @@ def make_wheel(folder: Path, dist: str, version: str, files: Mapping[str, str | 
     return path
 
 
+_SIM_INIT = '''"""SIMULATED vLLM {version}."""
+__version__ = "{version}"
+
+
+def _log_import():
+    """One line per import in <host dir>/logs/sim-vllm-imports.jsonl (the venv is <host dir>/engines/NAME)."""
+    import json
+    import os
+    import sys
+    logs = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(sys.prefix))), "logs")
+    try:
+        if os.path.isdir(logs):
+            with open(os.path.join(logs, IMPORTS), "a") as f:
+                f.write(json.dumps({{"pid": os.getpid(), "argv": sys.argv, "version": __version__}}) + "\\n")
+    except OSError:
+        pass
+
+
+IMPORTS = "sim-vllm-imports.jsonl"
+_log_import()
+'''
+IMPORTS = "sim-vllm-imports.jsonl"        # in the host's logs folder: one JSON line per import of a simulated vllm
+
+
 def vllm_wheel(folder: Path, version: str, requires: Iterable[str] = ()) -> Path:
     server = package_file("sim", "vllm_server.py").read_text()
     return make_wheel(folder, "vllm", version, {
-        "vllm/__init__.py": f'"""SIMULATED vLLM."""\n__version__ = "{version}"\n',
+        "vllm/__init__.py": _SIM_INIT.format(version=version),
         "vllm/_sim.py": _SIM_MAIN.format(version=version),
         "vllm/_sim_server.py": server,
     }, scripts={"vllm": "vllm._sim:main"}, requires=requires)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,52 @@ def test_an_upgrade_that_dies_after_loading_rolls_back_to_the_old_venv_and_gc_re
     record = run_gc(sim_host.host, e, plan)
     assert record["ok"], record
     assert not venv_of(sim_host, new).exists() and venv_of(sim_host, old).is_dir()
+
+
+def engine_runs(sim_host) -> dict[str, int]:
+    """What the engine check ran in the host's simulated venvs: `vllm --version`, and the verify's
+    `python -I -c` (each imports vllm: the simulated one logs it, orchestrator/sim/engines.py)."""
+    path = sim_host.dir / "logs" / sim_engines.IMPORTS
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return {"vllm --version": sum(1 for x in lines if x["argv"][1:2] == ["--version"]),
+            "verify": sum(1 for x in lines if x["argv"][:1] == ["-c"])}
+
+
+def engine_step(res) -> str:
+    return next(a.summary for a in res.plan.actions if a.step == "engine")
+
+
+def test_a_redeploy_trusts_the_recorded_verdict_and_a_reinstall_or_a_garbled_verdict_re_verifies(sim_host, wheels):
+    e = host_entry(sim_host, wheels)
+    m = with_engine("0.33.0")
+    assert deploy(e, m).ok
+    assert engine_runs(sim_host) == {"vllm --version": 1, "verify": 1}          # the build's own verify
+    venv = venv_of(sim_host, m)
+    assert json.loads((venv / "vllm-orch-verified.json").read_text())["vllm_version"] == "0.33.0"
+
+    def redeploy(ran: int, **kw) -> str:
+        before = engine_runs(sim_host)
+        res = deploy(e, m, **kw)
+        assert res.ok, res.error
+        assert statuses(res)["engine"] == "skipped"
+        assert engine_runs(sim_host) == {k: v + ran for k, v in before.items()}, engine_step(res)
+        return engine_step(res)
+
+    step = redeploy(0)                    # the second deploy imports vllm nowhere in the engine check
+    assert "verified earlier, unchanged" in step and "--verify-engine" in step, step
+    # vLLM reinstalled in the venv by the real uv (the same wheel): a new dist-info folder
+    site = next(venv.glob("lib/python*/site-packages"))
+    dist_before = (site / "vllm-0.33.0.dist-info").stat().st_ctime_ns
+    subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--reinstall-package",
+                    "vllm", "--offline", "--no-index", "--find-links", str(wheels), "vllm==0.33.0"], check=True,
+                   env=dict(os.environ, UV_CACHE_DIR=str(sim_host.dir / "engines" / ".uv-cache"), UV_NO_CONFIG="1"))
+    assert (site / "vllm-0.33.0.dist-info").stat().st_ctime_ns != dist_before     # (its inode may be reused)
+    step = redeploy(1)
+    assert "the full check" in step and "the venv changed since it was verified" in step, step
+    assert "verified earlier, unchanged" in redeploy(0)
+    (venv / "vllm-orch-verified.json").write_text('{"hash": "garbled')           # cut short, say
+    step = redeploy(1)
+    assert "the full check" in step and "does not parse" in step, step
+    step = redeploy(1, verify_engine=True)
+    assert "the full check" in step and "--verify-engine" in step, step
+    assert "verified earlier, unchanged" in redeploy(0)

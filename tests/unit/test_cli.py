@@ -69,11 +69,11 @@ def test_shared_options_mean_one_thing():
                 assert "-y" in p.opts and p.help.startswith("Do not ask: "), name
             if "--host" in p.opts:
                 assert p.metavar == "HOST" and p._custom_shell_complete is not None, name
-            for flag in ("--accept-new-host-key", "--skip-check", "--kill-foreign"):
+            for flag in ("--accept-new-host-key", "--skip-check", "--kill-foreign", "--verify-engine"):
                 if flag in p.opts:
                     key = (p.help, type(p.type).__name__, getattr(p.type, "choices", None))
                     assert seen.setdefault(flag, key) == key, f"{flag} differs in `{name}`"
-    assert set(seen) == {"--accept-new-host-key", "--skip-check", "--kill-foreign"}
+    assert set(seen) == {"--accept-new-host-key", "--skip-check", "--kill-foreign", "--verify-engine"}
     # bench --host reaches hosts over SSH like every other command
     assert "--accept-new-host-key" in option_names(all_commands()["bench"])
 
@@ -165,3 +165,23 @@ def test_one_place_maps_results_to_exit_codes():
     cli_dir = Path(__file__).parents[2] / "orchestrator" / "cli"
     exits = [p.name for p in cli_dir.glob("*.py") if p.name != "main.py" and "sys.exit(" in p.read_text()]
     assert exits == []
+
+
+@pytest.mark.parametrize("command,target", [("deploy", "orchestrator.ops.deploy.run_deploy"),
+                                            ("swap", "orchestrator.ops.swap.run_swap"),
+                                            ("check", "orchestrator.cli.deploy.preflight_on")])
+def test_verify_engine_reaches_the_operations_options(places, monkeypatch, command, target):
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        seen.append(next(a for a in args if type(a).__name__ == "Options"))
+        raise Stop
+
+    module, name = target.rsplit(".", 1)
+    monkeypatch.setattr(f"{module}.{name}", capture)
+    for flags, want in (([], False), (["--verify-engine"], True)):
+        CliRunner().invoke(cli, [command, "minimax-m25", "--host", "gpu1", *flags])
+        assert seen and seen.pop().verify_engine is want, (command, flags)

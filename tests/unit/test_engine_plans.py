@@ -3,6 +3,7 @@ hand-made facts (the helpers of test_planners.py)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from orchestrator.config.effective import effective
@@ -112,3 +113,43 @@ def test_regen_refuses_a_unit_whose_engine_is_not_built_and_points_to_swap():
     assert refused.refusal is not None and refused.refusal.step == "engine"
     assert f"vllm-orch swap {NAME}" in (refused.refusal.hint or "")
     assert plan_regen(RegenInput(**base, engines={t.name: state(t, ok=True)})).refusal is None
+
+
+def test_the_engine_step_says_whether_it_trusted_the_recorded_verdict_or_ran_the_full_check():
+    t = engine_svc("0.33.0")
+    ok = state(t, ok=True)
+
+    def summary(s: EngineState) -> str:
+        plan = plan_deploy(replace(inp(t, facts(users={}), download(10)), engine=s))
+        engine = next(a for a in plan.actions if a.step == "engine")
+        assert engine.noop and not engine.commands
+        return engine.summary
+
+    earlier = summary(replace(ok, verified="earlier", verified_at=1796169600.0, verify_seconds=43.2))
+    assert "verified earlier, unchanged" in earlier and "2026-12-02 00:00 UTC" in earlier, earlier
+    assert "--verify-engine" in earlier and "full check" not in earlier.split(";")[0]
+    now = summary(replace(ok, verified="now", verify_seconds=43.2, why_verified="the venv changed since it was verified"))
+    assert "exists and verifies" in now and "the full check in 43s" in now and "the venv changed" in now, now
+    # a time the host wrote is untrusted: any number reads as some time, never a crash
+    assert "at an unknown time" in summary(replace(ok, verified="earlier", verified_at=1e300))
+
+
+def test_the_hosts_answer_about_a_verdict_is_untrusted_and_force_reaches_the_script(monkeypatch):
+    from orchestrator.host import engine, scripts
+    from orchestrator.host.base import Result
+
+    t = engine_svc("0.33.0")
+    lock = lock_of(t.manifest.engine)  # type: ignore[arg-type]
+    sent: list[dict] = []
+
+    def run_json(host, python, name, args=(), *, timeout=180.0):
+        sent.append(json.loads(args[1]))
+        return {"state": "ok", "vllm_version": "0.33.0", "verified": "earlier", "verified_at": float("nan"),
+                "verify_seconds": "12", "bytes": "lots"}, Result("engine.py check", 0)
+
+    monkeypatch.setattr(scripts, "run_json", run_json)
+    st = engine.check(None, ENTRY, lock, force=True)  # type: ignore[arg-type]
+    assert sent[0]["force"] is True and sent[0]["lock"]["hash"] == lock.hash
+    assert (st.verified_at, st.verify_seconds, st.bytes) == (None, None, None)
+    plan = plan_deploy(replace(inp(t, facts(users={}), download(10)), engine=st))
+    assert "verified earlier, unchanged" in next(a.summary for a in plan.actions if a.step == "engine")

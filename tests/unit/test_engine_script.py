@@ -63,3 +63,130 @@ def test_remove_and_list_touch_only_engine_venv_folders_under_the_root(tmp_path)
     listed = script.listing({"root": str(root)})["engines"]
     assert [e["name"] for e in listed] == [f"vllm-0.24.0-{'a' * 16}"] and listed[0]["complete"] is False
     assert script.remove({"root": str(root), "name": f"vllm-0.24.0-{'a' * 16}"})["removed"] is True
+
+
+def built_venv(root, runs: list) -> str:
+    """A venv folder as a build leaves it (marker, pyvenv.cfg, bin/, site-packages with the pinned
+    distributions' dist-info folders), with the script's verify replaced by one that counts its runs
+    (the real verify imports vLLM: tests/integration/test_engines_sim.py runs it)."""
+    venv = root / LOCK.name
+    sp = venv / "lib" / "python3.11" / "site-packages"
+    for d in ("vllm", "vllm-0.33.0.dist-info", "torch-2.13.0+cu130.dist-info", "requests-2.32.0.dist-info"):
+        (sp / d).mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(os.sys.executable)
+    (venv / "bin" / "vllm").write_text("#!/bin/sh\n")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / script.MARKER).write_text(json.dumps({"hash": LOCK.hash, "lock": {
+        "python": LOCK.python, "requirements": list(LOCK.requirements)}}))
+    return str(venv)
+
+
+def counting(monkeypatch, fails: str | None = None) -> list:
+    runs: list = []
+
+    def verify(venv, lock):
+        runs.append(venv)
+        return (fails, None) if fails else (None, "0.33.0")
+
+    monkeypatch.setattr(script, "verify", verify)
+    return runs
+
+
+def test_a_passed_verify_is_recorded_and_trusted_while_the_venv_is_unchanged(tmp_path, monkeypatch):
+    root = tmp_path / "engines"
+    runs = counting(monkeypatch)
+    venv = built_venv(root, runs)
+    first = script.check(args(root))
+    assert first["state"] == "ok" and first["verified"] == "now" and first["recorded"] is True
+    assert first["why_verified"] == "no verdict recorded" and len(runs) == 1
+    verdict = os.stat(os.path.join(venv, script.VERDICT))
+    assert verdict.st_uid == os.geteuid() and verdict.st_mode & 0o777 == 0o644
+    recorded = json.loads(open(os.path.join(venv, script.VERDICT)).read())
+    assert recorded["hash"] == LOCK.hash and recorded["vllm_version"] == "0.33.0"
+    assert recorded["python"] == os.path.realpath(os.sys.executable)
+    assert set(recorded["fingerprint"]["dist-info"]) == {"vllm-0.33.0.dist-info", "torch-2.13.0+cu130.dist-info"}
+    second = script.check(args(root))
+    assert second["state"] == "ok" and second["verified"] == "earlier" and len(runs) == 1     # nothing ran
+    assert second["vllm_version"] == "0.33.0" and second["verified_at"] == recorded["verified_at"]
+    forced = script.check(dict(args(root), force=True))
+    assert forced["verified"] == "now" and forced["why_verified"] == "--verify-engine" and len(runs) == 2
+
+
+def test_a_changed_venv_re_verifies(tmp_path, monkeypatch):
+    root = tmp_path / "engines"
+    runs = counting(monkeypatch)
+    venv = built_venv(root, runs)
+    sp = os.path.join(venv, "lib", "python3.11", "site-packages")
+
+    def changed_by(change) -> dict:
+        assert script.check(args(root))["verified"] in ("now", "earlier")      # a verdict for the state now
+        before = len(runs)
+        change()
+        answer = script.check(args(root))
+        assert answer["verified"] == "now" and len(runs) == before + 1, answer
+        assert answer["why_verified"] == "the venv changed since it was verified"
+        assert script.check(args(root))["verified"] == "earlier" and len(runs) == before + 1
+        return answer
+
+    # vLLM reinstalled: its dist-info folder gets new contents (pip writes RECORD, INSTALLER...)
+    changed_by(lambda: open(os.path.join(sp, "vllm-0.33.0.dist-info", "RECORD"), "w").close())
+    # a pinned package upgraded in place: its dist-info folder replaced by another version's
+    changed_by(lambda: os.rename(os.path.join(sp, "torch-2.13.0+cu130.dist-info"),
+                                 os.path.join(sp, "torch-2.14.0.dist-info")))
+    # any package added to or removed from site-packages, pinned or not
+    changed_by(lambda: os.rmdir(os.path.join(sp, "requests-2.32.0.dist-info")))
+    # the Python the venv runs is another file now
+    other = tmp_path / "python3"
+    other.write_bytes(b"")
+
+    def relink() -> None:
+        os.remove(os.path.join(venv, "bin", "python"))
+        os.symlink(other, os.path.join(venv, "bin", "python"))
+    changed_by(relink)
+    # the venv rebuilt: its marker written again (same content, another file)
+
+    def remark() -> None:
+        marker = os.path.join(venv, script.MARKER)
+        with open(marker + ".tmp", "w") as f:
+            f.write(open(marker).read())
+        os.replace(marker + ".tmp", marker)
+    changed_by(remark)
+
+
+def test_a_garbled_foreign_or_writable_verdict_re_verifies_and_is_replaced(tmp_path, monkeypatch):
+    root = tmp_path / "engines"
+    runs = counting(monkeypatch)
+    venv = built_venv(root, runs)
+    path = os.path.join(venv, script.VERDICT)
+    script.check(args(root))
+    good = open(path).read()
+    cases = {
+        "does not parse": lambda: open(path, "w").write(good[: len(good) // 2]),
+        "not this lock's": lambda: open(path, "w").write(json.dumps(dict(json.loads(good), hash="0" * 16))),
+        "not one vllm-orch wrote": lambda: os.chmod(path, 0o666),
+        "no verdict": lambda: (os.remove(path), os.symlink(tmp_path / "elsewhere.json", path)),
+    }
+    (tmp_path / "elsewhere.json").write_text(good)
+    for why, garble in cases.items():
+        before = len(runs)
+        garble()
+        answer = script.check(args(root))
+        assert answer["state"] == "ok" and answer["verified"] == "now" and len(runs) == before + 1, (why, answer)
+        assert why in answer["why_verified"], (why, answer)
+        assert not os.path.islink(path) and os.stat(path).st_mode & 0o777 == 0o644
+        assert json.loads(open(path).read())["hash"] == LOCK.hash         # the full check wrote a good one back
+        assert script.check(args(root))["verified"] == "earlier"
+
+
+def test_a_verify_that_fails_removes_the_verdict(tmp_path, monkeypatch):
+    root = tmp_path / "engines"
+    counting(monkeypatch)
+    venv = built_venv(root, [])
+    assert script.check(args(root))["recorded"] is True
+    counting(monkeypatch, fails="import vllm failed: ImportError: libcudart.so.13")
+    answer = script.check(dict(args(root), force=True))
+    assert answer["state"] == "broken" and "libcudart" in answer["detail"]
+    assert not os.path.exists(os.path.join(venv, script.VERDICT))
+    runs = counting(monkeypatch)
+    assert script.check(args(root))["verified"] == "now" and len(runs) == 1

@@ -252,3 +252,31 @@ def test_a_recorded_multinode_services_ports_are_read_as_listeners(tmp_path):
     finally:
         meet.close()
         in_range.close()
+
+
+def test_the_vllm_version_of_a_venv_the_facts_python_is_not_is_read_from_its_dist_info(tmp_path):
+    """A manifest's engine venv (its bin/vllm) when the facts' Python has no vLLM: the version is read
+    from that venv's dist-info, not by running `vllm --version` (which imports vLLM: tens of seconds of
+    CPU on a real one, on every deploy); a vllm outside a venv still answers --version."""
+    venv = tmp_path / "engines" / "vllm-0.33.0-0123456789abcdef"
+    dist = venv / "lib" / "python3.11" / "site-packages" / "vllm-0.33.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n\nvLLM\n")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    ran = tmp_path / "ran"
+    for exe in (venv / "bin" / "vllm", tmp_path / "bare" / "vllm"):
+        exe.parent.mkdir(parents=True)
+        exe.write_text(f"#!/bin/sh\necho \"$0\" >> {ran}\necho 0.24.0\n")
+        exe.chmod(0o755)
+
+    def version(exe: Path) -> str:
+        args = {"ports": [], "models_root": str(tmp_path / "models"), "state_dir": str(tmp_path / "state"),
+                "nvidia_smi": "nvidia-smi-absent", "vllm": str(exe), "manager": "process", "models": [],
+                "gpu_query": ["nvidia-smi-absent"], "apps_query": ["nvidia-smi-absent"]}
+        out = subprocess.run([sys.executable, "-S", "-c", SCRIPT, json.dumps(args)], capture_output=True, text=True,
+                             timeout=120)     # -S: this Python's own site-packages (and any vLLM there) hidden
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["vllm"]["version"]
+
+    assert version(venv / "bin" / "vllm") == "0.33.0" and not ran.exists()
+    assert version(tmp_path / "bare" / "vllm") == "0.24.0" and ran.read_text().split() == [str(tmp_path / "bare" / "vllm")]

@@ -2,7 +2,8 @@
 
 Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orchestrator/host/engine.py).
 
-    check   {"root", "lock"}                     -> {"state": ok|missing|partial|mismatch|broken, ...}
+    check   {"root", "lock", "force"}            -> {"state": ok|missing|partial|mismatch|broken,
+                                                     "verified": earlier|now, ...}
     build   {"root", "lock", "uv", "wheelhouse"} -> JSON-line events: step ..., then done or error
     list    {"root"}                             -> {"engines": [{"name", "lock", "bytes", "complete"}],
                                                      "wheelhouse": {file: size}}
@@ -11,12 +12,22 @@ Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orch
 A venv is `<root>/<lock name>` (vllm-<version>-<hash>). It counts as built only when its marker
 (vllm-orch-engine.json, written LAST) names the lock whose hash is its name's, and it verifies: every
 pinned distribution at its pinned version, `import vllm` (and torch, flashinfer when pinned), and
-`vllm --version` printing the lock's version. A folder without the marker is a build that was cut
-short: the next build removes it and starts again (a venv cannot be moved once built, so it is built
-in place). Everything under root is root's and read-only to others (dirs 0755, files without group or
-other write): the service user runs the venv but cannot change it. uv's cache and the Pythons uv
-installs live under root too (`.uv-cache`, `.python`): a Python in root's home would be out of the
-service user's reach.
+`vllm --version` printing the lock's version (tens of seconds of CPU on a real vLLM: each imports it).
+
+A verify that passed records its verdict beside the marker (vllm-orch-verified.json, the running
+user's, 0644): the lock hash, the vLLM version, the Python, and the fingerprint of what could change
+the verdict (the stat of the marker, pyvenv.cfg, bin/vllm, the Python bin/python resolves to and its
+path, site-packages, the `vllm` package folder, every pinned distribution's dist-info folder). A
+later check whose fingerprint matches trusts the verdict and imports nothing (stats and one listing);
+any difference, or a verdict file that is missing, does not parse or is not a regular file of the
+running user's without group or other write, means the full verify again (`force` too). A verify
+that fails removes the verdict.
+
+A folder without the marker is a build that was cut short: the next build removes it and starts
+again (a venv cannot be moved once built, so it is built in place). Everything under root is root's
+and read-only to others (dirs 0755, files without group or other write): the service user runs the
+venv but cannot change it. uv's cache and the Pythons uv installs live under root too (`.uv-cache`,
+`.python`): a Python in root's home would be out of the service user's reach.
 """
 
 import hashlib
@@ -24,11 +35,14 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
 
 MARKER = "vllm-orch-engine.json"
+VERDICT = "vllm-orch-verified.json"
+VERDICT_MAX = 1 << 16
 NAME = re.compile(r"^vllm-[0-9][A-Za-z0-9.+]{0,60}-[0-9a-f]{16}$")
 WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
 
@@ -149,6 +163,111 @@ def verify(venv, lock):
     return None, version
 
 
+def site_packages(venv):
+    """<venv>/lib/pythonX.Y/site-packages, or None."""
+    lib = os.path.join(venv, "lib")
+    try:
+        names = sorted(os.listdir(lib))
+    except OSError:
+        return None
+    for name in names:
+        path = os.path.join(lib, name, "site-packages")
+        if name.startswith("python") and os.path.isdir(path):
+            return path
+    return None
+
+
+def stat_of(path):
+    """What a change to the file or folder at path changes (its stat, through links), None if absent.
+    A folder's mtime and ctime change when an entry is added, removed or renamed (a reinstall); ctime
+    cannot be set back by hand."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid]
+
+
+def fingerprint(venv, lock):
+    """The stats of what could change the venv's verdict: a reinstall or removal of vLLM or a pinned
+    package, a change of the Python the venv runs, a rebuild. Stats and one listing; nothing runs."""
+    py = os.path.join(venv, "bin", "python")
+    out = {name: stat_of(os.path.join(venv, name)) for name in (MARKER, "pyvenv.cfg", "bin/vllm")}
+    out["python"] = [os.path.realpath(py), stat_of(os.path.realpath(py))]
+    sp = site_packages(venv)
+    out["site-packages"] = [sp, stat_of(sp) if sp else None, stat_of(os.path.join(sp, "vllm")) if sp else None]
+    pinned = set(norm(name) for name, _ in lock.get("pins", []))
+    dists = {}
+    try:
+        names = sorted(os.listdir(sp)) if sp else []
+    except OSError:
+        names = []
+    for name in names:
+        if name.endswith(".dist-info") and norm(name[:-len(".dist-info")].rsplit("-", 1)[0]) in pinned:
+            dists[name] = stat_of(os.path.join(sp, name))
+    out["dist-info"] = dists
+    return json.loads(json.dumps(out))          # as it reads back from the verdict file
+
+
+def read_verdict(venv, lock):
+    """(the recorded verdict, "") when it is trustworthy and the venv is unchanged since; else (None, why)."""
+    path = os.path.join(venv, VERDICT)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None, "no verdict recorded"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
+                or st.st_size > VERDICT_MAX:
+            return None, "the verdict file is not one vllm-orch wrote (type, owner or mode)"
+        data = os.read(fd, VERDICT_MAX + 1)
+    except OSError as exc:
+        return None, "the verdict file could not be read: %s" % exc
+    finally:
+        os.close(fd)
+    try:
+        verdict = json.loads(data.decode())
+    except ValueError:
+        return None, "the verdict file does not parse"
+    if not isinstance(verdict, dict) or verdict.get("hash") != lock["hash"] or \
+            not isinstance(verdict.get("vllm_version"), str) or \
+            not same_version(verdict["vllm_version"], lock["vllm_version"]):
+        return None, "the verdict file is not this lock's"
+    if verdict.get("fingerprint") != fingerprint(venv, lock):
+        return None, "the venv changed since it was verified"
+    return verdict, ""
+
+
+def record_verdict(venv, lock, version, seconds):
+    """Write the verdict of a verify that passed (written whole, then moved in place). False when
+    it could not be written (the check still counts: the next one verifies again)."""
+    verdict = {"hash": lock["hash"], "vllm_version": version, "python": os.path.realpath(
+        os.path.join(venv, "bin", "python")), "fingerprint": fingerprint(venv, lock), "verified_at": time.time(),
+        "seconds": seconds}
+    tmp = os.path.join(venv, "%s.%d.tmp" % (VERDICT, os.getpid()))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)
+            json.dump(verdict, f)
+        os.replace(tmp, os.path.join(venv, VERDICT))
+        return True
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return False
+
+
+def forget_verdict(venv):
+    try:
+        os.remove(os.path.join(venv, VERDICT))
+    except OSError:
+        pass
+
+
 def check(args):
     root, lock = args["root"], args["lock"]
     if lock_hash(lock) != lock["hash"] or not lock["name"].endswith("-" + lock["hash"]):
@@ -164,11 +283,22 @@ def check(args):
     if not isinstance(marker, dict) or marker.get("hash") != lock["hash"] or \
             lock_hash(marker.get("lock") or {"python": "", "requirements": []}) != lock["hash"]:
         return {"state": "mismatch", "detail": "%s/%s names another lock" % (venv, MARKER)}
+    why_full = "--verify-engine"
+    if not args.get("force"):
+        verdict, why_full = read_verdict(venv, lock)
+        if verdict is not None:
+            return {"state": "ok", "vllm_version": verdict["vllm_version"], "bytes": marker.get("bytes"),
+                    "built_seconds": marker.get("seconds"), "verified": "earlier",
+                    "verified_at": verdict.get("verified_at"), "verify_seconds": verdict.get("seconds")}
+    started = time.monotonic()
     why, version = verify(venv, lock)
     if why:
+        forget_verdict(venv)
         return {"state": "broken", "detail": why}
+    seconds = round(time.monotonic() - started, 2)
     return {"state": "ok", "vllm_version": version, "bytes": marker.get("bytes"),
-            "built_seconds": marker.get("seconds")}
+            "built_seconds": marker.get("seconds"), "verified": "now", "verify_seconds": seconds,
+            "why_verified": why_full, "recorded": record_verdict(venv, lock, version, seconds)}
 
 
 def run(argv, env, what):
@@ -224,9 +354,11 @@ def build(args):
             + [venv], env, "uv venv (Python %s)" % lock["python"])
         run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
              "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
+        verified_at = time.monotonic()
         why, version = verify(venv, lock)
         if why:
             raise RuntimeError("the new venv does not verify: " + why)
+        verify_seconds = round(time.monotonic() - verified_at, 2)
         size = dir_bytes(venv)
         seconds = round(time.monotonic() - started, 2)
         marker = {"hash": lock["hash"], "lock": {"python": lock["python"], "requirements": lock["requirements"]},
@@ -237,6 +369,7 @@ def build(args):
         lock_down(venv)
         os.chmod(tmp, 0o644)
         os.replace(tmp, os.path.join(venv, MARKER))
+        record_verdict(venv, lock, version, verify_seconds)       # after the marker and lock_down: they are in it
     except (RuntimeError, OSError) as exc:
         if safe_dir(root, lock["name"]):
             shutil.rmtree(venv, ignore_errors=True)

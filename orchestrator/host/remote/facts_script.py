@@ -11,7 +11,9 @@ facts; a zombie counts as dead either way. The cgroup is read from /proc (psutil
 
 What it costs the host is what `status` of a fleet costs (the CPU of every host's round trip): psutil
 is imported only when a process or a port is to be looked at (~25 ms of CPU), vLLM's version is read
-from its dist-info without importing importlib.metadata (~40 ms), and the nvidia-smi queries run
+from its dist-info without importing importlib.metadata (~40 ms; the dist-info of the venv the vllm
+executable is in when this Python has no vLLM, e.g. a manifest's engine venv: `vllm --version` only
+when neither has one), and the nvidia-smi queries run
 side by side. `status` asks for its own subset ("status" in the arguments, see status_extras): no
 banner, service user or ports, and the records it shows in the same round trip.
 """
@@ -532,12 +534,14 @@ def root_trust(programs, folders):
     return out
 
 
-def dist_version(name):
+def dist_version(name, folders=None):
     """The installed version of distribution `name` (lower case, no `-` or `_` in it), as
     importlib.metadata.version gives it, without importing importlib.metadata (it costs the host
     more CPU than the rest of this script): the Version: of the first `name-*.dist-info` on sys.path.
-    Anything else (an .egg-info, a zipped path) is left to importlib.metadata."""
-    for folder in sys.path:
+    Anything else (an .egg-info, a zipped path) is left to importlib.metadata. With `folders` (another
+    Python's site-packages): only their dist-info folders, None otherwise."""
+    metadata_version = _metadata_version if folders is None else (lambda _name: None)
+    for folder in sys.path if folders is None else folders:
         try:
             entries = os.listdir(folder or ".")
         except OSError:
@@ -558,8 +562,23 @@ def dist_version(name):
                 except OSError:
                     pass
             if low.endswith((".dist-info", ".egg-info", ".egg-link")):
-                return _metadata_version(name)
-    return _metadata_version(name)
+                return metadata_version(name)
+    return metadata_version(name)
+
+
+def venv_dist_version(exe, name):
+    """The version of `name` in the venv whose bin/ holds the executable exe (`<venv>/bin/vllm`, e.g.
+    a manifest's engine venv when this Python is another), from its dist-info: None when exe is not
+    in a venv. Reading it costs a listing; `vllm --version` imports vLLM (tens of seconds of CPU)."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(exe)))
+    if "/" not in exe or not os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        return None
+    try:
+        libs = sorted(os.listdir(os.path.join(venv, "lib")))
+    except OSError:
+        return None
+    return dist_version(name, [os.path.join(venv, "lib", lib, "site-packages") for lib in libs
+                               if lib.startswith("python")])
 
 
 def _metadata_version(name):
@@ -671,8 +690,10 @@ def main():
     if not status:      # the driver and CUDA versions: status does not show them
         facts["banner_raw"] = answers[2]
     version = dist_version("vllm")
-    facts["vllm"] = {"path": args["vllm"], "exists": os.access(args["vllm"], os.X_OK) if "/" in args["vllm"]
-                     else None, "version": version}
+    exists = os.access(args["vllm"], os.X_OK) if "/" in args["vllm"] else None
+    if version is None and exists:
+        version = venv_dist_version(args["vllm"], "vllm")
+    facts["vllm"] = {"path": args["vllm"], "exists": exists, "version": version}
     if version is None and facts["vllm"]["exists"] is not False:
         r = sh([args["vllm"], "--version"], timeout=120)
         lines = [l for l in r["out"].splitlines() if l.strip()]
