@@ -115,6 +115,38 @@ def room_refusal(facts: HostFacts, m: Manifest, host: str, awake_too: Collection
     return None
 
 
+def awake_beside(facts: HostFacts, name: str) -> tuple[list[str], list[int]]:
+    """(the awake services on the GPUs of NAME, those GPUs): what a start of NAME would meet there."""
+    rec = facts.record(name)
+    gpus = set(rec.gpus) if rec is not None else set()
+    shared: set[int] = set()
+    names = []
+    for other in facts.running():
+        orec = facts.record(other)
+        if other == name or facts.asleep(other) is not None or orec is None or not gpus & set(orec.gpus):
+            continue
+        names.append(other)
+        shared |= gpus & set(orec.gpus)
+    return sorted(names), sorted(shared)
+
+
+def asleep_refusal(facts: HostFacts, name: str, host: str, doing: str) -> RefusedError | None:
+    """NAME sleeps on the host: `doing` (a deploy) must not start, restart or probe it (it would come
+    up awake beside the awake service on its GPUs, and a request to it waits for a wake): refused
+    (exit 3) with the swap that wakes it."""
+    asleep = facts.asleep(name)
+    if asleep is None:
+        return None
+    awake, gpus = awake_beside(facts, name)
+    beside = f" beside {', '.join(awake)} on {gpu_list(gpus)} (one awake service per GPU)" if awake else ""
+    return RefusedError(
+        f"{name} is asleep on {host} ({asleep.where()}): {doing} does not start or restart a sleeping service, "
+        f"which would come up awake{beside}", host=host, step="sleep",
+        hint=f"`vllm-orch swap {name} --host {host}` wakes it" + (
+            f" ({awake[0]} sleeps with --sleep-old, or stops)" if awake else "")
+        + f"; `vllm-orch stop {name} --host {host}` first to start it cold")
+
+
 def next_sleep_mib(facts: HostFacts, name: str) -> tuple[int, str]:
     """(MiB per GPU the awake service NAME is expected to keep after its next sleep, why): what it
     kept after its last one plus its growth per cycle so far; the CUDA-context allowance when it
