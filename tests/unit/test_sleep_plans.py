@@ -105,3 +105,28 @@ def test_a_half_done_sleep_swap_is_finished_or_undone_and_any_other_swap_refused
     other = plan_sleep_swap(inp(sleepy("minimax-m25", 8002), f, download(0), old=sleepy(NVFP4, 8001),
                                 sleep_old=True))
     assert other.refusal is not None and "finish or undo it" in other.refusal.message
+
+
+def test_the_host_line_of_status_counts_its_sleeping_services():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.views import render_host_details
+    from orchestrator.ops.status import HostStatus, ServiceStatus
+
+    def one(name: str, state: str) -> ServiceStatus:
+        v = ServiceStatus(name)
+        v.state, v.state_reason = state, "why"
+        return v
+
+    out = io.StringIO()
+    render_host_details(Console(file=out, width=300), HostStatus(
+        "gpu1", active_model=NVFP4, state="ready", state_reason="serving",
+        services=[one(NVFP4, "ready"), one(KIMI, "asleep"), one("minimax-m25", "asleep")]))
+    head = out.getvalue().splitlines()[0]
+    assert head.endswith(f"; 2 asleep ({KIMI}, minimax-m25)"), head
+    quiet = io.StringIO()
+    render_host_details(Console(file=quiet, width=300), HostStatus("gpu1", active_model=NVFP4, state="ready",
+                                                                   services=[one(NVFP4, "ready")]))
+    assert "asleep" not in quiet.getvalue()
