@@ -408,8 +408,11 @@ def plan_sleep_swap(inp: PlanInput) -> Plan:
     half = half_done(f, entry.name)
     if half and not resuming:
         plan.add(prepare.lock_action(inp.lock))
+        ours = inp.opts.sleep_old and f.half_swap is not None and m.name in (f.half_swap.from_, f.half_swap.to)
         return plan.refuse(Action("swap", half[0]), RefusedError(
-            f"{half[0]}: finish or undo it before swapping to {m.name}", host=entry.name, step="swap", hint=half[1]))
+            f"{half[0]}: " + ("it stopped its old service: finish or undo it without --sleep-old" if ours
+                              else f"finish or undo it before swapping to {m.name}"),
+            host=entry.name, step="swap", hint=half[1]))
     if asleep is not None:
         return _wake_target(plan, inp, old, resuming)
     if old is None or old.manifest.sleep is None or not (inp.opts.sleep_old or resuming):

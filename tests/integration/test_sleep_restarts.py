@@ -6,19 +6,13 @@ from __future__ import annotations
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import RefusedError
-from orchestrator.host.facts import gather
 from orchestrator.host.state import read_record
 from orchestrator.ops.execute import Reporter
 from orchestrator.ops.regen import run_regen
 from orchestrator.probe.api import Endpoint, health, is_sleeping
 
 from .deployhelp import deploy, entry, opts, swap
-from .test_sleep_swap import sleepy
-
-
-def main_pid(sim_host, e, name: str) -> int | None:
-    st = gather(sim_host.host, e, [name]).services.get(name)
-    return st.main_pid if st is not None else None
+from .test_sleep_swap import main_pid, sleepy
 
 
 def test_deploy_and_regen_restart_leave_a_sleeping_service_asleep(sim_host):
