@@ -166,6 +166,9 @@ def render_host_details(console, r: HostStatus) -> None:
         head += escape(f" [GPUs {','.join(map(str, r.services[0].gpus))}]") if r.services[0].gpus else ""
     if r.services and r.services[0].engine:
         head += escape(f" {engine_words(r.services[0])}")
+    asleep = [v.name for v in r.services if v.state == "asleep"]
+    if asleep:
+        head += escape(f"; {len(asleep)} asleep ({', '.join(asleep)})")
     console.print(head)
     for line in node_lines(r.services[0]) if r.services else []:
         console.print(f"  {line}", markup=False)

@@ -262,8 +262,9 @@ class HistoryEntry(Record):
 
 
 class SwapMarker(Record):
-    """swap.json: a swap that stopped its old service and has not ended (written by the stop, removed
-    by the record step or a finished rollback); what the next command reads to finish or undo it."""
+    """swap.json: a swap that stopped its old service (or put it to sleep) and has not ended (written
+    by that step, removed by the record step or a finished rollback); what the next command reads to
+    finish or undo it."""
 
     FILE: ClassVar[str] = "swap.json"
 
@@ -272,6 +273,13 @@ class SwapMarker(Record):
     since: str | None = None
     by: str | None = None
     from_enabled: bool = Field(False, description="Whether the old service started at boot.")
+    from_sleeps: bool = Field(False, description="A sleep swap: the old service is put to sleep, not stopped.")
+    to_wakes: bool = Field(False, description="A swap to a sleeping service: the new one is woken, not started.")
+
+    @property
+    def sleep(self) -> bool:
+        """A swap with sleep mode (plan/swap.plan_sleep_swap finishes or undoes it)."""
+        return self.from_sleeps or self.to_wakes
 
 
 RECORDS: tuple[type[Record], ...] = (ServiceRecord, InstalledRecord, HistoryEntry, SwapMarker)

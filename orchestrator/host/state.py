@@ -151,9 +151,12 @@ def upgrade_records(host: Host, entry: HostEntry) -> str | None:
     return moved or f"removed a stale {entry.state_dir}/{LEGACY_ACTIVE}"
 
 
-def write_swap(host: Host, entry: HostEntry, old: str, new: str, old_enabled: bool) -> None:
-    """Mark a swap as half done (its old model is about to stop)."""
-    marker = SwapMarker(from_=old, to=new, since=now_iso(), by=whoami(), from_enabled=old_enabled)
+def write_swap(host: Host, entry: HostEntry, old: str, new: str, old_enabled: bool, *, from_sleeps: bool = False,
+               to_wakes: bool = False) -> None:
+    """Mark a swap as half done (its old model is about to stop, or to sleep: `from_sleeps`; the new
+    one is woken: `to_wakes`)."""
+    marker = SwapMarker(from_=old, to=new, since=now_iso(), by=whoami(), from_enabled=old_enabled,
+                        from_sleeps=from_sleeps, to_wakes=to_wakes)
     write_json(host, _path(entry, "swap.json"), marker.dump())
 
 

@@ -34,6 +34,7 @@ from orchestrator.ops.nodes import as_nodes, node_envs, open_sessions, parallel
 from orchestrator.ops.session import OpResult
 from orchestrator.ops.stop import recorded_nodes
 from orchestrator.plan.inputs import PlanInput
+from orchestrator.plan.interrupted import sleep_half
 from orchestrator.plan.multinode import OldService
 from orchestrator.plan.run import Options, RunEnv
 from orchestrator.plan.swap import old_model_name, plan_sleep_swap, plan_swap
@@ -108,7 +109,9 @@ def run_swap(nodes: HostEntry | Sequence[HostEntry], m: Manifest, manifests: dic
                 sessions[n].host, by_name[n], [multi_old])).services.get(multi_old)) is not None and st.active}
             old = OldService(multi_old, tuple(old_nodes), head_old, frozenset(running))
         elsewhere = {n: (by_name[n], sessions[n].lock) for n in old_nodes if n not in names}
-        sleeping = len(by_name) == 1 and (opts.sleep_old or inputs[0].facts.asleep(name) is not None)
+        head_facts = inputs[0].facts
+        sleeping = len(by_name) == 1 and (opts.sleep_old or head_facts.asleep(name) is not None
+                                          or sleep_half(head_facts, name))
         plan = plan_sleep_swap(inputs[0]) if sleeping else plan_swap(*inputs, old=old, elsewhere=elsewhere)
         info = dict(plan.info)
         result = OpResult("swap", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
@@ -144,7 +147,7 @@ def _read_outcome(result: OpResult, head: RunEnv, inputs: Sequence[PlanInput], e
         if ready is not None:
             result.extra["load_s"] = round(ready.seconds, 3)
     old_name, rb = result.extra.get("from"), outcome.recovery
-    half = inputs[0].facts.half_swap is not None or any(r.step.startswith("stop") and r.status in ("done", "failed")
+    half = inputs[0].facts.half_swap is not None or any(r.step.startswith(("stop", "sleep")) and r.status in ("done", "failed")
                                                          for r in outcome.results)
     if not outcome.ok and half and not (rb is not None and rb.ok) and result.error is not None and old_name:
         result.extra["half_done"] = True

@@ -12,7 +12,9 @@ name none).
     start cannot crash-loop while it holds the GPUs.
 
 A refused safety check on any node ends the plan before anything changes (exit 3), and so does a
-swap left half done (it says which swap to run). `--enable` (or a unit that already starts at boot)
+swap left half done (it says which swap to run), and a sleeping service's deploy with other files
+than it sleeps with (its restart would bring it up awake beside the awake one: `swap` wakes it);
+with the same files there is nothing to do. `--enable` (or a unit that already starts at boot)
 is recorded in the service's record (state_dir/services/NAME.json); a swap hands it on to the new
 service. A placement whose GPUs or port another service on the host takes is refused first (exit 3,
 naming it): several services share a host on disjoint GPUs and ports. The nodes of a multi-node
@@ -27,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.errors import RefusedError
 from orchestrator.host.ownership import gpu_list
-from orchestrator.plan import prepare, service
+from orchestrator.plan import prepare, service, sleep
 from orchestrator.plan.engine import engine_action
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import half_done
@@ -91,6 +93,16 @@ def plan_deploy(*nodes: PlanInput) -> Plan:
             return plan.refuse(tag(i.entry.name, Action("swap", half[0])), RefusedError(
                 f"{half[0]}: deploy does not start anything while a swap is half done", host=i.entry.name,
                 step="swap", hint=half[1]))
+        # a sleeping service is deployed: with these files nothing to do, with others a (re)start would
+        # bring it up awake (beside the awake one on its GPUs): refused, with the swap that wakes it
+        asleep = sleep.asleep_refusal(i.facts, m.name, i.entry.name, "deploy")
+        if asleep and one and not service.runs_older_files(i.facts, i.target) and \
+                service.install_action(i.entry, i.target).noop:
+            plan.add(Action("sleep", f"nothing to do, because {m.name} is asleep with these files "
+                                     f"(`vllm-orch swap {m.name} --host {i.entry.name}` wakes it)", noop=True))
+            return plan
+        if asleep:
+            return plan.refuse(tag(i.entry.name, Action("sleep", asleep.message)), asleep)
         clash = name_refusal(i.facts, i.target, i.entry.name) or placement_refusal(i)
         if clash:
             return plan.refuse(tag(i.entry.name, Action("placement", clash.message)), clash)

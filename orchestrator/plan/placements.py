@@ -8,6 +8,7 @@ record cleared by `stop`) takes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 
 from orchestrator.config.manifest import PORT_BASES
@@ -45,11 +46,12 @@ def needs(p: Placement) -> str:
 
 
 def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Collection[str] = (),
-                  planned: Mapping[str, Placement] | None = None) -> RefusedError | None:
+                  planned: Mapping[str, Placement] | None = None, asleep: bool = False) -> RefusedError | None:
     """Refuse a placement whose GPUs or port another service takes (naming it); `replacing`: the
     services this operation stops first (a swap's old one); `planned`: other services' placements as
-    this same operation leaves them (regen re-renders several at once), besides where they are now."""
-    want = placement_of(svc, host)
+    this same operation leaves them (regen re-renders several at once), besides where they are now;
+    `asleep`: the service stays asleep (regen), so it shares GPUs and needs no memory room."""
+    want = dataclasses.replace(placement_of(svc, host), asleep=asleep)
     name = want.name
     own = expand_ports(dict(want.binds)).get(want.port)
     if own is not None:
@@ -68,7 +70,8 @@ def clash_refusal(facts: HostFacts, svc: ServiceInput, host: str, replacing: Col
                 f"{named} already takes {what} on {host}: {name} needs {needs(want)}", host=host, step="placement",
                 hint=f"place {name} elsewhere (--gpus, --port{', ' + _set_port(want) if want.binds else ''}), "
                      f"`{swap} --replace {other.name} --host {host}`, or `vllm-orch stop {other.name} --host {host}` first")
-    return listener_refusal(facts, want, replacing) or room_refusal(facts, svc.manifest, host, awake_too=replacing)
+    return listener_refusal(facts, want, replacing) or (
+        None if asleep else room_refusal(facts, svc.manifest, host, awake_too=replacing))
 
 
 def _set_port(p: Placement, label: str | None = None) -> str:

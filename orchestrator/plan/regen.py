@@ -4,13 +4,16 @@ command line or a swap's --replace stays there; ops/gather.recorded_spec); refus
 would take another's GPUs or port (a changed manifest or inventory moved it); show a unified diff
 per file; install what changed; daemon-reload. Running services keep running unless --restart; then each changed, running
 model is restarted through its readiness gates, and if it fails them its previous files are put
-back and it is restarted again (the recovery branch of that one step).
+back and it is restarted again (the recovery branch of that one step). A sleeping service (sleep
+mode) gets its new files but is not restarted (it would come up awake): a warning says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.errors import RefusedError
-from orchestrator.plan import prepare, service
+from orchestrator.plan import prepare, service, sleep
 from orchestrator.plan.inputs import RegenInput
 from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.placements import clash_refusal, host_placements, placement_of, record_warnings
@@ -22,10 +25,11 @@ def regen_clash(inp: RegenInput) -> RefusedError | None:
     GPUs and a port now (recorded or running) would take another's, as the others are re-rendered."""
     host = inp.entry.name
     taking = {p.name for p in host_placements(inp.facts, host)}
-    planned = {s.name: placement_of(s, host) for s in inp.services}
+    asleep = inp.facts.sleeping()           # stay asleep (a regen never wakes or restarts them)
+    planned = {s.name: dataclasses.replace(placement_of(s, host), asleep=s.name in asleep) for s in inp.services}
     for svc in inp.services:
         if svc.name in taking:
-            clash = clash_refusal(inp.facts, svc, host, planned=planned)
+            clash = clash_refusal(inp.facts, svc, host, planned=planned, asleep=svc.name in asleep)
             if clash is not None:
                 return clash
     return None
@@ -64,6 +68,12 @@ def plan_regen(inp: RegenInput) -> Plan:
         if not inp.restart:
             plan.add(Action(f"restart {svc.name}", f"nothing to do, because {svc.name} keeps running with "
                                                    f"its old settings until restarted (--restart)", noop=True))
+            continue
+        asleep = sleep.asleep_refusal(facts, svc.name, entry.name, "regen --restart")
+        if asleep is not None:         # a restart would start it awake (beside the awake one on its GPUs)
+            plan.warnings.append(f"{asleep.message}: it stays asleep with its old settings ({asleep.hint})")
+            plan.add(Action(f"restart {svc.name}", f"nothing to do, because {svc.name} is asleep: it keeps its "
+                                                   f"old settings until it next starts", noop=True))
             continue
         restart = plan.add(service.start_service_action(
             entry, svc.name, restart=True, step=f"restart {svc.name}",

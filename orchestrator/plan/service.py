@@ -306,19 +306,20 @@ def start_service_action(entry: HostEntry, model: str, *, restart: bool = False,
 
 def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool = False,
                 only_if_started: bool = False, swap_to: str | None = None, enabled: bool = False,
-                drain: bool = True) -> Action:
+                drain: bool = True, to_wakes: bool = False) -> Action:
     """Stop a service. `swap_to`: the stop begins a swap, so the host first records the swap as half
     done (state_dir/swap.json, with whether `model` starts at boot) for whoever comes next if this
     run is killed or loses its connection before the swap ends. `drain=False`: the service never
     served (its start failed or was interrupted), so it is killed after a short wait instead of
-    being given vLLM's drain window (Service.ABORT_WAIT_S)."""
+    being given vLLM's drain window (Service.ABORT_WAIT_S). `to_wakes`: the swap wakes `swap_to`
+    (sleep mode) rather than starting it (the marker says so)."""
     shown = Service.for_host(None, entry, model)
 
     def run(env: RunEnv) -> str:
         if only_if_started and model not in env.record.started:
             return f"{model} was not started by this run: nothing to stop"
         if swap_to is not None:
-            state.write_swap(env.host, env.entry, model, swap_to, enabled)
+            state.write_swap(env.host, env.entry, model, swap_to, enabled, to_wakes=to_wakes)
         if downtime_starts:
             env.record.stopped_at = time.monotonic()
         service_of(env, model).run_all(shown.stop_commands(drain), f"stop {model}", timeout=600)

@@ -115,6 +115,38 @@ def room_refusal(facts: HostFacts, m: Manifest, host: str, awake_too: Collection
     return None
 
 
+def awake_beside(facts: HostFacts, name: str) -> tuple[list[str], list[int]]:
+    """(the awake services on the GPUs of NAME, those GPUs): what a start of NAME would meet there."""
+    rec = facts.record(name)
+    gpus = set(rec.gpus) if rec is not None else set()
+    shared: set[int] = set()
+    names = []
+    for other in facts.running():
+        orec = facts.record(other)
+        if other == name or facts.asleep(other) is not None or orec is None or not gpus & set(orec.gpus):
+            continue
+        names.append(other)
+        shared |= gpus & set(orec.gpus)
+    return sorted(names), sorted(shared)
+
+
+def asleep_refusal(facts: HostFacts, name: str, host: str, doing: str) -> RefusedError | None:
+    """NAME sleeps on the host: `doing` (a deploy) must not start, restart or probe it (it would come
+    up awake beside the awake service on its GPUs, and a request to it waits for a wake): refused
+    (exit 3) with the swap that wakes it."""
+    asleep = facts.asleep(name)
+    if asleep is None:
+        return None
+    awake, gpus = awake_beside(facts, name)
+    beside = f" beside {', '.join(awake)} on {gpu_list(gpus)} (one awake service per GPU)" if awake else ""
+    return RefusedError(
+        f"{name} is asleep on {host} ({asleep.where()}): {doing} does not start or restart a sleeping service, "
+        f"which would come up awake{beside}", host=host, step="sleep",
+        hint=f"`vllm-orch swap {name} --host {host}` wakes it" + (
+            f" ({awake[0]} sleeps with --sleep-old, or stops)" if awake else "")
+        + f"; `vllm-orch stop {name} --host {host}` first to start it cold")
+
+
 def next_sleep_mib(facts: HostFacts, name: str) -> tuple[int, str]:
     """(MiB per GPU the awake service NAME is expected to keep after its next sleep, why): what it
     kept after its last one plus its growth per cycle so far; the CUDA-context allowance when it
@@ -171,17 +203,30 @@ def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: 
 
 
 def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, downtime_starts: bool = False,
-                 weights: int = 0) -> Action:
+                 weights: int = 0, swap_to: str | None = None, to_wakes: bool = False) -> Action:
     """POST /sleep?level=N, then read what the service keeps on its GPUs and record it asleep (its
-    cycles, and how much more it keeps than after its first sleep)."""
+    cycles, and how much more it keeps than after its first sleep). `swap_to`: the sleep begins a
+    swap to that service (woken: `to_wakes`, else started), so the host first records the swap as
+    half done (state_dir/swap.json, as the ordinary swap's stop does). A service that sleeps already
+    (a run cut short put it to sleep) is not put to sleep again: recorded asleep if its record does
+    not say so."""
     name = svc.name
 
     def run(env: RunEnv) -> str:
+        if swap_to is not None:
+            state.write_swap(env.host, env.entry, name, swap_to, False, from_sleeps=True, to_wakes=to_wakes)
         if downtime_starts:
             env.record.stopped_at = time.monotonic()
+        ep = _endpoint(env, svc)
+        if api.is_sleeping(ep):
+            rec = state.read_record(env.host, env.entry, name)
+            if rec is not None and rec.asleep is not None:
+                return f"{name} is asleep already (level {rec.asleep.level})"
+            most, _cycles, _growth = record_sleep(env, name, level, weights)
+            return f"{name} was asleep already (a run cut short put it to sleep): recorded, keeping {most} MiB per GPU"
         t0 = time.monotonic()
         try:
-            api.sleep(_endpoint(env, svc), level)
+            api.sleep(ep, level)
         except api.HttpError as exc:
             raise DeployFailed(f"{name} did not go to sleep: {exc}", host=env.entry.name, step="sleep") from None
         seconds = time.monotonic() - t0
@@ -195,8 +240,10 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
         return (f"{name} asleep at level {level} in {seconds:.1f}s; it keeps {most} MiB per GPU "
                 f"(allowance {CONTEXT_ALLOWANCE_MIB}){over}")
 
+    details = [f"first records the swap to {swap_to} as under way in {entry.state_dir}/swap.json"] if swap_to else []
     return Action("sleep", f"put {name} to sleep at level {level} ({why})", run=run,
-                  details=[f"POST http://127.0.0.1:{svc.manifest.serving.port}/sleep?level={level}",
+                  details=[*details, f"POST http://127.0.0.1:{svc.manifest.serving.port}/sleep?level={level} (nothing "
+                                     f"if it sleeps already)",
                            "then read what it keeps on its GPUs (nvidia-smi) and record it asleep"])
 
 

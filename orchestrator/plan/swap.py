@@ -48,7 +48,7 @@ from orchestrator.plan.deploy import (
     warm_before,
 )
 from orchestrator.plan.inputs import LockFacts, PlanInput, ServiceInput
-from orchestrator.plan.interrupted import half_done
+from orchestrator.plan.interrupted import half_done, sleep_half
 from orchestrator.plan.model import Action, Plan
 from orchestrator.plan.multinode import OldService, download_all_action, forget_record_action, on, verify_same_action
 from orchestrator.plan.placements import clash_refusal, name_refusal, record_warnings, service_names
@@ -394,15 +394,28 @@ def plan_sleep_swap(inp: PlanInput) -> Plan:
     `swap --sleep-old` stages it like every swap and puts the old one to sleep instead of stopping it
     (the level its host RAM allows, said in the plan); a failure stops the new one and wakes the old."""
     m, f, entry = inp.target.manifest, inp.facts, inp.entry
-    old = inp.old if inp.old is not None and (st := f.services.get(inp.old.name)) is not None and st.active else None
+    # A sleep swap cut short (swap.json names this service; one side sleeps): this run finishes it
+    # (to its new service) or undoes it (to its old one). The other side is the old one here,
+    # running or not, asleep or not: each step below skips what the cut run already did.
+    resuming = sleep_half(f, m.name)
+    old = inp.old if inp.old is not None and ((st := f.services.get(inp.old.name)) is not None and st.active
+                                              or resuming) else None
     asleep = f.asleep(m.name)
     info: dict = {"from": old.name if old else None, "to": m.name, "staged": True,
                   "sleep": "wake" if asleep is not None else "sleep-old"}
     plan = Plan("swap", entry.describe(), f"{old.name if old else '(nothing)'} -> {m.name}", info=info,
                 warnings=record_warnings(f))
+    half = half_done(f, entry.name)
+    if half and not resuming:
+        plan.add(prepare.lock_action(inp.lock))
+        ours = inp.opts.sleep_old and f.half_swap is not None and m.name in (f.half_swap.from_, f.half_swap.to)
+        return plan.refuse(Action("swap", half[0]), RefusedError(
+            f"{half[0]}: " + ("it stopped its old service: finish or undo it without --sleep-old" if ours
+                              else f"finish or undo it before swapping to {m.name}"),
+            host=entry.name, step="swap", hint=half[1]))
     if asleep is not None:
-        return _wake_target(plan, inp, old)
-    if old is None or old.manifest.sleep is None or not inp.opts.sleep_old:
+        return _wake_target(plan, inp, old, resuming)
+    if old is None or old.manifest.sleep is None or not (inp.opts.sleep_old or resuming):
         why = (f"{old.name} has no sleep section in its manifest (add `sleep: {{level: 1}}`, then `vllm-orch regen "
                f"--restart`)" if old is not None and old.manifest.sleep is None else "nothing serves to put to sleep")
         plan.add(prepare.lock_action(inp.lock))
@@ -424,7 +437,8 @@ def plan_sleep_swap(inp: PlanInput) -> Plan:
     ended = _stage(plan, [inp], one, {}, lambda _n, a: a, True, unstaged_ok=False)
     if ended is not None:
         return ended
-    may, why_not = sleep.sleep_or_stop(f, old, m, entry.name)
+    old_asleep = f.asleep(old.name)
+    may, why_not = (True, "") if old_asleep is not None else sleep.sleep_or_stop(f, old, m, entry.name)
     if not may:
         return plan.refuse(Action("sleep", why_not), RefusedError(
             f"--sleep-old: {why_not}", host=entry.name, step="sleep", hint="swap without --sleep-old stops it"))
@@ -434,42 +448,50 @@ def plan_sleep_swap(inp: PlanInput) -> Plan:
                            lambda _n, a: a)
     warm_before(plan, [inp], starts, lambda _n, a: a, what="downtime", before=f"{old.name} sleeps")
     need, _ = cpu_need(m, entry)
-    level, why = sleep.level_for(f, old, need)
-    if level != old.manifest.sleep.level:
+    level, why = (old_asleep.level, "asleep already: an interrupted swap put it to sleep") if old_asleep \
+        else sleep.level_for(f, old, need)
+    if level != old.manifest.sleep.level and old_asleep is None:
         plan.warnings.append(f"{old.name} sleeps at level {level}: {why}")
     info["sleep_level"] = level
-    first = plan.add(sleep.sleep_action(entry, old, level, f"downtime starts; {why}", downtime_starts=True,
-                                        weights=sleep.weights_bytes(f, old)))
+    first = plan.add(sleep.sleep_action(entry, old, level, f"downtime starts; {why}" if old_asleep is None else why,
+                                        downtime_starts=old_asleep is None, weights=sleep.weights_bytes(f, old),
+                                        swap_to=m.name))
     plan.add(sleep.room_action(m, f"{old.name} asleep"))
     for a in starts:
         plan.add(a)
     plan.add(service.ready_action(inp.target, inp.opts.budget_s, already_serving=False))
     plan.add(service.perf_action(inp))
-    plan.add(service.record_action(inp, enabled=inp.opts.enable or service.enabled_at_boot(f, m.name)))
+    plan.add(service.record_action(inp, enabled=inp.opts.enable or service.enabled_at_boot(f, m.name),
+                                   ends_swap=True))
+    # resuming, the service to stop was started by the run cut short
     plan.recover(first, f"wake {old.name} back", [
-        service.stop_action(entry, m.name, "the swap failed", drain=False, only_if_started=True),
+        service.stop_action(entry, m.name, "the swap failed", drain=False, only_if_started=not resuming),
         sleep.room_action(old.manifest, f"{m.name} stopped"),
         sleep.wake_action(entry, old, "it serves again", marks_ready=False, cold_fallback=True,
-                          budget_s=inp.opts.budget_s)])
+                          budget_s=inp.opts.budget_s),
+        service.forget_swap_action(entry, f"{old.name} serves again")])
     return plan
 
 
-def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
-    """Swap to a sleeping service: the awake one sleeps or stops, the target wakes (canary, warm-up)."""
+def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None, resuming: bool) -> Plan:
+    """Swap to a sleeping service: the awake one sleeps or stops, the target wakes (canary, warm-up).
+    `resuming` a sleep swap cut short: the other side may be asleep already (nothing to do: the
+    rollback wakes it), or stopped already (its stop does nothing; the rollback starts it)."""
     m, f, entry = inp.target.manifest, inp.facts, inp.entry
     plan.add(prepare.lock_action(inp.lock))
-    half = half_done(f, entry.name)
-    if half:
-        return plan.refuse(Action("swap", half[0]), RefusedError(
-            f"{half[0]}: finish or undo it before waking {m.name}", host=entry.name, step="swap", hint=half[1]))
+    half = f.half_swap if resuming else None
     rec = f.record(m.name)
     if rec is not None and rec.unit_hash and rec.unit_hash != inp.target.rendered.unit_hash:
         plan.warnings.append(f"{m.name} sleeps with the files it was started with, not those rendered now: "
                              f"it wakes as it ran (`vllm-orch regen --restart` applies the new ones)")
-    sleeps = old is not None and inp.opts.sleep_old and old.manifest.sleep is not None
-    if old is not None and inp.opts.sleep_old and not sleeps:
+    # resuming: the cut run's choice for the other side (its sleep: swap.json's from_sleeps) stands
+    sleep_old = inp.opts.sleep_old or (half is not None and half.to == m.name and half.from_sleeps)
+    old_sleep = f.asleep(old.name) if old is not None else None
+    old_asleep = old_sleep is not None
+    sleeps = old is not None and (sleep_old or old_asleep) and old.manifest.sleep is not None
+    if old is not None and sleep_old and not sleeps:
         plan.warnings.append(f"{old.name} has no sleep section: it is stopped, not put to sleep")
-    if old is not None and sleeps:
+    if old is not None and sleeps and not old_asleep:
         sleeps, why = sleep.sleep_or_stop(f, old, m, entry.name)
         if not sleeps:
             plan.warnings.append(why)
@@ -483,7 +505,11 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
                                 before=f"{old.name} {'sleeps' if sleeps else 'stops'}" if old else "the wake")
         plan.add(action)
         plan.info["expected_downtime_s"] = exp.as_dict()
-    if old is not None and sleeps:
+    if old is not None and old_sleep is not None:      # asleep already: the cut run put it to sleep
+        first = plan.add(sleep.sleep_action(entry, old, old_sleep.level, "asleep already: an interrupted swap put "
+                                            "it to sleep", weights=sleep.weights_bytes(f, old), swap_to=m.name,
+                                            to_wakes=True))
+    elif old is not None and sleeps:
         assert old.manifest.sleep is not None
         level, why = sleep.level_for(f, old, 0)
         if level != old.manifest.sleep.level:
@@ -491,20 +517,29 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
         plan.info["sleep_level"] = level
         # its sleep reads what it keeps on the GPUs: /sleep returns once the memory is unmapped
         first = plan.add(sleep.sleep_action(entry, old, level, f"downtime starts; {why}", downtime_starts=True,
-                                            weights=sleep.weights_bytes(f, old)))
+                                            weights=sleep.weights_bytes(f, old), swap_to=m.name, to_wakes=True))
     elif old is not None:
-        first = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True))
+        first = plan.add(service.stop_action(entry, old.name, "downtime starts", downtime_starts=True,
+                                             swap_to=m.name, to_wakes=True))
         plan.add(sleep.room_action(m, f"{old.name} stopped"))
-    wake = plan.add(sleep.wake_action(entry, inp.target, "it serves again", budget_s=inp.opts.budget_s))
+    # going back from a half-done swap (to its old service): the other side never served, so there is
+    # nothing to roll back to; a failed wake restarts it cold instead (the ordinary swap's return)
+    going_back = half is not None and half.from_ == m.name
+    wake = plan.add(sleep.wake_action(entry, inp.target, "it serves again", budget_s=inp.opts.budget_s,
+                                      cold_fallback=going_back))
     first = first or wake
     gone = old.name if old is not None and not sleeps else None
 
     def record(env: RunEnv) -> str:
         if gone:
             state.write_record(env.host, env.entry, gone, None)
-        return f"{m.name} recorded awake" + (f"; {gone}'s record goes (stopped)" if gone else "")
+        if old is not None:
+            state.clear_swap(env.host, env.entry)
+        return f"{m.name} recorded awake" + (f"; {gone}'s record goes (stopped)" if gone else "") + \
+            ("; the swap has ended" if old is not None else "")
 
-    plan.add(Action("record", f"record {m.name} as serving" + (f"; {gone}'s record goes" if gone else ""), run=record))
+    plan.add(Action("record", f"record {m.name} as serving" + (f"; {gone}'s record goes" if gone else "")
+                    + ("; the swap has ended" if old is not None else ""), run=record))
     back: list[Action] = [sleep.resleep_action(entry, inp.target, "the swap failed")]
     if old is not None:
         back.append(sleep.room_action(old.manifest, f"{m.name} asleep again"))
@@ -514,5 +549,7 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None) -> Plan:
         else:
             back += [service.start_service_action(entry, old.name, summary=f"start {old.name} with its unit"),
                      service.ready_action(old, inp.opts.budget_s, already_serving=False, marks_ready=False)]
-    plan.recover(first, f"put {m.name} back to sleep" + (f" and bring {old.name} back" if old else ""), back)
+        back.append(service.forget_swap_action(entry, f"{old.name} serves again"))
+    if not going_back:
+        plan.recover(first, f"put {m.name} back to sleep" + (f" and bring {old.name} back" if old else ""), back)
     return plan

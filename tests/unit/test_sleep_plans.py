@@ -5,8 +5,9 @@ from __future__ import annotations
 from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import Placement
 from orchestrator.host.ownership import SERVICE, Proc, holders
-from orchestrator.host.records import Asleep, ServiceRecord
+from orchestrator.host.records import Asleep, ServiceRecord, SwapMarker
 from orchestrator.plan.inputs import ServiceInput
+from orchestrator.plan.interrupted import half_done, sleep_half
 from orchestrator.plan.sleep import room_refusal
 from orchestrator.plan.swap import old_model_name, plan_sleep_swap
 from orchestrator.render.artifacts import render
@@ -73,7 +74,59 @@ def test_waking_a_sleeper_replaces_the_one_awake_service():
     assert plan.refusal is None, plan.refusal
     assert [a.step for a in plan.actions] == ["lock", "sleep", "wake", "record"]     # level 1: nothing to warm
     back = plan.recovery_for(2)
-    assert back is not None and [a.step for a in back.actions] == ["sleep", "gpus", "wake"]
+    assert back is not None and [a.step for a in back.actions] == ["sleep", "gpus", "wake", "record"]
     stop = plan_sleep_swap(inp(sleepy(KIMI, 8000), f, None, old=sleepy(NVFP4, 8001)))     # without --sleep-old
     assert [a.step for a in stop.actions] == ["lock", "stop", "gpus", "wake", "record"]
-    assert [a.step for a in stop.recovery_for(2).actions] == ["sleep", "gpus", "start", "ready"]
+    assert [a.step for a in stop.recovery_for(2).actions] == ["sleep", "gpus", "start", "ready", "record"]
+    # the step that starts the downtime first writes swap.json; the record step and the rollback end it
+    assert any("swap.json" in d for d in plan.actions[1].details) and any("swap.json" in d for d in stop.actions[1].details)
+    assert "the swap has ended" in plan.actions[-1].summary and "swap.json" in back.actions[-1].summary
+
+
+def test_a_half_done_sleep_swap_is_finished_or_undone_and_any_other_swap_refused():
+    f = facts(services=running(KIMI, NVFP4))
+    f.records[KIMI] = ServiceRecord(model=KIMI, gpus=list(range(8)), port=8000, asleep=Asleep(level=1),
+                                    argv=["vllm", "--enable-sleep-mode"])
+    f.records[NVFP4] = ServiceRecord(model=NVFP4, gpus=list(range(8)), port=8001)
+    f.half_swap = SwapMarker(from_=KIMI, to=NVFP4, from_sleeps=True)       # cut while nvfp4 loads
+    assert sleep_half(f, NVFP4) and sleep_half(f, KIMI) and not sleep_half(f, "other")
+    text, hint = half_done(f, "gpu1") or ("", "")
+    assert f"{KIMI} is asleep" in text and f"vllm-orch swap {NVFP4} --host gpu1" in hint
+    finish = plan_sleep_swap(inp(sleepy(NVFP4, 8001), f, download(0), old=sleepy(KIMI, 8000)))   # no --sleep-old
+    assert finish.refusal is None, finish.refusal
+    steps = [a.step for a in finish.actions]
+    assert steps.index("sleep") < steps.index("start") < steps.index("record")
+    assert "asleep already" in finish.actions[steps.index("sleep")].summary
+    back = finish.recovery_for(steps.index("sleep") + 1)
+    assert back is not None and back.actions[0].step == "stop" and back.actions[-1].step == "record"
+    undo = plan_sleep_swap(inp(sleepy(KIMI, 8000), f, None, old=sleepy(NVFP4, 8001)))
+    assert [a.step for a in undo.actions] == ["lock", "stop", "gpus", "wake", "record"]
+    assert undo.recoveries == [] and any("restart" in d for d in undo.actions[3].details)     # cold, last resort
+    other = plan_sleep_swap(inp(sleepy("minimax-m25", 8002), f, download(0), old=sleepy(NVFP4, 8001),
+                                sleep_old=True))
+    assert other.refusal is not None and "finish or undo it" in other.refusal.message
+
+
+def test_the_host_line_of_status_counts_its_sleeping_services():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.views import render_host_details
+    from orchestrator.ops.status import HostStatus, ServiceStatus
+
+    def one(name: str, state: str) -> ServiceStatus:
+        v = ServiceStatus(name)
+        v.state, v.state_reason = state, "why"
+        return v
+
+    out = io.StringIO()
+    render_host_details(Console(file=out, width=300), HostStatus(
+        "gpu1", active_model=NVFP4, state="ready", state_reason="serving",
+        services=[one(NVFP4, "ready"), one(KIMI, "asleep"), one("minimax-m25", "asleep")]))
+    head = out.getvalue().splitlines()[0]
+    assert head.endswith(f"; 2 asleep ({KIMI}, minimax-m25)"), head
+    quiet = io.StringIO()
+    render_host_details(Console(file=quiet, width=300), HostStatus("gpu1", active_model=NVFP4, state="ready",
+                                                                   services=[one(NVFP4, "ready")]))
+    assert "asleep" not in quiet.getvalue()
