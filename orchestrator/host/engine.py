@@ -5,11 +5,12 @@ the guarded removal gc uses.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ class EngineState:
     mismatch (its marker names another lock) or broken (it does not verify), and why. An ok venv
     was `verified` "now" (the full check ran: `verify_seconds`, and `why_verified`: no verdict, a
     changed venv, --verify-engine) or "earlier" (the verdict recorded at `verified_at` by a check
-    that passed, the venv unchanged since: only stats ran)."""
+    that passed, the venv unchanged since: only stats ran). `argcheck`: the parser's answer kept for
+    the request the check was given, this very venv and argcheck.py (None: not kept; run it)."""
 
     lock: Lock
     path: str
@@ -42,6 +44,7 @@ class EngineState:
     verified_at: float | None = None
     verify_seconds: float | None = None
     why_verified: str = ""
+    argcheck: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -63,11 +66,20 @@ def _number(value: object) -> float | None:
     return None
 
 
-def check(host: Host, entry: HostEntry, lock: Lock, *, force: bool = False) -> EngineState:
+def argcheck_request(argv: Sequence[str], env: Mapping[str, str]) -> dict:
+    """What argcheck.py is sent ({"argv", "env"}) plus the digest of the argcheck.py sent with it:
+    the part of a kept parser answer's key the controller knows (the host adds the venv's)."""
+    return {"argv": list(argv), "env": dict(env), "script": hashlib.sha256(scripts.source("argcheck.py")).hexdigest()}
+
+
+def check(host: Host, entry: HostEntry, lock: Lock, *, force: bool = False,
+          argcheck: Mapping | None = None) -> EngineState:
     """The lock's venv as the host has it. Trusts the verdict a passed verify recorded when nothing
-    it fingerprints changed since (stats only); `force` (--verify-engine) verifies in full."""
+    it fingerprints changed since (stats only); `force` (--verify-engine) verifies in full.
+    `argcheck` (argcheck_request): also the parser's answer kept for it, if any (never with force)."""
     path = f"{entry.engines_root}/{lock.name}"
-    answer, result = scripts.run_json(host, entry.python, SCRIPT, ["check", _args(entry, lock, force=force)],
+    more = {"argcheck": dict(argcheck)} if argcheck is not None and not force else {}
+    answer, result = scripts.run_json(host, entry.python, SCRIPT, ["check", _args(entry, lock, force=force, **more)],
                                       timeout=900)
     if answer is None:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no answer"]
@@ -77,7 +89,22 @@ def check(host: Host, entry: HostEntry, lock: Lock, *, force: bool = False) -> E
                        answer.get("vllm_version"), size if isinstance(size, int) else None,
                        verified=str(answer.get("verified") or ""), verified_at=_number(answer.get("verified_at")),
                        verify_seconds=_number(answer.get("verify_seconds")),
-                       why_verified=str(answer.get("why_verified") or ""))
+                       why_verified=str(answer.get("why_verified") or ""), argcheck=kept_answer(answer.get("argcheck")))
+
+
+def kept_answer(value: object) -> dict | None:
+    """A kept parser answer as the host returned it (untrusted): one that passed, else None (run it)."""
+    return value if isinstance(value, dict) and value.get("ok") is True else None
+
+
+def remember_argcheck(host: Host, entry: HostEntry, lock: Lock, request: Mapping, answer: Mapping) -> bool:
+    """Keep a parser answer that passed beside the venv's verdict (host/remote/engine.py `remember`:
+    only while the verdict is trusted). False when it was not kept: the next check runs the parser."""
+    if answer.get("ok") is not True:
+        return False
+    kept, _ = scripts.run_json(host, entry.python, SCRIPT,
+                               ["remember", _args(entry, lock, argcheck=dict(request), answer=dict(answer))], timeout=60)
+    return bool(kept and kept.get("recorded") is True)
 
 
 def listing(host: Host, entry: HostEntry) -> dict:

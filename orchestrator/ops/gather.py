@@ -162,16 +162,18 @@ def download_plan(host: Host, entry: HostEntry, m: Manifest, model: str, facts: 
 
 
 def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str], facts: HostFacts | None,
-                    skip: set[str], timeout: float = 180.0) -> PreflightFacts:
+                    skip: set[str], timeout: float = 180.0, kept: dict | None = None) -> PreflightFacts:
     """Ask the host's Python for its package versions and its vLLM parser's verdict on the argv
-    (each only when a check needs it); GPUs come from the host facts already read."""
+    (each only when a check needs it; `kept`: the parser's answer the engine venv kept for this very
+    argv, env and venv, used instead of asking again); GPUs come from the host facts already read."""
     packages = None
     if VERSION_CHECKS - skip:
         packages = HostAnswer.of(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
     argcheck = None
     if {"flags", "env"} - skip:
-        argcheck = HostAnswer.of(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
-                                             timeout=timeout))
+        argcheck = HostAnswer(kept, reused=True) if kept is not None else \
+            HostAnswer.of(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
+                                            timeout=timeout))
     if facts is None:
         return PreflightFacts(python=python, packages=packages, argcheck=argcheck, gpus=None,
                               gpu_error="no host facts")
@@ -181,11 +183,22 @@ def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str
                           service_reach=facts.service_reach, root_trust=facts.root_trust)
 
 
+def argcheck_request(svc: ServiceInput) -> dict:
+    """What vLLM's parser is asked about the service (its argv and plain env), as an engine venv
+    keeps its answer (host/engine.argcheck_request)."""
+    m, r = svc.manifest, svc.rendered
+    needs = needs_for(m, r.argv, r.provenance, effective=svc.effective)
+    return engine.argcheck_request(r.argv, needs.env)
+
+
 def engine_state(host: Host, entry: HostEntry, svc: ServiceInput, opts: Options) -> EngineState | None:
     """The service's engine venv as the host has it (None: a manifest without `engine:`): its
-    recorded verdict when the venv is unchanged since, else (or with --verify-engine) the full check."""
+    recorded verdict when the venv is unchanged since, else (or with --verify-engine) the full check;
+    and the parser's answer the venv kept for the service's argv (never with --verify-engine)."""
     m = svc.manifest
-    return engine.check(host, entry, lock_of(m.engine), force=opts.verify_engine) if m.engine is not None else None
+    if m.engine is None:
+        return None
+    return engine.check(host, entry, lock_of(m.engine), force=opts.verify_engine, argcheck=argcheck_request(svc))
 
 
 def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts, opts: Options,
@@ -199,8 +212,12 @@ def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts,
     # (the head's argv carries the service's flags, and is checked on the head).
     ray_worker = {"flags", "env"} if is_ray_worker(m, r.role) else set()
     later = set(ENGINE_CHECKS) if m.engine is not None and (engine_now is None or not engine_now.ok) else set()
+    ok_engine = engine_now if m.engine is not None and engine_now is not None and engine_now.ok else None
     pf = preflight_facts(host, python_path(m, entry), list(r.argv), dict(needs.env), facts,
-                         skip | ray_worker | later)
+                         skip | ray_worker | later, kept=ok_engine.argcheck if ok_engine else None)
+    if ok_engine is not None and pf.argcheck is not None and not pf.argcheck.reused and pf.argcheck.value:
+        # the parser answered in a venv that verified: keep a passing answer for the next deploy, swap or check
+        engine.remember_argcheck(host, entry, ok_engine.lock, argcheck_request(svc), pf.argcheck.value)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign,
                       skip=skip | ray_worker | later)
     for c in checks:    # skipped by the inventory, not by the command line: say so

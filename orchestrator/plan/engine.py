@@ -19,7 +19,7 @@ from orchestrator.config.engine import lock_of, python_path
 from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host import scripts
-from orchestrator.host.engine import SCRIPT, EngineState, build, build_args
+from orchestrator.host.engine import SCRIPT, EngineState, argcheck_request, build, build_args, remember_argcheck
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.preflight import FAIL, HostAnswer, PreflightFacts, evaluate, needs_for
@@ -50,6 +50,8 @@ def after_build_checks(env: RunEnv, inp: PlanInput, skip: frozenset[str]) -> lis
     argcheck = HostAnswer.of(*scripts.run_json(env.host, python, "argcheck.py",
                                          [json.dumps({"argv": list(r.argv), "env": dict(needs.env)})],
                                          timeout=300)) if todo & {"flags", "env"} else None
+    if argcheck is not None and argcheck.value and m.engine is not None:    # the next deploy reuses a passing answer
+        remember_argcheck(env.host, env.entry, lock_of(m.engine), argcheck_request(r.argv, needs.env), argcheck.value)
     facts = inp.facts
     pf = PreflightFacts(python=python, packages=packages, argcheck=argcheck, gpus=None, gpu_error=None,
                         driver_version=facts.driver_version, driver_cuda=facts.cuda_version)

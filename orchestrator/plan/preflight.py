@@ -334,10 +334,14 @@ def fix_for_flag(token: str | None) -> str | None:
     return None
 
 
+REUSED = "vLLM's parser: answered earlier for the same command line and venv"
+
+
 @skippable("flags")
 def check_flags(argcheck_result: Mapping[str, Any], provenance: Sequence[tuple[str, str]], *,
-                manifest: str | None = None) -> Check:
-    """argcheck_result: argcheck.py's JSON; provenance: [(argv_token, manifest field)] from render."""
+                manifest: str | None = None, reused: bool = False) -> Check:
+    """argcheck_result: argcheck.py's JSON; provenance: [(argv_token, manifest field)] from render.
+    `reused`: the answer an engine venv kept for this very command line and venv (not asked now)."""
     r = argcheck_result
     version = r.get("vllm_version") or "?"
     where = f"{manifest}: " if manifest else ""
@@ -372,8 +376,10 @@ def check_flags(argcheck_result: Mapping[str, Any], provenance: Sequence[tuple[s
         args = ", ".join(d["arg"] for d in deprecated if d.get("arg"))
         fixes = [f for f in (fix_for_flag(d.get("arg")) for d in deprecated) if f]
         return Check("flags", WARN, f"vLLM {version} accepts the command line but deprecates {args}",
-                     details=details, fix="; ".join(fixes) or "replace or drop the deprecated arguments",
-                     field=first_field)
+                     details=details + ([REUSED] if reused else []),
+                     fix="; ".join(fixes) or "replace or drop the deprecated arguments", field=first_field)
+    if reused:
+        return Check("flags", OK, f"{REUSED} (vLLM {version} accepts it; --verify-engine asks it again)")
     seconds = r.get("seconds")
     return Check("flags", OK, f"vLLM {version} parser accepts the command line"
                  + (f" ({seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""))
@@ -512,6 +518,7 @@ class HostAnswer:
     exit_code: int = 0
     tail: list[str] = dc_field(default_factory=list)     # last stderr/stdout lines, for failures
     seconds: float | None = None
+    reused: bool = False        # the answer an engine venv kept for the same request and venv (not asked now)
 
     @classmethod
     def of(cls, value: dict | None, result: Any) -> HostAnswer:
@@ -579,7 +586,7 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
         checks.append(_broken("flags", "argcheck.py", pf.python, pf.argcheck))
     else:
         checks.append(_timed(check_flags(pf.argcheck.value, needs.provenance, manifest=needs.manifest_label,
-                                         skip=skip), pf.argcheck.seconds))
+                                         reused=pf.argcheck.reused, skip=skip), pf.argcheck.seconds))
         checks.append(_timed(check_env(needs.env, pf.argcheck.value.get("unknown_env") or (),
                                        env_fields=needs.env_fields, skip=skip,
                                        not_read=pf.argcheck.value.get("not_read_env") or ()),

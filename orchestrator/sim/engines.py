@@ -6,6 +6,8 @@
   that runs it as that version: its parser, start-up lines and version traps follow the version
   (vllm_server.py, VERSIONED_FLAGS and the start line), and the packages it checks (the flashinfer
   pair) are the venv's own. It needs nothing but the standard library (psutil when present).
+  It also answers preflight's parser check (argcheck.py): `vllm.utils.argparse_utils` and
+  `vllm.entrypoints.cli.serve` build the serve parser from the same version's flag table.
 - `torch-<version>` (`torch/version.py` with its CUDA build, as inspect_env.py reads it),
   `flashinfer-python-<version>` (module `flashinfer`), `flashinfer-cubin-<version>`.
 
@@ -38,12 +40,48 @@ from pathlib import Path
 from vllm import __version__
 
 
-def main():
+def server():
+    """The simulated server module, as this version (its parser follows the version)."""
     os.environ["VLLM_SIM_VLLM_VERSION"] = __version__
     # engines_root is <host dir>/engines: the venv is <host dir>/engines/<name>
     os.environ.setdefault("VLLM_SIM_HOST_DIR", str(Path(sys.prefix).resolve().parent.parent))
     from vllm import _sim_server
-    return _sim_server.main()
+    return _sim_server
+
+
+def main():
+    return server().main()
+'''
+
+# What argcheck.py (orchestrator/host/remote/argcheck.py) imports of a vLLM to build `vllm serve`'s
+# parser tree: FlexibleArgumentParser, and the serve subcommand whose subparser_init adds `serve`
+# with this version's flags (the server's own table: a removed flag is argparse's "unrecognized
+# arguments" from the top-level `vllm` parser, as in the real tree).
+_SIM_ARGPARSE = '''"""SIMULATED vllm.utils.argparse_utils: FlexibleArgumentParser normalizes the argv first."""
+import argparse
+import sys
+
+from vllm import _sim
+
+
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    def parse_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(_sim.server().normalize_argv(args), namespace)
+'''
+
+_SIM_SERVE = '''"""SIMULATED vllm.entrypoints.cli.serve: the `serve` subcommand."""
+from vllm import _sim
+
+
+class ServeSubcommand:
+    name = "serve"
+
+    def subparser_init(self, subparsers):
+        return _sim.server().add_serve(subparsers)
+
+    def validate(self, args):
+        """vLLM validates a few flag combinations here; the simulated server checks none at start either."""
 '''
 
 
@@ -106,6 +144,11 @@ def vllm_wheel(folder: Path, version: str, requires: Iterable[str] = ()) -> Path
         "vllm/__init__.py": _SIM_INIT.format(version=version),
         "vllm/_sim.py": _SIM_MAIN.format(version=version),
         "vllm/_sim_server.py": server,
+        "vllm/utils/__init__.py": "",
+        "vllm/utils/argparse_utils.py": _SIM_ARGPARSE,
+        "vllm/entrypoints/__init__.py": "",
+        "vllm/entrypoints/cli/__init__.py": "",
+        "vllm/entrypoints/cli/serve.py": _SIM_SERVE,
     }, scripts={"vllm": "vllm._sim:main"}, requires=requires)
 
 

@@ -454,29 +454,37 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "serve":
             subs.add_parser(name, help=f"vllm {name} (not simulated)")
             continue
-        serve = subs.add_parser("serve", usage="vllm serve [model_tag] [options]",
-                                help="Launch a local OpenAI-compatible API server.")
-        serve.add_argument("model_tag", nargs="?")
-        serve.add_argument("--model", dest="model")
-
-        def opts(table):
-            return [o.split("|") for o in table.split()]
-
-        for names in opts(_FLAG_OPTS):
-            serve.add_argument(*names, action=EnableDisableAction, default=None)
-        for names in opts(_FLAG0_OPTS):
-            serve.add_argument(*names, action="store_true", default=False)
-        for names in opts(_LIST_OPTS):
-            serve.add_argument(*names, nargs="+", default=None)
-        for names in opts(_OPTVAL_OPTS):
-            serve.add_argument(*names, nargs="?", const=True, default=None)
-        for names in opts(_VALUE_OPTS):
-            if has_flag(names[0]):
-                serve.add_argument(*names, default=None)
-        for flag, _since, _until in VERSIONED_FLAGS:
-            if has_flag(flag) and flag not in _VALUE_OPTS.split():
-                serve.add_argument(flag, default=None)
+        add_serve(subs)
     return parser
+
+
+def add_serve(subs: Any, parser_class: Any = None) -> argparse.ArgumentParser:
+    """The `serve` sub-parser with this version's flags (also what the simulated vllm wheel's
+    ServeSubcommand.subparser_init builds for argcheck.py: orchestrator/sim/engines.py)."""
+    serve = subs.add_parser("serve", usage="vllm serve [model_tag] [options]",
+                            help="Launch a local OpenAI-compatible API server.",
+                            **({"parser_class": parser_class} if parser_class else {}))
+    serve.add_argument("model_tag", nargs="?")
+    serve.add_argument("--model", dest="model")
+
+    def opts(table):
+        return [o.split("|") for o in table.split()]
+
+    for names in opts(_FLAG_OPTS):
+        serve.add_argument(*names, action=EnableDisableAction, default=None)
+    for names in opts(_FLAG0_OPTS):
+        serve.add_argument(*names, action="store_true", default=False)
+    for names in opts(_LIST_OPTS):
+        serve.add_argument(*names, nargs="+", default=None)
+    for names in opts(_OPTVAL_OPTS):
+        serve.add_argument(*names, nargs="?", const=True, default=None)
+    for names in opts(_VALUE_OPTS):
+        if has_flag(names[0]):
+            serve.add_argument(*names, default=None)
+    for flag, _since, _until in VERSIONED_FLAGS:
+        if has_flag(flag) and flag not in _VALUE_OPTS.split():
+            serve.add_argument(flag, default=None)
+    return serve
 
 
 def _value_options() -> set:

@@ -2,8 +2,9 @@
 
 Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orchestrator/host/engine.py).
 
-    check   {"root", "lock", "force"}            -> {"state": ok|missing|partial|mismatch|broken,
-                                                     "verified": earlier|now, ...}
+    check   {"root", "lock", "force", "argcheck"} -> {"state": ok|missing|partial|mismatch|broken,
+                                                     "verified": earlier|now, "argcheck": answer|null, ...}
+    remember {"root", "lock", "argcheck", "answer"} -> {"recorded": bool, "why"}
     build   {"root", "lock", "uv", "wheelhouse"} -> JSON-line events: step ..., then done or error
     list    {"root"}                             -> {"engines": [{"name", "lock", "bytes", "complete"}],
                                                      "wheelhouse": {file: size}}
@@ -22,6 +23,16 @@ later check whose fingerprint matches trusts the verdict and imports nothing (st
 any difference, or a verdict file that is missing, does not parse or is not a regular file of the
 running user's without group or other write, means the full verify again (`force` too). A verify
 that fails removes the verdict.
+
+The parser's answers are kept beside the verdict (vllm-orch-argcheck.json, the same trust rule):
+argcheck.py imports vLLM (seconds on a CPU build, tens on a GPU host) to parse the service's argv,
+and its answer depends only on that argv and env, the script itself, and the venv. `remember` keeps
+an answer that passed, under the key `argcheck_key` makes of all of them (the request's argv, env
+and argcheck.py's digest, the Python the venv runs, the lock hash and the venv's fingerprint), and
+only while the venv's verdict is trusted; a `check` of an ok venv (not `force`) given the same
+request returns it as "argcheck". A venv rebuilt at the same path has another fingerprint (its
+marker's inode and times), so an answer copied across, or left by a build that was removed, is
+never found; a file that is garbled or not ours is an answer not found, never an error.
 
 A folder without the marker is a build that was cut short: the next build removes it and starts
 again (a venv cannot be moved once built, so it is built in place). Everything under root is root's
@@ -43,6 +54,9 @@ import time
 MARKER = "vllm-orch-engine.json"
 VERDICT = "vllm-orch-verified.json"
 VERDICT_MAX = 1 << 16
+ARGCHECK = "vllm-orch-argcheck.json"
+ARGCHECK_MAX = 1 << 20
+ARGCHECK_KEEP = 16        # answers kept per venv (the services that share it, a few edits back)
 NAME = re.compile(r"^vllm-[0-9][A-Za-z0-9.+]{0,60}-[0-9a-f]{16}$")
 WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
 
@@ -209,27 +223,57 @@ def fingerprint(venv, lock):
     return json.loads(json.dumps(out))          # as it reads back from the verdict file
 
 
-def read_verdict(venv, lock):
-    """(the recorded verdict, "") when it is trustworthy and the venv is unchanged since; else (None, why)."""
-    path = os.path.join(venv, VERDICT)
+def read_own(path, limit, what):
+    """(the JSON of a file this user wrote, "") when it is a regular file of the running user's
+    without group or other write, at most `limit` bytes, and parses; else (None, why)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
-        return None, "no verdict recorded"
+        return None, "no %s recorded" % what
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
-                or st.st_size > VERDICT_MAX:
-            return None, "the verdict file is not one vllm-orch wrote (type, owner or mode)"
-        data = os.read(fd, VERDICT_MAX + 1)
+                or st.st_size > limit:
+            return None, "the %s file is not one vllm-orch wrote (type, owner or mode)" % what
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
     except OSError as exc:
-        return None, "the verdict file could not be read: %s" % exc
+        return None, "the %s file could not be read: %s" % (what, exc)
     finally:
         os.close(fd)
     try:
-        verdict = json.loads(data.decode())
+        return json.loads(data.decode()), ""
     except ValueError:
-        return None, "the verdict file does not parse"
+        return None, "the %s file does not parse" % what
+
+
+def write_own(venv, name, value):
+    """Write venv/name whole (0644, the running user's), then move it in place. False on failure."""
+    tmp = os.path.join(venv, "%s.%d.tmp" % (name, os.getpid()))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)
+            json.dump(value, f)
+        os.replace(tmp, os.path.join(venv, name))
+        return True
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return False
+
+
+def read_verdict(venv, lock):
+    """(the recorded verdict, "") when it is trustworthy and the venv is unchanged since; else (None, why)."""
+    verdict, why = read_own(os.path.join(venv, VERDICT), VERDICT_MAX, "verdict")
+    if why:
+        return None, why
     if not isinstance(verdict, dict) or verdict.get("hash") != lock["hash"] or \
             not isinstance(verdict.get("vllm_version"), str) or \
             not same_version(verdict["vllm_version"], lock["vllm_version"]):
@@ -245,27 +289,72 @@ def record_verdict(venv, lock, version, seconds):
     verdict = {"hash": lock["hash"], "vllm_version": version, "python": os.path.realpath(
         os.path.join(venv, "bin", "python")), "fingerprint": fingerprint(venv, lock), "verified_at": time.time(),
         "seconds": seconds}
-    tmp = os.path.join(venv, "%s.%d.tmp" % (VERDICT, os.getpid()))
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o644)
-            json.dump(verdict, f)
-        os.replace(tmp, os.path.join(venv, VERDICT))
-        return True
-    except OSError:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        return False
+    return write_own(venv, VERDICT, verdict)
 
 
 def forget_verdict(venv):
-    try:
-        os.remove(os.path.join(venv, VERDICT))
-    except OSError:
-        pass
+    for name in (VERDICT, ARGCHECK):
+        try:
+            os.remove(os.path.join(venv, name))
+        except OSError:
+            pass
+
+
+def argcheck_key(venv, lock, request):
+    """The key of a parser answer: everything it depends on. request: {"argv", "env", "script"}
+    (script: the digest of the argcheck.py the controller sends)."""
+    if not isinstance(request, dict):
+        return None
+    text = json.dumps({"argv": request.get("argv"), "env": request.get("env"), "script": request.get("script"),
+                       "python": os.path.realpath(os.path.join(venv, "bin", "python")), "lock": lock["hash"],
+                       "fingerprint": fingerprint(venv, lock)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def argcheck_answers(venv):
+    """{key: {"answer", "at"}} of the answers kept (none when the file is missing, garbled or not ours)."""
+    kept, _why = read_own(os.path.join(venv, ARGCHECK), ARGCHECK_MAX, "argcheck")
+    entries = kept.get("answers") if isinstance(kept, dict) else None
+    if not isinstance(entries, dict):
+        return {}
+    return {k: v for k, v in entries.items() if isinstance(v, dict) and isinstance(v.get("answer"), dict)
+            and isinstance(v.get("at"), (int, float))}
+
+
+def argcheck_answer(venv, lock, request):
+    """The parser's answer kept for exactly this request and venv, else None."""
+    key = argcheck_key(venv, lock, request)
+    entry = argcheck_answers(venv).get(key) if key else None
+    answer = entry["answer"] if entry else None
+    return answer if answer is not None and answer.get("ok") is True else None
+
+
+def remember(args):
+    """Keep a parser answer that passed, for a venv whose verdict is trusted now (so its fingerprint
+    is that of a venv that verified)."""
+    root, lock, request, answer = args["root"], args["lock"], args.get("argcheck"), args.get("answer")
+    if lock_hash(lock) != lock["hash"] or not lock["name"].endswith("-" + lock["hash"]):
+        return {"recorded": False, "why": "the lock's hash does not match its content"}
+    venv = safe_dir(root, lock["name"])
+    if venv is None:
+        return {"recorded": False, "why": "no venv %s" % lock["name"]}
+    if not isinstance(answer, dict) or answer.get("ok") is not True:
+        return {"recorded": False, "why": "only an answer that passed is kept"}
+    verdict, why = read_verdict(venv, lock)
+    if verdict is None:
+        return {"recorded": False, "why": why}
+    key = argcheck_key(venv, lock, request)
+    if key is None:
+        return {"recorded": False, "why": "the request is not an object"}
+    entries = argcheck_answers(venv)
+    entries[key] = {"answer": answer, "at": time.time()}
+    newest = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:ARGCHECK_KEEP]
+    kept = {"answers": {k: entries[k] for k in newest}}
+    if len(json.dumps(kept)) > ARGCHECK_MAX:
+        kept = {"answers": {key: entries[key]}}
+        if len(json.dumps(kept)) > ARGCHECK_MAX:
+            return {"recorded": False, "why": "the answer is too large to keep"}
+    return {"recorded": write_own(venv, ARGCHECK, kept)}
 
 
 def check(args):
@@ -289,16 +378,19 @@ def check(args):
         if verdict is not None:
             return {"state": "ok", "vllm_version": verdict["vllm_version"], "bytes": marker.get("bytes"),
                     "built_seconds": marker.get("seconds"), "verified": "earlier",
-                    "verified_at": verdict.get("verified_at"), "verify_seconds": verdict.get("seconds")}
+                    "verified_at": verdict.get("verified_at"), "verify_seconds": verdict.get("seconds"),
+                    "argcheck": argcheck_answer(venv, lock, args.get("argcheck"))}
     started = time.monotonic()
     why, version = verify(venv, lock)
     if why:
         forget_verdict(venv)
         return {"state": "broken", "detail": why}
     seconds = round(time.monotonic() - started, 2)
+    recorded = record_verdict(venv, lock, version, seconds)
     return {"state": "ok", "vllm_version": version, "bytes": marker.get("bytes"),
             "built_seconds": marker.get("seconds"), "verified": "now", "verify_seconds": seconds,
-            "why_verified": why_full, "recorded": record_verdict(venv, lock, version, seconds)}
+            "why_verified": why_full, "recorded": recorded,
+            "argcheck": None if args.get("force") else argcheck_answer(venv, lock, args.get("argcheck"))}
 
 
 def run(argv, env, what):
@@ -420,7 +512,7 @@ def main():
     mode, args = sys.argv[1], json.loads(sys.argv[2])
     if mode == "build":
         return build(args)
-    answer = {"check": check, "list": listing, "remove": remove}[mode](args)
+    answer = {"check": check, "list": listing, "remove": remove, "remember": remember}[mode](args)
     print(json.dumps(answer))
     return 0
 
