@@ -15,6 +15,9 @@
   check (--verify-engine, what every deploy ran before the verdict); with --real-venv, the check
   alone on vLLM's CPU build (the real_vllm cache), full and trusted, and a no-op redeploy of the tiny
   model it serves as an engine service
+- preflight's parser check on every deploy: the same no-op redeploys with vLLM's parser answer the
+  venv kept reused (the default) and asked again (the kept answer removed first: what every deploy
+  ran before answers were kept), the parser checks on (a simulated host skips them by default)
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from orchestrator.config.inventory import HostEntry  # noqa: E402
 from orchestrator.config.manifest import Engine, Manifest  # noqa: E402
 from orchestrator.host import engine as host_engine  # noqa: E402
 from orchestrator.host.local import LocalHost  # noqa: E402
+from orchestrator.host.remote.engine import ARGCHECK  # noqa: E402
 from orchestrator.sim import engines as sim_engines  # noqa: E402
 from orchestrator.sim import manager  # noqa: E402
 from tests.integration.deployhelp import SHIPPED, deploy, free_port, swap  # noqa: E402
@@ -139,9 +143,20 @@ def median_s(times: list[float]) -> str:
     return f"median {statistics.median(times):.3f} s over {len(times)} (min {min(times):.3f}, max {max(times):.3f})"
 
 
+def parser_on(entry: HostEntry) -> HostEntry:
+    """The entry with preflight's parser checks (flags, env) on."""
+    return entry.model_copy(update={"skip_checks": [c for c in entry.skip_checks if c not in ("flags", "env")]})
+
+
+def forget_parser(entry: HostEntry, m: Manifest) -> None:
+    """Remove the parser answer the engine venv kept: the next deploy asks vLLM's parser again."""
+    (Path(entry.engines_root) / lock_of(m.engine).name / ARGCHECK).unlink(missing_ok=True)  # type: ignore[arg-type]
+
+
 def engine_checks(tmp: Path, wheels: Path, runs: int) -> None:
-    """A no-op redeploy and the engine check alone, trusted verdict vs full check, interleaved."""
-    entry = sim_entry(tmp / "sim-check", wheels)
+    """A no-op redeploy and the engine check alone, trusted verdict vs full check, interleaved; and
+    the no-op redeploy with the parser's kept answer reused vs asked again."""
+    entry = parser_on(sim_entry(tmp / "sim-check", wheels))
     host = LocalHost("sim", env=entry.env)
     try:
         data = SHIPPED["minimax-m25"].model_dump()
@@ -150,8 +165,13 @@ def engine_checks(tmp: Path, wheels: Path, runs: int) -> None:
         m = Manifest.model_validate(data)
         assert deploy(entry, m).ok
         lock = lock_of(m.engine)  # type: ignore[arg-type]
-        times: dict[str, list[float]] = {"deploy trusted": [], "deploy full": [], "check trusted": [], "check full": []}
+        times: dict[str, list[float]] = {"deploy trusted": [], "deploy full": [], "check trusted": [], "check full": [],
+                                         "deploy trusted, parser asked again": []}
         for _ in range(runs):
+            forget_parser(entry, m)
+            t0 = time.monotonic()
+            assert deploy(entry, m).ok
+            times["deploy trusted, parser asked again"].append(time.monotonic() - t0)
             for full in (False, True):
                 t0 = time.monotonic()
                 assert deploy(entry, m, verify_engine=full).ok
@@ -161,7 +181,8 @@ def engine_checks(tmp: Path, wheels: Path, runs: int) -> None:
                 times["check full" if full else "check trusted"].append(time.monotonic() - t0)
                 assert state.verified == ("now" if full else "earlier"), state
         for what, t in times.items():
-            print(f"SIMULATED engine service, no-op redeploy / engine check alone: {what}: {median_s(t)}")
+            print(f"SIMULATED engine service, no-op redeploy / engine check alone: {what}: {median_s(t)}"
+                  + (" (parser answer reused)" if what == "deploy trusted" else ""))
     finally:
         manager.down(tmp / "sim-check")
 
@@ -204,19 +225,26 @@ def real_deploys(tmp: Path, runs: int) -> None:
     try:
         raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
         linked, _lock = linked_engine(tmp / "real-deploy", Path(env["venv"]), env["version"])
-        entry = HostEntry.model_validate({**raw, "name": "sim", "engines_root": linked.engines_root})
+        entry = parser_on(HostEntry.model_validate({**raw, "name": "sim", "engines_root": linked.engines_root}))
         data = SHIPPED["tiny-llama-a"].model_dump()
         data["serving"]["port"] = free_port()
         data["engine"] = {"vllm": env["version"].split("+")[0], "python": "3.11"}
         m = Manifest.model_validate(data)
         first = deploy(entry, m, budget_s=600, poll_s=0.5)
         assert first.ok, first.error
-        times: dict[str, list[float]] = {"trusted": [], "full": []}
+        times: dict[str, list[float]] = {"trusted, parser answer reused": [], "trusted, parser asked again": [],
+                                         "full (and the parser asked)": []}
         for _ in range(runs):
+            forget_parser(entry, m)
+            t0 = time.monotonic()
+            res = deploy(entry, m, budget_s=600, poll_s=0.5)
+            times["trusted, parser asked again"].append(time.monotonic() - t0)
+            assert res.ok, res.error
             for full in (False, True):
                 t0 = time.monotonic()
                 res = deploy(entry, m, budget_s=600, poll_s=0.5, verify_engine=full)
-                times["full" if full else "trusted"].append(time.monotonic() - t0)
+                times["full (and the parser asked)" if full else "trusted, parser answer reused"].append(
+                    time.monotonic() - t0)
                 assert res.ok, res.error
         for what, t in times.items():
             print(f"REAL vLLM {env['version']} tiny-llama-a as an engine service, no-op redeploy, engine check "

@@ -190,3 +190,71 @@ def test_a_verify_that_fails_removes_the_verdict(tmp_path, monkeypatch):
     assert not os.path.exists(os.path.join(venv, script.VERDICT))
     runs = counting(monkeypatch)
     assert script.check(args(root))["verified"] == "now" and len(runs) == 1
+
+
+REQUEST = {"argv": ["serve", "org/m", "--max-num-seqs", "8"], "env": {"VLLM_X": "1"}, "script": "a" * 64}
+PASSED = {"ok": True, "stage": None, "error": None, "vllm_version": "0.33.0", "deprecated": []}
+
+
+def remember(root, request=REQUEST, answer=PASSED) -> dict:
+    return script.remember(dict(args(root), argcheck=request, answer=answer))
+
+
+def kept(root, request=REQUEST, **more):
+    return script.check(dict(args(root), argcheck=request, **more)).get("argcheck")
+
+
+def test_a_parser_answer_is_kept_only_for_its_exact_request_and_only_when_it_passed(tmp_path, monkeypatch):
+    root = tmp_path / "engines"
+    counting(monkeypatch)
+    venv = built_venv(root, [])
+    assert remember(root)["recorded"] is False                       # no verdict yet: the venv never verified
+    assert kept(root) is None                                        # (this full check records one)
+    assert remember(root)["recorded"] is True
+    st = os.stat(os.path.join(venv, script.ARGCHECK))
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o644
+    assert kept(root) == PASSED
+    for other in ({**REQUEST, "argv": [*REQUEST["argv"], "-tp", "2"]}, {**REQUEST, "env": {}},
+                  {**REQUEST, "script": "b" * 64}, None, "garbage"):
+        assert kept(root, other) is None, other                     # another argv, env or argcheck.py
+    assert kept(root, force=True) is None                           # --verify-engine asks the parser too
+    assert kept(root) == PASSED
+    refused = dict(PASSED, ok=False, stage="parse", error="unrecognized arguments: --swap-space 4")
+    assert remember(root, answer=refused) == {"recorded": False, "why": "only an answer that passed is kept"}
+    for i in range(script.ARGCHECK_KEEP + 2):                       # bounded: the newest are kept
+        assert remember(root, {**REQUEST, "argv": ["serve", "m", str(i)]})["recorded"] is True
+    answers = json.loads(open(os.path.join(venv, script.ARGCHECK)).read())["answers"]
+    assert len(answers) == script.ARGCHECK_KEEP and kept(root) is None
+    assert kept(root, {**REQUEST, "argv": ["serve", "m", str(script.ARGCHECK_KEEP + 1)]}) == PASSED
+
+
+def test_a_garbled_foreign_or_stale_kept_answer_is_not_found_never_an_error(tmp_path, monkeypatch):
+    root = tmp_path / "engines"
+    runs = counting(monkeypatch)
+    venv = built_venv(root, runs)
+    path = os.path.join(venv, script.ARGCHECK)
+    script.check(args(root))
+    assert remember(root)["recorded"] is True
+    good = open(path).read()
+    garbles = [lambda: open(path, "w").write(good[: len(good) // 2]),
+               lambda: open(path, "w").write('{"answers": []}'),
+               lambda: open(path, "w").write(json.dumps({"answers": {k: {"answer": "x", "at": 1} for k in
+                                                                     json.loads(good)["answers"]}})),
+               lambda: os.chmod(path, 0o666),
+               lambda: (os.remove(path), os.symlink(tmp_path / "elsewhere.json", path))]
+    (tmp_path / "elsewhere.json").write_text(good)
+    for garble in garbles:
+        garble()
+        answer = script.check(dict(args(root), argcheck=REQUEST))
+        assert answer["state"] == "ok" and answer["verified"] == "earlier" and answer["argcheck"] is None, answer
+        assert remember(root)["recorded"] is True and kept(root) == PASSED      # written over, good again
+    # the venv changed (vLLM reinstalled): its fingerprint is in the key, so the old answer is not found
+    sp = os.path.join(venv, "lib", "python3.11", "site-packages")
+    open(os.path.join(sp, "vllm-0.33.0.dist-info", "RECORD"), "w").close()
+    answer = script.check(dict(args(root), argcheck=REQUEST))
+    assert answer["verified"] == "now" and answer["argcheck"] is None
+    # a verify that fails forgets the kept answers with the verdict
+    assert remember(root)["recorded"] is True
+    counting(monkeypatch, fails="import vllm failed")
+    script.check(dict(args(root), force=True))
+    assert not os.path.exists(path)

@@ -18,6 +18,7 @@ from orchestrator.paths import package_file
 from orchestrator.plan.preflight import (
     FAIL,
     OK,
+    REUSED,
     SKIPPED,
     WARN,
     GpuNeeds,
@@ -59,6 +60,16 @@ def test_unrecognized_flag_is_reported_against_the_field_that_produced_it():
                          "unrecognized arguments: --enable-reasoning")
     assert "--reasoning-parser" in c.fix
     assert "vllm: error: unrecognized arguments: --enable-reasoning" in c.details
+
+
+def test_a_reused_parser_answer_says_so_and_keeps_its_warnings():
+    ok = {"ok": True, "stage": None, "vllm_version": "0.33.0", "seconds": 6.2, "deprecated": []}
+    c = check_flags(ok, PROVENANCE, reused=True)
+    assert c.status == OK and c.summary.startswith(REUSED) and "--verify-engine" in c.summary and "6.2" not in c.summary
+    assert REUSED not in check_flags(ok, PROVENANCE).summary
+    warned = dict(ok, deprecated=[{"arg": "--swap-space", "message": "--swap-space is deprecated"}])
+    c = check_flags(warned, PROVENANCE, reused=True)
+    assert c.status == WARN and REUSED in c.details and "vllm.extra_args[1]" in c.details[0]
 
 
 def test_several_removed_flags_each_get_their_field_and_fix():
