@@ -180,7 +180,8 @@ verify_engine_option = click.option(
     "--verify-engine", is_flag=True,
     help="Check the service's engine venv (a manifest's `engine:`) in full: the pins, its imports and `vllm "
          "--version` (tens of seconds on a real vLLM), instead of trusting the verdict an earlier full check "
-         "recorded on the host while the venv's files are unchanged since.")
+         "recorded on the host while the venv's files are unchanged since; and ask vLLM's parser about the "
+         "command line again instead of reusing the answer the venv kept.")
 
 kill_foreign_option = click.option(
     "--kill-foreign", is_flag=True,

@@ -217,7 +217,8 @@ def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts,
                          skip | ray_worker | later, kept=ok_engine.argcheck if ok_engine else None)
     if ok_engine is not None and pf.argcheck is not None and not pf.argcheck.reused and pf.argcheck.value:
         # the parser answered in a venv that verified: keep a passing answer for the next deploy, swap or check
-        engine.remember_argcheck(host, entry, ok_engine.lock, argcheck_request(svc), pf.argcheck.value)
+        engine.remember_argcheck(host, entry, ok_engine.lock, engine.argcheck_request(r.argv, needs.env),
+                                 pf.argcheck.value)
     checks = evaluate(pf, needs, placement_holders(facts, m, stopping), kill_foreign=opts.kill_foreign,
                       skip=skip | ray_worker | later)
     for c in checks:    # skipped by the inventory, not by the command line: say so
