@@ -80,6 +80,16 @@ def unit(e, model, prop: str = "ActiveState") -> str:
         return host.run(["systemctl", "show", "-p", prop, "--value", model.unit_name]).stdout.strip()
 
 
+def unit_story(e, model) -> str:
+    """What systemd says of a unit and its last lines: the message of an assertion on its state."""
+    with open_host(e) as host:
+        show = host.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus,NRestarts",
+                         model.unit_name]).stdout
+        journal = host.run(["journalctl", "-u", model.unit_name, "-n", "25", "--no-pager", "-o", "short-monotonic"],
+                           timeout=30).stdout
+    return show + journal
+
+
 def swap_record(e) -> dict | None:
     with open_host(e) as host:
         data = host.get(f"{e.state_dir}/swap.json")
@@ -230,6 +240,7 @@ def test_a_host_out_of_reach_keeps_the_swap_half_done_until_swap_goes_back(pair,
         assert time.monotonic() < deadline, back.stderr
         time.sleep(5)
     assert back.returncode == 0, back.stdout + back.stderr
-    assert serves(e, old) and swap_record(e) is None and unit(e, new) == "inactive"
+    assert serves(e, old) and swap_record(e) is None
+    assert unit(e, new) == "inactive", back.stdout + unit_story(e, new)
     with open_host(e) as host:
         assert read_active(host, e).model == old.name
