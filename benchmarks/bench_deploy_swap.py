@@ -22,7 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.sim import manager
@@ -32,7 +31,7 @@ from tests.integration.deployhelp import deploy, free_port, on_port, swap  # noq
 def sim(home: Path, speed: float) -> HostEntry:
     os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
     manager.up(1, speed=speed, home=home)
-    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    raw = manager.inventory_hosts(home)["sim"]
     return HostEntry.model_validate({**raw, "name": "sim"})
 
 

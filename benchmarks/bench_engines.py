@@ -35,7 +35,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
 
 from orchestrator.config.engine import lock_of  # noqa: E402
 from orchestrator.config.inventory import HostEntry  # noqa: E402
@@ -59,7 +58,7 @@ def du(path: Path) -> int:
 def sim_entry(home: Path, wheels: Path) -> HostEntry:
     os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
     manager.up(1, speed=2000.0, home=home)
-    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    raw = manager.inventory_hosts(home)["sim"]
     env = {k: v for k, v in raw["env"].items() if k != "PYTHONPATH"}
     hdir = manager.host_dir("sim", home)
     return HostEntry.model_validate({**raw, "name": "sim", "env": env, "engines_root": str(hdir / "engines"),
@@ -223,7 +222,7 @@ def real_deploys(tmp: Path, runs: int) -> None:
     os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
     manager.up(1, speed=2000, real_vllm=True, home=home)
     try:
-        raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        raw = manager.inventory_hosts(home)["sim"]
         linked, _lock = linked_engine(tmp / "real-deploy", Path(env["venv"]), env["version"])
         entry = parser_on(HostEntry.model_validate({**raw, "name": "sim", "engines_root": linked.engines_root}))
         data = SHIPPED["tiny-llama-a"].model_dump()

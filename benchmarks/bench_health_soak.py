@@ -79,8 +79,7 @@ def main() -> None:
     detect_s = None
     long_sent = long_done = short_done = 0
     try:
-        entry = json.loads(json.dumps(__import__("yaml").safe_load(manager.inventory_file(home).read_text())
-                                      ["hosts"]["sim"]))
+        entry = json.loads(json.dumps(manager.inventory_hosts(home)["sim"]))
         from orchestrator.host.local import LocalHost
         sim = SimHost("sim", manager.host_dir("sim", home), entry, LocalHost("sim", env=entry["env"]), home)
         model = make_model(sim.dir, MODEL, "moonshotai/Kimi-K2.5", total_size=547e9)

@@ -37,8 +37,6 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="bench-multinode-"))
     os.environ["VLLM_ORCH_STATE_HOME"] = str(scratch / "state")
 
-    import yaml
-
     from orchestrator.config.inventory import HostEntry
     from orchestrator.config.manifest import load_all
     from orchestrator.host.local import LocalHost
@@ -54,7 +52,7 @@ def main() -> None:
     one, two = models["kimi-k25-int4"], models["kimi-k25-int4-2node"]
     home = manager.sim_home()
     manager.up(2, speed=args.speed, home=home)
-    inv = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]
+    inv = manager.inventory_hosts(home)
     sim, sim2 = (HostEntry.model_validate({**inv[n], "name": n}) for n in ("sim", "sim-2"))
     opts = Options()                                     # the CLI's defaults (poll every 0.5 s)
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
 
 from orchestrator.host.local import LocalHost  # noqa: E402
 from orchestrator.sim import manager  # noqa: E402
@@ -79,7 +78,7 @@ def main() -> int:
         home = manager.sim_home()
         manager.up(2, speed=args.speed, home=home)
         try:
-            inv = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]
+            inv = manager.inventory_hosts(home)
             hosts = [SimHost(n, manager.host_dir(n, home), inv[n], LocalHost(n, env=inv[n]["env"]), home)
                      for n in ("sim", "sim-2")]
             for h in hosts:

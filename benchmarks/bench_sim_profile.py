@@ -26,8 +26,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.bench.options import BenchOptions  # noqa: E402
@@ -86,7 +84,7 @@ def main() -> None:
     home = manager.sim_home()
     manager.up(1, speed=TEST_SPEED, home=home)
     try:
-        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        entry = manager.inventory_hosts(home)["sim"]
         sim = SimHost("sim", manager.host_dir("sim", home), entry, LocalHost("sim", env=entry["env"]), home)
         model = make_model(sim.dir, a.profile, REPOS[a.profile], total_size=profile["size"])
         with SimServer(sim, [str(model), "--trust-remote-code", "--max-model-len", "65536", "-tp", "8",

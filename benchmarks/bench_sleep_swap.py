@@ -27,8 +27,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config.inventory import HostEntry  # noqa: E402
@@ -65,7 +63,7 @@ def main() -> None:
     os.environ["VLLM_ORCH_STATE_HOME"] = str(tmp / "state")
     home = manager.sim_home()
     manager.up(1, speed=FAST, home=home)
-    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    raw = manager.inventory_hosts(home)["sim"]
     e = HostEntry.model_validate({**raw, "name": "sim"})
     host = LocalHost("sim", env=raw["env"])
     hostdir = Path(manager.host_dir("sim", home))

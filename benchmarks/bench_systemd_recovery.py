@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
 
 from orchestrator.config.inventory import HostEntry  # noqa: E402
 from orchestrator.host.connect import open_host  # noqa: E402
@@ -116,7 +115,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="bench-sd-")) / "sim"
     os.environ["VLLM_ORCH_STATE_HOME"] = str(home.parent)
     manager.up(1, speed=a.speed, systemd=True, home=home)
-    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    raw = manager.inventory_hosts(home)["sim"]
     e = HostEntry.model_validate({**raw, "name": "sim"})
     try:
         old = tuned("minimax-m25", PORT)

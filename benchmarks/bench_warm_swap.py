@@ -31,8 +31,6 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config.inventory import HostEntry  # noqa: E402
@@ -94,7 +92,7 @@ def main() -> None:
     os.environ["VLLM_ORCH_STATE_HOME"] = str(tmp / "state")
     home = manager.sim_home()
     manager.up(1, speed=FAST, home=home)
-    raw = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+    raw = manager.inventory_hosts(home)["sim"]
     e = HostEntry.model_validate({**raw, "name": "sim"})
     port = free_port()
     old = on_port("kimi-k25-nvfp4", port, budget_seconds=3600)

@@ -72,6 +72,11 @@ def inventory_file(home: Path | None = None) -> Path:
     return (home or sim_home()).parent / "hosts.d" / "sim.yaml"
 
 
+def inventory_hosts(home: Path | None = None) -> dict:
+    """The host entries `up` wrote (name -> the mapping in hosts.d/sim.yaml), as the inventory reads them."""
+    return yaml.safe_load(inventory_file(home).read_text())["hosts"]
+
+
 def host_name(i: int) -> str:
     return "sim" if i == 0 else f"sim-{i + 1}"
 

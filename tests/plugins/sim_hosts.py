@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.host.local import LocalHost
 from orchestrator.sim import manager
@@ -53,7 +52,7 @@ def sim_host(tmp_path, monkeypatch):
     home = manager.sim_home()
     manager.up(1, speed=TEST_SPEED, home=home)
     try:
-        entry = yaml.safe_load(manager.inventory_file(home).read_text())["hosts"]["sim"]
+        entry = manager.inventory_hosts(home)["sim"]
         yield SimHost("sim", manager.host_dir("sim", home), entry,
                       LocalHost("sim", env=entry["env"]), home)
     finally:
