@@ -148,10 +148,13 @@ class SystemdService(Service):
         if drain:
             return [["systemctl", "stop", self.unit]]
         # The stop job outlives a timed-out client; SIGKILL to the unit's processes ends it, and the
-        # second `systemctl stop` waits for it to finish.
+        # second `systemctl stop` waits for it to finish. systemd counts a main process ended by our
+        # SIGKILL as the unit's failure (Result=signal, "failed"): reset-failed, since nothing failed
+        # but the load we abandoned (the readiness wait has already said why), and a `failed` unit
+        # would read as a crash in status and in the crash-loop bound.
         u = shlex.quote(self.unit)
         return [Script(f"timeout {self.ABORT_WAIT_S} systemctl stop {u} || "
-                       f"{{ systemctl kill --signal=SIGKILL {u}; systemctl stop {u}; }}",
+                       f"{{ systemctl kill --signal=SIGKILL {u}; systemctl stop {u}; systemctl reset-failed {u}; }}",
                        display=f"systemctl stop {u}  (SIGKILL after {self.ABORT_WAIT_S} s: it never served, "
                                f"nothing to drain)")]
 

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,17 +51,16 @@ def install_unit(host: SshHost, name: str, text: str) -> None:
     host.run(["systemctl", "daemon-reload"]).check(host.name)
 
 
-def test_boot_is_fast_and_the_first_command_answers(sd):
+def test_a_booted_host_runs_systemd_and_answers_over_one_connection(sd):
     info, host = sd
-    t = info["_timings"]
-    assert t["total"] < 30, t
     started = time.monotonic()
     r = host.run(["systemctl", "is-system-running"])
     assert r.stdout.strip() in ("running", "degraded"), info.get("_degraded")
     assert host.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
     assert host.run(["hostname"]).stdout.strip() == info["_name"]
-    assert time.monotonic() - started < 5
     assert host.connects == 1
+    # Figures, not assertions (a parallel run on a busy machine is slow by design): benchmarks/.
+    print(f"boot {info['_timings']}; three commands over one connection {time.monotonic() - started:.2f} s")
 
 
 def test_inventory_entry_has_the_contract_fields(sd):
@@ -90,6 +90,29 @@ ExecStart=/bin/sh -c 'echo started-$$; sleep 1001 & sleep 1002 & wait'
     host.run(["systemctl", "stop", "vo-forks.service"]).check(host.name)
     assert host.run(["pgrep", "-f", "^sleep 100[12]"]).exit_code == 1     # cgroup: none left
     assert host.run(["systemctl", "is-active", "vo-forks.service"]).stdout.strip() == "inactive"
+
+
+def test_an_abort_stop_of_a_unit_that_ignores_sigterm_kills_it_and_leaves_it_inactive(sd, monkeypatch):
+    """The stop of a service that never served (a rollback's, an abandoned start's): a vLLM that
+    hangs on SIGTERM is SIGKILLed after Service.ABORT_WAIT_S. systemd then calls the unit failed
+    (Result=signal); nothing failed but the load we gave up on, so the unit must end inactive."""
+    from orchestrator.host.services import SystemdService
+
+    info, host = sd
+    install_unit(host, "vllm-vo-abort.service", """[Service]
+Type=exec
+ExecStart=/bin/sh -c 'trap "" TERM; echo up; while :; do sleep 1; done'
+TimeoutStopSec=600
+""")
+    host.run(["systemctl", "start", "vllm-vo-abort.service"]).check(host.name)
+    wait_for(lambda: host.run(["journalctl", "-u", "vllm-vo-abort.service", "--no-pager", "-o", "cat"]).stdout
+             .count("up"), budget=30)
+    monkeypatch.setattr(SystemdService, "ABORT_WAIT_S", 2)
+    svc = SystemdService(host, SimpleNamespace(name=host.name), "vo-abort")   # type: ignore[arg-type]
+    svc.run_all(svc.stop_commands(drain=False), "stop")
+    show = host.run(["systemctl", "show", "-p", "ActiveState,Result", "--value", "vllm-vo-abort.service"]).stdout
+    assert sorted(show.split()) == ["inactive", "success"], show
+    assert host.run(["pgrep", "-f", "^/bin/sh -c trap"]).exit_code == 1        # the cgroup is empty
 
 
 def test_restart_on_failure_after_kill_9(sd):

@@ -267,7 +267,7 @@ def test_a_half_done_swap_is_resumed_by_swapping_to_its_new_model_with_a_rollbac
     # it never served: no drain window, SIGKILL after a short wait (Service.ABORT_WAIT_S)
     assert [c.text for c in ran] == [f"timeout 10 systemctl stop vllm-{new}.service || "
                                      f"{{ systemctl kill --signal=SIGKILL vllm-{new}.service; "
-                                     f"systemctl stop vllm-{new}.service; }}"], ran
+                                     f"systemctl stop vllm-{new}.service; systemctl reset-failed vllm-{new}.service; }}"], ran
     assert [a.step for a in rb.actions] == ["stop", "gpus", "start", "ready", "boot", "record"]
     boot = next(a for a in plan.actions if a.step == "boot")
     assert [c[1:] for c in boot.commands] == [["enable", f"vllm-{new}.service"], ["disable", f"vllm-{old}.service"]]
