@@ -250,6 +250,13 @@ class SshHost(Host):
                         return f.read()
                 except FileNotFoundError:
                     return None
+                except (paramiko.SSHException, EOFError) as exc:
+                    # An SFTP session on a dead link ("Server connection dropped"): a lost connection,
+                    # as run() says it, so the run's recovery and the lock's guard know it for one
+                    # (paramiko's own exception escaped a swap's rollback). The next call reopens.
+                    self._sftp = None
+                    raise ConnectError(f"lost the connection to {self.target.where}: "
+                                       f"{exc or type(exc).__name__}", host=self.name) from None
         finally:
             self._count(started)
 

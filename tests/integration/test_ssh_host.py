@@ -284,6 +284,25 @@ def test_a_connection_cut_under_a_running_command_is_a_lost_connection_not_an_ex
     assert ssh_host.run(["echo", "again"]).stdout == "again\n"
 
 
+def test_a_file_read_on_a_dropped_connection_is_a_lost_connection_and_the_next_read_reopens(ssh_host, tmp_path):
+    """get() reads through SFTP: on a connection cut under its open session paramiko raises
+    SSHException("Server connection dropped"), which escaped a swap's rollback (the lock guard reads
+    the lock's record with get; seen on real systemd under load). It is a ConnectError, like run()'s."""
+    f = tmp_path / "record.json"
+    f.write_text("{}")
+    assert ssh_host.get(str(f)) == b"{}"                 # the SFTP session is open
+    sftp = ssh_host.sftp()
+
+    def dropped(*args, **kwargs):                     # what paramiko raised in the swap, whose cut
+        raise paramiko.SSHException("Server connection dropped: ")   # the transport had not seen yet
+
+    sftp.open = dropped                                # type: ignore[method-assign]
+    with pytest.raises(ConnectError, match="lost the connection.*Server connection dropped"):
+        ssh_host.get(str(f))
+    assert ssh_host.sftp() is not sftp                 # the next read opens a new session
+    assert ssh_host.get(str(f)) == b"{}" and ssh_host.get(str(tmp_path / "none")) is None
+
+
 # -- ~/.ssh/config -----------------------------------------------------------------------------------
 def _ssh_config(tmp_path: Path, info, extra: str = "") -> Path:
     cfg = tmp_path / "ssh_config"
