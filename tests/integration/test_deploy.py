@@ -94,7 +94,10 @@ def test_fault_fails_fast_with_the_root_cause(sim_host, fault, kinds, signature)
     assert result.error.kind in kinds
     if signature:
         assert signature in result.error.root_cause
-    assert time.monotonic() - t0 < 20
+    # Fast: at the fatal line, the exit or the smoke test, not at the end of a window (900 s here).
+    # A figure for how fast belongs in benchmarks/; a loaded machine is slow by design.
+    elapsed = time.monotonic() - t0
+    assert elapsed < m.startup.no_progress_seconds / 4, elapsed
     # the failed service was stopped: its GPUs are free again
     assert "VLLM::" not in sim_host.nvidia_smi("--query-compute-apps=pid,process_name", "--format=csv,noheader")
     assert read_history(sim_host.host, e)[-1].shown()["failure_kind"] == result.error.kind

@@ -16,7 +16,11 @@ import pytest
 from orchestrator.host.local import LocalHost
 from orchestrator.host.ssh import SshHost
 
-PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (48 << 20) + b"\n"      # big enough to watch it being written
+# Big enough to watch it being written: a local write of 48 MiB still takes a few milliseconds; SSH
+# (paramiko, the watcher's polling thread beside it) moves 4 MiB in a second or more. The SSH puts
+# once sent 48 MiB too: 40 s of both cores per test, for nothing more seen.
+PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (48 << 20) + b"\n"
+SSH_PAYLOAD = b"HF_TOKEN=hf_" + b"x" * (4 << 20) + b"\n"
 
 
 class Watcher:
@@ -59,11 +63,11 @@ def check(seen: set, target: Path) -> None:
     assert not [p for p, _ in seen if os.path.dirname(p) == "/tmp"], sorted(seen)     # nothing staged in /tmp
 
 
-def put_watched(host, target: Path) -> set:
+def put_watched(host, target: Path, payload: bytes = PAYLOAD) -> set:
     target.parent.mkdir(parents=True, exist_ok=True)
     with Watcher(target.parent, Path("/tmp")) as w:
-        host.put(str(target), PAYLOAD, 0o600)
-    assert target.stat().st_size == len(PAYLOAD) and stat.S_IMODE(target.stat().st_mode) == 0o600
+        host.put(str(target), payload, 0o600)
+    assert target.stat().st_size == len(payload) and stat.S_IMODE(target.stat().st_mode) == 0o600
     return w.seen
 
 
@@ -76,14 +80,14 @@ def ssh(sshd_local, sudo: bool) -> SshHost:
 def test_ssh_put_is_0600_from_the_first_byte(sshd_local, tmp_path):
     with ssh(sshd_local, sudo=False) as host:
         target = tmp_path / "etc" / "m.env"
-        check(put_watched(host, target), target)
+        check(put_watched(host, target, SSH_PAYLOAD), target)
 
 
 @pytest.mark.skipif(not shutil.which("sudo") or os.geteuid() != 0, reason="needs passwordless sudo (root)")
 def test_ssh_put_with_sudo_stages_nothing_in_tmp(sshd_local, tmp_path):
     with ssh(sshd_local, sudo=True) as host:
         target = tmp_path / "etc" / "m.env"
-        check(put_watched(host, target), target)
+        check(put_watched(host, target, SSH_PAYLOAD), target)
 
 
 def test_local_put_is_0600_and_never_writes_through_a_planted_link(tmp_path):

@@ -36,7 +36,7 @@ def pair(clean_systemd_sim, tmp_path):
     """minimax-m25 serving (enabled at boot), minimax-m25-ep to swap in; the CLI's environment."""
     home, e = clean_systemd_sim
     old = tuned("minimax-m25", PORT)
-    new = tuned("minimax-m25-ep", PORT, startup={"no_progress_seconds": 6})
+    new = tuned("minimax-m25-ep", PORT)
     assert deploy(e, old, enable=True).ok
     models = write_models(tmp_path / "models", [old, new])
     env = dict(os.environ, VLLM_ORCH_STATE_HOME=str(home.parent), VLLM_ORCH_MODELS=str(models))
@@ -167,6 +167,10 @@ def test_a_killed_swap_is_shown_by_status_refused_by_deploy_and_converged_by_swa
     """SIGKILL leaves the host exactly as a connection lost for good does: nothing on this side
     runs again. The new model hangs, so the re-run swap resumes it, fails it and rolls back."""
     home, e, old, new, env = pair
+    # The re-run swap must see the hang for what it is, soon: a short no-progress window, here only
+    # (a loaded machine can leave 6 s between two lines of a load that progresses).
+    new = tuned("minimax-m25-ep", PORT, startup={"no_progress_seconds": 6})
+    write_models(Path(env["VLLM_ORCH_MODELS"]), [old, new])
     manager.add_fault("sim", "hang", model=new.name, home=home, times=2)
     proc, seen = start_swap(env, new.name), []
     read_until(proc, "] ready:", seen)
