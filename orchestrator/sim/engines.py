@@ -144,6 +144,7 @@ def vllm_wheel(folder: Path, version: str, requires: Iterable[str] = ()) -> Path
         "vllm/__init__.py": _SIM_INIT.format(version=version),
         "vllm/_sim.py": _SIM_MAIN.format(version=version),
         "vllm/_sim_server.py": server,
+        "vllm/gpu_holder.py": package_file("sim", "gpu_holder.py").read_text(),
         "vllm/utils/__init__.py": "",
         "vllm/utils/argparse_utils.py": _SIM_ARGPARSE,
         "vllm/entrypoints/__init__.py": "",

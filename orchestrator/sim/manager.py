@@ -163,6 +163,7 @@ def prepare_host(name: str, hdir: Path, *, speed: float, scale: int, flavour: st
     for sub in ("bin", "gpu-procs", "models", "units", "state", "logs", "run"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     install_program("vllm_server.py", hdir / "bin" / "vllm", python)
+    install_program("gpu_holder.py", hdir / "bin" / "gpu_holder.py", python)     # the server's workers
     install_program("nvidia_smi.py", hdir / "bin" / "nvidia-smi", python)
     site = hdir / "site-packages"
     site.mkdir(exist_ok=True)

@@ -7,7 +7,8 @@ vLLM server); an entry counts only while its PID is alive (not a zombie) and its
 matches, so killed workers free their memory and a reused PID does not inherit it. The same
 registry gives the host's CPU memory: write_meminfo() keeps `<hostdir>/meminfo` (the simulated
 /proc/meminfo) in step; the simulated vLLM server calls it when its workers come and go. Process facts
-come from psutil when the host's Python has it, else from /proc.
+come from /proc (not psutil: importing it was most of each call's CPU, and the suite calls this
+program thousands of times).
 
 Output formats follow real nvidia-smi 580 (see tests/fixtures/nvidia-smi/ for recorded samples):
   --query-gpu=FIELDS --format=csv[,noheader][,nounits]     "0, NVIDIA ..., 97887 MiB, 0 MiB, ..."
@@ -69,21 +70,10 @@ def _read_json(path: Path, default):
         return default
 
 
-try:   # psutil when the host's Python has it (a vLLM venv does); /proc by hand otherwise
-    import psutil
-except ImportError:
-    psutil = None
-
-
 def proc_start_time(pid: int):
     """When the process started, in seconds after boot (None if it is gone): with the PID, the
     identity of one process (PIDs are reused). Boot-relative, so a wall-clock step changes nothing.
     The simulated vLLM server records its GPU holders with the same rule."""
-    if psutil is not None:
-        try:
-            return round(psutil.Process(pid).create_time() - psutil.boot_time(), 2)
-        except psutil.Error:
-            return None
     try:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
@@ -94,18 +84,11 @@ def proc_start_time(pid: int):
 def proc_alive(pid: int, start_time=None) -> bool:
     """The process runs - a zombie (exited, not reaped) holds nothing and counts as dead - and,
     given the start time recorded with it, it is still that process and not a reused PID."""
-    if psutil is not None:
-        try:
-            if psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                return False
-        except psutil.Error:
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
             return False
-    else:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return False
-        except (OSError, IndexError):
-            return False
+    except (OSError, IndexError):
+        return False
     if start_time is None:
         return True
     now = proc_start_time(pid)

@@ -581,21 +581,10 @@ def traceback_text(frames: list, exc: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # GPU memory bookkeeping shared with the fake nvidia-smi (gpu-procs/<pid>-<gpu>.json).
-try:   # a vLLM venv always has psutil; a bare python3 may not: /proc is read by hand then
-    import psutil
-except ImportError:
-    psutil = None
-
-
 def proc_start_time(pid: int):
     """When the process started, in seconds after boot (None if it is gone). With the PID this
     names one process - PIDs are reused - and it is what the fake nvidia-smi compares. Boot-relative
     (/proc/<pid>/stat field 22), so a wall-clock step does not change it."""
-    if psutil is not None:
-        try:
-            return round(psutil.Process(pid).create_time() - psutil.boot_time(), 2)
-        except psutil.Error:
-            return None
     try:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
@@ -632,41 +621,17 @@ def register_gpu(pid: int, title: str, gpu: int, used_mib: int, start_time, cpu_
     os.replace(tmp, d / f"{pid}-{gpu}.json")
 
 
-def holder_main() -> None:
-    """A GPU-holding worker: renames itself, then waits. SIGTERM: unregister and exit."""
-    title = os.environ.get("VLLM_SIM_HOLDER_TITLE", "VLLM::Worker")
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(15, title.encode()[:15], 0, 0, 0)   # PR_SET_NAME
-    except (OSError, AttributeError, TypeError):
-        pass
-
-    def stop(*_):
-        for f in (HOST_DIR / "gpu-procs").glob(f"{os.getpid()}-*.json"):
-            try:
-                f.unlink()
-            except OSError:
-                pass
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # The spawner's PID, from the spawner: reading getppid() here would race with a parent killed
-    # before this interpreter got this far (then the holder never notices it is orphaned).
-    parent = int(os.environ.get("VLLM_SIM_PARENT_PID") or os.getppid())
-    exit_with_parent = os.environ.get("VLLM_SIM_EXIT_WITH_PARENT") == "1"
-    while True:   # GPU holders outlive a killed parent (like real orphaned workers); an engine
-        time.sleep(0.5 if exit_with_parent else 3600)   # core without GPU memory does not
-        if exit_with_parent and os.getppid() != parent:
-            stop()
+# A GPU holder is its own small program beside this one (the host's bin/, the engine wheel's vllm/,
+# or orchestrator/sim/): started as this file, each of a deploy's eight or more holders compiled all
+# of it and imported asyncio first, about 90 ms of CPU apiece where the holder needs 15.
+HOLDER = Path(__file__).resolve().with_name("gpu_holder.py")
 
 
 def spawn_holder(title: str, exit_with_parent: bool = False):
     import subprocess
     env = dict(os.environ, VLLM_SIM_HOLDER_TITLE=title, VLLM_SIM_HOST_DIR=str(HOST_DIR),
                VLLM_SIM_EXIT_WITH_PARENT="1" if exit_with_parent else "0", VLLM_SIM_PARENT_PID=str(os.getpid()))
-    return subprocess.Popen([title, str(Path(__file__).resolve()), "__sim_gpu_holder__"],
-                            executable=sys.executable, env=env, stdin=subprocess.DEVNULL,
+    return subprocess.Popen([title, str(HOLDER)], executable=sys.executable, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -3457,9 +3422,8 @@ async def run_serve(args, fault, fault_args=None) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["__sim_gpu_holder__"]:
-        holder_main()
-        return 0
+    if argv[:1] == ["__sim_gpu_holder__"]:      # a holder started through the server (tests do)
+        os.execv(sys.executable, [os.environ.get("VLLM_SIM_HOLDER_TITLE", "VLLM::Worker"), str(HOLDER)])
     parser = build_parser()
     args = parser.parse_args(normalize_argv(argv))
     if args.subparser is None:
