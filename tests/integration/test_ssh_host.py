@@ -374,9 +374,9 @@ def test_hashed_known_hosts_entries_are_honoured(sshd_local, tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="sudo -n only works without a password as root")
 def test_sudo_command_timeout_kills_it_too(sshd_local):
     with make_host(sshd_local, sudo=True) as h:
-        assert h.run(["sleep", "32.71"], timeout=0.5).exit_code == 124
+        assert h.run(["sleep", "33.61"], timeout=0.5).exit_code == 124
         deadline = time.monotonic() + 3
-        while h.run(["pgrep", "-f", "^sleep 32.71"]).exit_code == 0:
+        while h.run(["pgrep", "-f", "^sleep 33.61"]).exit_code == 0:
             assert time.monotonic() < deadline, "sudo'd command survived its timeout"
             time.sleep(0.05)
 

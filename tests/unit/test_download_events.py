@@ -98,3 +98,35 @@ def test_a_failed_file_stops_the_queue_in_its_own_worker():
     with pytest.raises(mod.Aborted):
         dl.run_file({"name": "c"})
     assert started == ["a", "b"]
+
+
+def test_the_record_is_written_at_once_for_a_big_file_and_at_most_once_a_second_for_small_ones(tmp_path):
+    """Each save writes the whole record: a repo of 160 small files rewrote it 160 times (quadratic).
+    A big file is recorded at once (a kill must not cost a shard of GBs); small ones are batched, and
+    flush() writes what is pending (a failed or interrupted run keeps its finished files)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("dl_script", package_file("host", "remote", "download.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    saves = []
+    rec = mod.Record(tmp_path, "org/repo", "main", "c" * 40)
+    real_save = rec._save
+    rec._save = lambda: (saves.append(sorted(rec.data["files"])), real_save())
+    rec.save()                                                   # the folder is ours from the start
+    rec.SAVE_EVERY_S = 3600.0                                    # no second passes (a busy machine)
+    on_disk = lambda: sorted(json.loads((tmp_path / ".vllm-orch" / "verified.json").read_text())["files"])  # noqa: E731
+    for i in range(20):
+        rec.add(f"small-{i:02d}", {"size": 100})
+    assert len(saves) == 1 and on_disk() == []                   # batched: none written yet
+    rec.add("model-00001.safetensors", {"size": mod.Record.SAVE_AT_ONCE_BYTES})
+    assert len(saves) == 2 and len(on_disk()) == 21              # a big file: at once, with the pending ones
+    rec.add("small-20", {"size": 100})
+    rec.flush()
+    assert len(saves) == 3 and len(on_disk()) == 22
+    rec.flush()
+    assert len(saves) == 3                                       # nothing pending: no write
+    rec.SAVE_EVERY_S = 0.0                                       # the interval has passed
+    rec.add("small-21", {"size": 100})
+    assert len(saves) == 4 and len(on_disk()) == 23

@@ -261,8 +261,13 @@ def select(files: list, allow: list | None, ignore: list | None) -> list:
 
 # -- our record ------------------------------------------------------------------------------------
 class Record:
-    """<local_dir>/.vllm-orch/verified.json, updated after each verified file (atomic replace), so an
-    interrupted run keeps the files it finished."""
+    """<local_dir>/.vllm-orch/verified.json, updated as files are verified (atomic replace), so an
+    interrupted run keeps the files it finished. A big file is recorded at once; small ones at most
+    once a second (and on every way out but SIGKILL): each save writes the whole record, and a repo
+    of many small files rewrote it once per file. A kill loses at most a second of small files."""
+
+    SAVE_AT_ONCE_BYTES = 64 << 20
+    SAVE_EVERY_S = 1.0
 
     def __init__(self, local_dir: Path, repo: str, revision: str, commit: str):
         self.path = local_dir / RECORD_DIR / RECORD_FILE
@@ -277,6 +282,7 @@ class Record:
         files = data.get("files") if isinstance(data, dict) and data.get("repo") == repo else None
         self.data: dict[str, Any] = {"repo": repo, "revision": revision, "commit": commit, "complete": False,
                                      "files": files if isinstance(files, dict) else {}, "total_bytes": 0, "verified_at": None}
+        self.saved_at, self.dirty = 0.0, False
 
     def verified(self, local_dir: Path, f: dict) -> bool:
         """Present and verified: recorded with the hub's size/hash, same size and mtime on disk."""
@@ -297,11 +303,20 @@ class Record:
     def add(self, name: str, entry: dict) -> None:
         with self.lock:
             self.data["files"][name] = entry
-            self._save()
+            if entry.get("size", 0) >= self.SAVE_AT_ONCE_BYTES or time.monotonic() - self.saved_at >= self.SAVE_EVERY_S:
+                self._save()
+            else:
+                self.dirty = True
 
     def save(self) -> None:
         with self.lock:
             self._save()
+
+    def flush(self) -> None:
+        """What add() has not written yet (a failed or interrupted run keeps its finished files)."""
+        with self.lock:
+            if self.dirty:
+                self._save()
 
     def finish(self, selected: list) -> None:
         with self.lock:
@@ -321,6 +336,7 @@ class Record:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
         os.replace(str(tmp), str(self.path))
+        self.saved_at, self.dirty = time.monotonic(), False
 
 
 # -- streaming -------------------------------------------------------------------------------------
@@ -624,6 +640,7 @@ def main(argv: list | None = None) -> int:
     # files 0644 whatever the umask of the SSH session (a 077 umask made them root-only).
     os.umask(0o022)
     started = time.monotonic()
+    record = None
     try:
         token = load_token(args)
         commit, files = fetch_metadata(args.repo, args.revision, token, args.endpoint, args.retries, args.backoff)
@@ -664,6 +681,7 @@ def main(argv: list | None = None) -> int:
                 emit("file", file=f["name"], size=f["size"],
                      sha256=record.data["files"][f["name"]]["sha256"], status=status)
         if first_fail is not None:
+            record.flush()
             raise first_fail
         record.finish(selected)
         emit("done", verified=True, bytes=dl.fetched, seconds=round(time.monotonic() - started, 3),
@@ -676,6 +694,8 @@ def main(argv: list | None = None) -> int:
         emit("error", **fields)
         return 1
     except KeyboardInterrupt:
+        if record is not None:
+            record.flush()
         emit("error", kind="network", message="interrupted")
         return 1
 
