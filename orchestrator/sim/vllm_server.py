@@ -3423,7 +3423,15 @@ async def run_serve(args, fault, fault_args=None) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["__sim_gpu_holder__"]:      # a holder started through the server (tests do)
-        os.execv(sys.executable, [os.environ.get("VLLM_SIM_HOLDER_TITLE", "VLLM::Worker"), str(HOLDER)])
+        # In this process: one started as [TITLE, this file] has no usable sys.executable to exec
+        # (Python looked for TITLE on PATH), so the holder program is loaded, not started.
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("_sim_gpu_holder", HOLDER)
+        assert spec is not None and spec.loader is not None, HOLDER
+        holder = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(holder)
+        holder.holder_main()
+        return 0
     parser = build_parser()
     args = parser.parse_args(normalize_argv(argv))
     if args.subparser is None:
