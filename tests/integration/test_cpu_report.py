@@ -1,0 +1,48 @@
+"""`--cpu-report` (tests/plugins/cpu_report.py) charges a test with the CPU of the processes it
+starts, and not with another test's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.plugins.cpu_report import read, usable
+
+REPO = Path(__file__).resolve().parents[2]
+BURN = "import sys; n = 0\nfor i in range(4_000_000): n += i\n"      # a fixed amount of work
+
+TESTS = f'''
+import subprocess, sys
+
+def test_burns_in_a_child():
+    subprocess.run([sys.executable, "-c", {BURN!r}], check=True)
+
+def test_idle():
+    pass
+'''
+
+
+@pytest.mark.skipif(usable() is not None, reason=f"--cpu-report cannot measure here: {usable()}")
+def test_each_test_is_charged_with_its_own_processes(tmp_path):
+    (tmp_path / "test_cpu.py").write_text(TESTS)
+    out = tmp_path / "cpu.tsv"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        "-p", "tests.plugins.cpu_report", "--cpu-report", str(out), "--rootdir", str(tmp_path),
+                        str(tmp_path / "test_cpu.py")],
+                       cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cpu = {nodeid.split("::")[1]: c for nodeid, c, _ in read(out)}
+    burn = subprocess.run([sys.executable, "-c", f"import resource, subprocess, sys\n"
+                           f"subprocess.run([sys.executable, '-c', {BURN!r}])\n"
+                           f"u = resource.getrusage(resource.RUSAGE_CHILDREN)\nprint(u.ru_utime + u.ru_stime)"],
+                          capture_output=True, text=True, timeout=300)
+    child = float(burn.stdout)                         # what the child's work costs, measured here
+    assert cpu["test_burns_in_a_child"] >= 0.8 * child, (cpu, child)
+    assert cpu["test_idle"] < 0.5 * child, (cpu, child)
+    assert "CPU per test" in r.stdout and "test_burns_in_a_child" in r.stdout
+    assert set(cpu) == {"test_burns_in_a_child", "test_idle"}
