@@ -260,33 +260,31 @@ class Catalog:
         return {"main": repo.commit, **self._extra.get(repo_id, {})} if repo else {}
 
 
-def revisions_from_manifests(models_dir: str | Path) -> list[tuple[str, str]]:
-    """(repo, revision) pairs from models/*.yaml `source.repo` + `source.revision` (plain yaml, so
-    the mirror does not depend on the manifest schema). Unreadable files are skipped."""
+def _manifest_sources(models_dir: str | Path) -> list[tuple[str, dict]]:
+    """(name, `source` mapping) of each readable models/*.yaml, read once per call with libyaml's
+    loader when PyYAML has it: the mirror starts once per simulated host, and the pure-Python
+    loader was most of its start (plain yaml, so the mirror does not depend on the manifest schema)."""
     import yaml
 
-    pairs = []
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    out = []
     for path in sorted(Path(models_dir).glob("*.y*ml")):
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.load(path.read_text(), Loader=loader) or {}
         except (OSError, yaml.YAMLError):
             continue
-        source = data.get("source") if isinstance(data, dict) else None
-        if isinstance(source, dict) and source.get("repo"):
-            pairs.append((str(source["repo"]), str(source.get("revision") or "main")))
-    return pairs
+        if isinstance(data, dict) and isinstance(data.get("source"), dict):
+            out.append((str(data.get("name") or path.stem), data["source"]))
+    return out
+
+
+def revisions_from_manifests(models_dir: str | Path) -> list[tuple[str, str]]:
+    """(repo, revision) pairs from models/*.yaml `source.repo` + `source.revision`. Unreadable files
+    are skipped."""
+    return [(str(src["repo"]), str(src.get("revision") or "main"))
+            for _, src in _manifest_sources(models_dir) if src.get("repo")]
 
 
 def model_repos_from_manifests(models_dir: str | Path) -> dict[str, str]:
     """Manifest name -> repo id (for `hub-*` faults that name a model)."""
-    import yaml
-
-    out = {}
-    for path in sorted(Path(models_dir).glob("*.y*ml")):
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("source"), dict):
-            out[str(data.get("name") or path.stem)] = str(data["source"].get("repo"))
-    return out
+    return {name: str(src.get("repo")) for name, src in _manifest_sources(models_dir)}
