@@ -298,9 +298,16 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
             if time.monotonic() > deadline:
                 log = real_vllm_host.dir / "logs" / "vllm-tiny-dp2.log"
                 tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else ["(no log)"]
+                t0 = time.monotonic()        # what a scrape reads, raw, and how long it takes
+                try:
+                    raw = [ln for ln in request(PORT_DP, "GET", "/metrics")[2].decode().splitlines()
+                           if ln.startswith(("vllm:num_requests_running", "vllm:kv_cache_usage_perc"))]
+                except Exception as exc:     # noqa: BLE001 - this is only the failure's message
+                    raw = [repr(exc)]
                 seen["timeout"] = (f"{what} within 120 s: running {running()}, requests "
-                                   f"{[t.outcome for t in seen['threads']]}; the service's log ends:\n"
-                                   + "\n".join(tail))
+                                   f"{[t.outcome for t in seen['threads']]}; a scrape took "
+                                   f"{time.monotonic() - t0:.1f} s and read:\n" + "\n".join(raw)
+                                   + "\nthe service's log ends:\n" + "\n".join(tail))
                 return False
             time.sleep(0.05)
         return True
