@@ -1,4 +1,7 @@
-"""`--cpu-report FILE`: each test's CPU time, its own and that of every process it started.
+"""`--cpu-report=FILE`: each test's CPU time, its own and that of every process it started.
+
+Write it with `=`: as two words, with no test path after it, pytest takes FILE for a test path
+when it looks for the root folder, and the parallel workers then do not know the option.
 
 The suite is CPU-bound on a 2-core machine (docs/figures.md, "Test suite"), and a test's wall time
 says little there: it waits for the others. A test's CPU is what it costs everyone. Sampling the
@@ -29,8 +32,9 @@ SHOWN = 15
 
 def pytest_addoption(parser):
     parser.addoption("--cpu-report", metavar="FILE", default=None,
-                     help="write each test's CPU seconds (its processes included) to FILE; needs root "
-                          "and a cgroup-v1 cpuacct hierarchy (tests/plugins/cpu_report.py)")
+                     help="write each test's CPU seconds (its processes included) to FILE; give it as "
+                          "--cpu-report=FILE; needs root and a cgroup-v1 cpuacct hierarchy "
+                          "(tests/plugins/cpu_report.py)")
 
 
 def usable(root: Path = CPUACCT) -> str | None:
