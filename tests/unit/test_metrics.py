@@ -71,3 +71,13 @@ def test_not_prometheus_text_is_one_error():
     with pytest.raises(metrics.MetricsError):
         metrics.parse("<html>502 Bad Gateway</html>\n")
     assert metrics.snapshot("")["engines"] is None
+
+
+def test_the_mean_of_equal_engines_is_never_above_their_max():
+    """Eight engines at the same usage: the float sum divided by 8 landed one ulp above the value,
+    so status said mean > max (seen in a --quick run)."""
+    v = 0.3274793388429752
+    assert sum([v] * 8) / 8 > v                            # the float arithmetic that did it
+    text = "".join(f'vllm:kv_cache_usage_perc{{engine="{i}",model_name="m"}} {v!r}\n' for i in range(8))
+    snap = metrics.snapshot("# TYPE vllm:kv_cache_usage_perc gauge\n" + text)
+    assert snap["kv_cache_usage_perc"] == v == snap["kv_cache_usage_perc_max"]
