@@ -270,10 +270,10 @@ def _pgid(pid: int) -> int | None:
 
 def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host, monkeypatch):
     """Status's own /metrics scrape happens while requests run on each engine, and the engines are
-    frozen (SIGSTOP) for the length of it: when status asks for /metrics, the test starts requests
-    (a 2000-word prompt each, one at a time), waits until both engines run one with
-    its KV allocated, stops the two
-    EngineCore processes, and lets status scrape. The API server still answers /metrics with the last
+    frozen (SIGSTOP) for the length of it: when status asks for /metrics, the test keeps three
+    requests in flight (a 2000-word prompt each), stops the two EngineCore processes, waits until
+    the API server has handled all they sent, and lets status scrape if each engine runs one with its
+    KV allocated (else it thaws them and tries again). The API server still answers /metrics with the last
     figures the engines sent, so the per-engine series scraped just before and just after status's
     scrape are equal, and status must report their mean, not their sum. (Timing real requests against
     the scrape did not hold: on CI's faster machine 1800 tokens ended inside the scrape; on a busy one
@@ -312,31 +312,39 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
             time.sleep(0.05)
         return True
 
+    def drained() -> tuple[dict, dict]:
+        # The engines are frozen, but the API server may still be seconds behind them: on a loaded
+        # machine it was handling the outputs they had sent (a 1800-token stream each) and answered
+        # /metrics only between them, so every scrape taken while requests ran read running 0 (three
+        # of four full runs). Read until the figures it has (tokens counted, running, KV) hold still
+        # for half a second: then it has handled all they sent, and they send nothing more.
+        names = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+        last, give_up = None, time.monotonic() + 60
+        while True:
+            now = [_engine_series(PORT_DP, n) for n in names]
+            if now == last or time.monotonic() > give_up:
+                return now[1], now[2]
+            last = now
+            time.sleep(0.5)
+
     def fetch_while_both_run(ep, **kw):
-        # A request at a time, each once every request sent is running, until both engines run one
-        # with its KV allocated: the DP load balancer sends a request to the engine with the least
-        # work as the coordinator last reported it, so a request can land on the busy engine (seen on
-        # a busy machine, and with two sent at once); then one more goes (at most 4 in flight).
+        # Three streams in flight (each replaced when it ends): the DP load balancer sends a request
+        # to the engine with the least work as the coordinator last reported it, so two sent at once
+        # can land on one engine (seen on a busy machine). Then freeze both engines, let the API server
+        # catch up (drained), and look: if each engine runs one with its KV allocated, status scrapes
+        # that frozen state; if not, thaw them and try again.
         seen["threads"] = []
 
-        def both_run() -> bool:
-            per_engine = _engine_series(PORT_DP, "vllm:num_requests_running")
-            alive = [t for t in seen["threads"] if t.is_alive()]
-            if len(per_engine) == 2 and min(per_engine.values()) >= 1:
-                return min(_engine_series(PORT_DP, "vllm:kv_cache_usage_perc").values(), default=0) > 0
-            if sum(per_engine.values()) >= len(alive) and len(alive) < 4:
-                seen["threads"] += _long_streams(PORT_DP, "tiny-dp2", 1, 1800, prompt_words=2000)
-            return False
         def frozen_with_both_running() -> bool:
-            # freeze first, then look: a request can end between a look and the freeze (8 s each
-            # when the real-vLLM tier runs alone); a frozen state without both running is thawed
-            if not both_run():
+            alive = [t for t in seen["threads"] if t.is_alive()]
+            if len(alive) < 3:
+                seen["threads"] += _long_streams(PORT_DP, "tiny-dp2", 3 - len(alive), 1800, prompt_words=2000)
+                time.sleep(1)                  # time to reach the engines
                 return False
             seen["frozen"] = engine_cores()
             for pid in seen["frozen"]:
                 os.kill(pid, signal.SIGSTOP)
-            seen["before"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
-            seen["running"] = _engine_series(PORT_DP, "vllm:num_requests_running")
+            seen["running"], seen["before"] = drained()
             if len(seen["running"]) == 2 and min(seen["running"].values()) >= 1 and min(seen["before"].values()) > 0:
                 return True
             for pid in seen["frozen"]:
