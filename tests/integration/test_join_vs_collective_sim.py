@@ -8,6 +8,8 @@ did not join."""
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.config.manifest import Manifest
 from orchestrator.ops.deploy import run_deploy
 from orchestrator.ops.execute import Reporter
@@ -34,6 +36,7 @@ def test_a_rank_waiting_in_a_collective_is_aborted_after_the_flag_as_in_vllm(nod
         assert "Timeout(ms)=8000" in (line or "")
 
 
+@pytest.mark.long
 def test_a_peer_compiling_longer_than_the_join_wait_is_not_aborted(cluster):  # noqa: F811
     """join_timeout_seconds 10, sim-2 compiles 20 s longer than the head: every rank joined at
     once, so the join wait is met; the head's ranks wait in a collective for sim-2, within the

@@ -92,6 +92,7 @@ def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=180)
 
 
+@pytest.mark.long
 def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, tmp_path, monkeypatch):
     t0 = time.monotonic()
     promtool, prometheus = binary("promtool"), binary("prometheus")

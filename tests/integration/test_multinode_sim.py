@@ -147,6 +147,7 @@ def test_a_selection_that_does_not_fit_the_layout_is_bad_input(cluster, hosts, s
         assert not any(running(e) for e in entries.values())
 
 
+@pytest.mark.long
 def test_swap_from_one_node_to_two_and_back_with_a_rollback_on_every_node(cluster):
     """The new service is downloaded and verified on both nodes before the old one stops; a rank
     crash on sim-2 rolls back (the 2-node service stopped on both, kimi-k25-int4 serving on sim

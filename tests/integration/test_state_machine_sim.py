@@ -148,6 +148,7 @@ def make_machine(sim_host):
     return SimOperations
 
 
+@pytest.mark.long
 def test_random_operations_on_a_simulated_host_keep_the_invariants(sim_host):
     t0 = time.monotonic()
     run_state_machine_as_test(make_machine(sim_host), settings=settings(

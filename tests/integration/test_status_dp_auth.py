@@ -51,6 +51,7 @@ def wait_until(predicate, budget: float = 30.0):
         time.sleep(0.1)
 
 
+@pytest.mark.long
 def test_dp8_kv_usage_is_the_per_engine_mean_in_status_and_bench(sim_host):
     # a small KV cache per engine (~7.8k tokens) so that one long prompt per engine fills a third
     m = with_changes(on_port("minimax-m25-ep"), {"gpu_memory_utilization": 0.31, "max_model_len": 6144})

@@ -187,6 +187,7 @@ def test_a_warm_swap_reads_while_the_old_model_serves_and_loads_from_ram(slow_ho
     assert rec["warm"]["reason"] == "complete" and rec["expected_s"]["warm_s"] < rec["expected_s"]["cold_s"]
 
 
+@pytest.mark.long
 def test_the_warm_up_stops_at_its_budget_and_when_memory_falls(slow_host):
     e, home = slow_host
     port = free_port()

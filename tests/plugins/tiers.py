@@ -22,8 +22,9 @@ simulated host is private to its test). Session-scoped fixtures (booted systemd 
 are made once per worker that needs them. Workers never share a port: each runs in a network
 namespace of its own (tests/plugins/netns-python). The real_vllm tier is one group: one real vLLM
 server at a time (each start is CPU-bound; two at once on two cores starve each other and the rest).
-Files are handed out heaviest tier first (a real vLLM, then containers, ...), so the long ones do
-not start last. A test that must share a
+Files are handed out heaviest tier first (a real vLLM, then containers, ...), and within a tier the
+files with a test marked `long` (half a minute or more of wall time on 2 cores) first, so the long ones
+do not start last and keep one worker busy after the others are done. A test that must share a
 worker with tests of another file names a group itself: `@pytest.mark.xdist_group("NAME")`.
 """
 
@@ -81,7 +82,8 @@ def pytest_collection_modifyitems(config, items):
         if tier not in {m.name for m in item.iter_markers()}:
             item.add_marker(getattr(pytest.mark, tier))
         path = item.nodeid.split("::", 1)[0]
-        by_file[path] = min(by_file.get(path, len(HEAVIEST_FIRST)), HEAVIEST_FIRST.index(tier))
+        rank = (HEAVIEST_FIRST.index(tier), item.get_closest_marker("long") is None)
+        by_file[path] = min(by_file.get(path, (len(HEAVIEST_FIRST), True)), rank)
         if shares_module_state(item):
             grouped.add(path)
     for item in items:
