@@ -184,7 +184,9 @@ class Source(Strict):
     revision: str = Field(
         "main",
         description="Commit sha (40 hex characters) to download. Pin it: a moving branch such as "
-                    "`main` can change the weights under a running deployment (a warning is shown).")
+                    "`main` can change the weights under a running deployment (a warning is shown). With a "
+                    "branch, the plan shows the commit it resolves to and the apply downloads exactly that "
+                    "commit, even if the branch moves in between.")
     allow_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_ALLOW),
         description="fnmatch patterns of repo files to download (huggingface_hub allow_patterns).")

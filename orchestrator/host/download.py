@@ -35,9 +35,13 @@ HINTS = {
 
 def download_args(repo: str, revision: str, local_dir: str, *, allow: Iterable[str] = (),
                   ignore: Iterable[str] = (), workers: int = 8, plan_only: bool = False,
-                  token_file: str | None = None, extra: Iterable[str] = (), remove_token_file: bool = False) -> list[str]:
-    """The download script's arguments (orchestrator/host/remote/download.py)."""
+                  token_file: str | None = None, extra: Iterable[str] = (), remove_token_file: bool = False,
+                  commit: str | None = None) -> list[str]:
+    """The download script's arguments (orchestrator/host/remote/download.py); `commit`: exactly the
+    commit the plan resolved `revision` to (a branch can move between a plan and its apply)."""
     argv = ["--repo", repo, "--revision", revision, "--local-dir", local_dir, "--workers", str(workers)]
+    if commit:
+        argv += ["--commit", commit]
     for p in allow:
         argv += ["--allow", p]
     for p in ignore:
@@ -90,10 +94,12 @@ class _TokenFile:
 
 def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,
                 env, *, state_dir: str, token, token_file, workers: int, plan_only: bool,
-                extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None):
+                extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None,
+                commit: str | None = None):
     with _TokenFile(host, state_dir, token, token_file) as tf:
         args = download_args(repo, revision, local_dir, allow=allow, ignore=ignore, workers=workers,
-                             plan_only=plan_only, token_file=tf, extra=extra, remove_token_file=bool(token))
+                             plan_only=plan_only, token_file=tf, extra=extra, remove_token_file=bool(token),
+                             commit=commit)
         events, result = scripts.stream_events(host, python, SCRIPT, args, EVENTS, on_event=on_event,
                                                timeout=timeout, env=env)
     errors = [e for e in events if e["event"] == "error"]
@@ -125,13 +131,14 @@ def run_download(host: Host, python: str, repo: str, revision: str, local_dir: s
                  allow: Iterable[str] = (), ignore: Iterable[str] = (), env: Mapping[str, str] | None = None,
                  *, on_event: Callable[[dict], None] | None = None, workers: int = 8, state_dir: str = "/tmp",
                  token: Secret | None = None, token_file: str | None = None, extra: Iterable[str] = (),
-                 timeout: float = 24 * 3600.0) -> dict:
-    """Download and verify; returns {"plan", "done", "files": [file events], "seconds"}.
-    Raises DeployFailed (step "download", with a hint per error kind) on any error event."""
+                 timeout: float = 24 * 3600.0, commit: str | None = None) -> dict:
+    """Download and verify (exactly `commit` of `revision` when given: the plan's); returns {"plan",
+    "done", "files": [file events], "seconds"}. Raises DeployFailed (step "download", with a hint per
+    error kind) on any error event."""
     started = time.monotonic()
     events, _ = _run_script(host, python, repo, revision, local_dir, allow, ignore, env, state_dir=state_dir,
                             token=token, token_file=token_file, workers=workers, plan_only=False, extra=extra,
-                            timeout=timeout, on_event=on_event)
+                            timeout=timeout, on_event=on_event, commit=commit)
     done = [e for e in events if e["event"] == "done"]
     if not done or not done[0].get("verified"):
         raise DeployFailed("the download script ended without a verified result", host=host.name,

@@ -9,6 +9,7 @@ import shlex
 import time
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import COMMIT
 from orchestrator.errors import RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host import modeldirs, scripts
@@ -195,15 +196,18 @@ def download_action(inp: PlanInput) -> Action:
                                   f"({dl.files} files, {fmt_bytes(dl.total_bytes)}; checked against {how})",
                       noop=True)
     token = inp.hf_token
+    # exactly the commit this plan shows: a branch (`main`) can move between the plan and the apply (a
+    # commit that is not 40 hex digits is the hub's nonsense, passed on to nothing)
+    planned = dl.commit if dl.commit and COMMIT.match(dl.commit) and dl.commit != src.revision else None
     shown = scripts.command(entry.python, SCRIPT, download_args(
         src.repo, src.revision, model_path(entry, name), allow=src.allow_patterns, ignore=src.ignore_patterns,
-        token_file=f"{entry.state_dir}/secrets/hf-token-<run>" if token else None))
+        token_file=f"{entry.state_dir}/secrets/hf-token-<run>" if token else None, commit=planned))
 
     def run(env: RunEnv) -> str:
         with env.progress("download", name) as progress:
             result = run_download(env.host, env.entry.python, src.repo, src.revision,
                                   model_path(env.entry, name), src.allow_patterns, src.ignore_patterns,
-                                  state_dir=env.entry.state_dir, token=token,
+                                  state_dir=env.entry.state_dir, token=token, commit=planned,
                                   on_event=progress.handle if progress else None)
         done = result["done"]
         env.record.download = DownloadResult(bytes=int(done.get("bytes", 0)), seconds=result["seconds"],

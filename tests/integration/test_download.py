@@ -183,6 +183,33 @@ def test_token_from_env_or_file_is_used_and_never_printed(hub_mirror, tmp_path):
     assert proc.returncode == 0 and SIM_TOKEN not in proc.stdout + proc.stderr
 
 
+def test_the_apply_downloads_the_commit_its_plan_showed_even_when_the_branch_moved(tmp_path):
+    """`main` moved between a plan and its apply: the apply is given the plan's commit (--commit) and
+    downloads exactly that, and the record still names the branch with the commit it holds. Here the
+    mirror resolves `main` to one commit and serves an older one too (as the Hub does)."""
+    from orchestrator.sim.repos import commit_for
+    from tests.plugins.sim_hosts import start_hub_mirror, stop_hub_mirror
+
+    older = commit_for(TINY, "v1.0")
+    mirror = start_hub_mirror(tmp_path / "hub", "--revision", f"{TINY}@v1.0")
+    try:
+        assert older != Catalog().repo(TINY).commit
+        proc, events = run_script(mirror, tmp_path / "tiny", "--commit", older)
+        assert proc.returncode == 0, proc.stderr
+        assert of(events, "plan")[0]["commit"] == of(events, "done")[0]["commit"] == older
+        assert of(events, "plan")[0]["revision"] == "main"
+        record = json.loads((tmp_path / "tiny" / ".vllm-orch" / "verified.json").read_text())
+        assert (record["revision"], record["commit"], record["complete"]) == ("main", older, True)
+        files = {r["path"] for r in mirror.requests() if "/resolve/" in r["path"]}
+        assert files and all(f"/resolve/{older}/" in f for f in files), files
+        # a commit the hub does not have is not found, named
+        proc, events = run_script(mirror, tmp_path / "other", "--commit", "0" * 40)
+        (err,) = of(events, "error")
+        assert proc.returncode == 1 and err["kind"] == "not_found" and "0" * 40 in err["message"]
+    finally:
+        stop_hub_mirror(mirror)
+
+
 def test_wrong_revision_is_not_found(hub_mirror, tmp_path):
     proc = subprocess.run([sys.executable, SCRIPT, "--repo", TINY, "--revision", "no-such", "--local-dir",
                            str(tmp_path / "x"), "--plan-only"], capture_output=True, text=True,

@@ -3,7 +3,10 @@
 the host's Python (a vLLM venv has huggingface_hub): Python >= 3.9, huggingface_hub + stdlib only.
 
     python download.py --repo R --revision REV --local-dir D [--allow P ...] [--ignore P ...]
-                       [--workers 8] [--plan-only] [--token-file PATH]
+                       [--workers 8] [--plan-only] [--commit SHA] [--token-file PATH]
+
+--commit: download exactly this commit, the one the plan showed (a branch such as `main` can move
+between a plan and its apply; the record still names --revision, and the commit it holds).
 
 Token: HF_TOKEN from the environment, or --token-file (never printed, never on the command line).
 stdout carries JSON lines only (stderr is free text):
@@ -598,6 +601,8 @@ def parse_args(argv: list | None) -> argparse.Namespace:
     ap.add_argument("--ignore", action="append", default=[])
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--plan-only", action="store_true")
+    ap.add_argument("--commit", default=None,
+                    help="download exactly this commit (the plan's) of --revision, wherever the branch is now")
     ap.add_argument("--token-file", default=None)
     ap.add_argument("--remove-token-file", action="store_true",
                     help="the token file was written for this run: remove it once read")
@@ -643,7 +648,10 @@ def main(argv: list | None = None) -> int:
     record = None
     try:
         token = load_token(args)
-        commit, files = fetch_metadata(args.repo, args.revision, token, args.endpoint, args.retries, args.backoff)
+        commit, files = fetch_metadata(args.repo, args.commit or args.revision, token, args.endpoint,
+                                       args.retries, args.backoff)
+        if args.commit and commit != args.commit:
+            raise Fail("not_found", "%s: the hub answered commit %s for commit %s" % (args.repo, commit, args.commit))
         missing = [f["name"] for f in files if f["size"] is None]
         if missing:
             raise Fail("network", "the hub gave no size for %d files (e.g. %s)" % (len(missing), missing[0]))
