@@ -206,11 +206,12 @@ def _engine_series(port: int, name: str) -> dict[str, float]:
     return out
 
 
-def _long_streams(port: int, served: str, n: int, tokens: int, prompt_words: int = 0) -> list[threading.Thread]:
-    """N streaming requests in threads; each thread's `outcome` says how its request ended (a failed
+def _long_requests(port: int, served: str, n: int, tokens: int, prompt_words: int = 0,
+                   stream: bool = True) -> list[threading.Thread]:
+    """N requests in threads; each thread's `outcome` says how its request ended (a failed
     test names it: an error answer, a timeout, or a whole answer sooner than expected)."""
     body = {"model": served, "messages": [{"role": "user", "content": "talk " + "river " * prompt_words}],
-            "max_tokens": tokens, "ignore_eos": True, "stream": True}
+            "max_tokens": tokens, "ignore_eos": True, "stream": stream}
 
     def run(t: threading.Thread) -> None:
         t0 = time.monotonic()
@@ -270,10 +271,11 @@ def _pgid(pid: int) -> int | None:
 
 def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_vllm_host, monkeypatch):
     """Status's own /metrics scrape happens while requests run on each engine, and the engines are
-    frozen (SIGSTOP) for the length of it: when status asks for /metrics, the test keeps three
-    requests in flight (a 2000-word prompt each), stops the two EngineCore processes, waits until
-    the API server has handled all they sent, and lets status scrape if each engine runs one with its
-    KV allocated (else it thaws them and tries again). The API server still answers /metrics with the last
+    frozen (SIGSTOP) for the length of it: when status asks for /metrics, the test freezes the two
+    EngineCore processes, sends four requests (a 2000-word prompt each), thaws the engines for a
+    moment and freezes them again, waits until the API server has taken in all they sent, and lets
+    status scrape if each engine runs requests with their KV allocated (else it tries again with a
+    longer moment). The API server still answers /metrics with the last
     figures the engines sent, so the per-engine series scraped just before and just after status's
     scrape are equal, and status must report their mean, not their sum. (Timing real requests against
     the scrape did not hold: on CI's faster machine 1800 tokens ended inside the scrape; on a busy one
@@ -285,9 +287,32 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
     leader = gather(real_vllm_host.host, e, ["tiny-dp2"], ports=[PORT_DP]).services["tiny-dp2"].main_pid
     real_fetch, seen = probe_api.fetch_metrics, {}
 
-    def engine_cores() -> list[int]:
+    def processes(title: str) -> list[int]:
         return [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == leader
-                and _cmd(int(d)).startswith("VLLM::EngineCore_DP")]
+                and _cmd(int(d)).startswith(title)]
+
+    def engine_cores() -> list[int]:
+        return processes("VLLM::EngineCore_DP")
+
+    def api_servers_idle() -> None:
+        # the API servers' CPU time holds still for half a second: they have taken in what was sent
+        # (tokenized, handed to the engines' queues); at most 60 s
+        def ticks() -> int:
+            total = 0
+            for pid in processes("VLLM::APIServer"):
+                try:
+                    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                total += int(fields[11]) + int(fields[12])      # utime, stime
+            return total
+        last, give_up = None, time.monotonic() + 60
+        while time.monotonic() < give_up:
+            now = ticks()
+            if now == last:
+                return
+            last = now
+            time.sleep(0.5)
 
     def running() -> list[float]:
         return sorted(_engine_series(PORT_DP, "vllm:num_requests_running").values())
@@ -304,7 +329,8 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
                            if ln.startswith(("vllm:num_requests_running", "vllm:kv_cache_usage_perc"))]
                 except Exception as exc:     # noqa: BLE001 - this is only the failure's message
                     raw = [repr(exc)]
-                seen["timeout"] = (f"{what} within 120 s: running {running()}, requests "
+                seen["timeout"] = (f"{what} within 120 s: tries (thawed s, running, KV) {seen.get('attempts')}; "
+                                   f"running {running()}, requests "
                                    f"{[t.outcome for t in seen['threads']]}; a scrape took "
                                    f"{time.monotonic() - t0:.1f} s and read:\n" + "\n".join(raw)
                                    + "\nthe service's log ends:\n" + "\n".join(tail))
@@ -313,11 +339,8 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
         return True
 
     def drained() -> tuple[dict, dict]:
-        # The engines are frozen, but the API server may still be seconds behind them: on a loaded
-        # machine it was handling the outputs they had sent (a 1800-token stream each) and answered
-        # /metrics only between them, so every scrape taken while requests ran read running 0 (three
-        # of four full runs). Read until the figures it has (tokens counted, running, KV) hold still
-        # for half a second: then it has handled all they sent, and they send nothing more.
+        # The engines are frozen, but the API server may still be behind them: read until what it
+        # has (tokens counted, running, KV) holds still for half a second.
         names = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
         last, give_up = None, time.monotonic() + 60
         while True:
@@ -327,37 +350,51 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
             last = now
             time.sleep(0.5)
 
+    def freeze(stop: bool) -> None:
+        for pid in seen["frozen"]:
+            os.kill(pid, signal.SIGSTOP if stop else signal.SIGCONT)
+
     def fetch_while_both_run(ep, **kw):
-        # Three streams in flight (each replaced when it ends): the DP load balancer sends a request
-        # to the engine with the least work as the coordinator last reported it, so two sent at once
-        # can land on one engine (seen on a busy machine). Then freeze both engines, let the API server
-        # catch up (drained), and look: if each engine runs one with its KV allocated, status scrapes
-        # that frozen state; if not, thaw them and try again.
-        seen["threads"] = []
+        # Catching both engines mid-request by looking did not hold on a loaded machine (three of four
+        # full runs; reproduced alone with both cores kept busy): the tiny model ends 1800 tokens in a
+        # second or two of engine time, while the starved API servers took 4-20 s per request to take
+        # it in and hand it back, so the engines idled between requests and every look read running
+        # 0. So the test sets the moment itself: with the engines frozen, four requests go in (not
+        # streamed) and the API servers queue them for the engines (the load balancer spreads what it
+        # sends while the engines are frozen: it counts what it sent), and once the API servers are
+        # idle (their CPU time holds still: a starved one took over 20 s to take four in) the engines are thawed for
+        # a moment (`step`: long enough for a step of each, far shorter than 1800 tokens), frozen
+        # again, and once the API server has taken in all they sent, each engine runs requests with
+        # their KV allocated. If not (an engine not scheduled in that moment, requests not yet queued),
+        # the moment grows and it tries again.
+        seen["threads"], seen["attempts"] = [], []
+        seen["frozen"] = engine_cores()
+        freeze(True)
+        step = [0.3]
 
         def frozen_with_both_running() -> bool:
             alive = [t for t in seen["threads"] if t.is_alive()]
-            if len(alive) < 3:
-                seen["threads"] += _long_streams(PORT_DP, "tiny-dp2", 3 - len(alive), 1800, prompt_words=2000)
-                time.sleep(1)                  # time to reach the engines
-                return False
-            seen["frozen"] = engine_cores()
-            for pid in seen["frozen"]:
-                os.kill(pid, signal.SIGSTOP)
+            if len(alive) < 4:
+                seen["threads"] += _long_requests(PORT_DP, "tiny-dp2", 4 - len(alive), 1800, prompt_words=2000,
+                                                  stream=False)
+            api_servers_idle()                 # the API servers take them in and queue them (engines frozen)
+            freeze(False)
+            time.sleep(step[0])
+            freeze(True)
             seen["running"], seen["before"] = drained()
+            seen["attempts"].append((step[0], seen["running"], seen["before"]))
             if len(seen["running"]) == 2 and min(seen["running"].values()) >= 1 and min(seen["before"].values()) > 0:
                 return True
-            for pid in seen["frozen"]:
-                os.kill(pid, signal.SIGCONT)
+            step[0] = min(2.0, step[0] * 1.5)
             return False
-        if not wait_for("requests were not running on both engines with their KV allocated", frozen_with_both_running):
-            return real_fetch(ep, **kw)
         try:
+            if not wait_for("requests were not running on both engines with their KV allocated",
+                            frozen_with_both_running):
+                return real_fetch(ep, **kw)
             snap = real_fetch(ep, **kw)
             seen["after"] = _engine_series(PORT_DP, "vllm:kv_cache_usage_perc")
         finally:
-            for pid in seen["frozen"]:
-                os.kill(pid, signal.SIGCONT)
+            freeze(False)
         return snap
 
     monkeypatch.setattr(probe_api, "fetch_metrics", fetch_while_both_run)
@@ -367,6 +404,7 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
         for t in seen.get("threads", []):
             t.join(120)
     assert "timeout" not in seen, seen["timeout"]
+    print(f"DP status: {len(seen['attempts'])} tries (thawed s, running, KV): {seen['attempts']}")
     assert len(seen["frozen"]) == 2, seen
     before, after = seen["before"], seen["after"]
     assert len(seen["running"]) == 2 and min(seen["running"].values()) >= 1, seen     # each engine runs one
