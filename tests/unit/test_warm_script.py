@@ -69,7 +69,8 @@ def held_in_cache(path):
         assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
         try:
             # mlock faults every page in (reading the file into the cache) and pins it
-            assert libc.mlock(addr, size) == 0, f"mlock: {os.strerror(ctypes.get_errno())}"
+            assert libc.mlock(addr, size) == 0, (f"mlock of {size} bytes: {os.strerror(ctypes.get_errno())} "
+                                                 "(as a user, `ulimit -l` must allow it; root may)")
             yield
         finally:
             libc.munmap(addr, size)
