@@ -32,6 +32,7 @@ _GET_MISSING = 44         # exit code of the sudo `get` script when the file doe
 # The login shell reports its PID (= its process group) first on stderr, so that a timed-out
 # command can be killed with its children: sshd's "signal" request is ignored for root logins.
 _PID_MARK = b"@vllm-orch-pgid "
+KILL_MARK_WAIT_S = 10.0
 
 
 class SshHost(Host):
@@ -78,15 +79,16 @@ class SshHost(Host):
             return t
 
     def _drop(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
-        if self._client is not None:
-            jump = getattr(self._client, "_vllm_orch_jump", None)
-            self._client.close()
-            if jump is not None:
-                jump.close()
-            self._client = None
+        """Forget the connection, closing what is left of it: on a connection that has died, paramiko's
+        close of the SFTP channel raises EOFError (seen leaving a swap cut off from its host through
+        its session's close), and there is nothing left to close then."""
+        sftp, client, self._sftp, self._client = self._sftp, self._client, None, None
+        for part in (sftp, client, getattr(client, "_vllm_orch_jump", None)):
+            if part is not None:
+                try:
+                    part.close()
+                except (paramiko.SSHException, EOFError, OSError):
+                    pass
 
     def close(self) -> None:
         with self._lock:
@@ -134,9 +136,21 @@ class SshHost(Host):
         return Result(printable(cmd), code, "\n".join(lines), err.decode(errors="replace"),
                       time.monotonic() - started)
 
-    def _kill_group(self, err: bytearray, sudo: bool) -> None:
-        """Kill the process group of a command whose stderr began with its PID mark."""
+    def _kill_group(self, chan: paramiko.Channel, err: bytearray, sudo: bool) -> None:
+        """Kill the process group of a command whose stderr begins with its PID mark. The mark is the
+        command's first output, but a cancel (or a timeout) can come before it has arrived: then wait
+        for it (up to KILL_MARK_WAIT_S), or the command and its children would run on after their
+        channel closed (seen on a loaded machine: a Ctrl-C 0.5 s after the start left both sleeps)."""
         pgid, _ = _strip_mark(err)
+        deadline = time.monotonic() + KILL_MARK_WAIT_S
+        while pgid is None and time.monotonic() < deadline and not chan.closed:
+            if chan.recv_stderr_ready():
+                err.extend(chan.recv_stderr(65536))
+                pgid, _ = _strip_mark(err)
+            elif chan.exit_status_ready():
+                break                                    # it ended without a mark: nothing to kill
+            else:
+                time.sleep(0.02)
         if pgid:
             kill = f"kill -KILL -- -{pgid}"
             self._exec(f"sudo -n {kill}" if sudo else kill, 10, None, None, bound=False, cancellable=False)
@@ -156,13 +170,13 @@ class SshHost(Host):
             token = cancel.current() if cancellable else None
             for block in blocks(input):
                 if token is not None and token.requested:      # Ctrl-C in a long upload
-                    self._kill_group(err, sudo)
+                    self._kill_group(chan, err, sudo)
                     raise KeyboardInterrupt
                 chan.sendall(block)
             chan.shutdown_write()
             while True:
                 if token is not None and token.requested:      # Ctrl-C (host/cancel.py): end the command,
-                    self._kill_group(err, sudo)                # then its channel (below)
+                    self._kill_group(chan, err, sudo)                # then its channel (below)
                     raise KeyboardInterrupt
                 while chan.recv_ready():
                     chunk = chan.recv(65536)
@@ -186,7 +200,7 @@ class SshHost(Host):
                     raise EOFError("the channel closed before the command ended")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self._kill_group(err, sudo)
+                    self._kill_group(chan, err, sudo)
                     return TIMED_OUT, bytes(out), _strip_mark(err)[1] + \
                         f"\n(timed out after {timeout:g} s)".encode()
                 select.select([chan], [], [], min(remaining, 0.5))

@@ -303,6 +303,23 @@ def test_a_file_read_on_a_dropped_connection_is_a_lost_connection_and_the_next_r
     assert ssh_host.get(str(f)) == b"{}" and ssh_host.get(str(tmp_path / "none")) is None
 
 
+def test_closing_a_connection_that_died_does_not_raise_and_the_next_use_reconnects(ssh_host, tmp_path):
+    """On a connection that has died, paramiko's close of the SFTP channel raises EOFError: it left
+    a swap cut off from its host through its session's close (seen on real systemd under load), in
+    place of the half-done swap and its hint. close() forgets what it cannot close."""
+    f = tmp_path / "record.json"
+    f.write_text("{}")
+    assert ssh_host.get(str(f)) == b"{}"                 # the SFTP session is open
+    sftp = ssh_host.sftp()
+
+    def dead(*args, **kwargs):                        # what paramiko raised in the swap
+        raise EOFError()
+
+    sftp.close = dead                                  # type: ignore[method-assign]
+    ssh_host.close()
+    assert ssh_host.get(str(f)) == b"{}" and ssh_host.sftp() is not sftp
+
+
 # -- ~/.ssh/config -----------------------------------------------------------------------------------
 def _ssh_config(tmp_path: Path, info, extra: str = "") -> Path:
     cfg = tmp_path / "ssh_config"
