@@ -85,6 +85,13 @@ def test_a_partition_is_probed_through_and_nothing_is_restarted(tmp_path):
         assert watch.poll() is None, watch.communicate()[0]
         head.heal()
         head.accept_one()                            # the watch holds a connection again
+        # it says so once its probe's connection is closed: read up to that line before the kill (a
+        # kill right after the accept once came first on a loaded machine)
+        deadline = time.monotonic() + 40
+        while "answers again" not in out:
+            assert watch.poll() is None, watch.communicate()[0]
+            assert time.monotonic() < deadline, "the watch never said the head answers again"
+            out += watch.stdout.readline()
         assert watch.poll() is None
     finally:
         watch.kill()
