@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from orchestrator.config.manifest import Manifest
@@ -206,12 +207,11 @@ def _engine_series(port: int, name: str) -> dict[str, float]:
     return out
 
 
-def _long_requests(port: int, served: str, n: int, tokens: int, prompt_words: int = 0,
-                   stream: bool = True) -> list[threading.Thread]:
-    """N requests in threads; each thread's `outcome` says how its request ended (a failed
+def _long_requests(port: int, served: str, n: int, tokens: int, prompt_words: int = 0) -> list[threading.Thread]:
+    """N requests (not streamed) in threads; each thread's `outcome` says how its request ended (a failed
     test names it: an error answer, a timeout, or a whole answer sooner than expected)."""
     body = {"model": served, "messages": [{"role": "user", "content": "talk " + "river " * prompt_words}],
-            "max_tokens": tokens, "ignore_eos": True, "stream": stream}
+            "max_tokens": tokens, "ignore_eos": True, "stream": False}
 
     def run(t: threading.Thread) -> None:
         t0 = time.monotonic()
@@ -294,25 +294,24 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
     def engine_cores() -> list[int]:
         return processes("VLLM::EngineCore_DP")
 
-    def api_servers_idle() -> None:
-        # the API servers' CPU time holds still for half a second: they have taken in what was sent
-        # (tokenized, handed to the engines' queues); at most 60 s
-        def ticks() -> int:
-            total = 0
-            for pid in processes("VLLM::APIServer"):
-                try:
-                    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                total += int(fields[11]) + int(fields[12])      # utime, stime
-            return total
+    def settled(read):
+        # read every 0.5 s until two reads agree (at most 60 s): the last read
         last, give_up = None, time.monotonic() + 60
-        while time.monotonic() < give_up:
-            now = ticks()
-            if now == last:
-                return
+        while True:
+            now = read()
+            if now == last or time.monotonic() > give_up:
+                return now
             last = now
             time.sleep(0.5)
+
+    def api_servers_cpu() -> float:
+        total = 0.0
+        for pid in processes("VLLM::APIServer"):
+            try:
+                total += sum(psutil.Process(pid).cpu_times()[:2])      # user + system
+            except psutil.Error:
+                pass
+        return total
 
     def running() -> list[float]:
         return sorted(_engine_series(PORT_DP, "vllm:num_requests_running").values())
@@ -339,16 +338,11 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
         return True
 
     def drained() -> tuple[dict, dict]:
-        # The engines are frozen, but the API server may still be behind them: read until what it
-        # has (tokens counted, running, KV) holds still for half a second.
+        # The engines are frozen, but the API server may still be behind them: what it has (tokens
+        # counted, running, KV) once it holds still for half a second.
         names = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
-        last, give_up = None, time.monotonic() + 60
-        while True:
-            now = [_engine_series(PORT_DP, n) for n in names]
-            if now == last or time.monotonic() > give_up:
-                return now[1], now[2]
-            last = now
-            time.sleep(0.5)
+        now = settled(lambda: [_engine_series(PORT_DP, n) for n in names])
+        return now[1], now[2]
 
     def freeze(stop: bool) -> None:
         for pid in seen["frozen"]:
@@ -375,9 +369,9 @@ def test_status_of_a_data_parallel_service_averages_kv_usage_over_engines(real_v
         def frozen_with_both_running() -> bool:
             alive = [t for t in seen["threads"] if t.is_alive()]
             if len(alive) < 4:
-                seen["threads"] += _long_requests(PORT_DP, "tiny-dp2", 4 - len(alive), 1800, prompt_words=2000,
-                                                  stream=False)
-            api_servers_idle()                 # the API servers take them in and queue them (engines frozen)
+                seen["threads"] += _long_requests(PORT_DP, "tiny-dp2", 4 - len(alive), 1800, prompt_words=2000)
+            # the API servers take them in and queue them (engines frozen): their CPU time holds still
+            settled(api_servers_cpu)
             freeze(False)
             time.sleep(step[0])
             freeze(True)
