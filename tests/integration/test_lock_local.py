@@ -28,6 +28,16 @@ def wait_free(host, entry, budget: float) -> float:
     return time.monotonic() - t0
 
 
+def wait_gone(lock: HostLock, budget: float) -> None:
+    """Until the lock's own process has exited. The kernel frees the flock when that process closes
+    its files, a moment before the process is a zombie that poll() sees: a free lock alone does not
+    yet mean `ensure()` sees its process gone (CI hit that moment once)."""
+    t0 = time.monotonic()
+    while lock._proc is not None and lock._proc.alive():
+        assert time.monotonic() - t0 < budget, "the lock process did not exit"
+        time.sleep(0.05)
+
+
 def test_a_silent_controller_frees_the_lock(place, monkeypatch):
     host, entry = place
     monkeypatch.setattr(HostLock, "IDLE_S", 2)
@@ -55,6 +65,7 @@ def test_retake_only_when_nobody_held_it_meanwhile(place, monkeypatch):
     first = HostLock(host, entry, "deploy a")
     first.acquire()
     wait_free(host, entry, 15)                           # its lock process is gone: nobody else came
+    wait_gone(first, 15)
     assert "re-took" in first.ensure()
     assert lock_holder(host, entry)["token"] == first.token
     first.release()
@@ -67,6 +78,7 @@ def test_retake_only_when_nobody_held_it_meanwhile(place, monkeypatch):
     second.acquire()
     second.release()
     wait_free(host, entry, 15)
+    wait_gone(first, 15)
     with pytest.raises(LockLost, match="held it meanwhile"):
         first.ensure()
     monkeypatch.setattr(HostLock, "PING_S", 0.3)        # deploy c keeps its lock through first's wait
