@@ -24,6 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -36,6 +37,8 @@ from .sim_hosts import SimHost
 
 BUILD_TIMEOUT = 1800     # the first test that needs the venv may build it (pyproject: 300 s a test)
 READY_TIMEOUT = 240.0    # a real start is ~30 s on an idle 2-core machine; several times that when busy
+STILL_S = 60.0           # RealServer.wait_ready: this long with no new log line and no CPU is a hang
+PROGRESS_CHECK_S = 5.0
 
 
 def pytest_collection_modifyitems(config, items):
@@ -115,18 +118,48 @@ class RealServer:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT, api_servers: int = 1) -> float:
+    def wait_ready(self, timeout: float | None = None, api_servers: int = 1) -> float:
         """Seconds from start to "Application startup complete." (the last start-up line), logged
         by each of `api_servers` API servers (data parallel runs one per engine; the first to be up
-        answers requests while the others may not have logged their start yet)."""
+        answers requests while the others may not have logged their start yet).
+
+        Gives up on a hang, not on a slow machine: when for STILL_S neither the log grew nor the
+        server's processes used CPU (or after `timeout`, when given). A data-parallel start beside
+        three busy workers took over 240 s on a slower 2-core machine while every process was still
+        importing; a fixed 240 s failed it. The test's own timeout bounds the whole."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.log.count("Application startup complete.") >= api_servers:
+        seen = (-1, -1.0)
+        moved = checked = t0
+        while timeout is None or time.monotonic() - t0 < timeout:
+            log = self.log
+            if log.count("Application startup complete.") >= api_servers:
                 return time.monotonic() - t0
             if self.proc.poll() is not None:
-                raise AssertionError(f"vllm serve exited {self.proc.returncode}:\n{self.log[-4000:]}")
+                raise AssertionError(f"vllm serve exited {self.proc.returncode}:\n{log[-4000:]}")
+            now = time.monotonic()
+            if now - checked >= PROGRESS_CHECK_S:
+                # against the last check (an exited process lowers the sum): a line, or a tenth of a core
+                mark = (len(log), self.group_cpu_s())
+                if mark[0] > seen[0] or mark[1] > seen[1] + 0.1 * (now - checked):
+                    moved = now
+                seen, checked = mark, now
+                if now - moved >= STILL_S:
+                    raise AssertionError(f"vllm serve made no progress for {STILL_S:.0f} s (no new log line, "
+                                         f"no CPU), {now - t0:.0f} s after its start:\n{log[-4000:]}")
             time.sleep(0.2)
         raise AssertionError(f"vllm serve not ready after {timeout:.0f}s:\n{self.log[-4000:]}")
+
+    def group_cpu_s(self) -> float:
+        """CPU seconds used so far by the server's live processes (its own process group)."""
+        total = 0.0
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == self.proc.pid:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            except (psutil.Error, ProcessLookupError):
+                continue
+        return total
 
     def wait_exit(self, timeout: float = READY_TIMEOUT) -> int:
         return self.proc.wait(timeout)

@@ -146,3 +146,38 @@ def test_fake_nvidia_smi_lists_real_vllm_engine_and_worker_processes(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _server_of(tmp_path, command: list[str]):
+    """A RealServer whose 'vllm serve' is `command` (its own process group, an empty log)."""
+    from tests.plugins.real_vllm import RealServer
+
+    srv = object.__new__(RealServer)
+    srv.log_path = tmp_path / "serve.log"
+    srv.log_path.write_text("")
+    srv.proc = subprocess.Popen(command, start_new_session=True)
+    return srv
+
+
+def test_the_real_servers_ready_wait_gives_up_on_a_hang_and_waits_out_a_busy_start(tmp_path, monkeypatch):
+    """No fixed deadline for a real start (a slow machine is not a hang), but a server that
+    neither logs nor uses CPU for STILL_S is one."""
+    from tests.plugins import real_vllm as plugin
+
+    monkeypatch.setattr(plugin, "STILL_S", 2.0)
+    monkeypatch.setattr(plugin, "PROGRESS_CHECK_S", 0.3)
+    hung = _server_of(tmp_path, ["sleep", "60"])
+    try:
+        with pytest.raises(AssertionError, match="no progress for 2 s"):
+            hung.wait_ready()
+    finally:
+        hung.stop()
+    # busy for 3 s (past STILL_S) without a line, then ready: waited out
+    busy = _server_of(tmp_path, [sys.executable, "-c",
+                                 "import time, sys\nt = time.monotonic()\nwhile time.monotonic() - t < 3: pass\n"
+                                 f"open({str(tmp_path / 'serve.log')!r}, 'a').write('Application startup complete.')\n"
+                                 "time.sleep(60)"])
+    try:
+        assert busy.wait_ready() >= 3
+    finally:
+        busy.stop()
