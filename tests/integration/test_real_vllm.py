@@ -28,14 +28,14 @@ from orchestrator.ops.status import host_status
 from orchestrator.probe import logsig
 from orchestrator.probe.readiness import GATES
 from orchestrator.sim.tinymodel import MODELS, train_vocab
-from tests.plugins.real_vllm import READY_TIMEOUT
+from tests.plugins.real_vllm import START_BUDGET_S
 
 from .deployhelp import SHIPPED, cli_env, deploy, entry, free_port, swap, write_models
 from .vllm_contract import request
 
 pytestmark = pytest.mark.real_vllm
 
-RUN = dict(budget_s=READY_TIMEOUT, poll_s=0.5)
+RUN = dict(budget_s=START_BUDGET_S, poll_s=0.5)
 PORT_A, PORT_B, PORT_DP = free_port(), free_port(), free_port()
 
 

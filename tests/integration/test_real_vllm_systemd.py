@@ -13,7 +13,7 @@ from orchestrator.host.services import Service
 from orchestrator.ops.status import host_status
 from orchestrator.probe.readiness import GATES, UNIT_GATE
 from orchestrator.sim import manager
-from tests.plugins.real_vllm import READY_TIMEOUT
+from tests.plugins.real_vllm import START_BUDGET_S
 from tests.plugins.remote_hosts import systemd_skip_reason
 
 from .deployhelp import SHIPPED, deploy
@@ -40,7 +40,7 @@ def test_deploy_into_a_real_systemd_container_with_the_venv_bound_read_only(real
     e, real = real_systemd_host
     assert e.service_manager == "systemd" and e.vllm == real["vllm"] and "PYTHONPATH" not in e.env
     assert list(e.skip_checks) == ["torch-cuda"]          # the CPU build's torch; the parser is real
-    r = deploy(e, SHIPPED["tiny-llama-a"], budget_s=READY_TIMEOUT, poll_s=0.5)
+    r = deploy(e, SHIPPED["tiny-llama-a"], budget_s=START_BUDGET_S, poll_s=0.5)
     assert r.ok, r.error
     assert list(r.extra["history"]["gates"]) == [*GATES, UNIT_GATE]          # a systemd host: the unit too
     st = host_status(e)
