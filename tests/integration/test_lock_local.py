@@ -11,6 +11,7 @@ import pytest
 from orchestrator.config.inventory import HostEntry
 from orchestrator.host.local import LocalHost
 from orchestrator.host.state import HostLock, LockLost, lock_holder
+from tests.plugins.sim_hosts import wait_until
 
 
 @pytest.fixture
@@ -32,10 +33,7 @@ def wait_gone(lock: HostLock, budget: float) -> None:
     """Until the lock's own process has exited. The kernel frees the flock when that process closes
     its files, a moment before the process is a zombie that poll() sees: a free lock alone does not
     yet mean `ensure()` sees its process gone (CI hit that moment once)."""
-    t0 = time.monotonic()
-    while lock._proc is not None and lock._proc.alive():
-        assert time.monotonic() - t0 < budget, "the lock process did not exit"
-        time.sleep(0.05)
+    wait_until(lambda: lock._proc is None or not lock._proc.alive(), budget, "the lock process exited")
 
 
 def test_a_silent_controller_frees_the_lock(place, monkeypatch):

@@ -23,6 +23,7 @@ from orchestrator.ops.execute import Reporter
 from orchestrator.ops.swap import run_swap
 from orchestrator.probe import api
 from orchestrator.sim import manager
+from tests.plugins.sim_hosts import fired, wait_until
 
 from .deployhelp import deploy, opts, tuned, write_models
 
@@ -69,22 +70,16 @@ def read_until(proc: subprocess.Popen, marker: str, seen: list[str]) -> None:
     raise AssertionError(f"the swap ended before {marker!r}:\n" + "".join(seen))
 
 
-def fired(home, fault: str) -> int:
-    """How many times the simulated servers of host "sim" have taken `fault` (logs/faults-fired.jsonl)."""
-    path = manager.host_dir("sim", home) / "logs" / "faults-fired.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return sum(json.loads(line).get("fault") == fault for line in lines if line.strip())
+def hangs_taken(home) -> int:
+    return len(fired(manager.host_dir("sim", home), "hang"))
 
 
-def wait_fired(home, fault: str, before: int, budget: float = 120.0) -> None:
-    """Until a server has taken the armed fault. It reads it as it starts, and on a busy machine
-    that came after swap's readiness wait had begun and a fixed second had passed: the interrupt
-    then stopped a server that had not taken it, the fault stayed armed, and the test's next swap
-    hung on it (a busy full run on a slower machine, pytest's 300 s timeout)."""
-    t0 = time.monotonic()
-    while fired(home, fault) <= before:
-        assert time.monotonic() - t0 < budget, f"no server took the {fault} fault"
-        time.sleep(0.2)
+def wait_hang_taken(home, before: int) -> None:
+    """Until a server has taken the armed hang fault. It reads it as it starts, and on a busy
+    machine that came after swap's readiness wait had begun and a fixed second had passed: the
+    interrupt then stopped a server that had not taken it, the fault stayed armed, and the test's
+    next swap hung on it (a busy full run on a slower machine, pytest's 300 s timeout)."""
+    wait_until(lambda: hangs_taken(home) > before, 120.0, "a server took the hang fault")
 
 
 def serves(e, model) -> bool:
@@ -118,10 +113,10 @@ def swap_record(e) -> dict | None:
 def test_an_interrupt_in_the_readiness_wait_puts_the_old_model_back(pair, sig):
     home, e, old, new, env = pair
     manager.add_fault("sim", "hang", model=new.name, home=home)      # the new model never gets ready
-    before = fired(home, "hang")
+    before = hangs_taken(home)
     proc, seen = start_swap(env, new.name), []
     read_until(proc, "] ready:", seen)
-    wait_fired(home, "hang", before)                 # inside the wait, the hang taken
+    wait_hang_taken(home, before)                 # inside the wait, the hang taken
     assert unit(e, old) == "inactive" and unit(e, new) == "activating"
     t0 = time.monotonic()
     proc.send_signal(sig)
@@ -159,10 +154,10 @@ def test_an_interrupt_during_the_download_changes_nothing(pair):
 def test_a_second_interrupt_abandons_the_rollback_and_swap_finishes_the_swap(pair):
     home, e, old, new, env = pair
     manager.add_fault("sim", "hang", model=new.name, home=home)
-    before = fired(home, "hang")
+    before = hangs_taken(home)
     proc, seen = start_swap(env, new.name), []
     read_until(proc, "] ready:", seen)
-    wait_fired(home, "hang", before)                 # inside the wait, the hang taken
+    wait_hang_taken(home, before)                 # inside the wait, the hang taken
     proc.send_signal(signal.SIGINT)
     read_until(proc, "recovery: roll back", seen)
     time.sleep(0.5)
@@ -192,10 +187,10 @@ def test_a_killed_swap_is_shown_by_status_refused_by_deploy_and_converged_by_swa
     new = tuned("minimax-m25-ep", PORT, startup={"no_progress_seconds": 6})
     write_models(Path(env["VLLM_ORCH_MODELS"]), [old, new])
     manager.add_fault("sim", "hang", model=new.name, home=home, times=2)
-    before = fired(home, "hang")
+    before = hangs_taken(home)
     proc, seen = start_swap(env, new.name), []
     read_until(proc, "] ready:", seen)
-    wait_fired(home, "hang", before)                 # inside the wait, the hang taken
+    wait_hang_taken(home, before)                 # inside the wait, the hang taken
     proc.kill()
     proc.wait(30)
     assert swap_record(e)["to"] == new.name and unit(e, old) == "inactive"

@@ -19,6 +19,7 @@ from orchestrator.host.state import read_history
 from orchestrator.ops.status import host_status
 from orchestrator.probe import api
 from orchestrator.sim import manager
+from tests.plugins.sim_hosts import fired
 
 from .deployhelp import deploy, tuned
 
@@ -45,12 +46,6 @@ def wait_for(predicate, budget: float, every: float = 0.2, what: str = "conditio
         assert time.monotonic() < deadline, f"{what} not met within {budget} s"
         time.sleep(every)
     return value
-
-
-def fired(hdir, fault: str) -> list[dict]:
-    path = hdir / "logs" / "faults-fired.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in map(json.loads, lines) if r["fault"] == fault]
 
 
 def host_dir(home):

@@ -95,6 +95,14 @@ def wait_until(predicate, budget: float = 10.0, what: str = "condition"):
     return value
 
 
+def fired(hdir: Path, fault: str) -> list[dict]:
+    """The firings of `fault` on a simulated host, oldest first (`<hostdir>/logs/faults-fired.jsonl`,
+    written as a server takes an armed fault)."""
+    path = hdir / "logs" / "faults-fired.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if r["fault"] == fault]
+
+
 class SimServer:
     """`<hostdir>/bin/vllm serve ARGS --port P` with its output in a file; kills what it started
     (the server, and its GPU-holder workers via gpu-procs) on exit. new_session: the server leads
