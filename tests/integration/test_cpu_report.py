@@ -16,10 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 BURN = "import sys; n = 0\nfor i in range(4_000_000): n += i\n"      # a fixed amount of work
 
 TESTS = f'''
-import subprocess, sys
+import resource, subprocess, sys
+from pathlib import Path
+
+def spent():
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
 
 def test_burns_in_a_child():
+    before = spent()
     subprocess.run([sys.executable, "-c", {BURN!r}], check=True)
+    Path("child-cpu").write_text(str(spent() - before))   # the kernel's own count of the child's CPU
 
 def test_idle():
     pass
@@ -37,11 +44,10 @@ def test_each_test_is_charged_with_its_own_processes(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     cpu = {nodeid.split("::")[1]: c for nodeid, c, _ in read(out)}
-    burn = subprocess.run([sys.executable, "-c", f"import resource, subprocess, sys\n"
-                           f"subprocess.run([sys.executable, '-c', {BURN!r}])\n"
-                           f"u = resource.getrusage(resource.RUSAGE_CHILDREN)\nprint(u.ru_utime + u.ru_stime)"],
-                          capture_output=True, text=True, timeout=300)
-    child = float(burn.stdout)                         # what the child's work costs, measured here
+    # The child's CPU as the kernel counted it in the same run: the same work costs a different
+    # amount of CPU in another process on a busy machine (CI: 0.46 s in the test, 0.58 s beside it).
+    child = float((tmp_path / "child-cpu").read_text())
+    assert child > 0.05, child
     assert cpu["test_burns_in_a_child"] >= 0.8 * child, (cpu, child)
     assert cpu["test_idle"] < 0.5 * child, (cpu, child)
     assert "CPU per test" in r.stdout and "test_burns_in_a_child" in r.stdout
