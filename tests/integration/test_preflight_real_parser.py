@@ -403,7 +403,9 @@ def test_run_preflight_end_to_end_on_a_local_host(vllm_parser_python, kimi, fake
     took = time.monotonic() - started
     summary = {c.name: (c.status, c.summary, c.seconds) for c in checks}
     assert all(c.status == OK for c in checks), summary
-    assert took < 60, summary
+    # A figure, not a bound: 6-9 s on an idle machine, several times that beside three busy workers
+    # (docs/figures.md, "Preflight"); each check's own timeout is what bounds a hang.
+    print(f"\nFIGURE whole preflight with the real parser: {took:.1f} s")
     print(json.dumps({"preflight_seconds": round(took, 2), "checks": summary}, indent=1))
 
     # Same host, old driver and a cubin mismatch: both named, with numbers and fixes.
