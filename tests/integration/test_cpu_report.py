@@ -43,7 +43,8 @@ def test_each_test_is_charged_with_its_own_processes(tmp_path):
                        cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    cpu = {nodeid.split("::")[1]: c for nodeid, c, _ in read(out)}
+    rows = read(out)
+    cpu = {nodeid.split("::")[1]: c for nodeid, c, _, _ in rows}
     # The child's CPU as the kernel counted it in the same run: the same work costs a different
     # amount of CPU in another process on a busy machine (CI: 0.46 s in the test, 0.58 s beside it).
     child = float((tmp_path / "child-cpu").read_text())
@@ -52,3 +53,5 @@ def test_each_test_is_charged_with_its_own_processes(tmp_path):
     assert cpu["test_idle"] < 0.5 * child, (cpu, child)
     assert "CPU per test" in r.stdout and "test_burns_in_a_child" in r.stdout
     assert set(cpu) == {"test_burns_in_a_child", "test_idle"}
+    # Without tests/plugins/tiers.py the tests have no tier; the summary sums them under one line.
+    assert {tier for *_, tier in rows} == {""} and "tests of tier (no tier)" in r.stdout

@@ -11,10 +11,11 @@ itself into a fresh cgroup-v1 `cpuacct` group; every process the test starts is 
 charged to it, exited or not, up to the test's end. After the test, the worker moves back (a process
 the test left running stays in the group, and what it spends later is not reported).
 
-FILE gets one tab-separated line per test: nodeid, CPU seconds, wall seconds. The terminal summary
-shows the heaviest tests and the total. It needs root and a writable cpuacct hierarchy; without one,
-the report says so in one line and measures nothing. With pytest-xdist, every worker appends to
-FILE (one short write per line).
+FILE gets one tab-separated line per test: nodeid, CPU seconds, wall seconds, tier (the marker
+tests/plugins/tiers.py gave it; empty without that plugin). The terminal summary shows the total,
+the sums per tier (where a full run's time goes: docs/figures.md) and the heaviest tests. It needs
+root and a writable cpuacct hierarchy; without one, the report says so in one line and measures
+nothing. With pytest-xdist, every worker appends to FILE (one short write per line).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Meter:
     def _join(self, group: Path) -> None:
         (group / "cgroup.procs").write_text(str(os.getpid()))
 
-    def measure(self, nodeid: str):
+    def measure(self, nodeid: str, tier: str = ""):
         group = self.base / uuid.uuid4().hex[:12]
         group.mkdir()
         self._join(group)
@@ -76,7 +77,7 @@ class Meter:
             wall = time.monotonic() - started
             cpu = int((group / "cpuacct.usage").read_text()) / 1e9
             with open(self.out, "a") as f:
-                f.write(f"{nodeid}\t{cpu:.3f}\t{wall:.3f}\n")
+                f.write(f"{nodeid}\t{cpu:.3f}\t{wall:.3f}\t{tier}\n")
             try:
                 group.rmdir()                     # refused while a process the test left runs in it
             except OSError:
@@ -106,7 +107,10 @@ def pytest_runtest_protocol(item, nextitem):
     if meter is None:
         yield
         return
-    gen = meter.measure(item.nodeid)
+    from tests.plugins.tiers import TIERS
+
+    marked = {m.name for m in item.iter_markers()}
+    gen = meter.measure(item.nodeid, next((t for t in TIERS if t in marked), ""))
     next(gen)
     try:
         yield
@@ -114,12 +118,13 @@ def pytest_runtest_protocol(item, nextitem):
         next(gen, None)
 
 
-def read(path: Path) -> list[tuple[str, float, float]]:
+def read(path: Path) -> list[tuple[str, float, float, str]]:
+    """(nodeid, CPU seconds, wall seconds, tier) per test."""
     rows = []
     for line in path.read_text().splitlines():
         parts = line.split("\t")
-        if len(parts) == 3:
-            rows.append((parts[0], float(parts[1]), float(parts[2])))
+        if len(parts) == 4:
+            rows.append((parts[0], float(parts[1]), float(parts[2]), parts[3]))
     return rows
 
 
@@ -135,7 +140,15 @@ def pytest_terminal_summary(terminalreporter, config):
     rows = read(Path(out))
     tr.section("CPU per test (its processes included)")
     tr.write_line(f"{len(rows)} tests, {sum(r[1] for r in rows):.1f} s of CPU in all; written to {out}")
-    for nodeid, cpu, wall in sorted(rows, key=lambda r: -r[1])[:SHOWN]:
+    tiers: dict[str, list[float]] = {}
+    for _, cpu, wall, tier in rows:
+        sums = tiers.setdefault(tier or "(no tier)", [0, 0.0, 0.0])
+        sums[0] += 1
+        sums[1] += cpu
+        sums[2] += wall
+    for tier, (n, cpu, wall) in sorted(tiers.items(), key=lambda kv: -kv[1][1]):
+        tr.write_line(f"{cpu:8.1f} s CPU {wall:8.1f} s wall, summed over {int(n)} tests of tier {tier}")
+    for nodeid, cpu, wall, _ in sorted(rows, key=lambda r: -r[1])[:SHOWN]:
         tr.write_line(f"{cpu:8.1f} s CPU {wall:8.1f} s wall  {nodeid}")
 
 
