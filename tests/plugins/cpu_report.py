@@ -11,8 +11,8 @@ itself into a fresh cgroup-v1 `cpuacct` group; every process the test starts is 
 charged to it, exited or not, up to the test's end. After the test, the worker moves back (a process
 the test left running stays in the group, and what it spends later is not reported).
 
-FILE gets one tab-separated line per test: nodeid, CPU seconds, wall seconds, tier (the marker
-tests/plugins/tiers.py gave it; empty without that plugin). The terminal summary shows the total,
+FILE gets one tab-separated line per test: nodeid, CPU seconds, wall seconds, tier (by
+tests/plugins/tiers.py's own rule, `tier_of`). The terminal summary shows the total,
 the sums per tier (where a full run's time goes: docs/figures.md) and the heaviest tests. It needs
 root and a writable cpuacct hierarchy; without one, the report says so in one line and measures
 nothing. With pytest-xdist, every worker appends to FILE (one short write per line).
@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.plugins.tiers import tier_of
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 SHOWN = 15
@@ -65,7 +67,7 @@ class Meter:
     def _join(self, group: Path) -> None:
         (group / "cgroup.procs").write_text(str(os.getpid()))
 
-    def measure(self, nodeid: str, tier: str = ""):
+    def measure(self, nodeid: str, tier: str):
         group = self.base / uuid.uuid4().hex[:12]
         group.mkdir()
         self._join(group)
@@ -107,10 +109,7 @@ def pytest_runtest_protocol(item, nextitem):
     if meter is None:
         yield
         return
-    from tests.plugins.tiers import TIERS
-
-    marked = {m.name for m in item.iter_markers()}
-    gen = meter.measure(item.nodeid, next((t for t in TIERS if t in marked), ""))
+    gen = meter.measure(item.nodeid, tier_of(item))
     next(gen)
     try:
         yield
@@ -142,7 +141,7 @@ def pytest_terminal_summary(terminalreporter, config):
     tr.write_line(f"{len(rows)} tests, {sum(r[1] for r in rows):.1f} s of CPU in all; written to {out}")
     tiers: dict[str, list[float]] = {}
     for _, cpu, wall, tier in rows:
-        sums = tiers.setdefault(tier or "(no tier)", [0, 0.0, 0.0])
+        sums = tiers.setdefault(tier, [0, 0.0, 0.0])
         sums[0] += 1
         sums[1] += cpu
         sums[2] += wall
