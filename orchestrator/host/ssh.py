@@ -85,10 +85,7 @@ class SshHost(Host):
         sftp, client, self._sftp, self._client = self._sftp, self._client, None, None
         for part in (sftp, client, getattr(client, "_vllm_orch_jump", None)):
             if part is not None:
-                try:
-                    part.close()
-                except (paramiko.SSHException, EOFError, OSError):
-                    pass
+                close_quietly(part)
 
     def close(self) -> None:
         with self._lock:
@@ -208,7 +205,8 @@ class SshHost(Host):
             raise ConnectError(f"lost the connection to {self.target.where}: {exc}",
                                host=self.name) from None
         finally:
-            chan.close()
+            close_quietly(chan)     # on a connection that died unnoticed, close() raised EOFError over
+                                    # the lost connection (a swap cut off from its host, under load)
 
     # -- files -----------------------------------------------------------------------------------
     def sftp(self) -> paramiko.SFTPClient:
@@ -360,6 +358,17 @@ class _SshSpawned(Spawned):
             self.chan.close()
         except Exception:
             pass
+
+
+def close_quietly(part: paramiko.Channel | paramiko.SFTPClient | paramiko.SSHClient) -> None:
+    """Close a channel, an SFTP session or a client. On a connection that has died before paramiko
+    noticed, close() sends its message on a dead socket and raises EOFError (or OSError,
+    SSHException); there is nothing left to close then, and the caller's own error (a lost
+    connection) is the one to report."""
+    try:
+        part.close()
+    except (paramiko.SSHException, EOFError, OSError):
+        pass
 
 
 def bounded(text: str, timeout: float) -> str:

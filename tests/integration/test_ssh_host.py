@@ -320,6 +320,26 @@ def test_closing_a_connection_that_died_does_not_raise_and_the_next_use_reconnec
     assert ssh_host.get(str(f)) == b"{}" and ssh_host.sftp() is not sftp
 
 
+def test_a_channel_close_that_fails_on_the_dead_connection_leaves_the_lost_connection(ssh_host, monkeypatch):
+    """When the connection dies under a command before paramiko has noticed, closing the command's
+    channel writes on the dead socket and paramiko raises EOFError. It replaced the lost connection
+    in a swap cut off from its real-systemd host under load (a full run of issue 24), and with it the
+    half-done swap and its hint. The caller gets the lost connection; a command that ended keeps its
+    answer even when its channel cannot be closed."""
+    def dead(self):                                     # what paramiko's close raised in that swap
+        raise EOFError()
+
+    assert ssh_host.run(["true"]).ok
+    monkeypatch.setattr(paramiko.Channel, "close", dead)
+    sock = ssh_host.transport().sock
+    threading.Timer(0.3, sock.shutdown, args=(socket.SHUT_RDWR,)).start()
+    with pytest.raises(ConnectError, match="lost the connection"):
+        ssh_host.run(["sleep", "5"], timeout=20)
+    assert ssh_host.run(["echo", "again"]).stdout == "again\n"
+    monkeypatch.undo()
+    assert ssh_host.run(["echo", "closed"]).stdout == "closed\n"
+
+
 # -- ~/.ssh/config -----------------------------------------------------------------------------------
 def _ssh_config(tmp_path: Path, info, extra: str = "") -> Path:
     cfg = tmp_path / "ssh_config"
