@@ -21,7 +21,7 @@ import paramiko
 from orchestrator.errors import ConnectError
 from orchestrator.host import cancel
 from orchestrator.host.base import Command, Host, Result, Spawned, blocks, printable
-from orchestrator.host.ssh_connect import Target, connect, resolve_target
+from orchestrator.host.ssh_connect import Target, close_quietly, connect, resolve_target
 
 # paramiko logs refused tunnels ("Secsh channel N open FAILED") while a server is still loading;
 # those are expected and reported by the probes themselves.
@@ -358,17 +358,6 @@ class _SshSpawned(Spawned):
             self.chan.close()
         except Exception:
             pass
-
-
-def close_quietly(part: paramiko.Channel | paramiko.SFTPClient | paramiko.SSHClient) -> None:
-    """Close a channel, an SFTP session or a client. On a connection that has died before paramiko
-    noticed, close() sends its message on a dead socket and raises EOFError (or OSError,
-    SSHException); there is nothing left to close then, and the caller's own error (a lost
-    connection) is the one to report."""
-    try:
-        part.close()
-    except (paramiko.SSHException, EOFError, OSError):
-        pass
 
 
 def bounded(text: str, timeout: float) -> str:

@@ -254,6 +254,18 @@ def detect_dead_link(sock: socket.socket) -> None:
 
 
 def _close(client, jump_client, sock=None) -> None:
+    """What a failed connect made; the connect's own error is the one to report."""
     for c in (client, sock, jump_client):
         if c is not None:
-            c.close()
+            close_quietly(c)
+
+
+def close_quietly(part: paramiko.Channel | paramiko.SFTPClient | paramiko.SSHClient | socket.socket) -> None:
+    """Close a channel, an SFTP session, a client or a socket. On a connection that has died before
+    paramiko noticed, close() sends its message on a dead socket and raises EOFError (or OSError,
+    SSHException); there is nothing left to close then, and the caller's own error (a lost
+    connection, a failed connect) is the one to report."""
+    try:
+        part.close()
+    except (paramiko.SSHException, EOFError, OSError):
+        pass

@@ -162,6 +162,20 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(sshd_local, tmp_path):
     assert not kh.exists()
 
 
+def test_a_failed_connect_reports_its_own_error_when_closing_what_it_made_fails(sshd_local, tmp_path,
+                                                                             monkeypatch):
+    """A failed connect closes the client it made; on a connection that is already dead, paramiko's
+    close raises (EOFError, as in the swap of test_a_channel_close_that_fails_...). The refusal, not
+    the close's error, is what the operator must see."""
+    def dead(self):
+        raise EOFError()
+
+    monkeypatch.setattr(paramiko.SSHClient, "close", dead)
+    with make_host(sshd_local, known_hosts_file=str(tmp_path / "known_hosts")) as h:
+        with pytest.raises(RefusedError, match="unknown host key"):
+            h.run(["true"])
+
+
 def test_accept_new_adds_the_key_then_plain_connects_work(sshd_local, tmp_path):
     kh = tmp_path / "ssh" / "known_hosts"
     with make_host(sshd_local, known_hosts_file=str(kh), accept_new_host_key=True) as h:
