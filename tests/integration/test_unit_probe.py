@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -211,10 +212,14 @@ def restart_part(check, exit_status: int):
     run, *_ = check
     mod = run.module
     os.environ["EXIT_STATUS"] = str(exit_status)
+    # the restart ignores SIGTERM for the rest of its process (its own, on a host): here that is
+    # the pytest worker's, whose later subprocesses would inherit it (tests/plugins/isolation.py)
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         return mod.main(["restart", "--unit", "vllm-m.service", "--model", "m", "--state-dir",
                          str(run.state_dir), "--operation", "health-restart", "--by", "vllm-m-health.timer"])
     finally:
+        signal.signal(signal.SIGTERM, sigterm)
         del os.environ["EXIT_STATUS"]
 
 
