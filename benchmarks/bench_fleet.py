@@ -29,8 +29,8 @@ OLD, NEW = "kimi-k25-int4", "kimi-k25-nvfp4"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.socket() as s:       # free on every address: the services bind 0.0.0.0
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 

@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.socket() as s:       # free on every address: the services bind 0.0.0.0
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 

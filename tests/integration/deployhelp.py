@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from orchestrator.config.inventory import HostEntry
@@ -13,15 +12,10 @@ from orchestrator.ops.execute import Reporter
 from orchestrator.ops.swap import run_swap
 from orchestrator.paths import shipped_dir
 from orchestrator.plan.run import Options
+from tests.plugins.sim_hosts import free_port  # noqa: F401  (re-exported: the suite's one copy)
 
 SHIPPED, _ = load_all(shipped_dir("models"))
 DEPLOYABLE = ["kimi-k25-int4", "kimi-k25-int4-dcp8", "kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The performance step's measuring stream in tests that check logic, not the figure: 32 tokens at

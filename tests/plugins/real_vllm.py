@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from orchestrator.host.local import LocalHost
 from orchestrator.sim import manager
 from orchestrator.sim.tinymodel import write_model
 
-from .sim_hosts import SimHost
+from .sim_hosts import SimHost, free_port
 
 BUILD_TIMEOUT = 1800     # the first test that needs the venv may build it (pyproject: 300 s a test)
 READY_TIMEOUT = 240.0    # a real start is ~30 s on an idle 2-core machine; several times that when busy
@@ -93,12 +92,6 @@ def tiny_model(tmp_path_factory):
             made[repo] = write_model(tmp_path_factory.mktemp("tiny") / repo.split("/")[-1], repo)
         return made[repo]
     return make
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RealServer:

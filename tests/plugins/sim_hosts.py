@@ -80,8 +80,13 @@ def make_model(host_dir: Path, name: str, repo_id: str, *, shards: int = 4,
 
 
 def free_port() -> int:
+    """A TCP port nothing listens on, on ANY address: a service binds 0.0.0.0 (vLLM's default), so a
+    port free only on 127.0.0.1 may be taken on another address (a worker's session-long systemd
+    test hosts serve their Hub mirror on their bridge address, and a free-on-loopback pick handed
+    a multi-node test that very port, which the deploy rightly refused as a foreign holder). The
+    one copy for the suite (tests/integration/deployhelp.py and tests/plugins/real_vllm.py import it)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
