@@ -7,5 +7,5 @@ pytest_plugins = [
     "tests.plugins.real_vllm",      # vLLM's CPU build: a real vLLM server, real-vLLM sim hosts
     "tests.plugins.tiers",          # each test's tier marker, and its group for parallel workers
     "tests.plugins.cpu_report",     # --cpu-report=FILE: each test's CPU, its processes included
-    "tests.plugins.isolation",      # a test leaves no changed signal handling in its worker
+    "tests.plugins.isolation",      # a test leaves its worker as it found it (signals, env, cwd, umask)
 ]

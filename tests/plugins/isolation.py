@@ -1,9 +1,11 @@
 """What one test may not leave behind in its pytest process, because every later test of the same
 worker inherits it: a signal's disposition, the environment, the working directory, the umask
-(monkeypatch's setenv and chdir are undone before this check runs). An ignored SIGTERM survives
-exec, so every process a later test started ignored it too: a `sleep` stopped with SIGTERM then ran out its 30 s wait before
-the SIGKILL (tests/integration/test_unit_probe.py called the probe's `restart` in-process, which
-ignores SIGTERM for its own lifetime; one unrelated test of the same worker took 65 s instead of 5).
+(monkeypatch's setenv and chdir are undone before this check runs).
+
+An ignored SIGTERM survives exec, so every process a later test started ignored it too:
+tests/integration/test_unit_probe.py ran the probe's `restart` in-process (it ignores SIGTERM for
+the rest of its own process, as it should on a host), and an unrelated test of the same worker took
+65 s instead of 5.5 s, each of its two `sleep`s running out a 30 s wait for SIGTERM before the SIGKILL.
 
 A test that leaves one changed fails at its teardown, naming what; it is put back first, so the
 tests after it run as they would alone."""
