@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -26,12 +25,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OLD, NEW = "kimi-k25-int4", "kimi-k25-nvfp4"
-
-
-def free_port() -> int:
-    with socket.socket() as s:       # free on every address: the services bind 0.0.0.0
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def machine_busy_s() -> float:
@@ -58,6 +51,7 @@ def main() -> None:
     from orchestrator.ops.swap import run_swap
     from orchestrator.plan.run import Options
     from orchestrator.sim import manager
+    from orchestrator.sim.sshd import free_port
 
     n = max(sizes) if not args.swap_only else 4
     models = tmp / "models"

@@ -25,7 +25,6 @@ import cProfile
 import os
 import pstats
 import resource
-import socket
 import statistics
 import sys
 import tempfile
@@ -38,12 +37,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def free_port() -> int:
-    with socket.socket() as s:       # free on every address: the services bind 0.0.0.0
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def children_cpu() -> float:
@@ -241,6 +234,7 @@ def main() -> None:
     from orchestrator.ops.stop import stop_model
     from orchestrator.plan.run import Options
     from orchestrator.sim import manager
+    from orchestrator.sim.sshd import free_port
 
     models = tmp / "models"
     models.mkdir()

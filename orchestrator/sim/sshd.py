@@ -46,7 +46,12 @@ def available() -> str | None:
     return None
 
 
-def free_port(address: str = "127.0.0.1") -> int:
+def free_port(address: str = "") -> int:
+    """A TCP port nothing listens on at `address`; by default on ANY address, which is what a port
+    for a service needs: it binds 0.0.0.0 (vLLM's default), so a port free only on 127.0.0.1 may be
+    taken on another address (a test worker's systemd test hosts serve their Hub mirror on their
+    bridge address, and a free-on-loopback pick once handed a multi-node test that very port, which
+    the deploy rightly refused as a foreign holder). The one copy: the tests and benchmarks call it."""
     with socket.socket() as s:
         s.bind((address, 0))
         return s.getsockname()[1]

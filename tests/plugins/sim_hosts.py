@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 
 from orchestrator.host.local import LocalHost
 from orchestrator.sim import manager
+from orchestrator.sim.sshd import free_port  # noqa: F401  (re-exported for the tests)
 
 TEST_SPEED = 2000.0   # Kimi (547 GB) loads in ~1 s
 
@@ -77,17 +77,6 @@ def make_model(host_dir: Path, name: str, repo_id: str, *, shards: int = 4,
         index["metadata"] = {"total_size": int(total_size)}
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     return d
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on, on ANY address: a service binds 0.0.0.0 (vLLM's default), so a
-    port free only on 127.0.0.1 may be taken on another address (a worker's session-long systemd
-    test hosts serve their Hub mirror on their bridge address, and a free-on-loopback pick handed
-    a multi-node test that very port, which the deploy rightly refused as a foreign holder). The
-    one copy for the suite (tests/integration/deployhelp.py and tests/plugins/real_vllm.py import it)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, budget: float = 10.0, what: str = "condition"):
