@@ -16,6 +16,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from orchestrator.ops.status import host_status
 from orchestrator.secret import Secret
 from orchestrator.sim import manager
 
-from .deployhelp import deploy, entry, tuned
+from .deployhelp import cli_env, deploy, entry, tuned, write_models
 from .test_unit_probe import ATTACKER
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the port is held by another user")
@@ -86,13 +87,14 @@ def test_the_gates_never_send_the_key_to_another_user_listening_while_vllm_loads
         shutil.rmtree(shared)
 
 
-def test_a_deploy_and_status_send_no_key_to_another_user_listening_while_the_unit_is_activating(sim_host,
-                                                                                              monkeypatch):
+def test_a_deploy_status_and_bench_send_no_key_to_another_user_listening_while_the_unit_is_activating(
+        sim_host, monkeypatch, tmp_path):
     """The service serves; then it restarts (its unit `activating`: vLLM loading, its socket bound but
     not listening) and user nobody listens on 127.0.0.1 at its port. A deploy (here its plan, which
     asks whether the service already serves: ops/gather.serving_now, as swap, regen and check do)
     and `status` ask /health without the key, and /v1/models only of a listener proven the
-    service's: nobody's is not, so nobody is sent no key, and status says who holds the port."""
+    service's: nobody's is not, so nobody is sent no key, and status says who holds the port.
+    `bench --host` with a key is refused (exit 3) before its first request."""
     monkeypatch.setenv("VLLM_API_KEY", "sk-only-for-vllm")
     m = tuned("minimax-m25", serving={"secret_env": ["VLLM_API_KEY"]})
     e = entry(sim_host)
@@ -124,6 +126,12 @@ def test_a_deploy_and_status_send_no_key_to_another_user_listening_while_the_uni
         [row] = [s for s in st.services if s.name == m.name]
         assert "the API key was not sent" in row.state_reason and "user nobody" in row.state_reason, \
             row.state_reason
+        bench = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "bench", "--host", "sim", "-c", "1",
+                                "--out", str(tmp_path / "bench")], capture_output=True, text=True, timeout=300,
+                               env=cli_env(sim_host, write_models(tmp_path / "models", [m])))
+        assert bench.returncode == 3 and "the API key was not sent" in bench.stderr, bench.stdout + bench.stderr
+        asked = seen.read_text()
+        assert "sk-only-for-vllm" not in asked and "Authorization" not in asked, asked
     finally:
         if stranger is not None:
             stranger.kill()
