@@ -95,8 +95,8 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, scrape_key_file, sch
                     scheme=scheme, key_over_http=scrape_key_over_http, service_key=key, state_target=state_target)
     con = console()
     if (out / "secrets" / "vllm-api-key").exists():     # what monitor wrote before the keyed scrape was opt-in
-        con.print(f"[yellow]{out / 'secrets' / 'vllm-api-key'} (written by an earlier vllm-orch monitor) holds the "
-                  f"service's API key and is no longer referenced: delete it[/yellow]")
+        con.print(f"[yellow]{escape(str(out / 'secrets' / 'vllm-api-key'))} (written by an earlier vllm-orch monitor) "
+                  f"holds the service's API key and is no longer referenced: delete it[/yellow]")
     for model, why in sorted(unread.items()):
         con.print(f"[yellow]{escape(model)}: its manifest could not be read ({escape(why)}): scraped without "
                   f"a scrape key, no TTFT objective[/yellow]")
