@@ -290,7 +290,7 @@ def bench(ctx, model, url, served_model, host_name, accept_new_host_key, concurr
     out = out_dir or Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + (f"-{label}" if label else ""))
 
     if host_name:
-        target = host_target(ctx.obj, host_name, model or served_model, accept_new_host_key)
+        target = host_target(ctx.obj, host_name, model or served_model, accept_new_host_key, with_key=bool(api_key))
     else:
         served = served_model or model
         if not served:
@@ -347,7 +347,8 @@ class Target:
     record: Callable[[dict], None] | None     # appends the summary to the host's deploy history
 
 
-def host_target(app, host_name: str, model: str | None, accept_new_host_key: bool = False) -> Target:
+def host_target(app, host_name: str, model: str | None, accept_new_host_key: bool = False,
+                with_key: bool = False) -> Target:
     """Endpoint of the active deployment on an inventory host, forwarded over SSH when needed.
 
     Contract with the deployment side (lead): orchestrator.config.inventory gives the host entry and a
@@ -380,6 +381,14 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
         raise
     active = records[name or ""]
     port = active.port
+    if with_key:        # the key goes only to the service's own listener (probe/keyed.py), proven before the run
+        from orchestrator.probe import keyed
+
+        try:
+            keyed.prove(host, entry, name or "", port)
+        except keyed.ForeignListener as exc:
+            host.close()
+            raise keyed.refused(exc, entry, "bench") from None
     address = "127.0.0.1" if entry.is_local else entry.address
     closers = [host.close]
     if _reachable(address, port):

@@ -24,13 +24,20 @@ def _hostport(ctx, param, value: str | None) -> str | None:
 
 
 @click.command(epilog=exit_codes("0 written, 1 a host could not be reached (its services are left out, "
-                                  "the rest is written), 2 bad input (a keyed service without a key)."))
+                                  "the rest is written), 2 bad input, 3 refused (a scrape key over plain http "
+                                  "without --scrape-key-over-http, or a scrape key file holding the service's "
+                                  "API key)."))
 @host_selection(fleet=True, default_all=True)
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write prometheus.yml, targets/, rules/ and grafana/ into (made when missing).")
-@click.option("--key-file", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="A file holding the API key of keyed services, referenced by the scrape config as it is. "
-                   "Default: the key in $VLLM_API_KEY, written to OUT/secrets/vllm-api-key (0600).")
+@click.option("--scrape-key-file", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Opt-in: a scrape-only credential of yours (e.g. for a proxy guarding /metrics), sent as "
+                   "bearer auth to keyed services, referenced by the scrape config as it is (never copied; never "
+                   "the service's API key). Default: no scrape carries a key (vLLM leaves /metrics open).")
+@click.option("--scheme", type=click.Choice(["http", "https"]), default="http", show_default=True,
+              help="How Prometheus reaches the vLLM targets; a keyed scrape needs https.")
+@click.option("--scrape-key-over-http", is_flag=True,
+              help="Allow --scrape-key-file over plain http (a private path, e.g. loopback).")
 @click.option("--state-target", default=None, metavar="HOST:PORT", callback=_hostport,
               help="Where Prometheus reads `vllm-orch status --prometheus`'s output (a node exporter's "
                    "textfile collector). Default: no vllm-orch state target.")
@@ -39,18 +46,20 @@ def _hostport(ctx, param, value: str | None) -> str | None:
 @click.option("--for", "for_s", type=click.IntRange(min=0), default=None,
               help="Every alert's `for:` in seconds (alert drills and tests). Default: each alert's own.")
 @pass_app
-def monitor(app, hosts, parallel, accept_new_host_key, out, key_file, state_target, interval, for_s):
+def monitor(app, hosts, parallel, accept_new_host_key, out, scrape_key_file, scheme, scrape_key_over_http,
+            state_target, interval, for_s):
     """Write what a Prometheus and a Grafana need to watch the fleet's services: file_sd targets
     (labels host, service, model, served_name, gpus, node_role, vllm_version), prometheus.yml,
     recording and alert rules, their `promtool test rules` cases and a dashboard.
 
-    Each host is asked what it runs (as `status` does). A service whose manifest lists VLLM_API_KEY
-    is scraped with bearer auth from a key file; the key is in no other file written.
+    Each host is asked what it runs (as `status` does, without the API key). No scrape carries a key
+    and no file written holds one: vLLM 0.33 serves /metrics without it. --scrape-key-file opts in
+    to bearer auth for keyed services (your own scrape credential, over https unless forced).
 
     \b
     Examples:
       vllm-orch monitor --out /etc/prometheus/vllm-orch
-      vllm-orch monitor --group prod --out ./monitoring --key-file /etc/prometheus/vllm.key
+      vllm-orch monitor --group prod --out ./monitoring --scheme https --scrape-key-file /etc/prometheus/scrape.key
       promtool test rules ./monitoring/rules/vllm-orch.rules.test.yml
     """
     from orchestrator.cli.common import resolved_models_dir
@@ -63,7 +72,7 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, key_file, state_targ
 
     port_of, served_name_of, api_key_of = _manifest_lookups(app)
     workers = {"max_workers": parallel} if parallel else {}
-    results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, api_key_of=api_key_of, **workers)
+    results = gather_status(hosts, port_of, served_name_of, accept_new_host_key, **workers)     # no key sent
     folder = resolved_models_dir(app)
     key = None
     unread: dict[str, str] = {}
@@ -82,12 +91,15 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, key_file, state_targ
 
     targets, exporters = fleet(results, {e.name: e for e in hosts}, facts_of)
     timing = monitor_rules.Timing(interval_s=interval, for_s=for_s)
-    written = write(out, targets, exporters, timing, key=key, key_file=str(key_file) if key_file else None,
-                    state_target=state_target)
+    written = write(out, targets, exporters, timing, scrape_key_file=str(scrape_key_file) if scrape_key_file else None,
+                    scheme=scheme, key_over_http=scrape_key_over_http, service_key=key, state_target=state_target)
     con = console()
+    if (out / "secrets" / "vllm-api-key").exists():     # what monitor wrote before the keyed scrape was opt-in
+        con.print(f"[yellow]{escape(str(out / 'secrets' / 'vllm-api-key'))} (written by an earlier vllm-orch monitor) "
+                  f"holds the service's API key and is no longer referenced: delete it[/yellow]")
     for model, why in sorted(unread.items()):
         con.print(f"[yellow]{escape(model)}: its manifest could not be read ({escape(why)}): scraped without "
-                  f"an API key, no TTFT objective[/yellow]")
+                  f"a scrape key, no TTFT objective[/yellow]")
     for st in results:
         if not st.reachable:
             con.print(f"[red]{st.host}: unreachable ({escape(st.error or '')}); its services are not in the "

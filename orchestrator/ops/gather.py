@@ -42,7 +42,7 @@ from orchestrator.plan.run import Options
 from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import already_done, old_model_name
 from orchestrator.plan.warm import measured_from
-from orchestrator.probe import api
+from orchestrator.probe import api, keyed
 from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
 from orchestrator.secret import Secret
 
@@ -64,14 +64,18 @@ def hf_token() -> Secret | None:
     return None
 
 
-def serving_now(host: Host, m: Manifest, api_key: Secret | None = None) -> bool:
-    """/health answers 200 and /v1/models lists the served name (asked with the key), right now."""
-    ep = api.Endpoint(host, m.serving.port, api_key)
-    if api.health(ep, m.probes.health_path, timeout=3) != 200:
+def serving_now(host: Host, entry: HostEntry, m: Manifest, api_key: Secret | None = None) -> bool:
+    """/health answers 200 (asked without the key) and /v1/models lists the served name, right now;
+    asked with the key only once the port's listener is proven the service's (probe/keyed.py): a
+    unit `activating` (vLLM loading, its socket bound but not listening) leaves the loopback address
+    to whoever listens there, and a port held by anyone else is not serving."""
+    open_ep = api.Endpoint(host, m.serving.port)
+    if api.health(open_ep, m.probes.health_path, timeout=3) != 200:
         return False
     try:
-        return m.served_name in api.served_models(ep, timeout=3)
-    except api.HttpError:
+        return m.served_name in api.served_models(keyed.endpoint(host, entry, m.name, m.serving.port, api_key),
+                                                  timeout=3)
+    except api.HttpError:           # keyed.ForeignListener too: the key was not sent
         return False
 
 
@@ -119,12 +123,13 @@ class Reads(Protocol):
 @dataclass(frozen=True)
 class HostReads:
     host: Host
+    entry: HostEntry
 
     def get(self, path: str) -> bytes | None:
         return self.host.get(path)
 
     def serving(self, m: Manifest, api_key: Secret | None) -> bool:
-        return serving_now(self.host, m, api_key)
+        return serving_now(self.host, self.entry, m, api_key)
 
 
 def service_input(reads: Reads, entry: HostEntry, m: Manifest, facts: HostFacts, spec: ServiceSpec,
@@ -249,7 +254,7 @@ def for_check(host: Host, entry: HostEntry, m: Manifest, spec: ServiceSpec, opts
               facts: HostFacts) -> PlanInput:
     """What preflight needs, and no more (`vllm-orch check`, and the start of a deploy), for this
     host as a node of the service `spec` (its own argv is what the parser checks)."""
-    target = service_input(HostReads(host), entry, m, facts, spec)
+    target = service_input(HostReads(host, entry), entry, m, facts, spec)
     state = engine_state(host, entry, target, opts)
     checks = preflight(host, entry, target, facts, opts, engine_now=state)
     return PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, preflight=checks,
@@ -324,7 +329,7 @@ def for_swap(host: Host, entry: HostEntry, m: Manifest, request: Request, manife
     across nodes, which resolved the new service over all its nodes (this host one of them)."""
     facts = facts or host_facts(host, entry, m, request, manifests)
     spec, replaced = swap_services(facts, entry, m, request, manifests, opts, spec)
-    reads = HostReads(host)
+    reads = HostReads(host, entry)
     old = service_input(reads, entry, replaced[0], facts, replaced[1], True) if replaced is not None else None
     target = service_input(reads, entry, m, facts, spec)
     inp = PlanInput(entry=entry, facts=facts, opts=opts, lock=lock, target=target, old=old, hf_token=hf_token())
@@ -359,7 +364,7 @@ def for_regen(host: Host, entry: HostEntry, manifests: dict[str, Manifest], opts
               restart: bool) -> RegenInput:
     facts = gather(host, entry)
     found, orphaned = regen_services(facts, entry, manifests)
-    reads = HostReads(host)
+    reads = HostReads(host, entry)
     services = [service_input(reads, entry, m, facts, spec, True) for m, spec in found]
     engines = {s.name: state for s in services if (state := engine_state(host, entry, s, opts)) is not None}
     return RegenInput(entry=entry, facts=facts, opts=opts, lock=lock, services=services, orphaned=orphaned,

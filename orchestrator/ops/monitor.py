@@ -3,9 +3,13 @@
 monitor: the services every selected host runs (status's one round trip per host: records, ports,
 GPUs, vLLM version, node role), turned into what a Prometheus needs (ops/monitor_rules.py: file_sd
 targets, prometheus.yml, rules, their promtool tests, a Grafana dashboard), written under DIR.
-A keyed service (VLLM_API_KEY in its manifest's serving.secret_env) is scraped with bearer auth
-from a key FILE: `--key-file PATH` is referenced as it is, else the key in vllm-orch's environment
-is written to DIR/secrets/vllm-api-key, 0600 from its first byte; no other file holds it.
+No scrape carries a key by default, keyed services' neither: vLLM 0.33 leaves /metrics outside
+--api-key's guarded prefixes (vllm/entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX;
+/metrics is mounted by entrypoints/serve/instrumentator/metrics.py), and the service's key is a
+full-access one that a plain-http scrape would send on every interval. Opt-in, for a proxy that
+guards /metrics: `scrape_key_file`, the operator's own scrape credential, referenced as it is (never
+copied, never the service's API key: refused), for keyed services only, over https
+(`scheme`) unless `key_over_http` forces plain http. No file written holds a key.
 
 status --prometheus: vllm-orch's own state in Prometheus text format (what vLLM's /metrics cannot
 say: deploys, swaps and their downtime, rollbacks, health restarts, systemd's restarts, the last
@@ -25,12 +29,11 @@ from pathlib import Path
 import yaml
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import ConfigError
+from orchestrator.errors import RefusedError
 from orchestrator.ops import monitor_rules as rules
 from orchestrator.ops.status import HostStatus
 from orchestrator.secret import Secret
 
-KEY_FILE = "secrets/vllm-api-key"
 STATE_HISTORY_TAIL = 100_000        # history lines `status --prometheus` counts (a line per operation)
 
 
@@ -88,37 +91,40 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def write_key(out: Path, key: Secret) -> str:
-    """The API key into DIR/secrets/vllm-api-key, 0600 from its first byte (a folder 0700)."""
-    folder = out / "secrets"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
-    _write(out / KEY_FILE, key.reveal(), 0o600)
-    return KEY_FILE
+def scrape_credential(path: str, scheme: str, key_over_http: bool, service_key: Secret | None) -> str:
+    """The scrape credential file as prometheus.yml references it (absolute); RefusedError (exit 3)
+    over plain http unless forced, or when the file holds the service's own API key."""
+    ref = str(Path(path).expanduser().resolve())
+    if scheme == "http" and not key_over_http:
+        raise RefusedError(f"a keyed scrape over plain http would send the credential in {ref} in the clear on "
+                           f"every scrape", hint="scrape over TLS (--scheme https), or pass --scrape-key-over-http "
+                           "when the path to the targets is private (loopback)")
+    try:
+        held = Path(ref).read_text(errors="replace").strip()
+    except OSError:                 # Prometheus's to read, maybe not ours: nothing to compare
+        held = None
+    if service_key is not None and held is not None and held == service_key.reveal().strip():
+        raise RefusedError(f"{ref} holds the service's own API key (full access to the model, not only "
+                           f"/metrics)", hint="give the scrape a credential of its own, e.g. one your proxy "
+                           "in front of /metrics accepts; vLLM 0.33 serves /metrics without a key")
+    return ref
 
 
 def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter], timing: rules.Timing,
-          key: Secret | None = None, key_file: str | None = None, state_target: str | None = None) -> list[Path]:
-    """Every file under `out`; the paths written. A keyed service needs `key_file` or `key`."""
-    keyed = [t for t in targets if t.keyed]
-    ref = None
-    if keyed:
-        if key_file:
-            ref = str(Path(key_file).expanduser().resolve())
-        elif key:
-            ref = write_key(out, key)
-        else:
-            names = ", ".join(f"{t.service} on {t.host}" for t in keyed)
-            raise ConfigError(f"{names} serve{'s' if len(keyed) == 1 else ''} with an API key (serving.secret_env "
-                              f"VLLM_API_KEY) and no key was given for the scrape",
-                              hint="export VLLM_API_KEY, or pass --key-file PATH (a file holding the key)")
+          scrape_key_file: str | None = None, scheme: str = "http", key_over_http: bool = False,
+          service_key: Secret | None = None, state_target: str | None = None) -> list[Path]:
+    """Every file under `out`; the paths written. Keyed services are scraped with a credential only
+    when `scrape_key_file` is given (scrape_credential's checks first: nothing is written when
+    they refuse); `service_key` is only compared with it, never written."""
+    ref = scrape_credential(scrape_key_file, scheme, key_over_http, service_key) if scrape_key_file else None
+    keyed = [t for t in targets if t.keyed and ref]
     files = {
-        "targets/vllm.json": json.dumps(rules.file_sd(targets, keyed=False), indent=2),
-        "targets/vllm-keyed.json": json.dumps(rules.file_sd(targets, keyed=True), indent=2),
+        "targets/vllm.json": json.dumps(rules.file_sd([t for t in targets if t not in keyed]), indent=2),
+        "targets/vllm-keyed.json": json.dumps(rules.file_sd(keyed), indent=2),
         "targets/node.json": json.dumps(rules.exporter_sd(exporters, "node"), indent=2),
         "targets/dcgm.json": json.dumps(rules.exporter_sd(exporters, "dcgm"), indent=2),
         "targets/vllm-orch.json": json.dumps([{"targets": [state_target]}] if state_target else [], indent=2),
-        "prometheus.yml": yaml.safe_dump(rules.scrape_config(timing, ref), sort_keys=False),
+        "prometheus.yml": yaml.safe_dump(rules.scrape_config(timing, ref, scheme), sort_keys=False),
         "rules/vllm-orch.rules.yml": yaml.safe_dump(rules.rules(targets, timing), sort_keys=False, width=1000),
         "rules/vllm-orch.rules.test.yml": yaml.safe_dump(rules.promtool_tests(targets, timing), sort_keys=False,
                                                          width=1000),
@@ -128,8 +134,6 @@ def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter
     for rel, text in files.items():
         _write(out / rel, text + "\n")
         written.append(out / rel)
-    if ref == KEY_FILE:
-        written.append(out / KEY_FILE)
     return written
 
 

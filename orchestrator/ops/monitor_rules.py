@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from orchestrator.probe import metrics as m
 
-VLLM_JOBS = ("vllm", "vllm-keyed")          # services without and with an API key (bearer auth)
+VLLM_JOBS = ("vllm", "vllm-keyed")          # services scraped without, and (opted in) with a scrape credential
 UP = f'up{{job=~"{"|".join(VLLM_JOBS)}"}}'
 BY = "host, service"
 KV_FULL = 0.95                                # KV-cache usage that counts as full
@@ -44,7 +44,7 @@ class Target:
     node_role: str                  # "single", or "head" of a multi-node service (workers have no HTTP)
     vllm_version: str
     address: str                    # host:port Prometheus scrapes
-    keyed: bool                     # the manifest lists VLLM_API_KEY: scraped with bearer auth
+    keyed: bool                     # the manifest lists VLLM_API_KEY: scraped with a scrape credential if one is given
     slo_ttft_p95_s: float | None = None
 
     def labels(self) -> dict[str, str]:
@@ -81,25 +81,29 @@ class Timing:
         return f"{self.for_s}s" if self.for_s is not None else default
 
 
-def file_sd(targets: list[Target], keyed: bool) -> list[dict]:
-    """file_sd target groups of the services with (keyed) or without an API key: one group per service."""
-    return [{"targets": [t.address], "labels": t.labels()} for t in targets if t.keyed == keyed]
+def file_sd(targets: list[Target]) -> list[dict]:
+    """file_sd target groups of the services: one group per service."""
+    return [{"targets": [t.address], "labels": t.labels()} for t in targets]
 
 
 def exporter_sd(exporters: list[Exporter], kind: str) -> list[dict]:
     return [{"targets": [e.address], "labels": {"host": e.host}} for e in exporters if e.kind == kind]
 
 
-def scrape_config(timing: Timing, key_file: str | None) -> dict:
-    """prometheus.yml: every path relative to its own folder (Prometheus resolves them so). The API
-    key is referenced as a file (authorization.credentials_file), never written here; the keyed
-    job is there when `key_file` is."""
+def scrape_config(timing: Timing, key_file: str | None, scheme: str = "http") -> dict:
+    """prometheus.yml: every path relative to its own folder (Prometheus resolves them so). No
+    scrape carries a key by default (vLLM 0.33 leaves /metrics outside --api-key's guarded
+    prefixes); the keyed job is there only when the operator gives a scrape credential `key_file`,
+    referenced as a file (authorization.credentials_file), never written here. `scheme` https: the
+    vLLM jobs scrape over TLS (a server started with --ssl-* or a TLS proxy at the target)."""
+    tls = {"scheme": scheme} if scheme != "http" else {}
+
     def job(name: str, **extra) -> dict:
         return {"job_name": name, "file_sd_configs": [{"files": [f"targets/{name}.json"]}], **extra}
 
-    jobs = [job("vllm")]
+    jobs = [job("vllm", **tls)]
     if key_file is not None:
-        jobs.append(job("vllm-keyed", authorization={"type": "Bearer", "credentials_file": key_file}))
+        jobs.append(job("vllm-keyed", **tls, authorization={"type": "Bearer", "credentials_file": key_file}))
     # vllm-orch's own series (status --prometheus through a node exporter's textfile collector)
     # carry their own host and service labels: honor_labels keeps them
     jobs += [job("node"), job("dcgm"), job("vllm-orch", honor_labels=True)]

@@ -40,7 +40,7 @@ from orchestrator.host.records import ServiceRecord
 from orchestrator.host.state import parse_history
 from orchestrator.plan.interrupted import half_done
 from orchestrator.probe import api as probes
-from orchestrator.probe import logsig
+from orchestrator.probe import keyed, logsig
 from orchestrator.secret import Secret
 
 DEPLOY_OPS = ("deploy", "swap", "rollback")
@@ -362,8 +362,9 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
     if svc is not None and svc.active:
         row.main_pid = svc.main_pid
         row.uptime_s = _uptime(svc.raw or {}, facts.time or time.time(), host_uptime)
-        if row.port:
-            health, listed, auth_problem = _probe(row, probes.Endpoint(host, row.port, api_key_of(name)))
+        if port := row.port:
+            health, listed, auth_problem = _probe(row, probes.Endpoint(host, port),
+                                                  lambda: keyed.endpoint(host, entry, name, port, api_key_of(name)))
     raw = (svc.raw or {}) if svc is not None else {}
     restarting = raw.get("SubState") == "auto-restart"
     row.state, row.state_reason = decide_state(bool(svc and svc.active), bool(svc and svc.failed),
@@ -401,9 +402,12 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
     return row
 
 
-def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | None, str | None]:
+def _probe(st: ServiceStatus, ep: probes.Endpoint,
+           with_key: Callable[[], probes.Endpoint]) -> tuple[int | None, bool | None, str | None]:
     """(/health status, served name listed?, why /v1/models could not be read), and the /metrics
-    figures into `st`."""
+    figures into `st`. /health and /metrics are asked at `ep` (no key: vLLM leaves them open);
+    /v1/models at `with_key()`, which proves the listener the service's before it carries the key
+    (probe/keyed.py): a port held by another is said, and sent no key."""
     health = probes.health(ep, timeout=PROBE_TIMEOUT_S)
     if health != 200:
         return health, None, None
@@ -411,10 +415,12 @@ def _probe(st: ServiceStatus, ep: probes.Endpoint) -> tuple[int | None, bool | N
     with ThreadPoolExecutor(max_workers=1) as pool:     # /metrics while /v1/models is asked here
         metrics = pool.submit(probes.fetch_metrics, ep, timeout=PROBE_TIMEOUT_S)
         try:
-            names = probes.served_models(ep, timeout=PROBE_TIMEOUT_S)
+            names = probes.served_models(with_key(), timeout=PROBE_TIMEOUT_S)
             listed = st.served_name in names if st.served_name else bool(names)
         except probes.Unauthorized as exc:
             auth_problem = f"{exc} (export VLLM_API_KEY; the manifest lists it in serving.secret_env)"
+        except keyed.ForeignListener as exc:
+            auth_problem = f"{exc}: the API key was not sent"
         except probes.HttpError:
             listed = False
         try:

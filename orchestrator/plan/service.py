@@ -29,7 +29,7 @@ from orchestrator.plan.model import Action
 from orchestrator.plan.perf import BelowFloor, expected_text, likely_causes, shortfalls
 from orchestrator.plan.run import RunEnv
 from orchestrator.plan.sleep import canary_of
-from orchestrator.probe.api import Endpoint
+from orchestrator.probe import keyed
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
 from orchestrator.render.artifacts import ORCH_ENV, meet_port
@@ -412,7 +412,8 @@ def perf_action(inp: PlanInput, already_serving: bool = False) -> Action:
     argv, vllm_version = list(svc.rendered.argv), service_vllm_version(inp)
 
     def run(env: RunEnv) -> str:
-        got = measure(Endpoint(env.host, m.serving.port, key), m.served_name, max_tokens=perf.max_tokens,
+        ep = keyed.endpoint_for("perf", env.host, env.entry, m.name, m.serving.port, key)
+        got = measure(ep, m.served_name, max_tokens=perf.max_tokens,
                       single=perf.single_stream_tok_s is not None, concurrency=perf.concurrency,
                       timeout=perf.timeout_seconds)
         short = shortfalls(perf, got)

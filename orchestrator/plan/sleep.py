@@ -34,7 +34,7 @@ from orchestrator.plan.inputs import ServiceInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.run import RunEnv
 from orchestrator.plan.warm import MARGIN_PCT
-from orchestrator.probe import api
+from orchestrator.probe import api, keyed
 from orchestrator.probe.readiness import wait_ready
 
 CONTEXT_ALLOWANCE_MIB = 1024    # what a sleeping worker may keep per GPU: its CUDA context (~0.5 GiB
@@ -43,7 +43,14 @@ LEAK_BOUND_MIB = 4096           # growth over cycles past which the next wake is
 
 
 def _endpoint(env: RunEnv, svc: ServiceInput) -> api.Endpoint:
-    return api.Endpoint(env.host, svc.manifest.serving.port, svc.api_key)
+    """Sleep mode's endpoints (outside vLLM's guarded prefixes): no key."""
+    return api.Endpoint(env.host, svc.manifest.serving.port)
+
+
+def _keyed(env: RunEnv, svc: ServiceInput) -> api.Endpoint:
+    """The endpoint for the canary (/v1/completions): with the key once the listener is proven the
+    service's (probe/keyed.py); keyed.ForeignListener, an HttpError, otherwise."""
+    return keyed.endpoint(env.host, env.entry, svc.name, svc.manifest.serving.port, svc.api_key)
 
 
 def held_mib(facts: HostFacts, name: str) -> dict[int, int]:
@@ -305,7 +312,7 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
                                    f"gave {want.text[:60]!r} when it first became ready (corrupted weights after "
                                    f"the wake)", host=env.entry.name, step="wake")
             t1 = time.monotonic()
-            api.canary(ep, m.served_name)            # the warm-up request (the first after a wake is slow)
+            api.canary(_keyed(env, svc), m.served_name)     # the warm-up request (the first after a wake is slow)
             warm_s = time.monotonic() - t1
         except (api.HttpError, DeployFailed) as exc:
             if not cold_fallback:
@@ -353,7 +360,8 @@ def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
 
 def canary_of(env: RunEnv, svc: ServiceInput) -> Canary:
     """The service's greedy answer to the canary prompt now (recorded at its first ready)."""
-    text, ids, _ = api.canary(_endpoint(env, svc), svc.manifest.served_name)
+    ep = keyed.endpoint_for("canary", env.host, env.entry, svc.name, svc.manifest.serving.port, svc.api_key)
+    text, ids, _ = api.canary(ep, svc.manifest.served_name)
     return Canary(prompt=api.CANARY_PROMPT, text=text, token_ids=ids, at=state.now_iso())
 
 

@@ -3,8 +3,10 @@ the smoke test and the garbage detector, all over the one HTTP client (orchestra
 
 An `Endpoint` is (host, port, API key): host.connect_tcp reaches the server on the host's loopback
 (an SSH direct-tcpip channel for a remote host), so probes work when vLLM listens on 127.0.0.1
-only, and every probe carries the key when the service has one (vLLM answers 401 on /v1/* without
-it; /health, /metrics and /version stay open - vllm/entrypoints/serve/middleware/authenticate.py).
+only. An Endpoint with a key is made only by probe/keyed.endpoint (the listener proven the
+service's own) and sends the key only under vLLM's guarded prefixes (GUARDED: vLLM answers 401 there
+without it); /health, /metrics and /version are open and get no key
+(vllm/entrypoints/serve/middleware/authenticate.py).
 
 Readiness is graded: port accepting -> /health 200 -> /v1/models lists the served name -> a real
 streamed chat completion whose answer passes the manifest's check and is not garbage.
@@ -24,6 +26,7 @@ from orchestrator.probe import metrics
 from orchestrator.secret import Secret
 
 HttpError = http.HttpError      # what every probe raises when there is no usable HTTP answer
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")   # vLLM 0.33's GUARDED_PREFIX: the only paths given the key
 
 
 class Unauthorized(http.HttpError):
@@ -33,19 +36,24 @@ class Unauthorized(http.HttpError):
 @dataclass(frozen=True)
 class Endpoint:
     """A vLLM server as seen from its host: loopback `address`:`port`, and the key it wants
-    (a Secret: str() is ***, so an Endpoint can be printed)."""
+    (a Secret: str() is ***, so an Endpoint can be printed), sent only to GUARDED paths. Build one
+    with a key through probe/keyed.endpoint, which proves the listener first."""
 
     host: Host
     port: int
     api_key: Secret | None = None
     address: str = "127.0.0.1"
 
+    def key_for(self, path: str) -> Secret | None:
+        """The key for a request to `path`: none outside vLLM's guarded prefixes."""
+        return self.api_key if path.startswith(GUARDED) else None
+
     def request(self, method: str, path: str, *, json: Any = None, timeout: float = 5.0) -> http.Response:
-        return http.request(self.host, self.port, method, path, json=json, api_key=self.api_key,
+        return http.request(self.host, self.port, method, path, json=json, api_key=self.key_for(path),
                             timeout=timeout, address=self.address)
 
     def stream(self, method: str, path: str, *, json: Any = None, timeout: float = 5.0):
-        return http.stream(self.host, self.port, method, path, json=json, api_key=self.api_key,
+        return http.stream(self.host, self.port, method, path, json=json, api_key=self.key_for(path),
                            timeout=timeout, address=self.address)
 
 

@@ -27,11 +27,9 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConnectError, DeployFailed
 from orchestrator.host import cancel
 from orchestrator.host.base import Host
-from orchestrator.host.facts import gather
-from orchestrator.host.ownership import listener_problem
 from orchestrator.host.services import Service
 from orchestrator.probe import api as probes
-from orchestrator.probe import logsig
+from orchestrator.probe import keyed, logsig
 from orchestrator.secret import Secret
 
 GATES = ("process alive", "port accepting", "/health 200", "model listed", "smoke test")
@@ -173,8 +171,9 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
     phases: list[tuple[str, float]] = []
     seen: list[str] = []
     port = m.serving.port
-    ep = probes.Endpoint(host, port, Secret(api_key) if isinstance(api_key, str) else api_key)
+    key = Secret(api_key) if isinstance(api_key, str) else api_key
     open_ep = probes.Endpoint(host, port)           # /health and the port: no key
+    ep = open_ep                                    # with the key once its listener is proven (keyed.endpoint)
     verified_for: list[int | None] = []              # the main PID the listener was proved for
 
     def fail(kind: str, message: str, root: str | None = None, hint: str | None = None) -> NoReturn:
@@ -270,13 +269,11 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             raise NotReady(message, kind="join", root_cause=root, host=late.name,
                            last_lines=[logsig.clean(l) for l in late.seen[-12:]], gates=list(passed), hint=hint)
         stage = len(passed)
-        if stage in (3, 4) and ep.api_key is not None and verified_for != [state.main_pid]:
-            problem = listener_problem(gather(host, service.entry, [m.name], ports=[port]).ports.get(port, []),
-                                       m.name, port)
-            if problem:
-                fail("port", f"{problem}: the API key was not sent (after {elapsed:.1f}s)",
-                     hint="find who holds it (`ss -ltnp`); vLLM binds its port early and listens only once "
-                          "loaded, and another user can listen on the loopback address meanwhile")
+        if stage in (3, 4) and key is not None and verified_for != [state.main_pid]:
+            try:
+                ep = keyed.endpoint(host, service.entry, m.name, port, key)
+            except keyed.ForeignListener as exc:
+                fail("port", f"{exc}: the API key was not sent (after {elapsed:.1f}s)", hint=keyed.HINT)
             verified_for[:] = [state.main_pid]
         if stage == 0:
             passed.append((GATES[0], elapsed))

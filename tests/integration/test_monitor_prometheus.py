@@ -5,10 +5,11 @@ targets are up, every recording rule produces one series per service, every pane
 dashboard returns data through the query API, and the `hang-after-ready` fault (the engine stops;
 /metrics stays as the last step left it, requests in flight), triggered once Prometheus has seen
 tokens flow and no hang alert, makes VllmServiceHung fire after its `for:` - with the short
-interval and `for:` of `monitor --interval 1 --for 3`. The service is keyed: its job sends
-`Bearer KEY` read from the key file monitor wrote (a path relative to prometheus.yml), as a
-listener added to the keyed targets records. vllm-orch's own series come from `vllm-orch status
---prometheus`, served as a file over HTTP as a node exporter's textfile collector would serve it.
+interval and `for:` of `monitor --interval 1 --for 3`. The service is keyed, and by default
+scraped like any other, without a key (vLLM 0.33, and the simulator, leave /metrics unguarded): a
+listener added to the targets records that the scrape sends no Authorization header. vllm-orch's
+own series come from `vllm-orch status --prometheus`, served as a file over HTTP as a node
+exporter's textfile collector would serve it.
 Nothing waits a fixed time: it polls."""
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
 def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, tmp_path, monkeypatch):
     t0 = time.monotonic()
     promtool, prometheus = binary("promtool"), binary("prometheus")
-    monkeypatch.setenv("VLLM_API_KEY", KEY)        # a keyed service: scraped with the key file's bearer
+    monkeypatch.setenv("VLLM_API_KEY", KEY)        # a keyed service: scraped without its key all the same
     m = tuned("minimax-m25-ep", serving={"secret_env": ["VLLM_API_KEY"]})    # DP8: a series per engine
     trigger = tmp_path / "hang-now"        # the engine hangs when the test says: once Prometheus saw it work
     manager.add_fault("sim", "hang-after-ready", m.name, home=sim_host.home, trigger=str(trigger))
@@ -129,10 +130,11 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
                              text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # vLLM 0.33 does not guard /metrics with its key (nor does the sim): a listener that records what the
-    # keyed job sends shows the bearer read from the key file
+    # service's job sends shows no Authorization header
     seen, listener = listen_for_headers()
-    keyed_file = out / "targets" / "vllm-keyed.json"
-    keyed_file.write_text(json.dumps([*json.loads(keyed_file.read_text()), {
+    assert json.loads((out / "targets" / "vllm-keyed.json").read_text()) == []
+    plain_file = out / "targets" / "vllm.json"
+    plain_file.write_text(json.dumps([*json.loads(plain_file.read_text()), {
         "targets": [f"127.0.0.1:{listener.server_address[1]}"], "labels": {"host": "probe", "service": "probe"}}]))
 
     port = free_port()
@@ -151,10 +153,10 @@ def test_a_real_prometheus_scrapes_the_fleet_and_the_hang_alert_fires(sim_host, 
         def targets_up():
             active = get(port, "/api/v1/targets")["data"]["activeTargets"]
             jobs = {(t["labels"]["job"], t["health"]) for t in active}
-            return active if jobs == {("vllm-keyed", "up"), ("vllm-orch", "up")} and len(active) == 3 else None
+            return active if jobs == {("vllm", "up"), ("vllm-orch", "up")} and len(active) == 3 else None
         active = poll("the service's and vllm-orch's targets up", targets_up)
-        assert seen and set(seen) == {f"Bearer {KEY}"}, seen
-        [svc] = [t for t in active if t["labels"]["job"] == "vllm-keyed" and t["labels"]["host"] == "sim"]
+        assert seen and set(seen) == {""}, seen
+        [svc] = [t for t in active if t["labels"]["job"] == "vllm" and t["labels"]["host"] == "sim"]
         assert svc["labels"]["service"] == m.name and svc["labels"]["host"] == "sim"
         assert svc["labels"]["served_name"] == m.served_name and svc["labels"]["gpus"] == "0,1,2,3,4,5,6,7"
         assert svc["labels"]["vllm_version"] == "0.33.0" and svc["labels"]["node_role"] == "single"

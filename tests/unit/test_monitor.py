@@ -2,7 +2,9 @@
 `./dev test` installs): the rules load, every alert fires on its input and stays quiet on the near
 miss (`promtool test rules` on the cases monitor writes), the config loads, `status --prometheus`
 is valid exposition text; the vLLM series the rules read are in vLLM 0.33's own /metrics (recorded
-from its metrics code: tests/fixtures/vllm-metrics); the API key is in the key file only."""
+from its metrics code: tests/fixtures/vllm-metrics); by default no file holds a key and the scrape
+carries none (vLLM 0.33 leaves /metrics outside --api-key's guarded prefixes); a scrape credential is
+the operator's own file, referenced, over https unless forced, never the service's API key."""
 
 from __future__ import annotations
 
@@ -10,14 +12,13 @@ import gzip
 import json
 import re
 import shutil
-import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import RefusedError
 from orchestrator.ops import monitor, monitor_rules
 from orchestrator.ops.monitor_rules import Target, Timing
 from orchestrator.ops.status import HostStatus, ServiceStatus
@@ -50,7 +51,7 @@ def fleet() -> list[Target]:
 
 @pytest.mark.parametrize("timing", [Timing(), Timing(interval_s=1, for_s=3)], ids=["defaults", "drill"])
 def test_rules_load_and_every_alert_fires_and_stays_quiet_as_its_tests_say(tmp_path, timing):
-    monitor.write(tmp_path, fleet(), [], timing, key=Secret(KEY))
+    monitor.write(tmp_path, fleet(), [], timing)
     rules = tmp_path / "rules" / "vllm-orch.rules.yml"
     checked = run_promtool("check", "rules", str(rules))
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -74,7 +75,7 @@ def test_rules_load_and_every_alert_fires_and_stays_quiet_as_its_tests_say(tmp_p
 
 def promtool_test_with(tmp_path, rule: str, old: str, new: str) -> subprocess.CompletedProcess:
     """`promtool test rules` on monitor's files with one rule's expression changed."""
-    monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
+    monitor.write(tmp_path, fleet(), [], Timing())
     rules = tmp_path / "rules" / "vllm-orch.rules.yml"
     doc = yaml.safe_load(rules.read_text())
     [target] = [r for g in doc["groups"] for r in g["rules"] if rule in (r.get("alert"), r.get("record"))]
@@ -111,23 +112,23 @@ def test_kv_usage_summed_over_engines_fails_the_recording_case(tmp_path):
     assert tested.returncode != 0 and "vllm_orch:kv_cache_usage:mean" in tested.stdout + tested.stderr
 
 
-def test_config_loads_and_the_key_is_only_in_its_0600_file(tmp_path):
+def test_config_loads_and_by_default_no_file_holds_a_key_and_no_scrape_sends_one(tmp_path):
+    """The keyed service (minimax-m25) is scraped like the others: no authorization block, no key
+    file, nothing under OUT holds the key vllm-orch was given."""
     written = monitor.write(tmp_path, fleet(), [monitor_rules.Exporter("gpu1", "dcgm", "10.0.0.1:9400")],
-                            Timing(), key=Secret(KEY), state_target="10.0.0.9:9100")
+                            Timing(), state_target="10.0.0.9:9100", service_key=Secret(KEY))
     checked = run_promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    key_file = tmp_path / "secrets" / "vllm-api-key"
-    assert key_file in written and key_file.read_text() == KEY
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
-    for p in tmp_path.rglob("*"):
-        if p.is_file() and p != key_file:
-            assert KEY not in p.read_text(), p
+    assert not (tmp_path / "secrets").exists()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert sorted(files) == sorted(written)
+    assert [p for p in files if KEY in p.read_text() or "authorization" in p.read_text()] == []
     config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
-    keyed = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm-keyed")
-    assert keyed["authorization"] == {"type": "Bearer", "credentials_file": "secrets/vllm-api-key"}
+    assert [j["job_name"] for j in config["scrape_configs"]] == ["vllm", "node", "dcgm", "vllm-orch"]
+    assert all("scheme" not in j for j in config["scrape_configs"])
     plain = json.loads((tmp_path / "targets" / "vllm.json").read_text())
-    assert [g["targets"] for g in plain] == [["10.0.0.1:8000"], ["10.0.0.2:8002"]]
+    assert [g["targets"] for g in plain] == [["10.0.0.1:8000"], ["10.0.0.2:8001"], ["10.0.0.2:8002"]]
+    assert json.loads((tmp_path / "targets" / "vllm-keyed.json").read_text()) == []
     assert plain[0]["labels"] == {"host": "gpu1", "service": "kimi-k25-int4", "model": "kimi-k25-int4",
                                   "served_name": "kimi-k2.5", "gpus": "0,1,2,3,4,5,6,7", "node_role": "single",
                                   "vllm_version": "0.33.0"}
@@ -136,29 +137,53 @@ def test_config_loads_and_the_key_is_only_in_its_0600_file(tmp_path):
     assert json.loads((tmp_path / "targets" / "vllm-orch.json").read_text()) == [{"targets": ["10.0.0.9:9100"]}]
 
 
-def test_a_key_written_again_is_never_readable_by_others(tmp_path):
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "vllm-api-key").write_text("old")
-    (tmp_path / "secrets" / "vllm-api-key").chmod(0o644)
-    monitor.write(tmp_path, fleet(), [], Timing(), key=Secret(KEY))
-    assert stat.S_IMODE((tmp_path / "secrets" / "vllm-api-key").stat().st_mode) == 0o600
+def scrape_key(tmp_path, text: str = "sk-scrape-only-31c0"):
+    path = tmp_path / "scrape.key"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
 
 
-def test_a_given_key_file_is_referenced_not_copied(tmp_path):
-    key_file = tmp_path / "elsewhere.key"
-    key_file.write_text(KEY)
-    monitor.write(tmp_path / "out", fleet(), [], Timing(), key=Secret(KEY), key_file=str(key_file))
-    assert not (tmp_path / "out" / "secrets").exists()
+def test_a_scrape_key_file_is_opt_in_referenced_not_copied_and_over_https(tmp_path):
+    key_file = scrape_key(tmp_path)
+    monitor.write(tmp_path / "out", fleet(), [], Timing(), scrape_key_file=str(key_file), scheme="https",
+                  service_key=Secret(KEY))
+    out = tmp_path / "out"
+    checked = run_promtool("check", "config", str(out / "prometheus.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert not (out / "secrets").exists()
+    assert [p for p in out.rglob("*") if p.is_file() and ("sk-scrape-only" in p.read_text() or
+                                                          KEY in p.read_text())] == []
+    config = yaml.safe_load((out / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["vllm-keyed"]["authorization"] == {"type": "Bearer", "credentials_file": str(key_file)}
+    assert jobs["vllm-keyed"]["scheme"] == jobs["vllm"]["scheme"] == "https"
+    assert "authorization" not in jobs["vllm"]
+    assert [g["targets"] for g in json.loads((out / "targets" / "vllm-keyed.json").read_text())] == \
+        [["10.0.0.2:8001"]]
+
+
+def test_a_keyed_scrape_over_plain_http_is_refused_unless_forced(tmp_path):
+    key_file = scrape_key(tmp_path)
+    with pytest.raises(RefusedError) as err:
+        monitor.write(tmp_path / "out", fleet(), [], Timing(), scrape_key_file=str(key_file))
+    assert err.value.exit_code == 3 and "plain http" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+    monitor.write(tmp_path / "out", fleet(), [], Timing(), scrape_key_file=str(key_file), key_over_http=True)
     config = yaml.safe_load((tmp_path / "out" / "prometheus.yml").read_text())
     keyed = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm-keyed")
-    assert keyed["authorization"]["credentials_file"] == str(key_file)
+    assert keyed["authorization"]["credentials_file"] == str(key_file) and "scheme" not in keyed
 
 
-def test_a_keyed_service_without_a_key_is_refused_naming_it(tmp_path):
-    with pytest.raises(ConfigError) as err:
-        monitor.write(tmp_path, fleet(), [], Timing())
-    assert err.value.exit_code == 2 and "minimax-m25 on gpu2" in str(err.value)
-    assert not (tmp_path / "prometheus.yml").exists()
+def test_a_scrape_key_file_holding_the_services_api_key_is_refused(tmp_path):
+    """The scrape credential is the operator's own (for a proxy that guards /metrics), never the
+    service's full-access key."""
+    key_file = scrape_key(tmp_path, KEY + "\n")
+    with pytest.raises(RefusedError) as err:
+        monitor.write(tmp_path / "out", fleet(), [], Timing(), scrape_key_file=str(key_file), scheme="https",
+                      service_key=Secret(KEY))
+    assert err.value.exit_code == 3 and str(key_file) in str(err.value) and KEY not in str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_series_the_rules_read_are_vllm_0_33s_own():

@@ -77,7 +77,7 @@ def test_regen_keeps_an_installed_secret_it_is_not_given(tmp_path, monkeypatch):
                       models={}, active=None, installed={}, services={}, usage={})
     host = LocalHost("h")
     spec = service_spec(m, [entry], Request(), {"h": facts})
-    svc = service_input(HostReads(host), entry, m, facts, spec, keep_installed_secrets=True)
+    svc = service_input(HostReads(host, entry), entry, m, facts, spec, keep_installed_secrets=True)
     assert svc.secrets["VLLM_API_KEY"].reveal() == "it's-old"
     assert "VLLM_API_KEY=\"it's-old\"" in svc.rendered.env_file.data().decode()
     assert "VLLM_API_KEY=***" in svc.rendered.env_file.text
