@@ -368,7 +368,8 @@ class VllmArgs(Strict):
                     "item is one argv entry: quoting is never needed and nothing is passed to a shell. "
                     "Options are checked as vLLM reads them (`--tensor_parallel_size` is "
                     "`--tensor-parallel-size`, `-tp` too): one a typed field or the serving section "
-                    "renders, one that takes a secret, or `--config` (a file of further options), is refused, and so is an abbreviation "
+                    "renders, one that takes a secret, or `--config` (a file of further options), is refused, "
+                    "and so is an abbreviation "
                     "(`--api-k`): write options in full.")
 
     @field_validator("kv_cache_dtype", "attention_backend", "moe_backend", "tool_call_parser",
