@@ -330,6 +330,9 @@ def process_state(pidfile, boot_id):
         pid = int(words[0])
     except (OSError, ValueError, IndexError):
         return {"ActiveState": "inactive", "MainPID": "0"}
+    if pid <= 1 or words[0] != str(pid):       # 0, 1, -1, +5, 007: no group vllm-orch started (services.py)
+        return {"ActiveState": "inactive", "MainPID": "0",
+                "StaleRecord": "the record names no process group vllm-orch started"}
     recorded_boot = words[1] if len(words) > 1 else None
     recorded_start = words[2] if len(words) > 2 else None
     if recorded_boot != boot_id:
