@@ -608,23 +608,28 @@ def tail_lines(path, count, block=65536):
     return [line.decode(errors="replace") for line in data.splitlines()[-count:]] if count > 0 else []
 
 
-def lock_holder(lock):
-    """Who holds the deploy lock (`flock` on state_dir/deploy.lock), from its holder file
-    deploy.lock.json ({"holder": "unknown"} when that is unreadable); None when it is free or
-    there is no lock file, or a holder file that is not a JSON object. A lock we cannot even open
-    counts as held, as `flock -n` says."""
-    if not os.path.exists(lock):
-        return None
-    try:
-        import fcntl
-        fd = os.open(lock, os.O_RDONLY)
+def lock_holder(state_dir):
+    """Who holds the deploy lock (`flock` on state_dir/lock/deploy.lock, or on the previous
+    state_dir/deploy.lock by an older vllm-orch), from its holder file state_dir/deploy.lock.json
+    ({"holder": "unknown"} when that is unreadable); None when it is free or there is no lock file,
+    or a holder file that is not a JSON object. A lock we cannot even open counts as held, as
+    `flock -n` says. host/state.py (lock_path, lock_holder) names the same files."""
+    import fcntl
+    held = False
+    for lock in (os.path.join(state_dir, "lock", "deploy.lock"), os.path.join(state_dir, "deploy.lock")):
+        if not os.path.exists(lock):
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return None
-        finally:
-            os.close(fd)            # also releases the lock if we got it
-    except OSError:
-        pass
+            fd = os.open(lock, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)            # also releases the lock if we got it
+        except OSError:
+            held = True
+    if not held:
+        return None
+    lock = os.path.join(state_dir, "deploy.lock")
     try:
         with open(lock + ".json") as f:
             text = f.read()
@@ -670,7 +675,7 @@ def status_extras(state_dir, history_tail):
             value = read_json(os.path.join(folder, name), nofollow=True, limit=65536)   # the service user's
             if isinstance(value, dict):
                 health[name[:-5]] = value
-    return {"uptime": uptime, "lock": lock_holder(os.path.join(state_dir, "deploy.lock")), "health": health,
+    return {"uptime": uptime, "lock": lock_holder(state_dir), "health": health,
             "history": tail_lines(os.path.join(state_dir, "history.jsonl"), history_tail)}
 
 

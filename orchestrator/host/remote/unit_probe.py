@@ -526,24 +526,27 @@ def still_listening(address, port, window, poll=1.0):
         time.sleep(0.2)
 
 
+# host/state.py LOCK_FILE: vllm-orch's lock, 0600 in a folder (0711) only root can list: the service
+# user cannot open it, so the head watch sees it held in /proc/locks (a flock on its inode) instead.
+LOCK_FILE = ("lock", "deploy.lock")
+
+
 def lock_held(state_dir):
-    """Whether vllm-orch holds this host's lock (state_dir/deploy.lock, flock): it is then stopping,
-    deploying or swapping, on every node of the service, itself."""
-    import fcntl
-    path = os.path.join(state_dir, "deploy.lock")
-    if not os.path.exists(path):
-        return False
+    """Whether vllm-orch holds this host's lock (state_dir/lock/deploy.lock, flock): it is then
+    stopping, deploying or swapping, on every node of the service, itself. Read without opening the
+    file (the service user may not): held when /proc/locks has a FLOCK on its inode."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        inode = os.stat(os.path.join(state_dir, *LOCK_FILE)).st_ino
+    except FileNotFoundError:
         return False
     except OSError:
         return True
-    finally:
-        os.close(fd)
+    try:
+        with open("/proc/locks") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return True
+    return any(len(r) > 5 and r[1] == "FLOCK" and r[5].rsplit(":", 1)[-1] == str(inode) for r in rows)
 
 
 def cmd_watch_head(a):
@@ -718,11 +721,13 @@ def cmd_restart(a):
 
 
 def lock_nb(state_dir):
-    """This host's deploy lock (state_dir/deploy.lock, flock), taken without waiting: its fd, False
-    when another process (vllm-orch) holds it, None when there is no lock file (nothing to hold)."""
+    """This host's deploy lock (state_dir/lock/deploy.lock, flock), taken without waiting: its fd,
+    False when another process (vllm-orch) holds it, None when there is no lock file (nothing to
+    hold). Root's part only: the file is root's, 0600."""
     import fcntl
     try:
-        fd = os.open(os.path.join(state_dir, "deploy.lock"), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(os.path.join(state_dir, *LOCK_FILE),
+                     os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
