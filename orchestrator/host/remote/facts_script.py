@@ -21,6 +21,7 @@ banner, service user or ports, and the records it shows in the same round trip.
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -74,10 +75,15 @@ def sh_all(argvs, timeout=20):
 
 def read_json(path, nofollow=False, limit=None):
     """The JSON in `path`, or None. nofollow/limit: a file another user writes (the health state
-    is the service user's): never through a link, at most `limit` bytes."""
+    is the service user's): never through a link, never waiting on a FIFO (O_NONBLOCK: one planted
+    there hung root's open), only a regular file (fstat of what was opened), at most `limit` bytes:
+    unit_probe.py's read_data rule."""
+    flags = os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) if nofollow else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0))
+        fd = os.open(path, flags)
         with os.fdopen(fd, "rb") as f:
+            if nofollow and not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             return json.loads(f.read(limit if limit is not None else -1).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None

@@ -53,11 +53,13 @@ is not installed.
 """
 
 import argparse
+import errno
 import http.client
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -580,14 +582,27 @@ def cmd_watch_head(a):
     return RESTART_EXIT          # the root part restarts the unit; the restarted unit starts a new watch
 
 
-def health_state(state_dir, model):
-    """health/MODEL.json, the check's notes (a file of the service user's: read without following
-    a link, bounded, and only as data)."""
-    path = os.path.join(state_dir, "health", model + ".json")
+def read_data(path, limit):
+    """At most `limit` bytes of a file another user writes (the service user's health state), as
+    root reads it: never through a link (O_NOFOLLOW), never waiting (O_NONBLOCK: a FIFO planted
+    there would have hung root's open), and only a regular file (fstat of what was opened: a FIFO
+    or a device is refused). OSError otherwise. facts_script.py's read_json(nofollow=True) is the
+    same rule for the status facts (each host script is one self-contained file)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            state = json.loads(f.read(65536).decode("utf-8", "replace"))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def health_state(state_dir, model):
+    """health/MODEL.json, the check's notes (a file of the service user's: read_data, and only as
+    data)."""
+    try:
+        state = json.loads(read_data(os.path.join(state_dir, "health", model + ".json"), 65536)
+                           .decode("utf-8", "replace"))
     except (OSError, ValueError):
         state = {}
     return state if isinstance(state, dict) else {}
