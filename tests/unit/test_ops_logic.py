@@ -272,3 +272,16 @@ def test_the_one_sanitiser_removes_escape_sequences_and_shows_other_controls(raw
     from orchestrator.fmt import printable
 
     assert printable(raw) == shown
+
+
+def test_a_plan_quoting_a_hosts_process_name_prints_no_escape_sequence():
+    """A plan names the host's processes (holders of the GPUs or the port, by their title, which
+    their owner sets) and refusals quoting the host: all through the one sanitiser."""
+    from orchestrator.plan.model import Action, Plan
+
+    title = "python\x1b]52;c;ZWNobyBo\x07\x1b[1A\rok deployed"
+    plan = Plan("deploy", "h (local)", "m", refusal=RefusedError(f"PID 4242 {title} holds port 8000"))
+    plan.add(Action("port", f"PID 4242 {title} holds port 8000", details=[f"holder: {title}"]))
+    text = plan.text()
+    assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
+    assert "PID 4242 python\\x0dok deployed holds port 8000" in text
