@@ -410,7 +410,7 @@ def lock_holder(host: Host, entry: HostEntry) -> dict | None:
     """Who holds the lock now (None when free) - for dry runs, which never take it."""
     p, old = shlex.quote(lock_path(entry)), shlex.quote(_path(entry, LEGACY_LOCK))
     # An older vllm-orch at work holds the previous lock file (until a run of this one makes it a link)
-    r = host.run(Script(f"for f in {p} {old}; do [ ! -e $f ] || flock -n $f true || exit {LOCK_BUSY_EXIT}; done"))
+    r = host.run(Script(f"for f in {p} {old}; do [ ! -e \"$f\" ] || flock -n \"$f\" true || exit {LOCK_BUSY_EXIT}; done"))
     if r.exit_code != LOCK_BUSY_EXIT:
         return None
     return read_json(host, holder_path(entry)) or {"holder": "unknown"}
