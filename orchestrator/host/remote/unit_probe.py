@@ -537,17 +537,14 @@ def lock_held(state_dir):
     """Whether vllm-orch holds this host's lock (state_dir/lock/deploy.lock, flock): it is then
     stopping, deploying or swapping, on every node of the service, itself. Read without opening the
     file (the service user may not): held when /proc/locks has a FLOCK on its inode."""
+    # Cannot tell (no file, a folder it cannot search, no /proc/locks): not held, as before; the
+    # root part, which restarts, takes the lock itself without waiting and refuses when it is held.
     try:
         inode = os.stat(os.path.join(state_dir, *LOCK_FILE)).st_ino
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    try:
         with open("/proc/locks") as f:
             rows = [line.split() for line in f]
     except OSError:
-        return True
+        return False
     return any(len(r) > 5 and r[1] == "FLOCK" and r[5].rsplit(":", 1)[-1] == str(inode) for r in rows)
 
 
