@@ -1,6 +1,11 @@
-"""Numbers as people read them in plans, progress and status."""
+"""Numbers as people read them in plans, progress and status, and the one sanitiser of host and
+service text on its way to the terminal."""
 
 from __future__ import annotations
+
+import re
+
+from rich.markup import escape as markup_escape
 
 
 def fmt_bytes(n: float) -> str:
@@ -23,11 +28,27 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))}
+# Terminal escape sequences (ECMA-48, 7-bit and 8-bit forms): removed whole, so a service's log or
+# answer can neither move the cursor, rewrite a line, set the title or the clipboard (OSC 52), nor
+# leave half a sequence behind. Strings (OSC, DCS, SOS, PM, APC) end at BEL or ST (ESC \\ or U+009C),
+# or at the end of the text when unterminated; CSI ends at its final byte.
+_SEQUENCE = re.compile(
+    r"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c|(?=\x1b)|$)"   # OSC DCS SOS PM APC
+    r"|(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?"                             # CSI
+    r"|\x1b[\x20-\x2f]*[\x30-\x7e]")                                                   # ESC + final byte
+# What is left of the C0 and C1 ranges (a lone ESC, BEL, BS, CR that lets a line overwrite itself,
+# NUL, DEL, U+0080-U+009F) is shown as `\x0d`, never sent; a tab is a space (one-line fields).
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))} | {0x09: " "}
 
 
 def printable(text: object) -> str:
-    """Text from a host or a service (history reasons quote a server's answer, log lines) made safe
-    for a terminal: control characters (ESC, BEL, the C1 range with CSI) shown as `\\x1b`, never
-    sent as such."""
-    return str(text).translate(_CONTROL)
+    """The one sanitiser for text from a host or a service on its way to a terminal (log lines,
+    root-cause lines, history reasons quoting a server's answer, status, error details): escape
+    sequences removed, every other control character (C0 but none kept, DEL, C1) shown as `\\x1b`.
+    Newlines too: each result is one line."""
+    return _SEQUENCE.sub("", str(text)).translate(_CONTROL)
+
+
+def escape(text: object) -> str:
+    """Host or service text inside rich markup: `printable`, then no `[...]` read as markup."""
+    return markup_escape(printable(text))

@@ -189,7 +189,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
         plots = write_plots(data["levels"], out / "plots", f"{model}{' ' + opts.label if opts.label else ''}")
     except PlotsUnavailable as exc:                       # the report is still written, saying so
         data["plots_skipped"] = str(exc)
-        from rich.markup import escape
+        from orchestrator.fmt import escape
 
         _say(console, f"[yellow]plots skipped:[/] {escape(str(exc))}")
     files.update({f"plot_{k}": str(p.relative_to(out)) for k, p in plots.items()})

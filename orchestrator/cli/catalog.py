@@ -48,9 +48,8 @@ def models(app, as_json):
       vllm-orch models
       vllm-orch --models ./my-models models --json
     """
-    from rich.markup import escape
-
     from orchestrator.config.manifest import load_all
+    from orchestrator.fmt import escape
 
     folder = resolved_models_dir(app)
     good, bad = load_all(folder)
@@ -99,11 +98,10 @@ def validate(app, files):
       vllm-orch validate
       vllm-orch validate models/kimi-k25-int4.yaml hosts.yaml
     """
-    from rich.markup import escape
-
     from orchestrator.config.inventory import extra_inventory_files, inventory_path, validate_inventory_file
     from orchestrator.config.manifest import load_manifest, manifest_files
     from orchestrator.config.yamlsrc import display_path
+    from orchestrator.fmt import escape
 
     targets: list[tuple[str, Path]] = []
     if files:
@@ -294,8 +292,9 @@ def hosts(app, as_json):
     if not inv.hosts:
         console().print("No hosts. Write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`.")
         return
-    from rich.markup import escape
     from rich.table import Table
+
+    from orchestrator.fmt import escape
 
     table = Table()
     for col in ("host", "address", "service manager", "models root", "vllm"):

@@ -66,7 +66,7 @@ def finish(result, as_json: bool):
         click.echo(json.dumps(result.as_dict(), indent=2, default=str))
         return result
     if result.ok:
-        from rich.markup import escape
+        from orchestrator.fmt import escape
 
         for warning in result.extra.get("warnings") or []:      # e.g. far below the performance floor
             console().print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)

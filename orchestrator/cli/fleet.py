@@ -11,11 +11,11 @@ import threading
 from collections.abc import Callable, Sequence
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cli.common import console, is_tty
 from orchestrator.config.inventory import HostEntry
+from orchestrator.fmt import escape
 from orchestrator.ops.fleet import Board, HostRow, PerHost, group_plans, normalised_plan, run_fleet, worst_exit
 
 STYLE = {"ok": "green", "failed": "bold red", "refused": "yellow", "bad input": "yellow",

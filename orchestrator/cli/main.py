@@ -181,20 +181,24 @@ def _run(argv: list[str] | None, debug: bool) -> object:
     except Exception as exc:  # a bug: one line, the traceback only with --debug
         if debug:
             raise
-        click.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
+        from orchestrator.fmt import printable
+
+        click.echo(f"error: internal error: {type(exc).__name__}: {printable(exc)}", err=True)
         click.echo("hint: run again with --debug for the traceback, and report it", err=True)
         sys.exit(1)
 
 
 def _print_error(err: OrchestratorError) -> None:
     from rich.console import Console
-    from rich.markup import escape
+
+    from orchestrator.fmt import escape, printable
 
     # Messages quote user text (a manifest value, a host's answer): never read it as markup.
     console = Console(stderr=True, highlight=False)
+    # ... nor send its control characters to the terminal (a root-cause line quotes a service's log).
     console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
     for line in err.details:
-        console.print(f"  {line}", markup=False, soft_wrap=True)
+        console.print(f"  {printable(line)}", markup=False, soft_wrap=True)
     if err.hint:
         console.print(f"[yellow]hint:[/] {escape(err.hint)}", soft_wrap=True)
 

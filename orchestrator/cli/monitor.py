@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
 from orchestrator.cli.common import console, pass_app
 from orchestrator.cli.options import exit_codes, host_selection
+from orchestrator.fmt import escape
 
 
 def _hostport(ctx, param, value: str | None) -> str | None:

@@ -7,7 +7,6 @@ import sys
 import time
 
 import click
-from rich.markup import escape
 
 from orchestrator.cli.common import console, load_host_entry, pass_app
 from orchestrator.cli.options import (
@@ -21,6 +20,7 @@ from orchestrator.cli.options import (
     model_argument,
     yes_option,
 )
+from orchestrator.fmt import escape, printable
 
 
 def _manifest_lookups(app):
@@ -234,7 +234,7 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
             out = sys.stdout
 
             def emit(line: str) -> None:
-                out.write(line + "\n")
+                out.write(printable(line) + "\n")
                 out.flush()
 
             try:
@@ -244,7 +244,7 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
     if nodes:
         return _node_logs(app, entry, model, nodes, accept_new_host_key, follow, since, lines)
     if not r.ok and r.stderr.strip():
-        click.echo(r.stderr.strip().splitlines()[-1], err=True)
+        click.echo(printable(r.stderr.strip().splitlines()[-1]), err=True)
         return 1
     return 0
 
@@ -269,15 +269,15 @@ def _node_logs(app, entry, model: str, nodes: list[str], accept_new_host_key: bo
         def emit(line: str) -> None:
             if follow:
                 with printing:
-                    sys.stdout.write(f"[{e.name}] {line}\n")
+                    sys.stdout.write(f"[{e.name}] {printable(line)}\n")
                     sys.stdout.flush()
             else:
-                got.append(line)
+                got.append(printable(line))
 
         with open_host(e, accept_new_host_key) as host:
             cmd = Service.for_host(host, e, model).log_command(follow=follow, since=since, lines=lines)
             r = host.stream(cmd, on_line=emit, timeout=10 ** 7 if follow else 600)
-        problem = r.stderr.strip().splitlines()[-1] if not r.ok and r.stderr.strip() else ""
+        problem = printable(r.stderr.strip().splitlines()[-1]) if not r.ok and r.stderr.strip() else ""
         return e.name, got, problem
 
     pool = ThreadPoolExecutor(max_workers=len(entries), thread_name_prefix="logs")

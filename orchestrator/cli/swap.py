@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.markup import escape
 
 from orchestrator.cli.common import (
     console,
@@ -26,6 +25,7 @@ from orchestrator.cli.options import (
     verify_engine_option,
     yes_option,
 )
+from orchestrator.fmt import escape
 
 
 @click.command(epilog=exit_codes("0 ok, 1 failed (the previous model was started again when it could be: "

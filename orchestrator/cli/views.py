@@ -6,19 +6,11 @@ import time
 from datetime import datetime
 
 from rich import box
-from rich.markup import escape as markup_escape
 from rich.table import Table
 
-from orchestrator.fmt import fmt_bytes, fmt_duration, printable
+from orchestrator.fmt import escape, fmt_bytes, fmt_duration
 from orchestrator.host.ownership import gpu_list
 from orchestrator.ops.status import HostStatus, ServiceStatus
-
-
-def escape(text: object) -> str:
-    """Host text as rich prints it literally: no markup, and no control character reaches the
-    terminal (a history reason quotes a service's answer, which may hold escape sequences)."""
-    return markup_escape(printable(text))
-
 
 STATE_STYLE = {"ready": "bold green", "asleep": "cyan", "loading": "bold yellow", "failed": "bold red",
                "stopped": "dim", "unreachable": "bold red", "running": "green", "unknown": "yellow"}

@@ -368,7 +368,8 @@ class VllmArgs(Strict):
                     "item is one argv entry: quoting is never needed and nothing is passed to a shell. "
                     "Options are checked as vLLM reads them (`--tensor_parallel_size` is "
                     "`--tensor-parallel-size`, `-tp` too): one a typed field or the serving section "
-                    "renders, or one that takes a secret, is refused, and so is an abbreviation "
+                    "renders, one that takes a secret, or `--config` (a file of further options), is refused, "
+                    "and so is an abbreviation "
                     "(`--api-k`): write options in full.")
 
     @field_validator("kv_cache_dtype", "attention_backend", "moe_backend", "tool_call_parser",
@@ -415,6 +416,12 @@ class VllmArgs(Strict):
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the field vllm.{typed[flag]} instead")
             if flag in ("--served-model-name", "--port", "--host", "--model"):
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; it is rendered from the serving section")
+            if flag == "--config":
+                # vLLM's FlexibleArgumentParser reads the file's keys as options before anything else
+                # (vllm/utils/argparse_utils.py, _pull_args_from_config): trust-remote-code, api-key,
+                # served-model-name and every other option this check refuses, set past it.
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}: vLLM would read further options from "
+                                             "that file, past every check of the manifest; write them here")
             if flag == "--enable-sleep-mode":
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the manifest's sleep section "
                                              "(it also guards the endpoints sleep mode needs)")

@@ -231,8 +231,13 @@ def _verified_record(pidfile: str, on_stale: str) -> str:
     dead leader cannot have been reused while a member lives (Linux keeps a PGID in use), so its
     members are ours. orchestrator/host/remote/facts_script.py applies the same rule in Python."""
     q = shlex.quote(pidfile)
-    return (f"R=$(cat {q} 2>/dev/null) || R=; set -- $R; P=${{1:-}}; B=${{2:-}}; T=${{3:-}}; WHY=; "
+    # Only a PID above 1 written as digits (no sign, no leading zero, at most 9 digits: Linux's
+    # pid_max is 2^22) names a group: `kill 0` / `pkill -g 0` is the caller's own group, `kill -1`
+    # every process, `kill 1` init. `set -f`: a `*` in the record is not a file name.
+    return (f"R=$(cat {q} 2>/dev/null) || R=; set -f; set -- $R; set +f; P=${{1:-}}; B=${{2:-}}; T=${{3:-}}; "
+            f"WHY=; N=; case \"$P\" in ''|0*|*[!0-9]*) ;; *) [ ${{#P}} -le 9 ] && [ \"$P\" -gt 1 ] && N=1;; esac; "
             f"if [ -z \"$P\" ]; then WHY=none; "
+            f"elif [ -z \"$N\" ]; then WHY=\"the record names no process group vllm-orch started\"; "
             f"elif [ \"$B\" != \"$({_BOOT_ID})\" ]; then WHY=\"recorded in another boot (or by an older vllm-orch)\"; "
             f"elif [ -r /proc/$P/stat ] && [ \"$({_START_TIME})\" != \"$T\" ]; then "
             f"WHY=\"PID $P is another process now\"; fi; "

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import random
+import shlex
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -19,7 +20,7 @@ from typing import Any
 
 import paramiko
 
-from orchestrator.errors import ConnectError, RefusedError
+from orchestrator.errors import ConfigError, ConnectError, RefusedError
 from orchestrator.host import cancel
 
 ACCEPT_FLAG = "--accept-new-host-key"
@@ -38,6 +39,7 @@ class Target:
     user: str = "root"
     identity_files: tuple[str, ...] = ()
     jump: Target | None = None   # ProxyJump: one hop, reached first
+    proxy_command: str | None = None   # ProxyCommand (tokens expanded): its stdin/stdout is the link
     known_hosts_file: str = DEFAULT_KNOWN_HOSTS
     accept_new_host_key: bool = False
     connect_timeout: float = 10.0
@@ -57,12 +59,22 @@ def resolve_target(name: str, address: str, *, port: int | None = None, user: st
                    accept_new_host_key: bool = False, connect_timeout: float = 10.0,
                    ssh_config: str | os.PathLike | None = DEFAULT_SSH_CONFIG) -> Target:
     """Apply ~/.ssh/config to `address` (which may be an alias), like `ssh` does: values given
-    explicitly (inventory) win over the config file, which wins over defaults."""
+    explicitly (inventory) win over the config file, which wins over defaults. ProxyCommand is run
+    as ssh runs it; ProxyJump takes one hop (which may have its own); more, or both, is exit 2."""
     cfg = _lookup(address, ssh_config)
     ids = [identity_file] if identity_file else cfg.get("identityfile", [])
     jump = None
-    if cfg.get("proxyjump") and cfg["proxyjump"].lower() != "none":
-        first_hop = cfg["proxyjump"].split(",")[0].strip()   # one hop is all we support
+    proxy_jump, proxy_command = (None if str(cfg.get(k, "none")).lower() == "none" else str(cfg[k]).strip()
+                                 for k in ("proxyjump", "proxycommand"))
+    if proxy_jump and proxy_command:
+        raise ConfigError(f"ssh_config sets both ProxyJump and ProxyCommand for {address}: "
+                          f"keep one (OpenSSH would use whichever comes first)", host=name)
+    if proxy_jump and ("," in proxy_jump or proxy_jump.startswith("ssh://")):
+        raise ConfigError(f"ssh_config's ProxyJump {proxy_jump} for {address}: vllm-orch takes one hop "
+                          f"written [user@]host[:port]; give that hop its own ProxyJump in ssh_config instead",
+                          host=name)
+    if proxy_jump:
+        first_hop = proxy_jump
         juser, _, jhost = first_hop.rpartition("@")
         jhost, _, jport = jhost.partition(":")
         jump = resolve_target(f"{name} (jump {first_hop})", jhost, port=int(jport) if jport else None,
@@ -74,7 +86,7 @@ def resolve_target(name: str, address: str, *, port: int | None = None, user: st
         port=int(port or cfg.get("port") or 22),
         user=user or cfg.get("user") or os.environ.get("USER") or "root",
         identity_files=tuple(os.path.expanduser(p) for p in ids),
-        jump=jump,
+        jump=jump, proxy_command=proxy_command,
         known_hosts_file=os.path.expanduser(known_hosts_file or cfg.get("userknownhostsfile",
                                                                         DEFAULT_KNOWN_HOSTS).split()[0]),
         accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout)
@@ -157,7 +169,11 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
     client: paramiko.SSHClient | None = None
     sock: Any = None
     try:
-        if target.jump is not None:
+        if target.proxy_command is not None:
+            # As OpenSSH runs it: by the shell, exec'd (ssh_config(5), ProxyCommand); paramiko's
+            # ProxyCommand splits the line itself and runs no shell.
+            sock = paramiko.ProxyCommand("/bin/sh -c " + shlex.quote("exec " + target.proxy_command))
+        elif target.jump is not None:
             jump_client = _connect_once(replace(target.jump, connect_timeout=target.connect_timeout),
                                         deadline)
             hop = jump_client.get_transport()
@@ -226,8 +242,10 @@ def _cause(exc: Exception, target: Target) -> str:
     if isinstance(exc, paramiko.AuthenticationException):
         tried = ", ".join(target.identity_files) or "SSH agent and ~/.ssh/id_* keys"
         return f"authentication failed for user {target.user!r} (tried: {tried})"
+    if isinstance(exc, paramiko.ProxyCommandFailure):
+        return f"ssh_config's ProxyCommand failed: {exc}"
     if isinstance(exc, paramiko.SSHException):
-        return f"SSH handshake failed: {exc}"
+        return f"SSH handshake failed: {exc}" + (" (through ssh_config's ProxyCommand)" if target.proxy_command else "")
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror[0].lower() + exc.strerror[1:]
     return f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,11 @@ reads and writes them:
                        when it ends (the new model recorded, or the old one back); left behind by a
                        swap that was killed or lost its connection, so the next command can say what to run
   health/NAME.json     the health timer's last check of NAME and its count of failures in a row
-  deploy.lock          flock(1) file; deploy.lock.json names the holder (and its token)
+  lock/deploy.lock     flock(1) file, 0600 in a root-only folder (0711: others may stat the file, to
+                       see it held in /proc/locks, but neither list the folder nor open the file; a
+                       0644 file could be flocked by any local user through a read-only descriptor);
+                       deploy.lock.json, readable, names the holder (and its token). The previous
+                       place, deploy.lock, becomes a link to it (older vllm-orch runs lock the same file)
 The lock is held by a `flock ...` process on the host whose stdin is our connection: when the
 orchestrator dies or the SSH connection drops it sees EOF (or no heartbeat for a minute), exits and
 the lock is free. A run checks before each step that its lock process is still there (HostLock.ensure).
@@ -50,6 +54,18 @@ def now_iso() -> str:
 
 def _path(entry: HostEntry, *parts: str) -> str:
     return "/".join([entry.state_dir, *parts])
+
+
+LOCK_FILE = "lock/deploy.lock"          # the unit probe (host/remote/unit_probe.py) names it too
+LEGACY_LOCK = "deploy.lock"             # where vllm-orch before issue 42 took it: now a link to LOCK_FILE
+
+
+def lock_path(entry: HostEntry) -> str:
+    return _path(entry, LOCK_FILE)
+
+
+def holder_path(entry: HostEntry) -> str:
+    return _path(entry, "deploy.lock.json")
 
 
 def read_json(host: Host, path: str):
@@ -232,6 +248,13 @@ class LockLost(DeployFailed):
     the run stops here, and runs no recovery either (another vllm-orch may be at work)."""
 
 
+def _roots_alone(folder: str, what: str) -> str:
+    """Shell: as root, `folder` (quoted) must be root's, writable by no other user or group."""
+    return (f"{{ [ \"$(id -u)\" != 0 ] || [ -z \"$(find {folder} -maxdepth 0 \\( ! -user 0 -o -perm -0002 -o "
+            f"\\( -perm -0020 ! -group 0 \\) \\) -print)\" ] || {{ echo \"{what} {folder} is not root's alone "
+            f"(owner or write permission): another user could plant links in it\"; exit 1; }}; }}")
+
+
 class HostLock:
     """Exclusive deploy/swap/regen lock of one host; use as a context manager.
 
@@ -259,20 +282,39 @@ class HostLock:
 
     @property
     def path(self) -> str:
-        return _path(self.entry, "deploy.lock")
+        return lock_path(self.entry)
 
     def command(self) -> Script:
         """The lock comes before the facts (and their preflight of the folders root writes), so it
-        checks its own folder: as root, state_dir must be root's and writable by nobody else, or
-        another user could have made it first and planted `deploy.lock` as a link (flock creates
-        and opens it, following links)."""
-        d, p = shlex.quote(self.entry.state_dir), shlex.quote(self.path)
-        wait = shlex.quote(f"echo {LOCKED}; while timeout {self.IDLE_S} sh -c 'IFS= read -r x'; do :; done")
-        theirs = (f"[ \"$(id -u)\" != 0 ] || [ -z \"$(find {d} -maxdepth 0 \\( ! -user 0 -o -perm -0002 -o "
-                  f"\\( -perm -0020 ! -group 0 \\) \\) -print)\" ] || {{ echo \"state_dir {d} is not root's alone "
-                  f"(owner or write permission): another user could plant links in it\"; exit 1; }}")
+        checks its own folders: as root, state_dir and its lock/ must be root's and writable by
+        nobody else, or another user could have made them first and planted `deploy.lock` as a link
+        (flock creates and opens it, following links). The file is made 0600 (umask 077) in lock/
+        (0711): another user can neither open it nor, so, flock it. Under the lock, before it says
+        LOCKED, `migrate` turns the previous lock file into a link to this one."""
+        d, ld, p = (shlex.quote(x) for x in (self.entry.state_dir, _path(self.entry, "lock"), self.path))
+        wait = shlex.quote(f"{self._migrate()} echo {LOCKED}; "
+                           f"while timeout {self.IDLE_S} sh -c 'IFS= read -r x'; do :; done")
         flock = f"flock -w {self.BUSY_WAIT_S} -E {LOCK_BUSY_EXIT}"
-        return Script(f"mkdir -p {d} && {theirs} && umask 022 && exec {flock} {p} sh -c {wait}")
+        return Script(f"mkdir -p {d} && {_roots_alone(d, 'state_dir')} && umask 077 && mkdir -p {ld} && "
+                      f"[ ! -L {ld} ] && chmod 0711 {ld} && {_roots_alone(ld, 'the lock folder')} && "
+                      f"exec {flock} {p} sh -c {wait}")
+
+    def _migrate(self) -> str:
+        """Shell run under the new lock: the previous lock file (state_dir/deploy.lock, a regular 0644
+        file), or its place when there is none, becomes a link to the new one, so an older vllm-orch
+        (which flocks that path, following links, as root) and this one exclude each other. While
+        that file is held by a process of state_dir's owner (an older vllm-orch at work: root) the
+        lock is busy; a holder of another user (anyone could flock the old 0644 file) is ignored:
+        the link replaces the file."""
+        old = shlex.quote(_path(self.entry, LEGACY_LOCK))
+        d = shlex.quote(self.entry.state_dir)
+        holders = ("awk -v i=\"$(stat -c %i " + old + ")\" '$2 == \"FLOCK\" { n = split($6, a, \":\"); "
+                   "if (a[n] == i) print $5 }' /proc/locks")
+        return (f"if [ ! -L {old} ]; then "
+                f"if [ -f {old} ] && ! flock -n {old} true; then u=$(stat -c %u {d}); for k in $({holders}); do "
+                f"[ \"$(stat -c %u /proc/$k 2>/dev/null)\" != \"$u\" ] || {{ echo \"an older vllm-orch holds "
+                f"the previous lock file {old}\"; exit {LOCK_BUSY_EXIT}; }}; done; fi; "
+                f"ln -sfn {shlex.quote(LOCK_FILE)} {old}.new && mv -fT {old}.new {old} || exit 1; fi;")
 
     def _take(self, timeout: float) -> tuple[Spawned | None, list[str]]:
         proc = self.host.spawn(self.command())
@@ -289,13 +331,13 @@ class HostLock:
         return None, output
 
     def _holder(self) -> dict:
-        return read_json(self.host, self.path + ".json") or {}
+        return read_json(self.host, holder_path(self.entry)) or {}
 
     def acquire(self) -> None:
         proc, output = self._take(self.timeout)
         if proc is not None:
             self._hold(proc)
-            write_json(self.host, self.path + ".json", {"holder": whoami(), "operation": self.operation,
+            write_json(self.host, holder_path(self.entry), {"holder": whoami(), "operation": self.operation,
                                                         "since": now_iso(), "token": self.token})
             return
         holder = self._holder()
@@ -366,8 +408,9 @@ class HostLock:
 
 def lock_holder(host: Host, entry: HostEntry) -> dict | None:
     """Who holds the lock now (None when free) - for dry runs, which never take it."""
-    p = shlex.quote(_path(entry, "deploy.lock"))
-    r = host.run(Script(f"[ -e {p} ] || exit 0; flock -n {p} true || exit {LOCK_BUSY_EXIT}"))
+    p, old = shlex.quote(lock_path(entry)), shlex.quote(_path(entry, LEGACY_LOCK))
+    # An older vllm-orch at work holds the previous lock file (until a run of this one makes it a link)
+    r = host.run(Script(f"for f in {p} {old}; do [ ! -e \"$f\" ] || flock -n \"$f\" true || exit {LOCK_BUSY_EXIT}; done"))
     if r.exit_code != LOCK_BUSY_EXIT:
         return None
-    return read_json(host, _path(entry, "deploy.lock.json")) or {"holder": "unknown"}
+    return read_json(host, holder_path(entry)) or {"holder": "unknown"}

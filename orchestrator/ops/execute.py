@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.markup import escape
-
 from orchestrator.errors import Interrupted, OrchestratorError, RefusedError
+from orchestrator.fmt import escape
+from orchestrator.fmt import printable as printable_text  # host.base.printable quotes commands
 from orchestrator.host import cancel
 from orchestrator.host.base import printable
 from orchestrator.host.state import LockLost
@@ -119,7 +119,7 @@ class Reporter:
         elif kind == "warn":
             self.console.print(f"      [yellow]warning[/]: {escape(text)}", soft_wrap=True)
         else:
-            self._emit(f"      {text}", markup=False)
+            self._emit(f"      {printable_text(text)}", markup=False)
 
     @contextmanager
     def progress(self, kind: str, label: str, total: int = 0) -> Iterator[Progress | None]:

@@ -31,7 +31,7 @@ from orchestrator.host.base import Host
 from orchestrator.host.download import plan_download
 from orchestrator.host.engine import EngineState
 from orchestrator.host.facts import HostFacts, gather
-from orchestrator.host.state import history_tail, lock_holder
+from orchestrator.host.state import history_tail, lock_holder, lock_path
 from orchestrator.host.warm import plan_warm
 from orchestrator.plan import prepare
 from orchestrator.plan.deploy import placement_refusal
@@ -50,8 +50,7 @@ VERSION_CHECKS = {"vllm-version", "version-traps", "package-pairs", "torch-cuda"
 
 
 def lock_facts(host: Host, entry: HostEntry, held: bool) -> LockFacts:
-    path = f"{entry.state_dir}/deploy.lock"
-    return LockFacts(held=held, holder=None if held else lock_holder(host, entry), path=path)
+    return LockFacts(held=held, holder=None if held else lock_holder(host, entry), path=lock_path(entry))
 
 
 def hf_token() -> Secret | None:

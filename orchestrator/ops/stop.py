@@ -66,7 +66,7 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     not installed is refused (RefusedError, exit 3)."""
     t0 = time.monotonic()
     facts = gather(host, entry, [model])
-    lock = lock or LockFacts(held=not dry_run, path=f"{entry.state_dir}/deploy.lock")
+    lock = lock or LockFacts(held=not dry_run, path=state.lock_path(entry))
     plan = plan_stop(StopInput(entry, facts, lock, model, manifest_gpus))
     if plan.refusal is not None:
         raise plan.refusal

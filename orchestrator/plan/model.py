@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import fmt
 from orchestrator.errors import RefusedError
 from orchestrator.host.base import Command, printable
 
@@ -114,6 +115,11 @@ class Plan:
         return any(not a.noop for a in self.actions if a.step not in CHECKS_ONLY)
 
     def text(self) -> str:
+        """The plan as printed: each line through the one sanitiser (a plan quotes the host: process
+        names, holders, file names), so it reaches the terminal without control characters."""
+        return "\n".join(fmt.printable(line) for line in self._lines())
+
+    def _lines(self) -> list[str]:
         lines = [f"Plan: {self.operation} {self.model} on {self.host_desc}"]
         for w in self.warnings:
             lines.append(f"  warning: {w}")
@@ -124,14 +130,14 @@ class Plan:
             lines.append(f"  REFUSED: {self.refusal}")
             if self.refusal.hint:
                 lines.append(f"  hint: {self.refusal.hint}")
-            return "\n".join(lines)
+            return lines
         if not self.changes:
             lines.append("  Nothing to change.")
         for r in self.recoveries:
             span = f"step {r.first}" if r.first == r.last else f"steps {r.first}-{r.last}"
             lines.append(f"  If {span} fail{'s' if r.first == r.last else ''}: {r.title}")
             lines += _action_lines(r.actions, width, lambda i: f"r{i}.")
-        return "\n".join(lines)
+        return lines
 
 
 def _action_lines(actions: list[Action], width: int, label: Callable[[int], str]) -> list[str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from orchestrator.fmt import printable
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -128,8 +130,6 @@ PROGRESS: list[tuple[re.Pattern, str]] = [
     (re.compile(r"Application startup complete"), "API server up"),
 ]
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
 # The start-up ledger: vLLM 0.33's own figures in its start-up lines (each source line named), by phase.
 LEDGER: list[tuple[str, re.Pattern]] = [
     # model_executor/model_loader/weight_utils.py:538 (a start that downloads itself; vllm-orch's
@@ -144,7 +144,9 @@ LEDGER: list[tuple[str, re.Pattern]] = [
 
 
 def clean(line: str) -> str:
-    return _ANSI.sub("", line).rstrip()
+    """A log line as it is matched and shown: the one sanitiser (`fmt.printable`: colours and every
+    other escape sequence removed, control characters shown as `\\x1b`), trailing space dropped."""
+    return printable(line.rstrip()).rstrip()
 
 
 def fatal_in(line: str) -> Signature | None:

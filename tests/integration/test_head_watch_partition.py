@@ -118,8 +118,8 @@ def test_only_a_refusal_counts_as_gone(monkeypatch):
 
 def test_the_root_part_restarts_only_under_the_hosts_lock(tmp_path):
     stand_in_systemctl(tmp_path)
-    (tmp_path / "state").mkdir()
-    lock = open(tmp_path / "state" / "deploy.lock", "w")
+    (tmp_path / "state" / "lock").mkdir(parents=True)
+    lock = open(tmp_path / "state" / "lock" / "deploy.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)                 # vllm-orch is stopping or redeploying every node
     done = root_restart(tmp_path, 75, "head-lost-restart", "x", "--address", "127.0.0.1", "--port", "1")
     assert done.returncode == 0 and "vllm-orch holds this host's lock" in done.stdout, done.stdout

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -496,3 +497,68 @@ def test_a_channel_that_cannot_open_on_a_silent_link_is_a_lost_connection(ssh_ho
         ssh_host.spawn(["cat"])
     with pytest.raises(ConnectError, match="lost the connection"):
         ssh_host.run(["true"])
+
+
+RELAY = """
+import os, socket, sys, threading
+link = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+with open(sys.argv[2], "a") as f:
+    f.write("relayed to port %s\\n" % sys.argv[1])
+def up():
+    while True:
+        data = os.read(0, 65536)
+        if not data:
+            link.shutdown(socket.SHUT_WR)
+            return
+        link.sendall(data)
+threading.Thread(target=up, daemon=True).start()
+while True:
+    data = link.recv(65536)
+    if not data:
+        break
+    os.write(1, data)
+"""
+
+
+def test_proxy_command_is_how_the_host_is_reached(sshd_local, tmp_path):
+    """ssh_config's ProxyCommand was silently ignored: the connection went straight to HostName.
+    Now it is the link, run as ssh runs it (by the shell: the redirection works), with %p expanded."""
+    relay, used = tmp_path / "relay.py", tmp_path / "relay.log"
+    relay.write_text(RELAY)
+    cfg = _ssh_config(tmp_path, sshd_local, f"""
+Host proxied
+    HostName {sshd_local.address}
+    Port {sshd_local.port}
+    User {sshd_local.user}
+    IdentityFile {sshd_local.identity_file}
+    UserKnownHostsFile {sshd_local.known_hosts_file}
+    ProxyCommand {sys.executable} {relay} %p {used} 2>>{tmp_path / "relay.err"}
+""")
+    with SshHost("proxied", "proxied", ssh_config=str(cfg), connect_timeout=10) as h:
+        assert h.target.proxy_command is not None and str(sshd_local.port) in h.target.proxy_command
+        assert h.run(["echo", "proxied"]).stdout == "proxied\n"
+    assert used.read_text() == f"relayed to port {sshd_local.port}\n"
+
+
+def test_a_failing_proxy_command_is_one_line(sshd_local, tmp_path):
+    cfg = _ssh_config(tmp_path, sshd_local, "    ProxyCommand exit 3\n")
+    host = SshHost("gpu", "gpu-box", ssh_config=str(cfg), connect_timeout=5)
+    with pytest.raises(ConnectError) as err:
+        host.run(["true"])
+    assert "cannot connect to" in str(err.value) and "ProxyCommand" in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("    ProxyJump a,b\n", "ProxyJump a,b for gpu-box: vllm-orch takes one hop"),
+    ("    ProxyJump ssh://a:22\n", "ProxyJump ssh://a:22 for gpu-box"),
+    ("    ProxyJump a\n    ProxyCommand nc %h %p\n", "sets both ProxyJump and ProxyCommand for gpu-box"),
+])
+def test_proxy_settings_vllm_orch_cannot_follow_are_refused_naming_host_and_option(sshd_local, tmp_path,
+                                                                                    extra, says):
+    from orchestrator.errors import ConfigError
+
+    cfg = _ssh_config(tmp_path, sshd_local, extra)
+    with pytest.raises(ConfigError) as err:
+        SshHost("gpu", "gpu-box", ssh_config=str(cfg), connect_timeout=5)
+    assert err.value.exit_code == 2 and says in str(err.value) and "gpu" in str(err.value)

@@ -339,8 +339,8 @@ def test_watch_head_leaves_a_node_to_vllm_orch_while_it_holds_the_lock(tmp_path)
     import fcntl
 
     store = Store()
-    (tmp_path / "state").mkdir()
-    lock = open(tmp_path / "state" / "deploy.lock", "w")
+    (tmp_path / "state" / "lock").mkdir(parents=True)
+    lock = open(tmp_path / "state" / "lock" / "deploy.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)              # vllm-orch is stopping or redeploying every node
     watch = head_watch("127.0.0.1", store.port, tmp_path)
     try:

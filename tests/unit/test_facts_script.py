@@ -114,6 +114,23 @@ def test_a_stale_record_names_no_process_group(tmp_path):
         other.wait()
 
 
+def test_a_record_naming_init_the_callers_group_or_garbage_names_no_process_group(tmp_path):
+    """PID 1 (init, with its own start time so the leader check would pass), 0, -1 and non-canonical
+    numbers are no group vllm-orch started: the status never attributes them to the service (the
+    stop command's shell rule is tests/integration/test_process_stop_pid.py)."""
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    names = {"init": record(1), "zero": record(0, start="1"), "minus": record(-1, start="1"),
+             "plus": f"+{os.getpid()} {BOOT_ID} {start_ticks(os.getpid())}\n",
+             "zeros": f"00{os.getpid()} {BOOT_ID} {start_ticks(os.getpid())}\n"}
+    for name, text in names.items():
+        (run / f"vllm-{name}.pid").write_text(text)
+    svc = run_facts(tmp_path, [sys.executable], list(names), [])["services"]
+    for name in names:
+        assert svc[name]["ActiveState"] == "inactive" and "PGID" not in svc[name], (name, svc[name])
+        assert "no process group vllm-orch started" in svc[name]["StaleRecord"], (name, svc[name])
+
+
 # -- service_reach: can the service user run vllm (preflight check service-user) -----------------------
 @pytest.fixture
 def open_dir():

@@ -91,7 +91,8 @@ def test_the_lock_holder_is_read_only_while_the_lock_is_held(host_dirs):
     """flock semantics: a holder file left by a finished run is not reported; a held lock whose
     holder file is missing is reported as held by someone unknown."""
     entry = entry_for(host_dirs)
-    lock = host_dirs / "state" / "deploy.lock"
+    lock = host_dirs / "state" / "lock" / "deploy.lock"
+    lock.parent.mkdir()
     lock.write_text("")
     (host_dirs / "state" / "deploy.lock.json").write_text(json.dumps({"operation": "deploy", "pid": 1}))
 

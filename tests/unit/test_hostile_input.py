@@ -84,6 +84,14 @@ HOSTILE = [
     ("extra-args-tp-underscore", "m", {"vllm": {"extra_args": ["--tensor_parallel_size", "2"]}}, "vllm.extra_args[0]"),
     ("extra-args-dcp-short", "m", {"vllm": {"extra_args": ["-dcp", "8"]}}, "vllm.extra_args[0]"),
     ("extra-args-port-prefix", "m", {"vllm": {"extra_args": ["--por", "9000"]}}, "vllm.extra_args[0]"),
+    # -- manifest: a file of further options vLLM reads past every check above ---------------------
+    ("extra-args-config", "m", {"vllm": {"extra_args": ["--config", "/tmp/x.yaml"]}},
+     "vllm.extra_args[0]: extra_args sets --config"),
+    ("extra-args-config-eq", "m", {"vllm": {"extra_args": ["--seed", "0", "--config=/tmp/x.yaml"]}},
+     "vllm.extra_args[2]: extra_args sets --config"),
+    ("extra-args-config-dotted", "m", {"vllm": {"extra_args": ["--config_format", "auto", "--config.x=1"]}},
+     "vllm.extra_args[2]: extra_args sets --config (as --config.x)"),
+    ("extra-args-config-prefix", "m", {"vllm": {"extra_args": ["--confi", "/tmp/x.yaml"]}}, "vllm.extra_args[0]"),
     # -- manifest: numbers that are not numbers --------------------------------------------------
     ("port-true", "m", {"serving": {"port": True}}, "serving.port"),
     ("gpus-true", "m", {"serving": {"gpus": True}}, "serving.gpus"),

@@ -50,7 +50,7 @@ def node_inputs(m: Manifest, per_node: dict[str, dict] | None = None, **opts) ->
         target = ServiceInput(manifest=eff.manifest, rendered=r, effective=eff, serving=serving,
                               installed_files={f.path: (f.data() if installed else None) for f in r.files})
         out.append(PlanInput(entry=e, facts=facts(**given), opts=Options(**opts),
-                             lock=LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock"),
+                             lock=LockFacts(held=False, path="/var/lib/vllm-orch/state/lock/deploy.lock"),
                              target=target, download=dl, preflight=checks))
     return out
 

@@ -231,4 +231,57 @@ def test_history_and_status_never_send_a_services_control_characters_to_the_term
          "reason": f"a one-token completion answered 500: {body}"}])
     text = out.getvalue()
     assert "\x1b[2J" not in text and "\x1b]" not in text and "\x07" not in text and "\x9b" not in text, repr(text)
-    assert "answered 500: \\x1b[2J" in text
+    assert "answered 500: link" in text          # the sequences removed whole, the text kept
+
+
+def test_a_deploy_failures_root_cause_and_log_lines_reach_the_terminal_without_escape_sequences(capsys):
+    """A failed start's error quotes the service's log (the root-cause line, the last lines): logsig
+    stripped only colours, and the error printer sent the rest raw (an OSC 52 clipboard write, a
+    cursor move, a CR forging "ok deployed"). The signature still matches through the colours."""
+    from orchestrator.cli.main import _print_error
+    from orchestrator.probe import logsig
+    from orchestrator.probe.readiness import NotReady
+
+    lines = ["\x1b[1;31mERROR\x1b[0m api_server.py: error: unrecognized arguments: --x\x1b]52;c;cHduZWQ=\x07",
+             "\x9b2J\x1b[3Aup\rok deployed", "\x1bP+q544e\x1b\\tail\t end\r"]
+    sig, line = logsig.root_cause(lines)
+    assert sig is not None and sig.key == "unrecognized-arguments"
+    _print_error(NotReady("minimax-m25 did not start", kind="fatal-log", root_cause=line,
+                          last_lines=[logsig.clean(x) for x in lines], gates=[]))
+    err = capsys.readouterr().err
+    for c in ("\x1b", "\x07", "\x9b", "\r", "\t"):
+        assert c not in err, (c, err)
+    assert "root cause: ERROR api_server.py: error: unrecognized arguments: --x\n" in err
+    assert "upok deployed" not in err and "up\\x0dok deployed" in err
+    assert "tail  end\n" in err
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ("a\x1b]52;c;ZWNobyBo\x07b", "ab"),                  # OSC 52, BEL-terminated
+    ("a\x1b]8;;http://e/\x1b\\l\x1b]8;;\x1b\\b", "alb"),    # OSC 8, ST-terminated
+    ("a\x9d0;t\x9cb", "ab"),                             # 8-bit OSC and ST
+    ("a\x1b[12;1H\x1b[?25lb", "ab"),                     # CSI cursor move, private mode
+    ("a\x9b2Jb", "ab"),                                  # 8-bit CSI
+    ("a\x1bPq#0\x1b\\b\x1bX.\x1b\\c\x1b^.\x1b\\d\x1b_.\x1b\\e", "abcde"),   # DCS SOS PM APC
+    ("a\x1b]0;never ends", "a"),                          # an unterminated string: dropped
+    ("a\x1b7\x1b8\x1bc\x1b(0b", "ab"),                    # two-char (and charset) ESC sequences
+    ("a\rb", "a\\x0db"), ("a\x08b", "a\\x08b"), ("a\x00\x7f\x85b", "a\\x00\\x7f\\x85b"),
+    ("a\nb", "a\\x0ab"), ("a\tb", "a b"), ("end\x1b", "end\\x1b"), ("caf\u00e9 \u4e2d", "caf\u00e9 \u4e2d"),
+])
+def test_the_one_sanitiser_removes_escape_sequences_and_shows_other_controls(raw, shown):
+    from orchestrator.fmt import printable
+
+    assert printable(raw) == shown
+
+
+def test_a_plan_quoting_a_hosts_process_name_prints_no_escape_sequence():
+    """A plan names the host's processes (holders of the GPUs or the port, by their title, which
+    their owner sets) and refusals quoting the host: all through the one sanitiser."""
+    from orchestrator.plan.model import Action, Plan
+
+    title = "python\x1b]52;c;ZWNobyBo\x07\x1b[1A\rok deployed"
+    plan = Plan("deploy", "h (local)", "m", refusal=RefusedError(f"PID 4242 {title} holds port 8000"))
+    plan.add(Action("port", f"PID 4242 {title} holds port 8000", details=[f"holder: {title}"]))
+    text = plan.text()
+    assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
+    assert "PID 4242 python\\x0dok deployed holds port 8000" in text

@@ -46,7 +46,7 @@ GIB = 1024 ** 3
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 CHECKS = [Check("flags", OK, "vLLM 0.33.0 parser accepts the command line"),
           Check("gpus", OK, f"8x {RTX}, 97887 MiB each")]
-LOCK = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+LOCK = LockFacts(held=False, path="/var/lib/vllm-orch/state/lock/deploy.lock")
 
 
 def gpu_lines() -> str:

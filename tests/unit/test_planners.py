@@ -97,7 +97,7 @@ def download(to_fetch: int, total: int | None = None) -> DownloadPlan:
 
 def inp(target: ServiceInput, f: HostFacts, dl: DownloadPlan | None, old: ServiceInput | None = None,
         survey: WarmFacts | None = None, **opts) -> PlanInput:
-    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/lock/deploy.lock")
     return PlanInput(entry=ENTRY, facts=f, opts=Options(**opts), lock=lock, target=target, download=dl,
                      preflight=CHECKS, old=old, warm=survey)
 
@@ -305,7 +305,7 @@ def test_stop_is_a_plan_with_its_recovery_and_gc_a_plan_that_asks():
     procs = [Proc(pid=4300 + i, name=f"VLLM::Worker_TP{i}", used_mib=90000, gpu_index=i, kind=SERVICE, model=name,
                   start_time=430000 + i) for i in range(2)]
     f = facts(services=services, active={"model": name, "gpus": list(range(8)), "port": 8000}, procs=procs)
-    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/deploy.lock")
+    lock = LockFacts(held=False, path="/var/lib/vllm-orch/state/lock/deploy.lock")
     plan = plan_stop(StopInput(ENTRY, f, lock, name))
     assert [a.step for a in plan.actions] == ["lock", "stop", "boot", "leftovers", "gpus", "record"]
     rec = plan.recovery_for(4)

@@ -62,7 +62,7 @@ MODELS = ("tiny-llama-a", "tiny-llama-b", "minimax-m25")    # 1, 1 and 4 GPUs
 NAMES = (None, "svc-b", "svc-c")
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 ENTRY = HostEntry(name="gpu1", address="gpu1.example")
-LOCK = LockFacts(held=True, path="/var/lib/vllm-orch/state/deploy.lock")
+LOCK = LockFacts(held=True, path="/var/lib/vllm-orch/state/lock/deploy.lock")
 OPTS = Options(poll_s=0.0, gpu_release_timeout_s=1)
 CHECKS = [Check("gpus", OK, "8 GPUs")]
 STATS = {"runs": 0, "steps": 0, "seconds": 0.0}

@@ -21,6 +21,7 @@ banner, service user or ports, and the records it shows in the same round trip.
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -74,10 +75,15 @@ def sh_all(argvs, timeout=20):
 
 def read_json(path, nofollow=False, limit=None):
     """The JSON in `path`, or None. nofollow/limit: a file another user writes (the health state
-    is the service user's): never through a link, at most `limit` bytes."""
+    is the service user's): never through a link, never waiting on a FIFO (O_NONBLOCK: one planted
+    there hung root's open), only a regular file (fstat of what was opened), at most `limit` bytes:
+    unit_probe.py's read_data rule."""
+    flags = os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) if nofollow else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0))
+        fd = os.open(path, flags)
         with os.fdopen(fd, "rb") as f:
+            if nofollow and not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             return json.loads(f.read(limit if limit is not None else -1).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
@@ -330,6 +336,9 @@ def process_state(pidfile, boot_id):
         pid = int(words[0])
     except (OSError, ValueError, IndexError):
         return {"ActiveState": "inactive", "MainPID": "0"}
+    if pid <= 1 or words[0] != str(pid):       # 0, 1, -1, +5, 007: no group vllm-orch started (services.py)
+        return {"ActiveState": "inactive", "MainPID": "0",
+                "StaleRecord": "the record names no process group vllm-orch started"}
     recorded_boot = words[1] if len(words) > 1 else None
     recorded_start = words[2] if len(words) > 2 else None
     if recorded_boot != boot_id:
@@ -605,23 +614,28 @@ def tail_lines(path, count, block=65536):
     return [line.decode(errors="replace") for line in data.splitlines()[-count:]] if count > 0 else []
 
 
-def lock_holder(lock):
-    """Who holds the deploy lock (`flock` on state_dir/deploy.lock), from its holder file
-    deploy.lock.json ({"holder": "unknown"} when that is unreadable); None when it is free or
-    there is no lock file, or a holder file that is not a JSON object. A lock we cannot even open
-    counts as held, as `flock -n` says."""
-    if not os.path.exists(lock):
-        return None
-    try:
-        import fcntl
-        fd = os.open(lock, os.O_RDONLY)
+def lock_holder(state_dir):
+    """Who holds the deploy lock (`flock` on state_dir/lock/deploy.lock, or on the previous
+    state_dir/deploy.lock by an older vllm-orch), from its holder file state_dir/deploy.lock.json
+    ({"holder": "unknown"} when that is unreadable); None when it is free or there is no lock file,
+    or a holder file that is not a JSON object. A lock we cannot even open counts as held, as
+    `flock -n` says. host/state.py (lock_path, lock_holder) names the same files."""
+    import fcntl
+    held = False
+    for lock in (os.path.join(state_dir, "lock", "deploy.lock"), os.path.join(state_dir, "deploy.lock")):
+        if not os.path.exists(lock):
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return None
-        finally:
-            os.close(fd)            # also releases the lock if we got it
-    except OSError:
-        pass
+            fd = os.open(lock, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)            # also releases the lock if we got it
+        except OSError:
+            held = True
+    if not held:
+        return None
+    lock = os.path.join(state_dir, "deploy.lock")
     try:
         with open(lock + ".json") as f:
             text = f.read()
@@ -667,7 +681,7 @@ def status_extras(state_dir, history_tail):
             value = read_json(os.path.join(folder, name), nofollow=True, limit=65536)   # the service user's
             if isinstance(value, dict):
                 health[name[:-5]] = value
-    return {"uptime": uptime, "lock": lock_holder(os.path.join(state_dir, "deploy.lock")), "health": health,
+    return {"uptime": uptime, "lock": lock_holder(state_dir), "health": health,
             "history": tail_lines(os.path.join(state_dir, "history.jsonl"), history_tail)}
 
 

@@ -53,11 +53,13 @@ is not installed.
 """
 
 import argparse
+import errno
 import http.client
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -526,24 +528,24 @@ def still_listening(address, port, window, poll=1.0):
         time.sleep(0.2)
 
 
+# host/state.py LOCK_FILE: vllm-orch's lock, 0600 in a folder (0711) only root can list: the service
+# user cannot open it, so the head watch sees it held in /proc/locks (a flock on its inode) instead.
+LOCK_FILE = ("lock", "deploy.lock")
+
+
 def lock_held(state_dir):
-    """Whether vllm-orch holds this host's lock (state_dir/deploy.lock, flock): it is then stopping,
-    deploying or swapping, on every node of the service, itself."""
-    import fcntl
-    path = os.path.join(state_dir, "deploy.lock")
-    if not os.path.exists(path):
-        return False
+    """Whether vllm-orch holds this host's lock (state_dir/lock/deploy.lock, flock): it is then
+    stopping, deploying or swapping, on every node of the service, itself. Read without opening the
+    file (the service user may not): held when /proc/locks has a FLOCK on its inode."""
+    # Cannot tell (no file, a folder it cannot search, no /proc/locks): not held, as before; the
+    # root part, which restarts, takes the lock itself without waiting and refuses when it is held.
     try:
-        fd = os.open(path, os.O_RDONLY)
+        inode = os.stat(os.path.join(state_dir, *LOCK_FILE)).st_ino
+        with open("/proc/locks") as f:
+            rows = [line.split() for line in f]
     except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    return any(len(r) > 5 and r[1] == "FLOCK" and r[5].rsplit(":", 1)[-1] == str(inode) for r in rows)
 
 
 def cmd_watch_head(a):
@@ -577,14 +579,27 @@ def cmd_watch_head(a):
     return RESTART_EXIT          # the root part restarts the unit; the restarted unit starts a new watch
 
 
-def health_state(state_dir, model):
-    """health/MODEL.json, the check's notes (a file of the service user's: read without following
-    a link, bounded, and only as data)."""
-    path = os.path.join(state_dir, "health", model + ".json")
+def read_data(path, limit):
+    """At most `limit` bytes of a file another user writes (the service user's health state), as
+    root reads it: never through a link (O_NOFOLLOW), never waiting (O_NONBLOCK: a FIFO planted
+    there would have hung root's open), and only a regular file (fstat of what was opened: a FIFO
+    or a device is refused). OSError otherwise. facts_script.py's read_json(nofollow=True) is the
+    same rule for the status facts (each host script is one self-contained file)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            state = json.loads(f.read(65536).decode("utf-8", "replace"))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def health_state(state_dir, model):
+    """health/MODEL.json, the check's notes (a file of the service user's: read_data, and only as
+    data)."""
+    try:
+        state = json.loads(read_data(os.path.join(state_dir, "health", model + ".json"), 65536)
+                           .decode("utf-8", "replace"))
     except (OSError, ValueError):
         state = {}
     return state if isinstance(state, dict) else {}
@@ -718,11 +733,13 @@ def cmd_restart(a):
 
 
 def lock_nb(state_dir):
-    """This host's deploy lock (state_dir/deploy.lock, flock), taken without waiting: its fd, False
-    when another process (vllm-orch) holds it, None when there is no lock file (nothing to hold)."""
+    """This host's deploy lock (state_dir/lock/deploy.lock, flock), taken without waiting: its fd,
+    False when another process (vllm-orch) holds it, None when there is no lock file (nothing to
+    hold). Root's part only: the file is root's, 0600."""
     import fcntl
     try:
-        fd = os.open(os.path.join(state_dir, "deploy.lock"), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(os.path.join(state_dir, *LOCK_FILE),
+                     os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
