@@ -278,27 +278,20 @@ class ProcessService(Service):
         its workers itself; workers signalled directly die at once and fail the requests in flight),
         the whole process group after STOP_WAIT_S (ABORT_WAIT_S without a drain). A main process
         already gone leaves orphans: the group gets SIGTERM at once."""
-        from orchestrator.render.devguard import remove_program
-
         q = shlex.quote
         wait_s = self.STOP_WAIT_S if drain else self.ABORT_WAIT_S
-        # The guard of a sleep-capable service's port (its own nftables table, which the start script
-        # installed as root) goes with the service; none, no nft or not root: nothing to remove.
-        unguard = (f"if [ \"$(id -u)\" = 0 ] && command -v nft >/dev/null 2>&1; then "
-                   f"nft {q(remove_program(self.model))} || echo {q('could not remove the nftables guard of ' + self.model)}"
-                   f" >&2; fi")
         # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
         main_alive = "S=$(ps -o stat= -p $P 2>/dev/null) && [ -n \"$S\" ] && [ \"${S#Z}\" = \"$S\" ]"
         stale = (f"[ \"$WHY\" = none ] || echo \"not stopping process group $P: $WHY\" >&2; "
-                 f"rm -f {q(self.pidfile)}; {unguard}; exit 0")
+                 f"rm -f {q(self.pidfile)}; exit 0")
         return [Script(
             _verified_record(self.pidfile, stale) +
             f"if {main_alive}; then kill -TERM $P; else pkill -TERM -g $P; fi; i=0; "
             f"while {group_alive} && [ $i -lt {wait_s * 10} ]; do sleep 0.1; i=$((i+1)); done; "
             f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
             f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
-            f"rm -f {q(self.pidfile)}; {unguard}",
+            f"rm -f {q(self.pidfile)}",
             display=f"kill -TERM the main process recorded in {self.pidfile} (once the record is proven "
                     f"current: same boot, same leader start time; it stops its workers); wait up to "
                     f"{self.STOP_WAIT_S}s; kill -KILL what is left of its process group")]

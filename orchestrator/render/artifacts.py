@@ -27,7 +27,6 @@ from orchestrator.config.manifest import Manifest
 from orchestrator.config.placement import NodeRole, ray_node_ports
 from orchestrator.errors import ConfigError
 from orchestrator.paths import package_file, shipped_dir
-from orchestrator.render import devguard
 from orchestrator.secret import Secret, reveal
 
 TEARDOWN_S = 90            # after the drain: engine cores and workers exit, GPU memory is released
@@ -549,8 +548,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
 
     extra: list[RenderedFile] = []
     watch = watches_head(m, role)
-    guard = devguard.programs(m, host, role)          # sleep mode: only root and the service user reach the port
-    common.update(guard_users=devguard.allowed_users(host))
     if host.service_manager == "systemd":
         health_service, health_timer = health_unit_names(m)
         companion = headwatch_unit_name(m) if watch else "" if worker else health_timer
@@ -560,7 +557,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                      master_port=meet_port(m, "master_port") if m.multinode else "")
         text = _template("vllm.service.j2").render(
             **units, exec_start=exec_start(argv), ready_probe="" if worker else probe_command(m, host, "ready"),
-            guard=tuple(systemd_quote(p) for p in guard) if guard else None,
             start_limit_interval=start_limit_interval(m), stop_timeout=stop_timeout(m))
         unit = RenderedFile(unit_path(m, host), text, 0o644)
         if not worker:
@@ -585,6 +581,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
             extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(
                 **common, role=role, exec_start=exec_start(ray_argv(m, host, role))), 0o644))
     else:
-        text = _template("vllm-process.sh.j2").render(**common, argv=argv, guard=guard)
+        text = _template("vllm-process.sh.j2").render(**common, argv=argv)
         unit = RenderedFile(unit_path(m, host), text, 0o755)
     return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role, model)
