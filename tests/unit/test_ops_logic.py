@@ -232,3 +232,15 @@ def test_history_and_status_never_send_a_services_control_characters_to_the_term
     text = out.getvalue()
     assert "\x1b[2J" not in text and "\x1b]" not in text and "\x07" not in text and "\x9b" not in text, repr(text)
     assert "answered 500: \\x1b[2J" in text
+
+
+def test_a_per_service_command_picks_the_only_awake_service_and_names_sleepers_when_it_asks():
+    from orchestrator.config.placement import choose_service
+    from orchestrator.errors import ConfigError
+    assert choose_service(["a", "b"], None, "h", "logs SERVICE --host h", asleep=["a"]) == "b"
+    assert choose_service(["a"], None, "h", "logs SERVICE --host h", asleep=["a"]) == "a"
+    with pytest.raises(ConfigError) as err:
+        choose_service(["a", "b", "c"], None, "h", "logs SERVICE --host h", asleep=["a"])
+    assert "(a (asleep), b, c)" in str(err.value) and "vllm-orch logs b --host h" in str(err.value)
+    with pytest.raises(ConfigError):                      # no `asleep`: no guess (stop)
+        choose_service(["a", "b"], None, "h", "stop SERVICE --host h")
