@@ -92,7 +92,7 @@ def validate(app, files):
     """Check manifests and inventories: every problem with file, line and field path.
 
     With no FILES, checks every manifest of the models folder, the inventory in use and the extra
-    inventory files (hosts.d). A file is treated as an inventory when it has a top-level `hosts:` key.
+    inventory files (hosts.d). A file is treated as an inventory when it has a top-level `hosts:` or `groups:` key.
 
     \b
     Example:
@@ -143,7 +143,11 @@ def _looks_like_inventory(path: Path) -> bool:
         data = YamlDoc(path, str(path)).data       # the same guarded reading as the real load
     except ConfigError:
         return False                               # loaded as a manifest, which reports the problem
-    return isinstance(data, dict) and "hosts" in data
+    # An inventory's top-level keys are its fields (`hosts`, `groups`): a file of groups alone, for
+    # hosts written in another file, is an inventory too (it was read as a manifest).
+    from orchestrator.config.inventory import Inventory
+
+    return isinstance(data, dict) and bool(set(data) & set(Inventory.model_fields))
 
 
 @click.command(epilog=exit_codes("0 ok, 2 bad input (unknown model or host, invalid manifest, a multi-node "
@@ -276,23 +280,32 @@ def schema(for_hosts, for_records):
 
 @click.command(epilog=exit_codes("0 ok, 2 an inventory file is invalid."))
 @json_option("Print JSON.")
+@click.option("--example", is_flag=True,
+              help="Print the commented example inventory (hosts.example.yaml, shipped in the package) "
+                   "and exit: a start for your hosts.yaml.")
 @pass_app
-def hosts(app, as_json):
+def hosts(app, as_json, example):
     """List the hosts of the inventory: yours, plus those of the extra inventory files (hosts.d),
     such as the SIMULATED ones of `vllm-orch sim up`.
 
     \b
     Example:
       vllm-orch hosts
+      vllm-orch hosts --example > hosts.yaml     # then edit it
     """
-    from orchestrator.config.inventory import load_inventory
+    from orchestrator.config.inventory import NO_INVENTORY_HINT, load_inventory
 
+    if example:
+        from orchestrator.paths import example_inventory
+
+        click.echo(example_inventory().read_text(), nl=False)
+        return
     inv = load_inventory(app.inventory_path)
     if as_json:
         click.echo(json.dumps([h.model_dump() for h in inv.hosts.values()], indent=2))
         return
     if not inv.hosts:
-        console().print("No hosts. Write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`.")
+        console().print(f"No hosts: {NO_INVENTORY_HINT}.", markup=False)
         return
     from rich.markup import escape
     from rich.table import Table

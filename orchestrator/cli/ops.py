@@ -149,9 +149,9 @@ def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_jso
     model = model or model_opt
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
-            records = read_records(host, entry)
-            choose_service(records, None, entry.name, f"history SERVICE --host {entry.name}",
-                           asleep=[n for n, r in records.items() if r.asleep])
+            services = read_records(host, entry)
+            choose_service(services, None, entry.name, f"history SERVICE --host {entry.name}",
+                           asleep=[n for n, r in services.items() if r.asleep])
         lines = read_history(host, entry)
     records = [r.shown() for r in lines if model is None or r.about(model)][-limit:]
     if as_json:

@@ -463,6 +463,10 @@ class HostEntry(Strict):
         return f"{self.name} ({where}, {self.service_manager}{', ' + self.label if self.label else ''})"
 
 
+NO_INVENTORY_HINT = ("write hosts.yaml (`vllm-orch hosts --example > hosts.yaml` starts one from the "
+                     "commented example) or run `vllm-orch sim up`")
+
+
 class Inventory(Strict):
     hosts: dict[str, HostEntry] = Field(default_factory=dict, description="Hosts by name.")
     groups: dict[str, list[str]] = Field(
@@ -632,7 +636,7 @@ def get_host(inventory: Inventory, name: str) -> HostEntry:
     elif names:
         hint = f"known hosts: {', '.join(names)}"
     else:
-        hint = "no inventory found: write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`"
+        hint = f"no inventory found: {NO_INVENTORY_HINT}"
     raise ConfigError(f"no host named {name!r} in the inventory", hint=hint)
 
 
