@@ -21,6 +21,7 @@ from orchestrator.cli.options import (
     model_argument,
     yes_option,
 )
+from orchestrator.fmt import printable
 
 
 def _manifest_lookups(app):
@@ -72,8 +73,10 @@ def _inventory_lookup(app):
 
 # -- status ----------------------------------------------------------------------------------------
 
-@click.command(epilog=exit_codes("0 every host answered, 1 a host could not be reached (shown with its "
-                                  "error), 2 bad input."))
+@click.command(epilog=exit_codes("0 every host answered and nothing needs attention, 1 a host could not be "
+                                  "reached (shown with its error) or needs attention: a service failed or does "
+                                  "not run, a swap was left half done (each said on stderr; with --prometheus "
+                                  "only an unreachable host: the state is in the figures), 2 bad input."))
 @host_selection(fleet=True, default_all=True)
 @json_option("Print a list with one object per host.")
 @click.option("--prometheus", "as_prometheus", is_flag=True,
@@ -115,7 +118,14 @@ def status(app, hosts, parallel, accept_new_host_key, as_json, as_prometheus):
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
         render_status(console(), results)
-    return 0 if all(r.reachable for r in results) else 1
+    if not all(r.reachable for r in results):
+        return 1
+    if as_prometheus:
+        return 0
+    attention = [line for r in results for line in r.attention()]
+    for line in attention:
+        click.echo(f"needs attention: {printable(line)}", err=True)
+    return 1 if attention else 0
 
 
 # -- history ---------------------------------------------------------------------------------------

@@ -145,6 +145,19 @@ class HostStatus:
         out.pop("history")
         return out
 
+    def attention(self) -> list[str]:
+        """What on this host needs the operator (each one line), for `status`'s exit code: a
+        recorded service that failed or does not run (nothing serves it), a swap left half done.
+        A service asleep or loading is fine."""
+        if not self.reachable:
+            return []                                  # said as the host's error
+        out = [f"{self.host}: {s.name} is {s.state}" + (f" ({s.state_reason})" if s.state_reason else "")
+               for s in self.services if s.state in ("failed", "stopped")]
+        if self.interrupted_swap:
+            out.append(f"{self.host}: a swap is half done ({self.interrupted_swap.get('from')} -> "
+                       f"{self.interrupted_swap.get('to')})")
+        return out
+
 
 def decide_state(service_active: bool, service_failed: bool, health: int | None,
                  listed: bool | None, unit_ready: bool | None = None, restarting: bool = False) -> tuple[str, str]:
