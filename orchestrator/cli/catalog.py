@@ -136,6 +136,24 @@ def validate(app, files):
         raise SystemExit(2)
 
 
+def _local_gpu_names(entry) -> dict[int, str] | None:
+    """A local host's GPU names (this machine's nvidia-smi, as deploy reads them), so that `render`
+    shows the flags its hardware class gives, the flags deploy installs; None for a remote host (not
+    contacted: --hardware CLASS shows a class) or when nvidia-smi cannot be read."""
+    if not entry.is_local:
+        return None
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.host.connect import open_host
+    from orchestrator.host.ownership import read_gpus
+
+    try:
+        with open_host(entry) as host:
+            gpus, _ = read_gpus(host, entry)
+    except (OrchestratorError, OSError):
+        return None
+    return {g.index: g.name for g in gpus if g.index is not None and g.name} or None
+
+
 def _looks_like_inventory(path: Path) -> bool:
     from orchestrator.config.yamlsrc import YamlDoc
 
@@ -168,7 +186,8 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     """Show what a model becomes on a host: the systemd unit (or start script), the env file
     (secrets masked), the vLLM argv, and where each value comes from (the manifest, its
     requires.hardware entry for the class, or the host's service_env and overrides). Nothing is
-    changed anywhere and the host is not contacted: give --hardware for a class's settings.
+    changed anywhere and a remote host is not contacted: give --hardware for a class's settings (a
+    local host, such as the SIMULATED `sim`, is read: its GPUs pick the class, as deploy's do).
     A multi-node model (`multinode:` in its manifest) shows every node's files, headed by the
     node's host and rank.
 
@@ -202,7 +221,8 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     spec = resolve(manifest, entries, request)          # no host is asked: no earlier placement is known
     shown = []
     for entry in entries:
-        eff = effective(manifest, entry, hardware=hardware, spec=spec)
+        eff = effective(manifest, entry, gpu_names=None if hardware else _local_gpu_names(entry),
+                        hardware=hardware, spec=spec)
         shown.append((entry, eff, do_render(eff.manifest, entry, role=spec.role(entry.name), model=spec.model)))
     if out_dir:
         for host, _eff, r in shown:

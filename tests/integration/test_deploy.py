@@ -325,3 +325,23 @@ def test_nothing_of_the_callers_environment_reaches_the_service(sim_host, monkey
     assert b"HF_TOKEN" not in env and b"AWS_SECRET_ACCESS_KEY" not in env, sorted(env)
     assert env[b"PATH"] == b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert env[b"HF_HUB_OFFLINE"] == b"1" and env[b"CUDA_VISIBLE_DEVICES"]      # the env file's, still
+
+
+def test_render_of_a_local_host_shows_the_flags_deploy_installed(sim_host, tmp_path):
+    # `render --host sim` said "hardware class: not known offline" and showed the manifest's own
+    # flags, not the rtx-pro-6000 class's (attention backend, FP8 KV) that deploy installs there.
+    from orchestrator.host.state import read_record
+
+    from .deployhelp import SHIPPED
+
+    m = SHIPPED["kimi-k25-int4"]
+    e = entry(sim_host)
+    assert deploy(e, m).ok
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "render", m.name, "--host", "sim"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="200"))
+    assert out.returncode == 0, out.stderr
+    assert "not known" not in out.stdout and "rtx-pro-6000" in out.stdout, out.stdout[:1500]
+    written = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "render", m.name, "--host", "sim",
+                              "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr
+    assert json.loads((tmp_path / "r" / "argv.json").read_text()) == read_record(sim_host.host, e, m.name).argv
