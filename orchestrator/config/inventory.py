@@ -267,6 +267,12 @@ class HostEntry(Strict):
         None, max_length=40,
         description="A short note shown beside the host's name in plans, `status`, `hosts` and bench "
                     "reports, e.g. `staging` (`vllm-orch sim up` writes `SIMULATED`).")
+    time_scale: float = Field(
+        1.0, ge=1, le=1e6,
+        description="How many times faster than the field this host loads a model: the start-up and "
+                    "downtime vllm-orch expects from a manifest's rates (`loading.*`) are divided by it, "
+                    "and the plan says so. `vllm-orch sim up` writes its `--speed` here for a SIMULATED "
+                    "host; leave it at 1 on a real host. A host's own measured starts are never scaled.")
     disk_reserve_gib: float | None = Field(
         None, ge=0, description="Free space to keep on this host's models disk, in GiB, instead of every "
                                 "manifest's requires.disk_reserve_gib (e.g. a host with a small "

@@ -33,6 +33,7 @@ def test_up_is_idempotent_and_writes_the_inventory(tmp_path, monkeypatch):
     assert e["disk_reserve_gib"] == 20 / manager.DEFAULT_SCALE and e["skip_checks"] == ["flags", "env"]
     assert {h.name: h.label for h in load_inventory().hosts.values()} == {"sim": "SIMULATED", "sim-2": "SIMULATED"}
     assert e["service_manager"] == "process"
+    assert e["time_scale"] == 500 and hosts["sim-2"]["time_scale"] == 500   # --speed: expected times scale
     # process hosts share this machine's network: the second serves on its own port (vLLM's
     # SO_REUSEPORT would let both bind 8000 and mix their requests), the first keeps the manifests'
     assert "overrides" not in e and hosts["sim-2"]["overrides"] == {"*": {"serving": {"port": 8100}}}
