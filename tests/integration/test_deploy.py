@@ -135,6 +135,32 @@ def test_hang_fails_after_the_no_progress_window(sim_host):
     assert "no new log line" in str(result.error)
 
 
+def test_a_hang_is_shown_counting_its_silence_even_without_a_terminal(sim_host, monkeypatch):
+    # Without a terminal nothing was printed after "loading weights" (the log lines only fed a
+    # spinner), and nowhere did a hang say how long it had been silent of its window.
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.ops import execute
+    from orchestrator.ops.deploy import run_deploy
+
+    from .deployhelp import opts
+
+    monkeypatch.setattr(execute, "WAIT_LINE_S", 0.5)
+    e, m = entry(sim_host), on_port("minimax-m25")
+    manager.add_fault("sim", "hang", model=m.name, home=sim_host.home)
+    out = io.StringIO()
+    reporter = execute.Reporter(Console(file=out, force_terminal=False, width=200))
+    result = run_deploy(e, m, opts(no_progress_s=4), reporter, False)
+    assert isinstance(result.error, NotReady) and result.error.kind == "hang"
+    said = [line for line in out.getvalue().splitlines() if "waiting:" in line]
+    assert said and all("of the 4s no-progress window" in line and "start-up budget" in line for line in said), said
+    silent = [int(re.search(r"silent for (\d+)s", line).group(1)) for line in said]
+    assert silent[-1] == max(silent) >= 2, said          # the count grows toward the window
+    assert "last line: " in said[-1], said
+
+
 def test_die_after_ready_is_redeployed(sim_host):
     e, m = entry(sim_host), on_port("minimax-m25")
     manager.add_fault("sim", "die-after-ready", model=m.name, home=sim_host.home)
