@@ -43,6 +43,38 @@ def level_intro(level: Level, opts: BenchOptions, procs: int) -> str:
     return f"[bold]{level.label}[/]: {what}" + (f", {procs} processes" if procs > 1 else "")
 
 
+def run_intro(opts: BenchOptions) -> str:
+    """What a fixed sweep will take at the least, before its first level: every level's warm-up and
+    window, and that a window also waits for its minimum requests (at low concurrency with long
+    answers that is what takes the time; each level's line then says how long it has left)."""
+    levels = opts.levels()
+    warm = max(opts.warmup_s, opts.ramp_up_s)
+    least = sum(warm + opts.duration_s for lv in levels if lv.rate is None or not math.isinf(lv.rate))
+    return (f"[bold]{len(levels)} level{'s' if len(levels) != 1 else ''}[/]: at least {least:.0f} s "
+            f"(each a warm-up of {warm:g} s and a window of >= {opts.duration_s:g} s that also waits for "
+            f"its minimum requests; each level says how long it has left)")
+
+
+def eta(p: dict) -> str:
+    """How long the running level has left, from its progress (loadgen's report): the window's
+    rest or, when slower, the minimum requests at the window's rate so far."""
+    if p.get("phase") != "window" or not p.get("window_s"):
+        return "in warm-up"
+    left_s = max(0.0, p["duration_s"] - p["window_s"])
+    need = p["window_min"] - p["window_done"]
+    if need > 0:
+        if not p["window_done"]:
+            return "the first requests of the window are still running"
+        left_s = max(left_s, need * p["window_s"] / p["window_done"])
+    return f"~{left_s:.0f} s left in this level"
+
+
+def progress_line(p: dict) -> str:
+    return (f"  {p['level']} {p['phase']}: {p['elapsed_s']:.0f} s, {p['completed']} done, "
+            f"{p['in_flight']} in flight, window {p['window_done']}/{p['window_min']} requests, "
+            f"{p['window_s']:.0f}/{p['duration_s']:g} s, {p['errors']} errors; {eta(p)}")
+
+
 def _fmt(x, d: int = 1) -> str:
     return "-" if x is None else f"{x:.{d}f}"
 
