@@ -244,3 +244,20 @@ def test_a_per_service_command_picks_the_only_awake_service_and_names_sleepers_w
     assert "(a (asleep), b, c)" in str(err.value) and "vllm-orch logs b --host h" in str(err.value)
     with pytest.raises(ConfigError):                      # no `asleep`: no guess (stop)
         choose_service(["a", "b"], None, "h", "stop SERVICE --host h")
+
+
+def test_status_names_the_last_deploy_that_changed_the_host_and_counts_the_runs_after_it():
+    # `deploy` again after a deploy made status say "last deploy: ... ok (nothing to do)"; a refused
+    # deploy of another model hid the one that serves.
+    from orchestrator.ops.status import last_deploy
+    history = [{"operation": "deploy", "model": "a", "ok": True, "at": "t1", "seconds": 31.0},
+               {"operation": "bench", "model": "a", "ok": True, "at": "t2"},
+               {"operation": "deploy", "model": "a", "ok": True, "noop": True, "at": "t3", "seconds": 0.4},
+               {"operation": "deploy", "model": "b", "ok": False, "refused": "placement", "at": "t4"}]
+    d = last_deploy(history)
+    assert (d["model"], d["result"], d["seconds"]) == ("a", "ok", 31.0)
+    assert d["later"] == {"runs": 2, "operation": "deploy", "model": "b", "result": "refused", "at": "t4"}
+    failed = last_deploy(history + [{"operation": "swap", "model": "b", "ok": False, "error": "boom", "at": "t5"}])
+    assert failed["result"] == "failed" and "later" not in failed          # a failure changed the host
+    assert last_deploy(history[2:3])["result"] == "ok (nothing to do)"     # nothing else: said as it is
+    assert last_deploy([]) is None
