@@ -32,8 +32,7 @@ from orchestrator.bench.summary import summarize_level
 from orchestrator.bench.tables import (
     level_intro,
     level_line,
-    levels_table,
-    print_wide,
+    print_levels,
     progress_line,
     run_intro,
     search_line,
@@ -186,7 +185,7 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
 
     data["levels"].sort(key=level_sort_key)
     if console is not None and data["levels"]:
-        print_wide(console, levels_table(data["levels"], bool(opts.slo)))
+        print_levels(console, data["levels"], bool(opts.slo))
     data["headline"] = headline(data)
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     files = {"result": "result.json", "requests": "requests.jsonl", "summary_csv": "summary.csv"}

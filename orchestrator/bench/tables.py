@@ -79,17 +79,47 @@ def _fmt(x, d: int = 1) -> str:
     return "-" if x is None else f"{x:.{d}f}"
 
 
-def levels_table(levels: list[dict], with_slo: bool = False):
-    """The per-level table printed at the end of a run."""
+def print_fitted(console, table, parts) -> None:
+    """Print `table` whole when it fits the terminal (or the output is no terminal: at its natural
+    width, print_wide); on a narrower terminal, as the tables `parts()` makes (each with the row
+    names first), one under the other, instead of cutting figures off (80 columns cut the bench's
+    15)."""
+    from rich.measure import Measurement
+
+    if not getattr(console, "is_terminal", False) or \
+            Measurement.get(console, console.options.update(width=10_000), table).maximum <= console.width:
+        print_wide(console, table)
+        return
+    for part in parts():
+        console.print(part)
+
+
+LEVEL_COLUMNS = (("level", "n", "err", "out tok/s", "req/s", "tok/s/user"),
+                 ("TTFT p50", "TTFT p95", "TTFT p99", "TPOT p50", "TPOT p95", "TPOT p99"),
+                 ("E2E p50", "E2E p95", "E2E p99"))
+SLO_COLUMNS = ("good %", "goodput req/s", "goodput tok/s", "SLO")
+
+
+def print_levels(console, levels: list[dict], with_slo: bool = False) -> None:
+    """The per-level table at the end of a run, split by kind of figure on a narrow terminal."""
+    # on a narrow terminal: throughput (with the verdict), TTFT + TPOT, E2E (+ SLO): each led by the level
+    parts = [(*LEVEL_COLUMNS[0], "client"), ("level", *LEVEL_COLUMNS[1]),
+             ("level", *LEVEL_COLUMNS[2], *(SLO_COLUMNS if with_slo else ()))]
+    print_fitted(console, levels_table(levels, with_slo),
+                 lambda: [levels_table(levels, with_slo, only=p) for p in parts])
+
+
+def levels_table(levels: list[dict], with_slo: bool = False, only: tuple[str, ...] | None = None):
+    """The per-level table printed at the end of a run (`only`: these columns, in the table's order)."""
     from rich.table import Table
 
     t = Table(title="bench results (ms; * = p99 from < 100 requests)")
-    cols = ["level", "n", "err", "out tok/s", "req/s", "tok/s/user", "TTFT p50", "TTFT p95",
-            "TTFT p99", "TPOT p50", "TPOT p95", "TPOT p99", "E2E p50", "E2E p95", "E2E p99"]
+    cols = [c for group in LEVEL_COLUMNS for c in group]
     if with_slo:
-        cols += ["good %", "goodput req/s", "goodput tok/s", "SLO"]
+        cols += list(SLO_COLUMNS)
     cols.append("client")
-    for col in cols:
+    keep = [c for c in cols if only is None or c in only]
+    for col in keep:
         t.add_column(col, justify="left" if col == "level" else "right", no_wrap=True)
     for L in levels:
         lat = L["latency_ms"]
@@ -110,7 +140,7 @@ def levels_table(levels: list[dict], with_slo: bool = False):
                     _fmt(s.get("goodput_tok_s")), ("met" if s.get("met") else "[red]missed[/]") if s else "-"]
         verdict = L.get("client_verdict") or ("ok" if L["valid"] else "invalid")
         row.append({"ok": "ok", "marginal": "[yellow]marginal[/]"}.get(verdict, "[red]INVALID[/]"))
-        t.add_row(*row)
+        t.add_row(*[cell for col, cell in zip(cols, row) if col in keep])
     return t
 
 

@@ -68,14 +68,20 @@ def models(app, as_json):
 
         console().print(f"Models in {folder}:", markup=False)
         table = Table()
+        # names and repos fold on a narrow terminal; the short figures keep their width (80 columns
+        # cut them to "GP…", "80…")
         for col in ("name", "repo", "size", "GPUs", "layout", "port"):
-            table.add_column(col, no_wrap=True)
+            short = col in ("size", "GPUs", "port")
+            table.add_column(col, no_wrap=short, overflow="fold", min_width=7 if col == "size" else
+                             len(col) if short else None)
         for r in rows:
             table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]),
                           f"{r['nodes']}x{r['gpus']}" if r["nodes"] > 1 else str(r["gpus"]),
                           r["parallelism"], str(r["port"]))
         out = console()
-        out.print(table)
+        from orchestrator.bench.tables import print_wide
+
+        print_wide(out, table)
         for r in rows:
             if r["description"]:
                 out.print(f"  [bold]{escape(str(r['name']))}[/]: {escape(str(r['description']))}", soft_wrap=True)
@@ -332,8 +338,10 @@ def hosts(app, as_json, example):
 
     table = Table()
     for col in ("host", "address", "service manager", "models root", "vllm"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")      # paths fold on a narrow terminal, never cut
     for h in inv.hosts.values():
         table.add_row(escape(h.display_name), escape(h.address), h.service_manager, escape(h.models_root),
                       escape(h.vllm))
-    console().print(table)
+    from orchestrator.bench.tables import print_wide
+
+    print_wide(console(), table)
