@@ -1,4 +1,5 @@
-"""Where the shipped models/ and templates/ are: the source checkout, else inside the wheel."""
+"""Where the shipped models/, templates/ and hosts.example.yaml are: the source checkout, else inside
+the wheel."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ def shipped_dir(name: str) -> Path:
     if checkout.is_dir() and (_PKG.parent / "pyproject.toml").is_file():
         return checkout
     return _PKG / "_shipped" / name
+
+
+def example_inventory() -> Path:
+    """hosts.example.yaml, the commented example inventory: the checkout's, else the wheel's copy."""
+    checkout = _PKG.parent / "hosts.example.yaml"
+    if checkout.is_file() and (_PKG.parent / "pyproject.toml").is_file():
+        return checkout
+    return _PKG / "_shipped" / "hosts.example.yaml"
 
 
 def package_file(*parts: str) -> Path:

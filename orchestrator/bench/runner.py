@@ -29,7 +29,14 @@ from orchestrator.bench.search import Search
 from orchestrator.bench.shard import run_level_sharded
 from orchestrator.bench.slo import describe
 from orchestrator.bench.summary import summarize_level
-from orchestrator.bench.tables import level_intro, level_line, levels_table, print_wide, search_line
+from orchestrator.bench.tables import (
+    level_intro,
+    level_line,
+    print_levels,
+    progress_line,
+    run_intro,
+    search_line,
+)
 from orchestrator.bench.tokenizer import size_prompts
 
 
@@ -145,9 +152,10 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
             if procs > 1:
                 run = await run_level_sharded(base_url, model, level, opts, procs, sized.bodies)
             elif level.rate is None:
-                run = await run_level(ep, factory, level.concurrency or 1, opts, progress=_progress_fn(live))
+                run = await run_level(ep, factory, level.concurrency or 1, opts,
+                                      progress=_progress_fn(live, console))
             else:
-                run = await run_open_level(ep, factory, level.rate, opts, progress=_progress_fn(live))
+                run = await run_open_level(ep, factory, level.rate, opts, progress=_progress_fn(live, console))
         finally:
             if live is not None:
                 live.stop()
@@ -171,12 +179,13 @@ async def _run(base_url: str, model: str, opts: BenchOptions, meta: dict, out: P
         data["search"] = {"kind": "rate" if opts.open_loop else "concurrency", **search.result()}
         _say(console, search_line(data["search"]))
     else:
+        _say(console, run_intro(opts))
         for level in opts.levels():
             await run_one(level)
 
     data["levels"].sort(key=level_sort_key)
     if console is not None and data["levels"]:
-        print_wide(console, levels_table(data["levels"], bool(opts.slo)))
+        print_levels(console, data["levels"], bool(opts.slo))
     data["headline"] = headline(data)
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     files = {"result": "result.json", "requests": "requests.jsonl", "summary_csv": "summary.csv"}
@@ -222,17 +231,26 @@ def _live(console):
     return live
 
 
-def _progress_fn(live):
-    if live is None:
+PROGRESS_LINE_S = 15.0      # without a terminal: one progress line (with the level's ETA) this often
+
+
+def _progress_fn(live, console=None):
+    """The running level's progress and time left: a live line on a terminal, else (a pipe, a CI
+    log) a printed line every PROGRESS_LINE_S; None without a console."""
+    if live is None and console is None:
         return None
-    state = {"last": 0.0}
+    state = {"last": time.monotonic() if live is None else 0.0}
+    every = 0.5 if live is not None else PROGRESS_LINE_S
 
     def show(p: dict) -> None:
         now = time.monotonic()
-        if now - state["last"] < 0.5:
+        if now - state["last"] < every:
             return
         state["last"] = now
-        live.update(f"  {p['level']} {p['phase']}: {p['elapsed_s']:.0f} s, {p['completed']} done, "
-                    f"{p['in_flight']} in flight, window {p['window_done']}/{p['window_min']} requests, "
-                    f"{p['window_s']:.0f}/{p['duration_s']:g} s, {p['errors']} errors", refresh=True)
+        if live is not None:
+            live.update(progress_line(p), refresh=True)
+        else:
+            from orchestrator.fmt import escape
+
+            _say(console, escape(progress_line(p)))
     return show

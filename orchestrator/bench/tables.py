@@ -43,21 +43,83 @@ def level_intro(level: Level, opts: BenchOptions, procs: int) -> str:
     return f"[bold]{level.label}[/]: {what}" + (f", {procs} processes" if procs > 1 else "")
 
 
+def run_intro(opts: BenchOptions) -> str:
+    """What a fixed sweep will take at the least, before its first level: every level's warm-up and
+    window, and that a window also waits for its minimum requests (at low concurrency with long
+    answers that is what takes the time; each level's line then says how long it has left)."""
+    levels = opts.levels()
+    warm = max(opts.warmup_s, opts.ramp_up_s)
+    least = sum(warm + opts.duration_s for lv in levels if lv.rate is None or not math.isinf(lv.rate))
+    return (f"[bold]{len(levels)} level{'s' if len(levels) != 1 else ''}[/]: at least {least:.0f} s "
+            f"(each a warm-up of {warm:g} s and a window of >= {opts.duration_s:g} s that also waits for "
+            f"its minimum requests; each level says how long it has left)")
+
+
+def eta(p: dict) -> str:
+    """How long the running level has left, from its progress (loadgen's report): the window's
+    rest or, when slower, the minimum requests at the window's rate so far."""
+    if p.get("phase") != "window" or not p.get("window_s"):
+        return "in warm-up"
+    left_s = max(0.0, p["duration_s"] - p["window_s"])
+    need = p["window_min"] - p["window_done"]
+    if need > 0:
+        if not p["window_done"]:
+            return "the first requests of the window are still running"
+        left_s = max(left_s, need * p["window_s"] / p["window_done"])
+    return f"~{left_s:.0f} s left in this level"
+
+
+def progress_line(p: dict) -> str:
+    return (f"  {p['level']} {p['phase']}: {p['elapsed_s']:.0f} s, {p['completed']} done, "
+            f"{p['in_flight']} in flight, window {p['window_done']}/{p['window_min']} requests, "
+            f"{p['window_s']:.0f}/{p['duration_s']:g} s, {p['errors']} errors; {eta(p)}")
+
+
 def _fmt(x, d: int = 1) -> str:
     return "-" if x is None else f"{x:.{d}f}"
 
 
-def levels_table(levels: list[dict], with_slo: bool = False):
-    """The per-level table printed at the end of a run."""
+def print_fitted(console, table, parts) -> None:
+    """Print `table` whole when it fits the terminal (or the output is no terminal: at its natural
+    width, print_wide); on a narrower terminal, as the tables `parts()` makes (each with the row
+    names first), one under the other, instead of cutting figures off (80 columns cut the bench's
+    15)."""
+    from rich.measure import Measurement
+
+    if not getattr(console, "is_terminal", False) or \
+            Measurement.get(console, console.options.update(width=10_000), table).maximum <= console.width:
+        print_wide(console, table)
+        return
+    for part in parts():
+        console.print(part)
+
+
+LEVEL_COLUMNS = (("level", "n", "err", "out tok/s", "req/s", "tok/s/user"),
+                 ("TTFT p50", "TTFT p95", "TTFT p99", "TPOT p50", "TPOT p95", "TPOT p99"),
+                 ("E2E p50", "E2E p95", "E2E p99"))
+SLO_COLUMNS = ("good %", "goodput req/s", "goodput tok/s", "SLO")
+
+
+def print_levels(console, levels: list[dict], with_slo: bool = False) -> None:
+    """The per-level table at the end of a run, split by kind of figure on a narrow terminal."""
+    # on a narrow terminal: throughput (with the verdict), TTFT + TPOT, E2E (+ SLO): each led by the level
+    parts = [(*LEVEL_COLUMNS[0], "client"), ("level", *LEVEL_COLUMNS[1]),
+             ("level", *LEVEL_COLUMNS[2], *(SLO_COLUMNS if with_slo else ()))]
+    print_fitted(console, levels_table(levels, with_slo),
+                 lambda: [levels_table(levels, with_slo, only=p) for p in parts])
+
+
+def levels_table(levels: list[dict], with_slo: bool = False, only: tuple[str, ...] | None = None):
+    """The per-level table printed at the end of a run (`only`: these columns, in the table's order)."""
     from rich.table import Table
 
     t = Table(title="bench results (ms; * = p99 from < 100 requests)")
-    cols = ["level", "n", "err", "out tok/s", "req/s", "tok/s/user", "TTFT p50", "TTFT p95",
-            "TTFT p99", "TPOT p50", "TPOT p95", "TPOT p99", "E2E p50", "E2E p95", "E2E p99"]
+    cols = [c for group in LEVEL_COLUMNS for c in group]
     if with_slo:
-        cols += ["good %", "goodput req/s", "goodput tok/s", "SLO"]
+        cols += list(SLO_COLUMNS)
     cols.append("client")
-    for col in cols:
+    keep = [c for c in cols if only is None or c in only]
+    for col in keep:
         t.add_column(col, justify="left" if col == "level" else "right", no_wrap=True)
     for L in levels:
         lat = L["latency_ms"]
@@ -78,7 +140,7 @@ def levels_table(levels: list[dict], with_slo: bool = False):
                     _fmt(s.get("goodput_tok_s")), ("met" if s.get("met") else "[red]missed[/]") if s else "-"]
         verdict = L.get("client_verdict") or ("ok" if L["valid"] else "invalid")
         row.append({"ok": "ok", "marginal": "[yellow]marginal[/]"}.get(verdict, "[red]INVALID[/]"))
-        t.add_row(*row)
+        t.add_row(*[cell for col, cell in zip(cols, row) if col in keep])
     return t
 
 

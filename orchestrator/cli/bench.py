@@ -375,7 +375,8 @@ def host_target(app, host_name: str, model: str | None, accept_new_host_key: boo
         raise ConfigError(f"{host_name} serves {', '.join(sorted(records))}, not {model!r}",
                           hint=f"vllm-orch swap {model} --host {host_name}")
     try:
-        name = match[0] if match else choose_service(records, None, host_name, f"bench --host {host_name} SERVICE")
+        name = match[0] if match else choose_service(records, None, host_name, f"bench --host {host_name} SERVICE",
+                                                           asleep=[n for n, r in records.items() if r.asleep])
     except ConfigError:
         host.close()
         raise

@@ -67,14 +67,20 @@ def models(app, as_json):
 
         console().print(f"Models in {folder}:", markup=False)
         table = Table()
+        # names and repos fold on a narrow terminal; the short figures keep their width (80 columns
+        # cut them to "GP…", "80…")
         for col in ("name", "repo", "size", "GPUs", "layout", "port"):
-            table.add_column(col, no_wrap=True)
+            short = col in ("size", "GPUs", "port")
+            table.add_column(col, no_wrap=short, overflow="fold", min_width=7 if col == "size" else
+                             len(col) if short else None)
         for r in rows:
             table.add_row(escape(str(r["name"])), escape(str(r["repo"])), _size(r["bytes"]),
                           f"{r['nodes']}x{r['gpus']}" if r["nodes"] > 1 else str(r["gpus"]),
                           r["parallelism"], str(r["port"]))
         out = console()
-        out.print(table)
+        from orchestrator.bench.tables import print_wide
+
+        print_wide(out, table)
         for r in rows:
             if r["description"]:
                 out.print(f"  [bold]{escape(str(r['name']))}[/]: {escape(str(r['description']))}", soft_wrap=True)
@@ -91,7 +97,7 @@ def validate(app, files):
     """Check manifests and inventories: every problem with file, line and field path.
 
     With no FILES, checks every manifest of the models folder, the inventory in use and the extra
-    inventory files (hosts.d). A file is treated as an inventory when it has a top-level `hosts:` key.
+    inventory files (hosts.d). A file is treated as an inventory when it has a top-level `hosts:` or `groups:` key.
 
     \b
     Example:
@@ -134,6 +140,24 @@ def validate(app, files):
         raise SystemExit(2)
 
 
+def _local_gpu_names(entry) -> dict[int, str] | None:
+    """A local host's GPU names (this machine's nvidia-smi, as deploy reads them), so that `render`
+    shows the flags its hardware class gives, the flags deploy installs; None for a remote host (not
+    contacted: --hardware CLASS shows a class) or when nvidia-smi cannot be read."""
+    if not entry.is_local:
+        return None
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.host.connect import open_host
+    from orchestrator.host.ownership import read_gpus
+
+    try:
+        with open_host(entry) as host:
+            gpus, _ = read_gpus(host, entry)
+    except (OrchestratorError, OSError):
+        return None
+    return {g.index: g.name for g in gpus if g.index is not None and g.name} or None
+
+
 def _looks_like_inventory(path: Path) -> bool:
     from orchestrator.config.yamlsrc import YamlDoc
 
@@ -141,7 +165,11 @@ def _looks_like_inventory(path: Path) -> bool:
         data = YamlDoc(path, str(path)).data       # the same guarded reading as the real load
     except ConfigError:
         return False                               # loaded as a manifest, which reports the problem
-    return isinstance(data, dict) and "hosts" in data
+    # An inventory's top-level keys are its fields (`hosts`, `groups`): a file of groups alone, for
+    # hosts written in another file, is an inventory too (it was read as a manifest).
+    from orchestrator.config.inventory import Inventory
+
+    return isinstance(data, dict) and bool(set(data) & set(Inventory.model_fields))
 
 
 @click.command(epilog=exit_codes("0 ok, 2 bad input (unknown model or host, invalid manifest, a multi-node "
@@ -162,7 +190,8 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     """Show what a model becomes on a host: the systemd unit (or start script), the env file
     (secrets masked), the vLLM argv, and where each value comes from (the manifest, its
     requires.hardware entry for the class, or the host's service_env and overrides). Nothing is
-    changed anywhere and the host is not contacted: give --hardware for a class's settings.
+    changed anywhere and a remote host is not contacted: give --hardware for a class's settings (a
+    local host, such as the SIMULATED `sim`, is read: its GPUs pick the class, as deploy's do).
     A multi-node model (`multinode:` in its manifest) shows every node's files, headed by the
     node's host and rank.
 
@@ -196,7 +225,8 @@ def render(app, model, host_name, hardware, out_dir, service_name, gpus, port):
     spec = resolve(manifest, entries, request)          # no host is asked: no earlier placement is known
     shown = []
     for entry in entries:
-        eff = effective(manifest, entry, hardware=hardware, spec=spec)
+        eff = effective(manifest, entry, gpu_names=None if hardware else _local_gpu_names(entry),
+                        hardware=hardware, spec=spec)
         shown.append((entry, eff, do_render(eff.manifest, entry, role=spec.role(entry.name), model=spec.model)))
     if out_dir:
         for host, _eff, r in shown:
@@ -274,23 +304,32 @@ def schema(for_hosts, for_records):
 
 @click.command(epilog=exit_codes("0 ok, 2 an inventory file is invalid."))
 @json_option("Print JSON.")
+@click.option("--example", is_flag=True,
+              help="Print the commented example inventory (hosts.example.yaml, shipped in the package) "
+                   "and exit: a start for your hosts.yaml.")
 @pass_app
-def hosts(app, as_json):
+def hosts(app, as_json, example):
     """List the hosts of the inventory: yours, plus those of the extra inventory files (hosts.d),
     such as the SIMULATED ones of `vllm-orch sim up`.
 
     \b
     Example:
       vllm-orch hosts
+      vllm-orch hosts --example > hosts.yaml     # then edit it
     """
-    from orchestrator.config.inventory import load_inventory
+    from orchestrator.config.inventory import NO_INVENTORY_HINT, load_inventory
 
+    if example:
+        from orchestrator.paths import example_inventory
+
+        click.echo(example_inventory().read_text(), nl=False)
+        return
     inv = load_inventory(app.inventory_path)
     if as_json:
         click.echo(json.dumps([h.model_dump() for h in inv.hosts.values()], indent=2))
         return
     if not inv.hosts:
-        console().print("No hosts. Write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`.")
+        console().print(f"No hosts: {NO_INVENTORY_HINT}.", markup=False)
         return
     from rich.table import Table
 
@@ -298,8 +337,10 @@ def hosts(app, as_json):
 
     table = Table()
     for col in ("host", "address", "service manager", "models root", "vllm"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")      # paths fold on a narrow terminal, never cut
     for h in inv.hosts.values():
         table.add_row(escape(h.display_name), escape(h.address), h.service_manager, escape(h.models_root),
                       escape(h.vllm))
-    console().print(table)
+    from orchestrator.bench.tables import print_wide
+
+    print_wide(console(), table)

@@ -208,13 +208,23 @@ def check(app, model, hosts, parallel, accept_new_host_key, skip_checks, verify_
 def preflight_on(entry, m, request, opts, accept_new_host_key: bool, nodes):
     """The preflight action of model M as the service `request` names on one host (a node of a
     multi-node service among `nodes`, checked with its own argv) and its refusal (None: every
-    check passed)."""
+    check passed). The placement is checked as deploy checks it first (its name, GPUs and ports
+    against the host's other services): a check that passes is a deploy that is not refused there."""
     from orchestrator.ops import gather
     from orchestrator.ops.session import session
+    from orchestrator.plan.placements import clash_refusal, name_refusal
     from orchestrator.plan.prepare import preflight_action
 
     with session(entry, f"check {request.name or m.name}", True, accept_new_host_key) as s:
         facts = gather.host_facts(s.host, entry, m, request, nodes=list(nodes) if m.multinode is not None else ())
         spec = gather.service_spec(m, list(nodes) if m.multinode is not None else [entry], request,
                                    {entry.name: facts})
-        return preflight_action(gather.for_check(s.host, entry, m, spec, opts, s.lock, facts))
+        inp = gather.for_check(s.host, entry, m, spec, opts, s.lock, facts)
+        action, refusal = preflight_action(inp)
+        placement = name_refusal(inp.facts, inp.target, entry.name) or clash_refusal(inp.facts, inp.target,
+                                                                                      entry.name)
+        if placement is not None:
+            action.details.append(f"{'FAIL':<7} placement: {placement.message}")
+            action.summary = f"{action.summary}; the placement is refused"
+            refusal = refusal or placement
+        return action, refusal

@@ -72,8 +72,10 @@ def _inventory_lookup(app):
 
 # -- status ----------------------------------------------------------------------------------------
 
-@click.command(epilog=exit_codes("0 every host answered, 1 a host could not be reached (shown with its "
-                                  "error), 2 bad input."))
+@click.command(epilog=exit_codes("0 every host answered and nothing needs attention, 1 a host could not be "
+                                  "reached (shown with its error) or needs attention: a service failed or does "
+                                  "not run, a swap was left half done (each said on stderr; with --prometheus "
+                                  "only an unreachable host: the state is in the figures), 2 bad input."))
 @host_selection(fleet=True, default_all=True)
 @json_option("Print a list with one object per host.")
 @click.option("--prometheus", "as_prometheus", is_flag=True,
@@ -115,7 +117,14 @@ def status(app, hosts, parallel, accept_new_host_key, as_json, as_prometheus):
         click.echo(json.dumps([r.as_dict() for r in results], indent=2, default=str))
     else:
         render_status(console(), results)
-    return 0 if all(r.reachable for r in results) else 1
+    if not all(r.reachable for r in results):
+        return 1
+    if as_prometheus:
+        return 0
+    attention = [line for r in results for line in r.attention()]
+    for line in attention:
+        click.echo(f"needs attention: {printable(line)}", err=True)
+    return 1 if attention else 0
 
 
 # -- history ---------------------------------------------------------------------------------------
@@ -149,7 +158,9 @@ def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_jso
     model = model or model_opt
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
-            choose_service(read_records(host, entry), None, entry.name, f"history SERVICE --host {entry.name}")
+            services = read_records(host, entry)
+            choose_service(services, None, entry.name, f"history SERVICE --host {entry.name}",
+                           asleep=[n for n, r in services.items() if r.asleep])
         lines = read_history(host, entry)
     records = [r.shown() for r in lines if model is None or r.about(model)][-limit:]
     if as_json:
@@ -158,15 +169,18 @@ def history(app, model, host_name, accept_new_host_key, limit, model_opt, as_jso
     render_history(console(), entry.name, records)
 
 
-def the_only_service(host, entry, command: str) -> str:
-    """The service a per-service command (stop, logs) means when none is named: the host's only one.
-    Several, or none recorded: exit 2 in one line (naming them, or pointing at status)."""
+def the_only_service(host, entry, command: str, *, prefer_awake: bool = False) -> str:
+    """The service a per-service command (stop, logs) means when none is named: the host's only one
+    (with `prefer_awake`, for commands that change nothing: else its only awake one). Several, or
+    none recorded: exit 2 in one line (naming them, or pointing at status)."""
     from orchestrator.config.placement import choose_service
     from orchestrator.errors import ConfigError
     from orchestrator.host.state import read_records
 
     usage = f"{command} SERVICE --host {entry.name}"
-    name = choose_service(read_records(host, entry), None, entry.name, usage)
+    records = read_records(host, entry)
+    name = choose_service(records, None, entry.name, usage,
+                          asleep=[n for n, r in records.items() if r.asleep] if prefer_awake else ())
     if name is None:
         raise ConfigError(f"{entry.name} runs no recorded service: name one (`vllm-orch {usage}`)",
                           hint="vllm-orch status")
@@ -209,7 +223,7 @@ def logs(app, model, host_name, accept_new_host_key, since_deploy, follow, lines
     entry = load_host_entry(app, host_name)
     with open_host(entry, accept_new_host_key) as host:
         if model is None:
-            model = the_only_service(host, entry, "logs")
+            model = the_only_service(host, entry, "logs", prefer_awake=True)
         if read_installed(host, entry, model) is None:
             listing = host.run(["ls", f"{entry.state_dir}/installed"])
             names = sorted(n[:-5] for n in listing.stdout.split() if n.endswith(".json"))

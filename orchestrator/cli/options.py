@@ -116,8 +116,8 @@ def host_selection(fleet: bool, default_all: bool = False, parallel: bool = True
             inventory = load_inventory(app.inventory_path if app is not None else None)
             entries = select_hosts(inventory, names, list(group_names), all_hosts)
             if not entries:
-                raise ConfigError("no hosts in the inventory",
-                                  hint="write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`")
+                from orchestrator.config.inventory import NO_INVENTORY_HINT
+                raise ConfigError("no hosts in the inventory", hint=NO_INVENTORY_HINT)
             if fleet:
                 kwargs["hosts"] = entries
             elif len(entries) > 1:

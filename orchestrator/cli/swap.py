@@ -130,6 +130,9 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
                             f"load took {extra.get('load_s', 0):.1f}s)")
             if extra.get("warm"):
                 console().print(f"warm-up: {warm_summary(extra['warm'])}")
+        elif extra.get("nothing_served") and result.ok:
+            console().print(f"downtime: not measured: nothing served before this swap (it ended an outage it "
+                            f"did not start); the new model's load took {extra.get('load_s', 0):.1f}s")
         if "rollback" in extra:
             rb = extra["rollback"]
             style = "green" if rb["ok"] else "bold red"

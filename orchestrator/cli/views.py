@@ -211,6 +211,11 @@ def render_host_details(console, r: HostStatus) -> None:
             line += f" (took {fmt_duration(d['seconds'])})"
         if d.get("error"):
             line += f": {d['error']}"
+        if d.get("later"):
+            later = d["later"]
+            line += (f"; since then {later['runs']} run{'s' if later['runs'] != 1 else ''} that changed nothing "
+                     f"(the last: {later.get('operation')} {later.get('model', '?')} {later.get('result')} "
+                     f"{since_iso(later.get('at'))})")
         console.print(line, markup=False)
     if r.last_bench:
         b = r.last_bench

@@ -267,6 +267,12 @@ class HostEntry(Strict):
         None, max_length=40,
         description="A short note shown beside the host's name in plans, `status`, `hosts` and bench "
                     "reports, e.g. `staging` (`vllm-orch sim up` writes `SIMULATED`).")
+    time_scale: float = Field(
+        1.0, ge=1, le=1e6,
+        description="How many times faster than the field this host loads a model: the start-up and "
+                    "downtime vllm-orch expects from a manifest's rates (`loading.*`) are divided by it, "
+                    "and the plan says so. `vllm-orch sim up` writes its `--speed` here for a SIMULATED "
+                    "host; leave it at 1 on a real host. A host's own measured starts are never scaled.")
     disk_reserve_gib: float | None = Field(
         None, ge=0, description="Free space to keep on this host's models disk, in GiB, instead of every "
                                 "manifest's requires.disk_reserve_gib (e.g. a host with a small "
@@ -463,6 +469,10 @@ class HostEntry(Strict):
         return f"{self.name} ({where}, {self.service_manager}{', ' + self.label if self.label else ''})"
 
 
+NO_INVENTORY_HINT = ("write hosts.yaml (`vllm-orch hosts --example > hosts.yaml` starts one from the "
+                     "commented example) or run `vllm-orch sim up`")
+
+
 class Inventory(Strict):
     hosts: dict[str, HostEntry] = Field(default_factory=dict, description="Hosts by name.")
     groups: dict[str, list[str]] = Field(
@@ -632,7 +642,7 @@ def get_host(inventory: Inventory, name: str) -> HostEntry:
     elif names:
         hint = f"known hosts: {', '.join(names)}"
     else:
-        hint = "no inventory found: write hosts.yaml (see hosts.example.yaml) or run `vllm-orch sim up`"
+        hint = f"no inventory found: {NO_INVENTORY_HINT}"
     raise ConfigError(f"no host named {name!r} in the inventory", hint=hint)
 
 

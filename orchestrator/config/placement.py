@@ -101,15 +101,23 @@ class Placement:
         return " and ".join(what) or None
 
 
-def choose_service(names: Iterable[str], given: str | None, host: str, usage: str) -> str | None:
-    """The service a per-service command (stop, logs, history, bench --host) is about: the one
-    given, else the only one on the host; with several and none given, ask for it (exit 2).
-    `usage`: the command with SERVICE where the name goes, e.g. `stop SERVICE --host gpu1`."""
+def choose_service(names: Iterable[str], given: str | None, host: str, usage: str, *,
+                   asleep: Iterable[str] = ()) -> str | None:
+    """The service a per-service command (logs, history, bench --host) is about: the one given,
+    else the only one on the host, else the only one AWAKE (a sleeping service shares its GPUs and
+    serves nothing until woken); with several awake and none given, ask for it (exit 2), suggesting
+    an awake one. `usage`: the command with SERVICE where the name goes, e.g. `logs SERVICE --host gpu1`.
+    `asleep`: which of `names` sleep (leave it empty where a guess would be harmful, as for stop)."""
     known = sorted(set(names))
     if given is not None or len(known) <= 1:
         return given if given is not None else (known[0] if known else None)
-    raise ConfigError(f"{host} runs several services ({', '.join(known)}): name one, "
-                      f"e.g. `vllm-orch {usage.replace('SERVICE', known[0])}`")
+    sleeping = set(asleep)
+    awake = [n for n in known if n not in sleeping]
+    if len(awake) == 1:
+        return awake[0]
+    shown = ", ".join(f"{n} (asleep)" if n in sleeping else n for n in known)
+    raise ConfigError(f"{host} runs several services ({shown}): name one, "
+                      f"e.g. `vllm-orch {usage.replace('SERVICE', (awake or known)[0])}`")
 
 
 @dataclass(frozen=True)

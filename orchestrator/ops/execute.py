@@ -43,6 +43,9 @@ class StepResult:
                 "seconds": round(self.seconds, 3), "result": self.result}
 
 
+WAIT_LINE_S = 30.0       # without a terminal: one "waiting: silent for ..." line per this many seconds
+
+
 class Reporter:
     """Live human output. `quiet` (for --json) prints nothing."""
 
@@ -50,6 +53,8 @@ class Reporter:
         self.console = console
         self.quiet = quiet or console is None
         self._status: Any = None                     # a rich Status while readiness waits
+        self._last_log = ""                          # the service's last log line (the status shows it)
+        self._waited_at: float | None = None         # when a non-terminal last got a "waiting" line
 
     def _emit(self, *args, **kw) -> None:
         try:
@@ -91,6 +96,7 @@ class Reporter:
 
     def step_end(self, res: StepResult) -> None:
         self._stop_status()
+        self._waited_at, self._last_log = None, ""
         if self.quiet:
             return
         style = {"done": "green", "skipped": "dim", "failed": "red"}.get(res.status, "")
@@ -114,8 +120,20 @@ class Reporter:
         elif kind == "phase":
             self._emit(f"      [cyan]loading[/]: {escape(text)}")
         elif kind == "log":
+            self._last_log = text
             if self._status is not None:
                 self._status.update(f"[dim]{escape(text[:110])}[/]")
+        elif kind == "wait":
+            # how long the loading service has been silent: in the spinner on a terminal; elsewhere (a
+            # pipe, a CI log, nohup) a line every WAIT_LINE_S, so a long load is never a mute stretch
+            if self._status is not None and self.console.is_terminal:
+                self._status.update(f"[dim]{escape(self._last_log[:80])}[/] ({escape(text)})")
+            elif self._waited_at is None:
+                self._waited_at = time.monotonic()
+            elif time.monotonic() - self._waited_at >= WAIT_LINE_S:
+                self._waited_at = time.monotonic()
+                last = f"; last line: {self._last_log[:100]}" if self._last_log else ""
+                self._emit(f"      waiting: {text}{last}", markup=False, highlight=False, soft_wrap=True)
         elif kind == "warn":
             self.console.print(f"      [yellow]warning[/]: {escape(text)}", soft_wrap=True)
         else:

@@ -145,6 +145,19 @@ class HostStatus:
         out.pop("history")
         return out
 
+    def attention(self) -> list[str]:
+        """What on this host needs the operator (each one line), for `status`'s exit code: a
+        recorded service that failed or does not run (nothing serves it), a swap left half done.
+        A service asleep or loading is fine."""
+        if not self.reachable:
+            return []                                  # said as the host's error
+        out = [f"{self.host}: {s.name} is {s.state}" + (f" ({s.state_reason})" if s.state_reason else "")
+               for s in self.services if s.state in ("failed", "stopped")]
+        if self.interrupted_swap:
+            out.append(f"{self.host}: a swap is half done ({self.interrupted_swap.get('from')} -> "
+                       f"{self.interrupted_swap.get('to')})")
+        return out
+
 
 def decide_state(service_active: bool, service_failed: bool, health: int | None,
                  listed: bool | None, unit_ready: bool | None = None, restarting: bool = False) -> tuple[str, str]:
@@ -194,6 +207,25 @@ def last_record(history: list[dict], operations: tuple[str, ...]) -> dict | None
         if rec.get("operation") in operations:
             return rec
     return None
+
+
+def last_deploy(history: list[dict]) -> dict | None:
+    """The last deploy, swap or rollback that changed the host (it ran, or failed part-way): a
+    later run that changed nothing (nothing to do, refused) was named as the host's last deploy
+    (`deploy` again after a deploy: "ok (nothing to do)", took 0.4 s). Those later runs are counted
+    in `later`, the newest named."""
+    runs = [r for r in history if r.get("operation") in DEPLOY_OPS]
+    changed = next((i for i in range(len(runs) - 1, -1, -1)
+                    if not runs[i].get("noop") and not runs[i].get("refused")), None)
+    if changed is None:
+        return deploy_summary(runs[-1]) if runs else None
+    out = deploy_summary(runs[changed])
+    after = runs[changed + 1:]
+    if out is not None and after:
+        newest = deploy_summary(after[-1]) or {}
+        out["later"] = {"runs": len(after), "operation": newest.get("operation"), "model": newest.get("model"),
+                        "result": newest.get("result"), "at": newest.get("at")}
+    return out
 
 
 def deploy_summary(rec: dict | None) -> dict | None:
@@ -327,7 +359,7 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
                   "verified": d.complete, "ours": d.ours, "active": d.name in recorded,
                   "running": d.name in running}
                  for d in sorted(facts.models.values(), key=lambda d: d.name)]
-    st.last_deploy = deploy_summary(last_record(history, DEPLOY_OPS))
+    st.last_deploy = last_deploy(history)
     st.last_bench = bench_summary(last_record(history, ("bench",)))
 
 

@@ -142,8 +142,12 @@ def _read_outcome(result: OpResult, head: RunEnv, inputs: Sequence[PlanInput], e
     ready = head.record.ready.get(name)
     stopped = [e.record.stopped_at for e in envs.values() if e.record.stopped_at is not None]
     if outcome.ok:
-        result.extra["downtime_s"] = round(head.record.ready_at - min(stopped), 3) \
-            if stopped and head.record.ready_at is not None else 0.0
+        if stopped and head.record.ready_at is not None:
+            result.extra["downtime_s"] = round(head.record.ready_at - min(stopped), 3)
+        elif not stopped:
+            # nothing was stopped or put to sleep: nothing served before this swap (a failed service,
+            # a failed rollback), so it ended a downtime it did not start and cannot measure
+            result.extra["nothing_served"] = True
         if ready is not None:
             result.extra["load_s"] = round(ready.seconds, 3)
     old_name, rb = result.extra.get("from"), outcome.recovery

@@ -481,14 +481,17 @@ def record_action(inp: PlanInput, enabled: bool = False, ends_swap: bool = False
 def rerecord_action(svc: ServiceInput, step: str = "record") -> Action:
     """After a restart with the files rendered now (regen --restart, a rollback that started an old
     service from files newer than it last ran), the service's record says how it runs: the hashes,
-    its command line, GPUs, port and served name (what the overlap check and status trust); its
-    revision and deploy time stay (which weights it serves did not change)."""
+    its command line, GPUs, port and served name (what the overlap check and status trust), and the
+    canary the restart's ready gate took (sleep mode: the answer its next wake is checked against; a
+    regen that turned sleep mode on had none to keep); its revision and deploy time stay (which
+    weights it serves did not change)."""
     r, s = svc.rendered, svc.manifest.serving
 
     def run(env: RunEnv) -> str:
+        canary = env.record.canaries.get(svc.name)
         if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash,
                                argv=list(r.argv), gpus=list(s.visible_devices), port=s.port,
-                               served_name=svc.manifest.served_name):
+                               served_name=svc.manifest.served_name, **({"canary": canary} if canary else {})):
             return f"services/{svc.name}.json: how it runs now (hashes, command line, GPUs, port)"
         return f"{svc.name} has no record (it was never recorded serving): nothing to update"
 

@@ -23,7 +23,7 @@ loading.other_seconds (declared or measured rates from the manifest).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
@@ -113,6 +113,15 @@ class Expected:
     cached_now: int
     cached_after: int | None
     measured: Measured | None = None
+    time_scale: float = 1.0     # the host loads this many times faster than the field (a SIMULATED one)
+
+    def on_host(self, time_scale: float) -> Expected:
+        """The estimate on a host `time_scale` times faster than the field (inventory `time_scale`,
+        what `sim up --speed` writes). A host's own measured start is its own pace: never scaled."""
+        if time_scale == 1 or self.measured is not None:
+            return self
+        return replace(self, cold_s=self.cold_s / time_scale, time_scale=time_scale,
+                       warm_s=None if self.warm_s is None else self.warm_s / time_scale)
 
     def as_dict(self) -> dict:
         return {"cold_s": round(self.cold_s, 1), "warm_s": None if self.warm_s is None else round(self.warm_s, 1)}
@@ -130,9 +139,12 @@ class Expected:
                     f"the weights" + (f", {rates}" if rates else "") + "; the rest manifest loading.*)")
         other = f"{r.other_seconds:g} s of compile and graphs" if r.other_seconds else \
             "compile and graphs not declared (loading.other_seconds)"
+        scaled = "" if self.time_scale == 1 else (
+            f"; this host loads {self.time_scale:g}x faster than that (inventory time_scale: SIMULATED), "
+            f"{fmt_duration(self.cold_s * self.time_scale)} without warming in the field")
         return (f"expected {what}: {fmt_duration(self.cold_s)} without warming, {with_warm} "
                 f"({fmt_bytes(self.total)} of weights at {r.disk_mb_s:g} MB/s from disk or {r.cached_mb_s:g} MB/s "
-                f"from the page cache, + {other}; manifest loading.*)")
+                f"from the page cache, + {other}; manifest loading.*{scaled})")
 
 
 def expected(m: Manifest, total: int, cached_now: int, b: Budget | None, weights: int | None = None,
@@ -186,7 +198,7 @@ def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downt
     m, entry, facts = inp.target.manifest, inp.entry, inp.warm
     b = budget_for(inp.facts.memory, m, entry)
     total, cached_now, weights = model_bytes(inp, facts)
-    exp = expected(m, total, cached_now, b, weights, inp.measured)
+    exp = expected(m, total, cached_now, b, weights, inp.measured).on_host(entry.time_scale)
     estimate = exp.text(m, what)
     if not inp.opts.warm:
         return Action("warm", f"nothing to do, because warming is off (--no-warm); {estimate}", noop=True), exp

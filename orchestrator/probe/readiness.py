@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from orchestrator.config.manifest import Manifest
 from orchestrator.errors import ConnectError, DeployFailed
+from orchestrator.fmt import fmt_duration
 from orchestrator.host import cancel
 from orchestrator.host.base import Host
 from orchestrator.host.services import Service
@@ -320,6 +321,9 @@ def wait_ready(host: Host, service: Service, m: Manifest, cursor: str, *,
             on_event("gate", UNIT_GATE)
             return Ready(passed, smoke_result, time.monotonic() - start, len(seen), phases,
                          start_ledger(seen, phases, passed, smoke_result))
+        if stage < 3:               # loading: how long it has been silent, against the window
+            on_event("wait", f"silent for {now - last_line_at:.0f}s of the {quiet_limit:.0f}s no-progress "
+                             f"window; {fmt_duration(elapsed)} of the {fmt_duration(budget)} start-up budget")
         if stage < 3 and now - last_line_at > quiet_limit:
             fail("hang", f"no new log line for {now - last_line_at:.0f}s (no-progress window "
                          f"{quiet_limit:.0f}s) - an NCCL hang looks like this",

@@ -57,7 +57,7 @@ def source_lines(r: Rendered, eff: Effective) -> list[str]:
         origin = eff.origin("performance")
         rows.append((f"performance: {figures}", origin if origin != MANIFEST else f"{MANIFEST} performance"))
     width = min(max((len(v) for v, _ in rows), default=0), 60)
-    head = [eff.hardware_note() or "hardware class: not known offline (give --hardware CLASS to see one)"]
+    head = [eff.hardware_note() or "hardware class: not known (a remote host is not contacted: give --hardware CLASS to see one)"]
     if eff.hardware_problem:
         head.append(f"  refused there: {eff.hardware_problem}")
     return head + [f"{'*' if not o.startswith(MANIFEST) else ' '} {v:<{width}}  <- {o}" for v, o in rows]

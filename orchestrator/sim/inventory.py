@@ -11,6 +11,8 @@ generic host settings any real host may use:
                                      scaled the same way, in /proc/meminfo's format (kept by the
                                      simulated nvidia-smi's registry of live workers);
 - `cpu_memory_per_gpu_gib: 12/scale` what each simulated GPU worker takes on the CPU side, scaled;
+- `time_scale: speed`                the simulated vLLM loads `speed` times faster than the field
+                                     (not with `--real-vllm`): expected times are divided by it;
 - `skip_checks: [flags, env]`        only when the host's Python has no real vLLM to parse the flags
                                      (`vllm-orch sim up --vllm-python PATH` gives it one);
 - `skip_checks: [torch-cuda]`        on a host whose vLLM is vLLM's CPU build (`sim up --real-vllm`):
@@ -94,6 +96,8 @@ class SimHost:
         else:
             entry["meminfo"] = f"{self.dir}/meminfo"
         entry["cpu_memory_per_gpu_gib"] = REAL_CPU_MEMORY_PER_GPU_GIB / self.scale
+        if not self.cpu_vllm and self.speed > 1:      # vLLM's CPU build loads at its own pace
+            entry["time_scale"] = self.speed
         if self.cpu_vllm:      # its venv's vllm and python, no faked packages, a CPU torch
             entry["vllm"], entry["python"] = self.cpu_vllm["vllm"], self.cpu_vllm["python"]
             entry["env"] = {k: v for k, v in entry["env"].items() if k != "PYTHONPATH"}

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from orchestrator.config.inventory import state_home
-from orchestrator.errors import ConfigError, RefusedError
+from orchestrator.errors import ConfigError, OrchestratorError, RefusedError
 from orchestrator.paths import package_file
 from orchestrator.sim import fault_file
 from orchestrator.sim import nvidia_smi as smi
@@ -374,7 +374,7 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
         else None
     flavour = "systemd" if systemd else "process"
     nspawn = _nspawn() if systemd else None
-    tree = nspawn.ensure_tree(_tree_cache(nspawn)) if nspawn else None
+    tree = _tree(nspawn) if nspawn else None
     inventory: dict[str, dict[str, Any]] = {"hosts": {}}
     for i in range(max(hosts, len(state["hosts"]))):
         name = host_name(i)
@@ -426,7 +426,7 @@ def up(hosts: int = 1, *, speed: float | None = None, scale: int = DEFAULT_SCALE
             nspawn = nspawn or _nspawn()
             box = rec["processes"].get("nspawn")
             if not (box and alive(box["pid"], box.get("start_time"))):
-                tree = tree or nspawn.ensure_tree(_tree_cache(nspawn))
+                tree = tree or _tree(nspawn)
                 binds = [nspawn.venv_bind(Path(host_cpu["venv"]), tree)] if host_cpu else []
                 # a persistent root: what vllm-orch installs survives `sim reboot`, as on a real host
                 try:
@@ -477,11 +477,34 @@ def _tree_cache(nspawn) -> Path:
 
 
 def _nspawn():
+    """The container module, once this machine can run containers: --systemd needs root (the
+    containers, their network namespaces and the tree debootstrap builds) and systemd-nspawn and
+    debootstrap on PATH. Refused here (exit 3, one line) before anything is built or started."""
     if importlib.util.find_spec("orchestrator.sim.nspawn") is None:
         raise RefusedError("--systemd needs orchestrator.sim.nspawn, which is not installed "
                            "in this build", hint="use the default flavour: vllm-orch sim up")
+    if os.geteuid() != 0:
+        raise RefusedError("--systemd runs each SIMULATED host as a systemd-nspawn container, which "
+                           "needs root", hint="run it as root (sudo), or use the default flavour: "
+                                              "vllm-orch sim up")
+    missing = [p for p in ("systemd-nspawn", "debootstrap") if shutil.which(p) is None]
+    if missing:
+        raise RefusedError(f"--systemd needs {' and '.join(missing)}, not found on PATH",
+                           hint="apt-get install systemd-container debootstrap (Debian/Ubuntu), "
+                                "or use the default flavour: vllm-orch sim up")
     from orchestrator.sim import nspawn
     return nspawn
+
+
+def _tree(nspawn) -> Path:
+    """The containers' Debian tree (built once per machine); a failed build is one error line
+    naming the step that failed, not an internal error."""
+    from orchestrator.sim.nspawn_tree import TreeBuildError
+    try:
+        return nspawn.ensure_tree(_tree_cache(nspawn))
+    except TreeBuildError as e:
+        raise OrchestratorError(f"building the SIMULATED hosts' container tree failed: {e}",
+                                hint="debootstrap needs a Debian mirror; see the lines above") from None
 
 
 def status(home: Path | None = None) -> dict:

@@ -215,3 +215,25 @@ def test_html_report_opens_in_headless_chromium_without_errors(two_runs, tmp_pat
                           f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom", html.as_uri()],
                          capture_output=True, text=True, timeout=60).stdout
     assert dom.count("data:image/png;base64,") == 3 and "Levels" in dom
+
+
+def test_without_a_terminal_a_sweep_says_its_least_time_and_each_level_its_time_left(tmp_path, monkeypatch):
+    # bench in a pipe or a CI log printed nothing between a level's intro and its result line.
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.bench import runner
+
+    monkeypatch.setattr(runner, "PROGRESS_LINE_S", 0.2)
+    out = io.StringIO()
+    with mock(ttft_ms=5, itl_ms=5) as url:
+        run_benchmark(url, "m", BenchOptions(concurrency=[1], max_tokens=12, warmup_s=0.0, duration_s=1.0,
+                                             min_requests=4), out_dir=tmp_path / "b",
+                      console=Console(file=out, force_terminal=False, width=200))
+    text = out.getvalue()
+    assert "1 level: at least 1 s" in text, text
+    import re
+    lines = [line for line in text.splitlines() if re.search(r"C=1 (warm-up|window): \d+ s, \d+ done, .*; "
+                                                             r"(~\d+ s left in this level|in warm-up|the first)", line)]
+    assert lines, text

@@ -135,6 +135,32 @@ def test_hang_fails_after_the_no_progress_window(sim_host):
     assert "no new log line" in str(result.error)
 
 
+def test_a_hang_is_shown_counting_its_silence_even_without_a_terminal(sim_host, monkeypatch):
+    # Without a terminal nothing was printed after "loading weights" (the log lines only fed a
+    # spinner), and nowhere did a hang say how long it had been silent of its window.
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.ops import execute
+    from orchestrator.ops.deploy import run_deploy
+
+    from .deployhelp import opts
+
+    monkeypatch.setattr(execute, "WAIT_LINE_S", 0.5)
+    e, m = entry(sim_host), on_port("minimax-m25")
+    manager.add_fault("sim", "hang", model=m.name, home=sim_host.home)
+    out = io.StringIO()
+    reporter = execute.Reporter(Console(file=out, force_terminal=False, width=200))
+    result = run_deploy(e, m, opts(no_progress_s=4), reporter, False)
+    assert isinstance(result.error, NotReady) and result.error.kind == "hang"
+    said = [line for line in out.getvalue().splitlines() if "waiting:" in line]
+    assert said and all("of the 4s no-progress window" in line and "start-up budget" in line for line in said), said
+    silent = [int(re.search(r"silent for (\d+)s", line).group(1)) for line in said]
+    assert silent[-1] == max(silent) >= 2, said          # the count grows toward the window
+    assert "last line: " in said[-1], said
+
+
 def test_die_after_ready_is_redeployed(sim_host):
     e, m = entry(sim_host), on_port("minimax-m25")
     manager.add_fault("sim", "die-after-ready", model=m.name, home=sim_host.home)
@@ -325,3 +351,23 @@ def test_nothing_of_the_callers_environment_reaches_the_service(sim_host, monkey
     assert b"HF_TOKEN" not in env and b"AWS_SECRET_ACCESS_KEY" not in env, sorted(env)
     assert env[b"PATH"] == b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert env[b"HF_HUB_OFFLINE"] == b"1" and env[b"CUDA_VISIBLE_DEVICES"]      # the env file's, still
+
+
+def test_render_of_a_local_host_shows_the_flags_deploy_installed(sim_host, tmp_path):
+    # `render --host sim` said "hardware class: not known offline" and showed the manifest's own
+    # flags, not the rtx-pro-6000 class's (attention backend, FP8 KV) that deploy installs there.
+    from orchestrator.host.state import read_record
+
+    from .deployhelp import SHIPPED
+
+    m = SHIPPED["kimi-k25-int4"]
+    e = entry(sim_host)
+    assert deploy(e, m).ok
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "render", m.name, "--host", "sim"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="200"))
+    assert out.returncode == 0, out.stderr
+    assert "not known" not in out.stdout and "rtx-pro-6000" in out.stdout, out.stdout[:1500]
+    written = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "render", m.name, "--host", "sim",
+                              "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr
+    assert json.loads((tmp_path / "r" / "argv.json").read_text()) == read_record(sim_host.host, e, m.name).argv

@@ -172,3 +172,20 @@ def test_a_host_with_the_previous_layout_keeps_working_and_is_upgraded(sim_host)
     assert sorted(read_records(sim_host.host, e)) == ["mm-n"]
     stopped = stop_model(sim_host.host, e, "mm-n", release_timeout=30, poll=0.1)
     assert stopped.ok and stopped.cleared_active and read_records(sim_host.host, e) == {}
+
+
+def test_check_refuses_the_placement_deploy_refuses(sim_host, tmp_path):
+    # `check` exited 0 for a model whose deploy is refused at once because another service holds
+    # its GPUs: a passing check must mean the deploy is not refused there.
+    from .deployhelp import SHIPPED, cli_env, deploy, entry, write_models
+
+    old, new = SHIPPED["kimi-k25-int4"], SHIPPED["kimi-k25-nvfp4"]
+    assert deploy(entry(sim_host), old).ok
+    env = cli_env(sim_host, write_models(tmp_path / "models", [old, new]))
+    run = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "check", new.name, "--host", "sim"],
+                         env=dict(env, COLUMNS="200"), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "placement: kimi-k25-int4 already takes GPUs" in run.stdout, run.stdout
+    again = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "check", old.name, "--host", "sim"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr          # its own placement is no clash

@@ -61,3 +61,28 @@ def test_deploy_of_a_sleeper_alone_on_its_gpus_refuses_and_leaves_it_asleep(sim_
     assert f"vllm-orch swap {old.name} --host sim" in (refused.error.hint or "")
     assert is_sleeping(Endpoint(sim_host.host, old.serving.port)) is True
     assert main_pid(sim_host, e, old.name) == pid
+
+
+def test_the_first_wake_after_a_regen_restart_checks_the_canary_recorded_by_that_restart(sim_host):
+    # `sleep:` added to a deployed manifest and applied with `regen --restart`: the restart's ready
+    # answer was never recorded as the canary, so the first wake said "canary recorded" and checked
+    # nothing (a corrupted wake would have served junk).
+    from orchestrator.host.state import read_history
+
+    plain, new = sleepy("kimi-k25-int4"), sleepy("kimi-k25-nvfp4")
+    data = plain.model_dump()
+    data["sleep"] = None
+    plain = Manifest.model_validate(data)
+    e = entry(sim_host)
+    assert deploy(e, plain).ok
+    assert read_record(sim_host.host, e, plain.name).canary is None       # no sleep mode: no canary
+    old = sleepy("kimi-k25-int4")
+    old = Manifest.model_validate({**old.model_dump(), "serving": plain.model_dump()["serving"]})
+    manifests = {old.name: old, new.name: new}
+    regen = run_regen(e, manifests, opts(), Reporter(None, quiet=True), dry_run=False, restart=True)
+    assert regen.ok and old.name in regen.plan.info["restarts"], regen.error
+    assert read_record(sim_host.host, e, old.name).canary is not None, "the restart's answer is its canary"
+    assert swap(e, new, manifests, sleep_old=True).ok                          # int4 asleep
+    assert swap(e, old, manifests, sleep_old=True).ok                          # int4 wakes
+    woke = read_history(sim_host.host, e)[-1].shown()["sleep"]["woke"][old.name]
+    assert woke["canary"] == "match", woke

@@ -188,3 +188,30 @@ def test_every_start_records_its_phases_from_vllms_lines(sim_host, pair):
     dry = swap(e, old, manifests, dry_run=True)
     warm = next(a for a in dry.plan.actions if a.step == "warm")
     assert f"this host's last start of {old.name}" in warm.summary + " ".join(warm.details), warm.summary
+
+
+def test_per_service_commands_pick_the_awake_service_beside_a_sleeper(sim_host, pair, tmp_path):
+    # `history --host sim` and `bench --host sim` refused while one service slept ("runs several
+    # services: name one", suggesting the sleeping one); the awake one is the only one that serves.
+    import os
+    import subprocess
+    import sys
+    e, old, new, manifests = pair
+    assert swap(e, new, manifests, sleep_old=True).ok
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, NO_COLOR="1", COLUMNS="200"))
+    hist = cli("history", "--host", "sim", "--json")
+    assert hist.returncode == 0, hist.stderr
+    assert {r.get("model") for r in json.loads(hist.stdout)} >= {old.name, new.name}
+    logs = cli("logs", "--host", "sim", "-n", "5")
+    assert logs.returncode == 0, logs.stderr
+    bench = cli("bench", "--host", "sim", "-c", "1", "--max-tokens", "8", "--duration", "1",
+                "--out", str(tmp_path / "bench"))
+    assert bench.returncode == 0, bench.stdout[-1500:] + bench.stderr[-1500:]
+    result = json.loads(next((tmp_path / "bench").rglob("result.json")).read_text())
+    assert new.name in json.dumps(result)[:5000] and old.name not in json.dumps(result.get("service", {}))
+    # stop changes something: it still asks which one
+    stop = cli("stop", "--host", "sim", "--yes")
+    assert stop.returncode == 2 and f"{old.name} (asleep)" not in stop.stderr, stop.stderr

@@ -50,6 +50,23 @@ def test_staged_swap_measures_downtime(sim_host, pair):
     assert (sim_host.dir / "models" / old.name).is_dir(), "the previous model's files must stay"
 
 
+def test_a_simulated_hosts_expected_downtime_is_at_its_speed_and_says_the_fields(sim_host, pair):
+    # The plan said "expected downtime: 7m00s" for a swap the simulator made in 3 s, and history
+    # "~28m55s less than expected": the manifest's field rates, not the host's speed.
+    from orchestrator.sim.manager import inventory_hosts
+    from tests.plugins.sim_hosts import TEST_SPEED
+
+    e, old, new, manifests = pair
+    assert e.time_scale == TEST_SPEED == inventory_hosts(sim_host.home)["sim"]["time_scale"]
+    result = swap(e, new, manifests)
+    assert result.ok, result.error
+    expect = result.plan.info["expected_downtime_s"]
+    (warm,) = [a for a in result.plan.actions if a.step == "warm"]
+    assert f"this host loads {TEST_SPEED:g}x faster" in warm.summary and "SIMULATED" in warm.summary, warm.summary
+    field = result.plan.info["expected_downtime_s"]["cold_s"] * TEST_SPEED
+    assert field > 300 and expect["cold_s"] < 10, expect     # Kimi-K2.5's ~36 min at the field's rates
+
+
 def test_swap_to_the_active_healthy_model_does_nothing(sim_host, pair):
     e, old, _new, manifests = pair
     result = swap(e, old, manifests)

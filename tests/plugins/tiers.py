@@ -11,8 +11,8 @@ without anyone remembering to mark it):
     real_vllm    vLLM's CPU build serving a tiny model
     ray          a real Ray cluster
 
-`./dev test --quick` runs unit, sim and ssh (no container, no real vLLM, its parser or Ray);
-`./dev test` runs everything.
+`./dev test --quick` runs the tests marked `quick` (below: the unit tier, the contract tests that need
+no real vLLM server, and one simulated-host test per operation); `./dev test` runs everything.
 
 Parallel runs (pytest-xdist, `--dist loadgroup`): the tests of a file that uses a module-scoped
 fixture (a module's real vLLM server, its booted `sim up --systemd` host, a shared simulated host)
@@ -57,6 +57,56 @@ def pytest_configure(config):
             "(pytest-dev/pytest-xdist#1386): install pyproject's dev extra (pytest<9.2), or run serially (-p no:xdist)")
 
 
+# `./dev test --quick`, the inner loop (<= 5 min on 2 cores): the unit tier, these contract files (the
+# simulator held to vLLM 0.33's source and its real parser; the contract tests that start vLLM's CPU
+# build stay in the full run: one start is about a minute of CPU), and ONE simulated-host test per
+# operation, each the one that walks the operation end to end. Everything else, the rest of the
+# simulated tier included, runs in `./dev test`. tests/unit/test_quick_selection.py keeps every
+# entry pointing at a test that exists.
+QUICK_FILES = (
+    "tests/integration/test_sleep_contract.py",
+    "tests/integration/test_vllm_flags_contract.py",
+)
+QUICK_TESTS = {
+    "deploy, then nothing to do": "tests/integration/test_deploy.py::test_deploy_each_shipped_model_then_nothing_to_do",
+    "deploy over real SSH": "tests/integration/test_deploy_remote.py::test_deploy_over_real_ssh",
+    "dry run": "tests/integration/test_dry_run.py::test_dry_run_changes_nothing_on_the_host",
+    "download and verify": "tests/integration/test_download.py::test_fresh_download_then_a_second_run_skips_everything",
+    "swap, staged": "tests/integration/test_swap.py::test_staged_swap_measures_downtime",
+    "swap with rollback": "tests/integration/test_swap.py::test_failed_swap_rolls_back_to_the_previous_model",
+    "regen": "tests/integration/test_swap.py::test_regen_without_and_with_a_template_change",
+    "sleep swap": "tests/integration/test_sleep_swap.py::test_sleep_old_then_wake_it_back_with_its_canary",
+    "status": "tests/integration/test_ops.py::test_status_walks_through_ready_failed_stopped_loading",
+    "stop": "tests/integration/test_ops.py::test_stop_kills_its_orphaned_workers_on_its_gpus_only",
+    "gc": "tests/integration/test_ops.py::test_gc_deletes_only_inactive_folders_and_nothing_outside",
+    "logs": "tests/integration/test_ops.py::test_logs_since_deploy_shows_only_the_last_start",
+    "several services": "tests/integration/test_services_sim.py::test_two_services_deploy_show_swap_and_stop_independently",
+    "bench": "tests/integration/test_bench_sim.py::test_sweep_reproduces_the_nvfp4_profile",
+    "monitor": "tests/integration/test_monitor_cli.py::test_monitor_of_a_keyed_service_with_an_objective",
+    "engines": "tests/integration/test_engines_sim.py::"
+               "test_deploy_builds_the_engine_offline_from_the_uploaded_wheelhouse_and_runs_from_it",
+    "multi-node": "tests/integration/test_multinode_sim.py::test_deploy_status_logs_and_stop_of_a_two_node_service",
+    "health timer": "tests/integration/test_health_busy_sim.py::test_a_hung_engine_is_still_restarted",
+    "demo": "tests/integration/test_demo_sim.py::"
+            "test_a_second_demo_keeps_the_hosts_services_and_models_and_a_busy_host_is_left_alone",
+}
+
+
+def is_quick(item: pytest.Item, tier: str) -> bool:
+    """Whether `./dev test --quick` runs this test. A QUICK_TESTS entry without a parameter id takes
+    the test's first parametrisation only (one test per operation)."""
+    path = item.nodeid.split("::", 1)[0]
+    if tier == "unit" or path in QUICK_FILES:
+        return True
+    picked = set(QUICK_TESTS.values())
+    return item.nodeid in picked or (item.nodeid.split("[", 1)[0] in picked and _first_param(item))
+
+
+def _first_param(item: pytest.Item) -> bool:
+    spec = getattr(item, "callspec", None)
+    return spec is None or all(i == 0 for i in spec.indices.values())
+
+
 def tier_of(item: pytest.Item) -> str:
     marked = {m.name for m in item.iter_markers()}
     used = set(getattr(item, "fixturenames", ()))
@@ -81,6 +131,8 @@ def pytest_collection_modifyitems(config, items):
         tier = tier_of(item)
         if tier not in {m.name for m in item.iter_markers()}:
             item.add_marker(getattr(pytest.mark, tier))
+        if is_quick(item, tier):
+            item.add_marker(pytest.mark.quick)
         path = item.nodeid.split("::", 1)[0]
         rank = (HEAVIEST_FIRST.index(tier), item.get_closest_marker("long") is None)
         by_file[path] = min(by_file.get(path, (len(HEAVIEST_FIRST), True)), rank)

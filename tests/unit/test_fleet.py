@@ -95,6 +95,18 @@ def test_validate_checks_groups_against_hosts_d(inv, tmp_path):
     assert r.exit_code == 2 and "groups.bad[0]: no host named 'nope'" in r.output, r.output
 
 
+def test_validate_reads_a_file_of_groups_alone_as_an_inventory(inv, tmp_path):
+    # A file with only `groups:` (its hosts in hosts.d) was read as a manifest: "name: field required".
+    inv(HOSTS, extra={"sim": {"address": "local"}})
+    groups = tmp_path / "groups.yaml"
+    groups.write_text("groups:\n  lab: [sim]\n")
+    r = CliRunner().invoke(cli, ["validate", str(groups)])
+    assert r.exit_code == 0 and "(inventory)" in r.output, r.output
+    groups.write_text("groups:\n  lab: [nope]\n")
+    r = CliRunner().invoke(cli, ["validate", str(groups)])
+    assert r.exit_code == 2 and "(manifest)" not in r.output and "name" not in r.output.split("groups")[0], r.output
+
+
 # -- selection on the commands ---------------------------------------------------------------------
 
 @pytest.fixture

@@ -112,3 +112,23 @@ def test_bad_inventory_messages(fixture, monkeypatch):
         load_inventory_file(Path(f"{fixture}.yaml"))
     assert [str(info.value), *info.value.details] == expected
     assert info.value.exit_code == 2
+
+
+def test_the_example_inventory_ships_in_the_wheel_and_hosts_example_prints_it():
+    # hosts.example.yaml, which every "no inventory" hint points at, was not in the wheel.
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import cli
+    from orchestrator.config.inventory import validate_inventory_file
+    from orchestrator.paths import _PKG, example_inventory
+
+    repo = Path(__file__).resolve().parents[2]
+    wheel = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    shipped = wheel["force-include"]["hosts.example.yaml"]
+    assert (_PKG.parent / shipped).relative_to(_PKG / "_shipped") == Path("hosts.example.yaml")
+    assert example_inventory() == repo / "hosts.example.yaml"
+    out = CliRunner().invoke(cli, ["hosts", "--example"])
+    assert out.exit_code == 0 and out.output == (repo / "hosts.example.yaml").read_text()
+    validate_inventory_file(example_inventory())

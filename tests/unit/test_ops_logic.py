@@ -285,3 +285,32 @@ def test_a_plan_quoting_a_hosts_process_name_prints_no_escape_sequence():
     text = plan.text()
     assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
     assert "PID 4242 python\\x0dok deployed holds port 8000" in text
+
+
+def test_a_per_service_command_picks_the_only_awake_service_and_names_sleepers_when_it_asks():
+    from orchestrator.config.placement import choose_service
+    from orchestrator.errors import ConfigError
+    assert choose_service(["a", "b"], None, "h", "logs SERVICE --host h", asleep=["a"]) == "b"
+    assert choose_service(["a"], None, "h", "logs SERVICE --host h", asleep=["a"]) == "a"
+    with pytest.raises(ConfigError) as err:
+        choose_service(["a", "b", "c"], None, "h", "logs SERVICE --host h", asleep=["a"])
+    assert "(a (asleep), b, c)" in str(err.value) and "vllm-orch logs b --host h" in str(err.value)
+    with pytest.raises(ConfigError):                      # no `asleep`: no guess (stop)
+        choose_service(["a", "b"], None, "h", "stop SERVICE --host h")
+
+
+def test_status_names_the_last_deploy_that_changed_the_host_and_counts_the_runs_after_it():
+    # `deploy` again after a deploy made status say "last deploy: ... ok (nothing to do)"; a refused
+    # deploy of another model hid the one that serves.
+    from orchestrator.ops.status import last_deploy
+    history = [{"operation": "deploy", "model": "a", "ok": True, "at": "t1", "seconds": 31.0},
+               {"operation": "bench", "model": "a", "ok": True, "at": "t2"},
+               {"operation": "deploy", "model": "a", "ok": True, "noop": True, "at": "t3", "seconds": 0.4},
+               {"operation": "deploy", "model": "b", "ok": False, "refused": "placement", "at": "t4"}]
+    d = last_deploy(history)
+    assert (d["model"], d["result"], d["seconds"]) == ("a", "ok", 31.0)
+    assert d["later"] == {"runs": 2, "operation": "deploy", "model": "b", "result": "refused", "at": "t4"}
+    failed = last_deploy(history + [{"operation": "swap", "model": "b", "ok": False, "error": "boom", "at": "t5"}])
+    assert failed["result"] == "failed" and "later" not in failed          # a failure changed the host
+    assert last_deploy(history[2:3])["result"] == "ok (nothing to do)"     # nothing else: said as it is
+    assert last_deploy([]) is None

@@ -33,6 +33,7 @@ def test_up_is_idempotent_and_writes_the_inventory(tmp_path, monkeypatch):
     assert e["disk_reserve_gib"] == 20 / manager.DEFAULT_SCALE and e["skip_checks"] == ["flags", "env"]
     assert {h.name: h.label for h in load_inventory().hosts.values()} == {"sim": "SIMULATED", "sim-2": "SIMULATED"}
     assert e["service_manager"] == "process"
+    assert e["time_scale"] == 500 and hosts["sim-2"]["time_scale"] == 500   # --speed: expected times scale
     # process hosts share this machine's network: the second serves on its own port (vLLM's
     # SO_REUSEPORT would let both bind 8000 and mix their requests), the first keeps the manifests'
     assert "overrides" not in e and hosts["sim-2"]["overrides"] == {"*": {"serving": {"port": 8100}}}
@@ -156,3 +157,45 @@ def test_a_systemd_host_folder_is_roots_and_its_shared_folders_are_sticky():
             assert not list(hdir.glob(".meminfo.*"))
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    from orchestrator.cli.main import main
+    try:
+        main(argv)
+    except SystemExit as e:
+        return int(e.code or 0), capsys.readouterr().err
+    raise AssertionError("main() did not exit")
+
+
+def test_sim_up_systemd_as_non_root_is_refused_with_exit_3_before_anything_is_built(tmp_path, monkeypatch,
+                                                                                     capsys):
+    # As a non-root user the container tree's debootstrap failed and `sim up --systemd` printed
+    # "internal error: TreeBuildError" (exit 1) after minutes; it is a refusal, at once, naming root.
+    from orchestrator.sim import nspawn, nspawn_tree
+
+    def build(*a, **k):
+        raise nspawn_tree.TreeBuildError("debootstrap exited 1: E: debootstrap can only run as root")
+    monkeypatch.setattr(nspawn, "ensure_tree", build)
+    monkeypatch.setattr(nspawn_tree, "ensure_tree", build)
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    code, err = _cli(["sim", "up", "--systemd"], capsys)
+    assert code == 3, err
+    assert "needs root" in err and "internal error" not in err
+    assert not (tmp_path / "state" / "hosts.d" / "sim.yaml").exists()
+
+
+def test_a_failed_container_tree_build_is_one_error_line_not_an_internal_error(tmp_path, monkeypatch, capsys):
+    from orchestrator.sim import nspawn, nspawn_tree
+
+    def build(*a, **k):
+        raise nspawn_tree.TreeBuildError("debootstrap exited 1: E: Failed getting release file")
+    monkeypatch.setattr(nspawn, "ensure_tree", build)
+    monkeypatch.setattr(nspawn_tree, "ensure_tree", build)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    monkeypatch.setattr("shutil.which", lambda p, *a, **k: f"/usr/bin/{p}")
+    monkeypatch.setenv("VLLM_ORCH_STATE_HOME", str(tmp_path / "state"))
+    code, err = _cli(["sim", "up", "--systemd"], capsys)
+    assert code == 1, err
+    assert "container tree failed: debootstrap exited 1" in err and "internal error" not in err
