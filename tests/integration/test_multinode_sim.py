@@ -206,9 +206,10 @@ def test_a_node_that_cannot_reach_the_head_is_named_after_the_join_wait(cluster)
     assert not any(running(e) for e in entries.values())
 
 
-def service_row(env: dict) -> dict:
+def service_row(env: dict, attention: bool = False) -> dict:
+    """The service's row of `status --json`; status exits 1 when a service needs attention."""
     st = cli(env, "status", "--json")
-    assert st.returncode == 0, st.stderr
+    assert st.returncode == (1 if attention else 0), st.stderr
     rows = {row["host"]: row for row in json.loads(st.stdout)}
     return next(s for s in rows["sim"]["services"] if s["name"] == NAME)
 
@@ -235,7 +236,7 @@ def test_a_node_lost_while_serving_fails_status_and_a_redeploy_or_stop_acts_on_e
     assert running(entries["sim"])
     with urllib.request.urlopen(f"http://127.0.0.1:{m.serving.port}/health", timeout=5) as h:
         assert h.status == 200                      # the head does not know
-    row = service_row(env)
+    row = service_row(env, attention=True)
     assert row["state"] == "failed", row
     assert row["state_reason"].startswith("node sim-2 not running: the head still answers /health")
     assert f"`vllm-orch deploy {NAME} --host sim,sim-2` restarts every node" in row["state_reason"]
@@ -249,7 +250,7 @@ def test_a_node_lost_while_serving_fails_status_and_a_redeploy_or_stop_acts_on_e
     kill_main(entries["sim"])
     time.sleep(1)
     assert running(entries["sim-2"])                # a headless vLLM outlives its head
-    row = service_row(env)
+    row = service_row(env, attention=True)
     assert row["state"] == "failed", row
     assert "node sim-2 still running without the head, holding its GPUs" in row["state_reason"]
     assert f"`vllm-orch stop {NAME}` stops every node" in row["state_reason"]
