@@ -422,6 +422,12 @@ class VllmArgs(Strict):
                 # served-model-name and every other option this check refuses, set past it.
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}: vLLM would read further options from "
                                              "that file, past every check of the manifest; write them here")
+            if flag == "--disable-log-stats" and not vllmflags.normalise(spelled).startswith("--no-"):
+                # vLLM then registers no vllm:* series (vllm/v1/engine/async_llm.py: no stat loggers)
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}: vLLM then exports no vllm:* series, and "
+                                             "the health timer could no longer tell a long prefill from a hang "
+                                             "(it would restart a busy server), nor status, bench and monitor "
+                                             "read the engine; leave the stats on")
             if flag == "--enable-sleep-mode":
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the manifest's sleep section "
                                              "(it also guards the endpoints sleep mode needs)")

@@ -1092,6 +1092,11 @@ class Engine:
         cfg = self.cfg
         created = cfg["api_servers"] == 1
         out: list = []
+        if not cfg.get("log_stats", True):
+            # --disable-log-stats: AsyncLLM makes no StatLoggerManager (vllm/v1/engine/async_llm.py,
+            # `if self.log_stats:`), so no PrometheusStatLogger registers a vllm:* family; /metrics
+            # still answers 200 with prometheus_client's own process collectors (single API server)
+            return self.process_metrics() if created else ""
 
         def fmt(labels: dict) -> str:
             return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
@@ -1151,6 +1156,14 @@ class Engine:
                   "gpu_memory_utilization": str(cfg["util"]),
                   "num_gpu_blocks": str(cfg["kv_tokens"] // 16)}, 1.0) for c in self.cores])
         return "\n".join(out) + "\n"
+
+    @staticmethod
+    def process_metrics() -> str:
+        """prometheus_client's default registry without vLLM's families: its python_info gauge."""
+        v = sys.version_info
+        return ("# HELP python_info Python platform information\n# TYPE python_info gauge\n"
+                f'python_info{{implementation="CPython",major="{v.major}",minor="{v.minor}",'
+                f'patchlevel="{v.micro}",version="{v.major}.{v.minor}.{v.micro}"}} 1.0\n')
 
     def labels(self, core: EngineCore) -> dict:
         return {"engine": str(core.index), "model_name": self.cfg["served"][0]}
@@ -2073,6 +2086,7 @@ class Launch:
             "served": served, "max_model_len": max_len, "kv_dtype": kv_dtype,
             "util": float(a.gpu_memory_utilization or 0.9), "speed": speed,
             "reasoning": bool(a.reasoning_parser), "api_keys": keys, "api_servers": api_servers,
+            "log_stats": not a.disable_log_stats,
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
             "attention_backend": (a.attention_backend or "").upper(),
             "decode_factor": SLOW_DECODE if self.fault == "slow-decode" else 1.0,
