@@ -361,7 +361,8 @@ class VllmArgs(Strict):
         DEFAULT_SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
         description="`--shutdown-timeout`: on stop, vLLM stops taking requests and lets the ones in flight "
                     "finish for up to this many seconds (0: abort them). The unit's TimeoutStopSec is this "
-                    "plus the teardown time. Needs vLLM >= 0.18.0 (vllm PR #34730) unless 0.")
+                    "plus the teardown time. A sleep swap drains the requests in flight for as long "
+                    "(`/sleep?mode=wait`, then `mode=abort`). Needs vLLM >= 0.18.0 (vllm PR #34730) unless 0.")
     extra_args: list[str] = Field(
         default_factory=list,
         description="Further `vllm serve` arguments, one token per item (`[--max-num-seqs, '256']`). Each "
