@@ -361,7 +361,8 @@ class VllmArgs(Strict):
         DEFAULT_SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
         description="`--shutdown-timeout`: on stop, vLLM stops taking requests and lets the ones in flight "
                     "finish for up to this many seconds (0: abort them). The unit's TimeoutStopSec is this "
-                    "plus the teardown time. Needs vLLM >= 0.18.0 (vllm PR #34730) unless 0.")
+                    "plus the teardown time. A sleep swap drains the requests in flight for as long "
+                    "(`/sleep?mode=wait`, then `mode=abort`). Needs vLLM >= 0.18.0 (vllm PR #34730) unless 0.")
     extra_args: list[str] = Field(
         default_factory=list,
         description="Further `vllm serve` arguments, one token per item (`[--max-num-seqs, '256']`). Each "
@@ -422,6 +423,12 @@ class VllmArgs(Strict):
                 # served-model-name and every other option this check refuses, set past it.
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}: vLLM would read further options from "
                                              "that file, past every check of the manifest; write them here")
+            if flag == "--disable-log-stats" and not vllmflags.normalise(spelled).startswith("--no-"):
+                # vLLM then registers no vllm:* series (vllm/v1/engine/async_llm.py: no stat loggers)
+                raise at(f"extra_args[{i}]", f"extra_args sets {sets}: vLLM then exports no vllm:* series, and "
+                                             "the health timer could no longer tell a long prefill from a hang "
+                                             "(it would restart a busy server), nor status, bench and monitor "
+                                             "read the engine; leave the stats on")
             if flag == "--enable-sleep-mode":
                 raise at(f"extra_args[{i}]", f"extra_args sets {sets}; use the manifest's sleep section "
                                              "(it also guards the endpoints sleep mode needs)")

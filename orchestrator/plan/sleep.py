@@ -218,6 +218,7 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
     (a run cut short put it to sleep) is not put to sleep again: recorded asleep if its record does
     not say so."""
     name = svc.name
+    drain_s = svc.manifest.vllm.shutdown_timeout      # the drain a stop gives its requests, the same here
 
     def run(env: RunEnv) -> str:
         if swap_to is not None:
@@ -233,24 +234,30 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
             return f"{name} was asleep already (a run cut short put it to sleep): recorded, keeping {most} MiB per GPU"
         t0 = time.monotonic()
         try:
-            api.sleep(ep, level)
+            aborted = drain_then_sleep(ep, level, drain_s)
         except api.HttpError as exc:
             raise DeployFailed(f"{name} did not go to sleep: {exc}", host=env.entry.name, step="sleep") from None
         seconds = time.monotonic() - t0
         most, cycles, growth = record_sleep(env, name, level, weights, first_check=True)
         env.record.sleeps[name] = {"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
-                                   "cycles": cycles, "growth_mib": growth}
+                                   "cycles": cycles, "growth_mib": growth, "aborted": aborted}
         over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
         if most > CONTEXT_ALLOWANCE_MIB:
             env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {CONTEXT_ALLOWANCE_MIB} "
                                        f"MiB allowance{over}")
-        return (f"{name} asleep at level {level} in {seconds:.1f}s; it keeps {most} MiB per GPU "
+        if aborted:
+            env.record.warnings.append(f"{name}: {aborted} request{'s' if aborted != 1 else ''} still running after "
+                                       f"the {drain_s} s drain {'were' if aborted != 1 else 'was'} aborted by its sleep")
+        drained = ("its requests in flight drained first" if aborted == 0 else
+                   f"{aborted} aborted after the {drain_s} s drain" if aborted else "aborted requests unknown")
+        return (f"{name} asleep at level {level} in {seconds:.1f}s ({drained}); it keeps {most} MiB per GPU "
                 f"(allowance {CONTEXT_ALLOWANCE_MIB}){over}")
 
     details = [f"first records the swap to {swap_to} as under way in {entry.state_dir}/swap.json"] if swap_to else []
     return Action("sleep", f"put {name} to sleep at level {level} ({why})", run=run,
-                  details=[*details, f"POST http://127.0.0.1:{svc.manifest.serving.port}/sleep?level={level} (nothing "
-                                     f"if it sleeps already)",
+                  details=[*details, f"POST http://127.0.0.1:{svc.manifest.serving.port}/sleep?level={level}&mode=wait "
+                                     f"(its requests in flight finish first, new ones queue; nothing if it sleeps "
+                                     f"already), after {drain_s} s mode=abort (vllm.shutdown_timeout, the stop's drain)",
                            "then read what it keeps on its GPUs (nvidia-smi) and record it asleep"])
 
 
@@ -337,6 +344,24 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
     return Action("wake", f"wake {name} ({why})", run=run, details=details)
 
 
+def drain_then_sleep(ep: api.Endpoint, level: int, drain_s: int) -> int | None:
+    """Put the engine to sleep without cutting its requests: /sleep in mode "wait" (vLLM 0.33's
+    default, "abort", ends the requests in flight at once: serve/dev/sleep/api_router.py), and when
+    it has not answered within `drain_s` (or `drain_s` is 0), again in mode "abort", which ends what
+    still runs, and with it the waiting sleep. The requests the sleep aborted, from the server's
+    vllm:request_success_total{finished_reason="abort"} (None when that series cannot be read)."""
+    before = api.aborted_requests(ep)
+    if drain_s:
+        try:
+            api.sleep(ep, level, "wait", timeout=float(drain_s))
+        except api.HttpTimeout:
+            api.sleep(ep, level, "abort")
+    else:
+        api.sleep(ep, level, "abort")
+    after = api.aborted_requests(ep)
+    return None if before is None or after is None else int(after - before)
+
+
 def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
     """A rollback's: the service woken by this run goes back to sleep at level 2 (its weights are
     dropped and read again at its next wake: a corrupted copy does not survive); stopped when even
@@ -346,7 +371,7 @@ def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
 
     def run(env: RunEnv) -> str:
         try:
-            api.sleep(_endpoint(env, svc), 2)
+            api.sleep(_endpoint(env, svc), 2, "abort")      # it served nothing since its bad wake
         except api.HttpError as exc:
             Service.for_host(env.host, env.entry, name).run_all(shown.stop_commands(False), f"stop {name}",
                                                                 timeout=600)

@@ -26,6 +26,7 @@ from orchestrator.probe import metrics
 from orchestrator.secret import Secret
 
 HttpError = http.HttpError      # what every probe raises when there is no usable HTTP answer
+HttpTimeout = http.HttpTimeout  # no answer within the time given
 GUARDED = ("/v1", "/v2", "/inference", "/cohere")   # vLLM 0.33's GUARDED_PREFIX: the only paths given the key
 
 
@@ -258,12 +259,25 @@ def _dev(ep: Endpoint) -> Endpoint:
     return Endpoint(ep.host, ep.port, None, ep.address)
 
 
-def sleep(ep: Endpoint, level: int, timeout: float = 600.0) -> dict:
-    """POST /sleep?level=N: {"status": "sleeping", "level": N} once the engine sleeps."""
-    r = _dev(ep).request("POST", f"/sleep?level={int(level)}", timeout=timeout)
+def sleep(ep: Endpoint, level: int, mode: str = "wait", timeout: float = 600.0) -> dict:
+    """POST /sleep?level=N&mode=M: {"status": "sleeping", "level": N} once the engine sleeps.
+    vLLM's default mode is "abort" (the requests in flight end at once, finish_reason abort);
+    "wait" lets them finish first while new ones queue (vllm/v1/engine/core.py pause_scheduler).
+    HttpTimeout when it has not answered within `timeout` (the engine goes on with it)."""
+    path = f"/sleep?level={int(level)}&mode={mode}"
+    r = _dev(ep).request("POST", path, timeout=timeout)
     if r.status != 200:
-        raise http.HttpError(f"POST /sleep?level={level}: HTTP {r.status} {r.body[:200]!r}")
+        raise http.HttpError(f"POST {path}: HTTP {r.status} {r.body[:200]!r}")
     return r.json()
+
+
+def aborted_requests(ep: Endpoint, timeout: float = 5.0) -> float | None:
+    """How many requests have ended aborted so far (metrics.aborted), None when unreadable."""
+    try:
+        r = ep.request("GET", "/metrics", timeout=timeout)
+        return metrics.aborted(r.text()) if r.status == 200 else None
+    except (http.HttpError, metrics.MetricsError):
+        return None
 
 
 def wake_up(ep: Endpoint, timeout: float = 600.0) -> dict:

@@ -119,6 +119,16 @@ def parse(text: str) -> Samples:
     return Samples(by_name)
 
 
+def aborted(text: str) -> float | None:
+    """Requests that ended aborted, over every engine: vllm:request_success_total with
+    finished_reason="abort" (vllm/v1/metrics/loggers.py labels it by the FinishReason); None when
+    the server exports no such series."""
+    rows = parse(text).by_name.get("vllm:request_success_total")
+    if rows is None:
+        return None
+    return sum(v for labels, v in rows if labels.get("finished_reason") == "abort" and not math.isnan(v))
+
+
 def snapshot(text: str) -> dict[str, float | None]:
     """{quantity key: value or None} for every QUANTITIES entry, aggregated as documented above,
     plus "engines": how many engines report (1 for a server without the label)."""

@@ -931,6 +931,14 @@ class Engine:
         self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
         self.dead = False          # a worker died: every request fails
         self.paused = False        # asleep (any level): requests are accepted, not scheduled
+        # /sleep's pause modes (vllm/v1/engine/core.py pause_scheduler): every request gets a
+        # ticket; "abort" ends those before `abort_below` (finish_reason abort), "wait" lets those
+        # before `pause_ticket` run to their end while later ones queue, "keep" holds them all
+        self.tickets = 0
+        self.pause_ticket = 0
+        self.abort_below = 0
+        self.hold_all = False
+        self.live: set[int] = set()
         # TP/PP across nodes, a node lost while serving: nothing happens until a step needs its
         # ranks; then this (Launch.lost_peer_step) fails the step the way vLLM does
         self.lost_peer: Callable[[], Awaitable[None]] | None = None
@@ -1004,13 +1012,17 @@ class Engine:
         core.waiting += 1
         admitted = lane = running = False
         held = done = 0
+        ticket = self.tickets
+        self.tickets += 1
+        self.live.add(ticket)
         try:
             await core.slots.acquire()
             admitted = True
             core.admitted += 1
             await asyncio.sleep(0.015)        # the request's own scheduling overhead (in parallel)
-            while self.paused and not (self.dead or self.aborting):
+            while self.held(ticket):
                 await asyncio.sleep(0.05)          # vLLM's paused scheduler holds them
+            self._check_alive(ticket)
             await core.prefill_lane.acquire()
             lane = True
             core.waiting -= 1
@@ -1021,10 +1033,10 @@ class Engine:
                 await self.lost_peer()
             budget = max(1, self.cfg.get("max_num_batched_tokens") or 8192)
             while True:
-                self._check_alive()
-                while self.hung and not (self.dead or self.aborting):
-                    await asyncio.sleep(0.2)
-                self._check_alive()
+                self._check_alive(ticket)
+                while (self.hung or self.hold_all) and not (self.dead or self.aborting):
+                    await asyncio.sleep(0.2 if self.hung else 0.05)
+                self._check_alive(ticket)
                 chunk = min(budget, prompt_tokens - held)
                 await asyncio.sleep(chunk / self.profile["prefill"])
                 held += chunk
@@ -1037,9 +1049,9 @@ class Engine:
             core.ttft.observe(t - t_arrive)
             core.counters["prompt"] += prompt_tokens
             for i, item in enumerate(seq):
-                while self.hung and not (self.dead or self.aborting):    # the API server still
-                    await asyncio.sleep(0.2)                              # ends requests it aborts
-                self._check_alive()
+                while (self.hung or self.hold_all) and not (self.dead or self.aborting):  # the API server
+                    await asyncio.sleep(0.2 if self.hung else 0.05)                      # still ends requests
+                self._check_alive(ticket)                                                # it aborts
                 if self.lost_peer is not None:
                     await self.lost_peer()
                 if i:
@@ -1060,6 +1072,7 @@ class Engine:
                 core.counters["generation"] += 1
             core.tpot.observe((loop.time() - t_first) / (done - 1) if done > 1 else 0.0)
         finally:
+            self.live.discard(ticket)
             if lane:
                 core.prefill_lane.release()
             if admitted:
@@ -1072,11 +1085,44 @@ class Engine:
             core.kv_in_use -= held + done
             core.e2e.observe(loop.time() - t_arrive)
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, ticket: int | None = None) -> None:
         if self.dead:
             raise EngineDead()
-        if self.aborting:
+        if self.aborting or (ticket is not None and ticket < self.abort_below):
             raise Aborted()
+
+    def held(self, ticket: int) -> bool:
+        """Whether the paused scheduler holds this request back (not for a dead or aborting
+        engine): all of them in "keep" mode, and in the others those that came after the pause
+        ("wait" drains the ones before it; "abort" ended them)."""
+        if self.dead or self.aborting or ticket < self.abort_below:
+            return False
+        return self.paused and (self.hold_all or ticket >= self.pause_ticket)
+
+    def before_pause(self) -> int:
+        """Requests that came before the pause and have not ended."""
+        return sum(1 for t in self.live if t < self.pause_ticket)
+
+    def pause(self, mode: str) -> int:
+        """pause_scheduler(mode) of vLLM 0.33 (vllm/v1/engine/core.py) begins: new requests queue;
+        "abort" ends the ones before it, "keep" holds every one. The requests it aborted."""
+        self.pause_ticket = self.tickets
+        self.paused = True
+        if mode == "keep":
+            self.hold_all = True
+            return 0
+        if mode == "abort":
+            self.abort_below = self.pause_ticket
+            return self.before_pause()
+        return 0
+
+    async def drained(self) -> None:
+        """Until the requests from before the pause have ended (drained, or their aborts sent)."""
+        while self.before_pause() and not self.dead:
+            await asyncio.sleep(0.02)
+
+    def resume(self) -> None:
+        self.paused = self.hold_all = False
 
     def metrics(self) -> str:
         """/metrics as vLLM 0.33 serves it with prometheus_client 0.26: one series per engine
@@ -1092,6 +1138,11 @@ class Engine:
         cfg = self.cfg
         created = cfg["api_servers"] == 1
         out: list = []
+        if not cfg.get("log_stats", True):
+            # --disable-log-stats: AsyncLLM makes no StatLoggerManager (vllm/v1/engine/async_llm.py,
+            # `if self.log_stats:`), so no PrometheusStatLogger registers a vllm:* family; /metrics
+            # still answers 200 with prometheus_client's own process collectors (single API server)
+            return self.process_metrics() if created else ""
 
         def fmt(labels: dict) -> str:
             return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
@@ -1151,6 +1202,14 @@ class Engine:
                   "gpu_memory_utilization": str(cfg["util"]),
                   "num_gpu_blocks": str(cfg["kv_tokens"] // 16)}, 1.0) for c in self.cores])
         return "\n".join(out) + "\n"
+
+    @staticmethod
+    def process_metrics() -> str:
+        """prometheus_client's default registry without vLLM's families: its python_info gauge."""
+        v = sys.version_info
+        return ("# HELP python_info Python platform information\n# TYPE python_info gauge\n"
+                f'python_info{{implementation="CPython",major="{v.major}",minor="{v.minor}",'
+                f'patchlevel="{v.micro}",version="{v.major}.{v.minor}.{v.micro}"}} 1.0\n')
 
     def labels(self, core: EngineCore) -> dict:
         return {"engine": str(core.index), "model_name": self.cfg["served"][0]}
@@ -1331,7 +1390,7 @@ class Server:
                                     + f" or '{PAUSE_MODES[-1]}'"}})
             if bad or level is None:
                 return await self.json(writer, 422, {"detail": bad})
-            await sleeper.sleep(level)
+            await sleeper.sleep(level, mode)
             return await self.json(writer, 200, {"status": "sleeping", "level": level})
         if path == "/wake_up":
             tags = params.get("tags") or None
@@ -1612,6 +1671,7 @@ class Sleeper:
         self.left_mib = 0.0         # what the leaks so far hold on each GPU
         self.backend_logged = False
         self.corrupted = False      # fault wake-corrupt: until a level-2 wake reads the weights again
+        self.falling: asyncio.Event | None = None   # set when a sleep under way (draining) has ended
 
     @property
     def workers(self) -> list:
@@ -1624,18 +1684,37 @@ class Sleeper:
     def _names(self) -> list:
         return [Path(self.cfg["model"]).name, self.cfg["model"], *self.cfg["served"]]
 
-    async def sleep(self, level: int) -> None:
+    async def sleep(self, level: int, mode: str = "abort") -> None:
+        """vLLM 0.33's sleep (vllm/v1/engine/core.py EngineCore.sleep): the scheduler pauses in
+        `mode` (/sleep's default "abort" ends the requests in flight, "wait" lets them finish
+        first, "keep" holds them), then level 1 or 2 frees the GPU memory. A second /sleep while
+        one drains waits for it (the executor then says it sleeps already)."""
         launch, engine = self.launch, self.launch.engine
+        if self.falling is not None:
+            engine.pause(mode)                  # a later "abort" ends what the first still drains
+            await self.falling.wait()
         if level == 0:
-            engine.paused = self.paused_only = True
+            engine.pause(mode)
+            self.paused_only = True
+            await engine.drained()
             return
         if self.level:
             log(launch.ec, "WARNING", "abstract.py:402", "Executor is already sleeping.")
             return
-        if engine.in_flight:
+        self.falling = asyncio.Event()
+        try:
+            await self._sleep(level, mode)
+        finally:
+            self.falling.set()
+            self.falling = None
+
+    async def _sleep(self, level: int, mode: str) -> None:
+        launch, engine = self.launch, self.launch.engine
+        engine.pause(mode)
+        if mode == "wait" and engine.before_pause():        # abort's and keep's pause completes at once
             log(launch.ec, "INFO", "core.py:1027", "Waiting for in-flight requests to complete "
                 "before sleeping...")
-        engine.paused = True
+        await engine.drained()
         if not self.backend_logged:
             self.backend_logged = True
             log(launch.w0, "INFO", "sleep_mode_backend.py:202", "Using sleep-mode backend: cumem")
@@ -1681,7 +1760,8 @@ class Sleeper:
         log(launch.api, "INFO", "api_router.py:50", f"wake up the engine with tags: {tags}")
         if self.paused_only and not self.level:
             if tags is None or "scheduling" in tags:
-                self.paused_only = engine.paused = False
+                self.paused_only = False
+                engine.resume()
             return not self.paused_only
         if not self.level:
             log(launch.ec, "WARNING", "abstract.py:414", "Executor is not sleeping.")
@@ -1737,7 +1817,7 @@ class Sleeper:
             f"seconds to wake up tags {tags if tags is not None else SLEEP_TAGS_REPR}.")
         self.level = 0
         self.paused_only = False
-        engine.paused = False
+        engine.resume()
         return True
 
 
@@ -2073,6 +2153,7 @@ class Launch:
             "served": served, "max_model_len": max_len, "kv_dtype": kv_dtype,
             "util": float(a.gpu_memory_utilization or 0.9), "speed": speed,
             "reasoning": bool(a.reasoning_parser), "api_keys": keys, "api_servers": api_servers,
+            "log_stats": not a.disable_log_stats,
             "host": a.host, "port": int(a.port or 8000), "garbage": self.fault == "garbage",
             "attention_backend": (a.attention_backend or "").upper(),
             "decode_factor": SLOW_DECODE if self.fault == "slow-decode" else 1.0,

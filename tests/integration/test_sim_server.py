@@ -407,3 +407,17 @@ def test_the_perf_measurement_follows_the_layout_profile(sim_host):
         assert got.problems == []
         assert got.single_stream_tok_s is not None and got.single_stream_tok_s > 0
         assert got.concurrency == 8 and got.concurrency_tok_s is not None and got.concurrency_tok_s > 0
+
+
+def test_disable_log_stats_removes_every_vllm_series(sim_host):
+    # vLLM 0.33 with --disable-log-stats makes no stat loggers (vllm/v1/engine/async_llm.py): /metrics
+    # answers, without one vllm:* family. The simulator served them all anyway.
+    model = kimi(sim_host)
+    with SimServer(sim_host, [str(model), *KIMI_ARGV, "--disable-log-stats"]) as srv:
+        srv.wait_ready()
+        status, body = get(srv.url("/metrics"))
+        assert status == 200 and b"vllm:" not in body and b"python_info" in body, body[:500]
+    with SimServer(sim_host, [str(model), *KIMI_ARGV]) as srv:
+        srv.wait_ready()
+        status, body = get(srv.url("/metrics"))
+        assert status == 200 and b"vllm:kv_cache_usage_perc" in body

@@ -144,3 +144,36 @@ def test_the_health_check_leaves_a_sleeping_server_alone(sim_host, tmp_path, mon
         assert mod.main(args) == 0
         state = json.loads((tmp_path / "health" / "tiny.json").read_text())
         assert state["last"]["note"] == "asleep (sleep mode): not probed" and state["failures"] == 0
+
+
+def test_sleep_aborts_the_requests_in_flight_unless_asked_to_wait(sim_host):
+    # /sleep's mode defaults to "abort" in vLLM 0.33 (serve/dev/sleep/api_router.py): the requests in
+    # flight end at once with finish_reason "abort". The simulator let them run on after their memory
+    # was freed. "wait" lets them finish first (new ones queue until the wake).
+    import threading
+    import time
+
+    with SimServer(sim_host, [str(model(sim_host)), *ARGV, "--enable-sleep-mode"], env=DEV) as srv:
+        srv.wait_ready()
+
+        def long_request(out: list) -> threading.Thread:
+            body = {"model": "tiny", "prompt": "Count slowly.", "max_tokens": 300, "min_tokens": 300}
+            t = threading.Thread(target=lambda: out.append(call(srv, "POST", "/v1/completions", body, KEY)))
+            t.start()
+            return t
+
+        cut: list = []
+        t = long_request(cut)
+        time.sleep(1.0)
+        assert call(srv, "POST", "/sleep?level=1") == (200, {"status": "sleeping", "level": 1})
+        t.join(60)
+        assert cut[0][0] == 200 and cut[0][1]["choices"][0]["finish_reason"] == "abort", cut
+        assert call(srv, "POST", "/wake_up")[0] == 200
+        kept: list = []
+        t = long_request(kept)
+        time.sleep(1.0)
+        assert call(srv, "POST", "/sleep?level=1&mode=wait") == (200, {"status": "sleeping", "level": 1})
+        assert not t.is_alive(), "the sleep answers once the request in flight has finished"
+        t.join(60)
+        assert kept[0][1]["choices"][0]["finish_reason"] in ("stop", "length"), kept     # not "abort"
+        assert "Waiting for in-flight requests to complete before sleeping..." in srv.log

@@ -215,3 +215,38 @@ def test_per_service_commands_pick_the_awake_service_beside_a_sleeper(sim_host, 
     # stop changes something: it still asks which one
     stop = cli("stop", "--host", "sim", "--yes")
     assert stop.returncode == 2 and f"{old.name} (asleep)" not in stop.stderr, stop.stderr
+
+
+def test_a_sleep_swap_under_load_drains_the_requests_in_flight_and_aborts_none(sim_host, pair):
+    # vLLM's /sleep aborts what runs unless asked to wait (mode=abort by default); vllm-orch sent no
+    # mode, so every request in flight at a sleep swap ended with finish_reason "abort".
+    import threading
+    import time
+    import urllib.request
+
+    from orchestrator.host.state import read_history
+
+    e, old, new, manifests = pair
+    body = json.dumps({"model": old.served_name, "prompt": "Count slowly.", "max_tokens": 200,
+                       "min_tokens": 200}).encode()
+    answers: list = []
+
+    def one():
+        req = urllib.request.Request(f"http://127.0.0.1:{old.serving.port}/v1/completions", data=body,
+                                     method="POST", headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            answers.append(json.loads(r.read())["choices"][0]["finish_reason"])
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)                                       # the requests are in flight
+    result = swap(e, new, manifests, sleep_old=True)
+    for t in threads:
+        t.join(300)
+    assert result.ok, result.error
+    assert len(answers) == 4 and "abort" not in answers, answers
+    slept = read_history(sim_host.host, e)[-1].shown()["sleep"]["slept"][old.name]
+    assert slept["aborted"] == 0, slept
+    (sleep,) = [a for a in result.plan.actions if a.step == "sleep"]
+    assert any("mode=wait" in d for d in sleep.details), sleep.details

@@ -132,3 +132,8 @@ def test_the_example_inventory_ships_in_the_wheel_and_hosts_example_prints_it():
     out = CliRunner().invoke(cli, ["hosts", "--example"])
     assert out.exit_code == 0 and out.output == (repo / "hosts.example.yaml").read_text()
     validate_inventory_file(example_inventory())
+
+
+def test_the_stats_turned_back_on_are_no_problem():
+    from orchestrator.config.manifest import VllmArgs
+    assert VllmArgs(extra_args=["--no-disable-log-stats"]).extra_args == ["--no-disable-log-stats"]
