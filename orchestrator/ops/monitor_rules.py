@@ -188,8 +188,10 @@ def alerts(targets: list[Target]) -> list[Alert]:
               "vllm-orch logs {{ $labels.service }} --host {{ $labels.host }} (the root-cause line); "
               "vllm-orch status --host {{ $labels.host }}"),
         Alert("VllmSleepingGpuMemoryGrowing",
-              f"max by ({BY}) (delta(DCGM_FI_DEV_FB_USED[{SLEEP_WINDOW}]) * on (host, gpu) group_left (service) "
-              f"vllm_orch_service_gpu_info) > {SLEEP_GROWTH_MIB} and on (host, service) "
+              # each service's GPUs (a GPU is listed for its sleepers and its awake service: the
+              # services are the "many" side) times the one DCGM series of that GPU
+              f"max by ({BY}) (vllm_orch_service_gpu_info * on (host, gpu) group_left "
+              f"delta(DCGM_FI_DEV_FB_USED[{SLEEP_WINDOW}])) > {SLEEP_GROWTH_MIB} and on (host, service) "
               f'max by ({BY}) ({m.SLEEP_STATE}{{sleep_state="awake"}}) == 0',
               "10m", "warning",
               "{{ $labels.service }} on {{ $labels.host }}: asleep, yet its GPUs' memory grew "
@@ -315,6 +317,14 @@ def promtool_tests(targets: list[Target], timing: Timing) -> dict:
     awake = {**vllm, "engine": "0", "sleep_state": "awake"}
     tests += [case(sleep, [*gpu, _series(m.SLEEP_STATE, awake, f"0x{k}")], True, svc),
               case(sleep, [*gpu, _series(m.SLEEP_STATE, awake, f"1x{k}")], False, svc)]
+    # the sleep layout: the sleeper and the awake service of the same GPU (both listed for it); the
+    # memory grows with the awake one's work: only the sleeper's alert can fire, and it does
+    other = {"host": host, "service": "awake-svc"}
+    shared = [*gpu, _series("vllm_orch_service_gpu_info", {**state, **other, "gpu": "0"}, f"1x{k}"),
+              _series(m.SLEEP_STATE, awake, f"0x{k}"),
+              _series(m.SLEEP_STATE, {**vllm, **other, "instance": "gpu1:8001", "engine": "0",
+                                      "sleep_state": "awake"}, f"1x{k}")]
+    tests.append(case(sleep, shared, True, svc))
     tests.append(recording_case(timing))
     return {"rule_files": ["vllm-orch.rules.yml"], "evaluation_interval": timing.interval, "tests": tests}
 
