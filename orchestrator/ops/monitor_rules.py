@@ -46,6 +46,7 @@ class Target:
     address: str                    # host:port Prometheus scrapes
     keyed: bool                     # the manifest lists VLLM_API_KEY: scraped with a scrape credential if one is given
     slo_ttft_p95_s: float | None = None
+    on_host: bool = False           # listens on loopback of a host scraped over the network: its agent's target
 
     def labels(self) -> dict[str, str]:
         return {"host": self.host, "service": self.service, "model": self.model,
@@ -90,25 +91,42 @@ def exporter_sd(exporters: list[Exporter], kind: str) -> list[dict]:
     return [{"targets": [e.address], "labels": {"host": e.host}} for e in exporters if e.kind == kind]
 
 
+def _job(name: str, **extra) -> dict:
+    return {"job_name": name, "file_sd_configs": [{"files": [f"targets/{name}.json"]}], **extra}
+
+
+def _vllm_jobs(key_file: str | None, scheme: str) -> list[dict]:
+    """The vLLM scrape jobs: unkeyed, and keyed with the operator's credential file when given."""
+    tls = {"scheme": scheme} if scheme != "http" else {}
+    jobs = [_job("vllm", **tls)]
+    if key_file is not None:
+        jobs.append(_job("vllm-keyed", **tls, authorization={"type": "Bearer", "credentials_file": key_file}))
+    return jobs
+
+
 def scrape_config(timing: Timing, key_file: str | None, scheme: str = "http") -> dict:
     """prometheus.yml: every path relative to its own folder (Prometheus resolves them so). No
     scrape carries a key by default (vLLM 0.33 leaves /metrics outside --api-key's guarded
     prefixes); the keyed job is there only when the operator gives a scrape credential `key_file`,
     referenced as a file (authorization.credentials_file), never written here. `scheme` https: the
     vLLM jobs scrape over TLS (a server started with --ssl-* or a TLS proxy at the target)."""
-    tls = {"scheme": scheme} if scheme != "http" else {}
-
-    def job(name: str, **extra) -> dict:
-        return {"job_name": name, "file_sd_configs": [{"files": [f"targets/{name}.json"]}], **extra}
-
-    jobs = [job("vllm", **tls)]
-    if key_file is not None:
-        jobs.append(job("vllm-keyed", **tls, authorization={"type": "Bearer", "credentials_file": key_file}))
+    jobs = _vllm_jobs(key_file, scheme)
     # vllm-orch's own series (status --prometheus through a node exporter's textfile collector)
     # carry their own host and service labels: honor_labels keeps them
-    jobs += [job("node"), job("dcgm"), job("vllm-orch", honor_labels=True)]
+    jobs += [_job("node"), _job("dcgm"), _job("vllm-orch", honor_labels=True)]
     return {"global": {"scrape_interval": timing.interval, "evaluation_interval": timing.interval},
             "rule_files": ["rules/vllm-orch.rules.yml"], "scrape_configs": jobs}
+
+
+def agent_config(timing: Timing, key_file: str | None, scheme: str, remote_write: str | None) -> dict:
+    """agent/HOST/prometheus.yml: a Prometheus in agent mode on HOST (`prometheus
+    --enable-feature=agent`) scraping the services that listen on its loopback, with the labels the
+    fleet's targets carry, and remote-writing every series (up included) to the fleet's Prometheus
+    (started with --web.enable-remote-write-receiver), so its rules and alerts see them as any other."""
+    out: dict = {"global": {"scrape_interval": timing.interval}, "scrape_configs": _vllm_jobs(key_file, scheme)}
+    if remote_write:
+        out["remote_write"] = [{"url": remote_write}]
+    return out
 
 
 # -- recording rules ----------------------------------------------------------------------------
