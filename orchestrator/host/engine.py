@@ -188,8 +188,11 @@ def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict]
         message = str(errors[0].get("message", ""))
         if "symlink" in message or "not a folder vllm-orch built" in message:
             raise RefusedError(f"engine venv refused: {message}", host=entry.name, step="engine")
+        no_uv = f"No such file or directory: '{entry.uv}'" in message
         raise DeployFailed(f"engine venv {lock.name} did not build: {message}", host=entry.name, step="engine",
-                           hint="the host's uv must reach the registries (the inventory's env, e.g. "
+                           hint=f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
+                                f"(https://docs.astral.sh/uv/) or set `uv:` to its path" if no_uv else
+                                "the host's uv must reach the registries (the inventory's env, e.g. "
                                 "UV_INDEX_URL), or set `wheelhouse` for it to build offline")
     done = [e for e in events if e["event"] == "done"]
     if result.exit_code != 0 or not done:

@@ -40,6 +40,7 @@ def test_up_is_idempotent_and_writes_the_inventory(tmp_path, monkeypatch):
     sim2 = load_inventory().hosts["sim-2"]
     assert [o.serving.port for o in sim2.overrides.values()] == [8100]
     assert e["vllm"] == str(hdir / "bin" / "vllm") and e["models_root"] == str(hdir / "models")
+    assert e["engines_root"] == str(hdir / "engines")     # never this machine's /var/lib/vllm-orch/engines
     assert e["env"]["PYTHONPATH"] == str(hdir / "site-packages")
     info = json.loads((hdir / "sim.json").read_text())
     assert info["simulated"] and info["speed"] == 500 and len(info["gpus"]) == 8
