@@ -23,6 +23,15 @@ def _hostport(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def _url(ctx, param, value: str | None) -> str | None:
+    """An http(s) URL without spaces or quotes, as written into a YAML file."""
+    if value is None:
+        return None
+    if not re.fullmatch(r"https?://[A-Za-z0-9\[\]._:-]+(/[A-Za-z0-9._~/%-]*)?", value):
+        raise click.BadParameter(f"{value!r} is not an http(s) URL (e.g. http://prom.lan:9090/api/v1/write)")
+    return value
+
+
 @click.command(epilog=exit_codes("0 written, 1 a host could not be reached (its services are left out, "
                                   "the rest is written), 2 bad input, 3 refused (a scrape key over plain http "
                                   "without --scrape-key-over-http, or a scrape key file holding the service's "
@@ -41,13 +50,17 @@ def _hostport(ctx, param, value: str | None) -> str | None:
 @click.option("--state-target", default=None, metavar="HOST:PORT", callback=_hostport,
               help="Where Prometheus reads `vllm-orch status --prometheus`'s output (a node exporter's "
                    "textfile collector). Default: no vllm-orch state target.")
+@click.option("--remote-write", default=None, metavar="URL", callback=_url,
+              help="Where the agent of a host with loopback-only services (every sleep-capable one) "
+                   "sends their series: your Prometheus's /api/v1/write (started with "
+                   "--web.enable-remote-write-receiver). See agent/HOST/ in the output.")
 @click.option("--interval", type=click.IntRange(min=1, max=3600), default=15, show_default=True,
               help="Seconds between scrapes and rule evaluations (rate windows are four of them).")
 @click.option("--for", "for_s", type=click.IntRange(min=0), default=None,
               help="Every alert's `for:` in seconds (alert drills and tests). Default: each alert's own.")
 @pass_app
 def monitor(app, hosts, parallel, accept_new_host_key, out, scrape_key_file, scheme, scrape_key_over_http,
-            state_target, interval, for_s):
+            state_target, remote_write, interval, for_s):
     """Write what a Prometheus and a Grafana need to watch the fleet's services: file_sd targets
     (labels host, service, model, served_name, gpus, node_role, vllm_version), prometheus.yml,
     recording and alert rules, their `promtool test rules` cases and a dashboard.
@@ -87,12 +100,13 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, scrape_key_file, sch
         keyed = "VLLM_API_KEY" in m.serving.secret_env
         if keyed and key is None:
             key = api_key_of(model)
-        return ServiceFacts(keyed=keyed, slo_ttft_p95_s=m.performance.slo_ttft_p95_seconds)
+        return ServiceFacts(keyed=keyed, slo_ttft_p95_s=m.performance.slo_ttft_p95_seconds, bind=m.serving.host)
 
     targets, exporters = fleet(results, {e.name: e for e in hosts}, facts_of)
     timing = monitor_rules.Timing(interval_s=interval, for_s=for_s)
     written = write(out, targets, exporters, timing, scrape_key_file=str(scrape_key_file) if scrape_key_file else None,
-                    scheme=scheme, key_over_http=scrape_key_over_http, service_key=key, state_target=state_target)
+                    scheme=scheme, key_over_http=scrape_key_over_http, service_key=key, state_target=state_target,
+                    remote_write=remote_write)
     con = console()
     if (out / "secrets" / "vllm-api-key").exists():     # what monitor wrote before the keyed scrape was opt-in
         con.print(f"[yellow]{escape(str(out / 'secrets' / 'vllm-api-key'))} (written by an earlier vllm-orch monitor) "
@@ -104,6 +118,14 @@ def monitor(app, hosts, parallel, accept_new_host_key, out, scrape_key_file, sch
         if not st.reachable:
             con.print(f"[red]{st.host}: unreachable ({escape(st.error or '')}); its services are not in the "
                       f"targets[/red]")
+    for host in sorted({t.host for t in targets if t.on_host}):
+        names = ", ".join(t.service for t in targets if t.on_host and t.host == host)
+        con.print(f"[yellow]{escape(host)}: {escape(names)} listen{'s' if ',' not in names else ''} on loopback only "
+                  f"(a Prometheus elsewhere cannot scrape {'it' if ',' not in names else 'them'}): run a Prometheus "
+                  f"agent there with {escape(str(out / 'agent' / host))}/ "
+                  f"(prometheus --enable-feature=agent --config.file=prometheus.yml)"
+                  + ("" if remote_write else "; pass --remote-write URL so it sends their series to your "
+                     "Prometheus") + "[/yellow]")
     con.print(f"{len(targets)} service target{'s' if len(targets) != 1 else ''}, {len(exporters)} exporter"
               f"{'s' if len(exporters) != 1 else ''}; wrote {len(written)} files under {out}")
     for p in written:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Engine, Manifest, pkg_key
+from orchestrator.errors import ConfigError
 
 MARKER = "vllm-orch-engine.json"          # written last into a venv that built and verified
 
@@ -70,6 +73,30 @@ def lock_of(engine: Engine) -> Lock:
         pins[key] = version
     return Lock(engine.python, tuple(reqs[k] for k in sorted(reqs)), engine.vllm_version,
                 tuple(sorted(pins.items())))
+
+
+def wheel_file(url: str) -> str:
+    """The file name of a wheel URL: its last path part, %-decoded (`%2B` is the `+` of a local version)."""
+    return urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+
+
+def offline_requirements(lock: Lock, wheels: Iterable[str], wheelhouse: str, where: str) -> tuple[str, ...]:
+    """The lines uv installs from the host's copy of the wheelhouse (`--offline --no-index
+    --find-links`, which fetches no URL): a `vllm @ URL` line names the wheelhouse's file of that
+    name. ConfigError when the wheelhouse has none (`where`: the inventory's wheelhouse, to name)."""
+    have = set(wheels)
+    out = []
+    for line in lock.requirements:
+        if line.startswith("vllm @ "):
+            name = wheel_file(line.removeprefix("vllm @ "))
+            if name not in have:
+                raise ConfigError(f"engine.vllm is a wheel URL, and the host builds offline from the wheelhouse "
+                                  f"{where}, which has no {name}",
+                                  hint=f"put {name} into {where} (uv --offline fetches no URL), or drop the "
+                                       f"inventory's wheelhouse for a host that reaches the URL")
+            line = f"vllm @ file://{wheelhouse}/{urllib.parse.quote(name)}"
+        out.append(line)
+    return tuple(out)
 
 
 def venv_path(entry: HostEntry, lock: Lock) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config.engine import Lock
+from orchestrator.config.engine import Lock, offline_requirements
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import DeployFailed, RefusedError
+from orchestrator.errors import ConfigError, DeployFailed, RefusedError
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Script
 
@@ -134,7 +134,13 @@ def remove(host: Host, entry: HostEntry, name: str) -> str | None:
 def local_wheels(folder: str) -> dict[str, Path]:
     """The wheels of the controller's wheelhouse (file names a wheel can have, regular files)."""
     out = {}
-    for p in sorted(Path(folder).expanduser().iterdir()):
+    try:
+        found = sorted(Path(folder).expanduser().iterdir())
+    except OSError as exc:
+        raise ConfigError(f"the inventory's wheelhouse {folder} cannot be read on this machine: "
+                          f"{exc.strerror or exc}", hint="wheelhouse is a folder of wheels on the controller "
+                          "(where vllm-orch runs): the engine step uploads them to the host") from None
+    for p in found:
         if WHEEL.match(p.name) and p.is_file() and not p.is_symlink():
             out[p.name] = p
     return out
@@ -158,7 +164,12 @@ def upload_wheelhouse(host: Host, entry: HostEntry, on_step: Callable[[str], Non
 
 def build_args(entry: HostEntry, lock: Lock) -> list[str]:
     """The engine script's arguments for building the lock's venv (what the plan shows is what runs)."""
-    return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=wheelhouse_dir(entry) if entry.wheelhouse else None)]
+    if not entry.wheelhouse:
+        return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=None)]
+    house = wheelhouse_dir(entry)
+    urls = any(r.startswith("vllm @ ") for r in lock.requirements)
+    install = offline_requirements(lock, local_wheels(entry.wheelhouse) if urls else (), house, entry.wheelhouse)
+    return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=house, install=list(install))]
 
 
 def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict], None] | None = None,
@@ -177,8 +188,11 @@ def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict]
         message = str(errors[0].get("message", ""))
         if "symlink" in message or "not a folder vllm-orch built" in message:
             raise RefusedError(f"engine venv refused: {message}", host=entry.name, step="engine")
+        no_uv = f"No such file or directory: '{entry.uv}'" in message
         raise DeployFailed(f"engine venv {lock.name} did not build: {message}", host=entry.name, step="engine",
-                           hint="the host's uv must reach the registries (the inventory's env, e.g. "
+                           hint=f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
+                                f"(https://docs.astral.sh/uv/) or set `uv:` to its path" if no_uv else
+                                "the host's uv must reach the registries (the inventory's env, e.g. "
                                 "UV_INDEX_URL), or set `wheelhouse` for it to build offline")
     done = [e for e in events if e["event"] == "done"]
     if result.exit_code != 0 or not done:

@@ -18,6 +18,7 @@ success), from each host's records and history.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -43,6 +44,19 @@ class ServiceFacts:
 
     keyed: bool = False
     slo_ttft_p95_s: float | None = None
+    bind: str | None = None         # serving.host, the address vLLM listens on (None: manifest unread)
+
+
+def loopback(address: str | None) -> bool:
+    """127.0.0.0/8, ::1 or localhost: reachable from the host itself only."""
+    if address is None:
+        return False
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def scrape_address(entry: HostEntry) -> str:
@@ -68,11 +82,16 @@ def fleet(results: list[HostStatus], entries: dict[str, HostEntry],
             if not v.port:
                 continue
             f = facts_of(v.model or v.name)
+            # a service listening on loopback only (every sleep-capable one) is reached from its own
+            # host or not at all: an agent there scrapes it (agent/HOST/), never the fleet's Prometheus
+            # at the host's address (refused) or at its own 127.0.0.1 (another machine's port)
+            on_host = loopback(f.bind) and not loopback(addr)
+            at = ("::1" if ":" in (f.bind or "") else "127.0.0.1") if on_host else addr
             targets.append(rules.Target(
                 host=st.host, service=v.name, model=v.model or v.name, served_name=v.served_name or v.name,
                 gpus=tuple(v.gpus), node_role="head" if v.node_names else "single",
-                vllm_version=st.vllm_version or "unknown", address=_hostport(addr, v.port),
-                keyed=f.keyed, slo_ttft_p95_s=f.slo_ttft_p95_s))
+                vllm_version=st.vllm_version or "unknown", address=_hostport(at, v.port),
+                keyed=f.keyed, slo_ttft_p95_s=f.slo_ttft_p95_s, on_host=on_host))
         for kind, port in (("node", entry.monitoring.node_exporter_port),
                            ("dcgm", entry.monitoring.dcgm_exporter_port)):
             if port:
@@ -112,14 +131,18 @@ def scrape_credential(path: str, scheme: str, key_over_http: bool, service_key: 
 
 def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter], timing: rules.Timing,
           scrape_key_file: str | None = None, scheme: str = "http", key_over_http: bool = False,
-          service_key: Secret | None = None, state_target: str | None = None) -> list[Path]:
+          service_key: Secret | None = None, state_target: str | None = None,
+          remote_write: str | None = None) -> list[Path]:
     """Every file under `out`; the paths written. Keyed services are scraped with a credential only
     when `scrape_key_file` is given (scrape_credential's checks first: nothing is written when
-    they refuse); `service_key` is only compared with it, never written."""
+    they refuse); `service_key` is only compared with it, never written. A service listening on
+    loopback of a host Prometheus reaches over the network is in agent/HOST/ (a Prometheus in agent
+    mode on that host, remote-writing to `remote_write`), not in targets/."""
     ref = scrape_credential(scrape_key_file, scheme, key_over_http, service_key) if scrape_key_file else None
-    keyed = [t for t in targets if t.keyed and ref]
+    remote = [t for t in targets if not t.on_host]
+    keyed = [t for t in remote if t.keyed and ref]
     files = {
-        "targets/vllm.json": json.dumps(rules.file_sd([t for t in targets if t not in keyed]), indent=2),
+        "targets/vllm.json": json.dumps(rules.file_sd([t for t in remote if t not in keyed]), indent=2),
         "targets/vllm-keyed.json": json.dumps(rules.file_sd(keyed), indent=2),
         "targets/node.json": json.dumps(rules.exporter_sd(exporters, "node"), indent=2),
         "targets/dcgm.json": json.dumps(rules.exporter_sd(exporters, "dcgm"), indent=2),
@@ -130,6 +153,14 @@ def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter
                                                          width=1000),
         "grafana/vllm-orch-fleet.json": json.dumps(rules.dashboard(targets), indent=2),
     }
+    for host in sorted({t.host for t in targets if t.on_host}):
+        mine = [t for t in targets if t.on_host and t.host == host]
+        local_keyed = [t for t in mine if t.keyed and ref]
+        files[f"agent/{host}/targets/vllm.json"] = json.dumps(
+            rules.file_sd([t for t in mine if t not in local_keyed]), indent=2)
+        files[f"agent/{host}/targets/vllm-keyed.json"] = json.dumps(rules.file_sd(local_keyed), indent=2)
+        files[f"agent/{host}/prometheus.yml"] = yaml.safe_dump(
+            rules.agent_config(timing, ref, scheme, remote_write), sort_keys=False)
     written = []
     for rel, text in files.items():
         _write(out / rel, text + "\n")

@@ -46,6 +46,7 @@ class Target:
     address: str                    # host:port Prometheus scrapes
     keyed: bool                     # the manifest lists VLLM_API_KEY: scraped with a scrape credential if one is given
     slo_ttft_p95_s: float | None = None
+    on_host: bool = False           # listens on loopback of a host scraped over the network: its agent's target
 
     def labels(self) -> dict[str, str]:
         return {"host": self.host, "service": self.service, "model": self.model,
@@ -90,25 +91,42 @@ def exporter_sd(exporters: list[Exporter], kind: str) -> list[dict]:
     return [{"targets": [e.address], "labels": {"host": e.host}} for e in exporters if e.kind == kind]
 
 
+def _job(name: str, **extra) -> dict:
+    return {"job_name": name, "file_sd_configs": [{"files": [f"targets/{name}.json"]}], **extra}
+
+
+def _vllm_jobs(key_file: str | None, scheme: str) -> list[dict]:
+    """The vLLM scrape jobs: unkeyed, and keyed with the operator's credential file when given."""
+    tls = {"scheme": scheme} if scheme != "http" else {}
+    jobs = [_job("vllm", **tls)]
+    if key_file is not None:
+        jobs.append(_job("vllm-keyed", **tls, authorization={"type": "Bearer", "credentials_file": key_file}))
+    return jobs
+
+
 def scrape_config(timing: Timing, key_file: str | None, scheme: str = "http") -> dict:
     """prometheus.yml: every path relative to its own folder (Prometheus resolves them so). No
     scrape carries a key by default (vLLM 0.33 leaves /metrics outside --api-key's guarded
     prefixes); the keyed job is there only when the operator gives a scrape credential `key_file`,
     referenced as a file (authorization.credentials_file), never written here. `scheme` https: the
     vLLM jobs scrape over TLS (a server started with --ssl-* or a TLS proxy at the target)."""
-    tls = {"scheme": scheme} if scheme != "http" else {}
-
-    def job(name: str, **extra) -> dict:
-        return {"job_name": name, "file_sd_configs": [{"files": [f"targets/{name}.json"]}], **extra}
-
-    jobs = [job("vllm", **tls)]
-    if key_file is not None:
-        jobs.append(job("vllm-keyed", **tls, authorization={"type": "Bearer", "credentials_file": key_file}))
+    jobs = _vllm_jobs(key_file, scheme)
     # vllm-orch's own series (status --prometheus through a node exporter's textfile collector)
     # carry their own host and service labels: honor_labels keeps them
-    jobs += [job("node"), job("dcgm"), job("vllm-orch", honor_labels=True)]
+    jobs += [_job("node"), _job("dcgm"), _job("vllm-orch", honor_labels=True)]
     return {"global": {"scrape_interval": timing.interval, "evaluation_interval": timing.interval},
             "rule_files": ["rules/vllm-orch.rules.yml"], "scrape_configs": jobs}
+
+
+def agent_config(timing: Timing, key_file: str | None, scheme: str, remote_write: str | None) -> dict:
+    """agent/HOST/prometheus.yml: a Prometheus in agent mode on HOST (`prometheus
+    --enable-feature=agent`) scraping the services that listen on its loopback, with the labels the
+    fleet's targets carry, and remote-writing every series (up included) to the fleet's Prometheus
+    (started with --web.enable-remote-write-receiver), so its rules and alerts see them as any other."""
+    out: dict = {"global": {"scrape_interval": timing.interval}, "scrape_configs": _vllm_jobs(key_file, scheme)}
+    if remote_write:
+        out["remote_write"] = [{"url": remote_write}]
+    return out
 
 
 # -- recording rules ----------------------------------------------------------------------------
@@ -188,8 +206,10 @@ def alerts(targets: list[Target]) -> list[Alert]:
               "vllm-orch logs {{ $labels.service }} --host {{ $labels.host }} (the root-cause line); "
               "vllm-orch status --host {{ $labels.host }}"),
         Alert("VllmSleepingGpuMemoryGrowing",
-              f"max by ({BY}) (delta(DCGM_FI_DEV_FB_USED[{SLEEP_WINDOW}]) * on (host, gpu) group_left (service) "
-              f"vllm_orch_service_gpu_info) > {SLEEP_GROWTH_MIB} and on (host, service) "
+              # each service's GPUs (a GPU is listed for its sleepers and its awake service: the
+              # services are the "many" side) times the one DCGM series of that GPU
+              f"max by ({BY}) (vllm_orch_service_gpu_info * on (host, gpu) group_left "
+              f"delta(DCGM_FI_DEV_FB_USED[{SLEEP_WINDOW}])) > {SLEEP_GROWTH_MIB} and on (host, service) "
               f'max by ({BY}) ({m.SLEEP_STATE}{{sleep_state="awake"}}) == 0',
               "10m", "warning",
               "{{ $labels.service }} on {{ $labels.host }}: asleep, yet its GPUs' memory grew "
@@ -315,6 +335,14 @@ def promtool_tests(targets: list[Target], timing: Timing) -> dict:
     awake = {**vllm, "engine": "0", "sleep_state": "awake"}
     tests += [case(sleep, [*gpu, _series(m.SLEEP_STATE, awake, f"0x{k}")], True, svc),
               case(sleep, [*gpu, _series(m.SLEEP_STATE, awake, f"1x{k}")], False, svc)]
+    # the sleep layout: the sleeper and the awake service of the same GPU (both listed for it); the
+    # memory grows with the awake one's work: only the sleeper's alert can fire, and it does
+    other = {"host": host, "service": "awake-svc"}
+    shared = [*gpu, _series("vllm_orch_service_gpu_info", {**state, **other, "gpu": "0"}, f"1x{k}"),
+              _series(m.SLEEP_STATE, awake, f"0x{k}"),
+              _series(m.SLEEP_STATE, {**vllm, **other, "instance": "gpu1:8001", "engine": "0",
+                                      "sleep_state": "awake"}, f"1x{k}")]
+    tests.append(case(sleep, shared, True, svc))
     tests.append(recording_case(timing))
     return {"rule_files": ["vllm-orch.rules.yml"], "evaluation_interval": timing.interval, "tests": tests}
 

@@ -138,7 +138,18 @@ _log_import()
 IMPORTS = "sim-vllm-imports.jsonl"        # in the host's logs folder: one JSON line per import of a simulated vllm
 
 
-def vllm_wheel(folder: Path, version: str, requires: Iterable[str] = ()) -> Path:
+# What a simulated vLLM wheel requires, as the real wheel's METADATA does (vllm-0.33.0 on PyPI:
+# Requires-Dist torch==2.14.0, flashinfer-python==0.7.2.post1), so a lock pinning another torch or
+# flashinfer fails uv's resolution as it would on a real host; the older simulated versions require
+# nothing. The default wheelhouse carries what 0.33.0 requires.
+REQUIRES = {"0.33.0": ("torch==2.14.0", "flashinfer-python==0.7.2.post1")}
+TORCH = "2.14.0+cu130"
+FLASHINFER = "0.7.2.post1"
+
+
+def vllm_wheel(folder: Path, version: str, requires: Iterable[str] | None = None) -> Path:
+    """A simulated vLLM wheel; `requires` None: what the real wheel of that version requires (REQUIRES)."""
+    requires = REQUIRES.get(version, ()) if requires is None else requires
     server = package_file("sim", "vllm_server.py").read_text()
     return make_wheel(folder, "vllm", version, {
         "vllm/__init__.py": _SIM_INIT.format(version=version),
@@ -172,8 +183,8 @@ def flashinfer_wheels(folder: Path, version: str, cubin: str | None = None) -> l
                        {"flashinfer_cubin/__init__.py": f'__version__ = "{cubin or version}"\n'})]
 
 
-def wheelhouse(folder: Path, vllm_versions: Iterable[str] = ("0.33.0",), *, torch: str = "2.13.0+cu130",
-               flashinfer: Iterable[str] = ("0.6.14",)) -> Path:
+def wheelhouse(folder: Path, vllm_versions: Iterable[str] = ("0.33.0",), *, torch: str = TORCH,
+               flashinfer: Iterable[str] = (FLASHINFER,)) -> Path:
     """A wheelhouse with a simulated vLLM of each version, torch, and flashinfer pairs."""
     for v in vllm_versions:
         vllm_wheel(folder, v)

@@ -85,7 +85,10 @@ class SimHost:
                      "cluster": {"address": "127.0.0.1"},
                      "models_root": str(hdir / "models"), "vllm": str(hdir / "bin" / "vllm"),
                      "python": self.python, "nvidia_smi": str(hdir / "bin" / "nvidia-smi"),
-                     "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env}
+                     "units_dir": str(hdir / "units"), "state_dir": str(hdir / "state"), "env": env,
+                     # a manifest's engine: is built in the host's folder, never in this machine's
+                     # /var/lib/vllm-orch/engines (root runs the simulator in CI)
+                     "engines_root": str(hdir / "engines")}
         entry["label"] = LABEL
         if self.serving_port and not self.container:
             entry["overrides"] = {"*": {"serving": {"port": self.serving_port}}}

@@ -45,8 +45,8 @@ GPU_MEMORY_MIB = 97887
 DRIVER_VERSION = "580.95.05"
 CUDA_VERSION = "13.0"
 VLLM_VERSION = "0.33.0"
-DISTS = {"vllm": VLLM_VERSION, "torch": "2.13.0+cu130", "flashinfer-python": "0.6.14",
-         "flashinfer-cubin": "0.6.14"}
+DISTS = {"vllm": VLLM_VERSION, "torch": "2.14.0+cu130", "flashinfer-python": "0.7.2.post1",
+         "flashinfer-cubin": "0.7.2.post1"}          # what vllm-0.33.0's METADATA requires (sim/engines.py REQUIRES)
 DEFAULT_SPEED = 200.0
 GIB = 1 << 30
 DEFAULT_SCALE = 10000
@@ -598,8 +598,8 @@ def add_fault(host: str, fault: str, model: str | None = None,
                           hint="vllm-orch sim fault --list shows them")
     fault_file.add_fault(hdir, fault, model, **extra)      # locked: the server may be consuming one
     faults = _read_json(hdir / "faults.json", [])
-    if fault == "crash-flashinfer":   # the real cause: mismatched packages, visible to preflight
-        write_dist(hdir / "site-packages", "flashinfer-cubin", "0.6.13")
+    if fault == "crash-flashinfer":   # the real cause: mismatched packages (the release before), visible to preflight
+        write_dist(hdir / "site-packages", "flashinfer-cubin", "0.7.2")
     return faults
 
 

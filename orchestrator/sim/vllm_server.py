@@ -2365,9 +2365,9 @@ class Launch:
             i += 1
             if self.fault == "crash-flashinfer" or fi_bad:
                 if i > steps // 4:
-                    fi = fi or "0.6.14"
-                    if not fi_bad:
-                        cubin = fi.rsplit(".", 1)[0] + "." + str(max(0, int(
+                    fi = fi or "0.7.2.post1"
+                    if not fi_bad:          # the release before: 0.7.2.post1 -> 0.7.2, 0.6.14 -> 0.6.13
+                        cubin = fi.split(".post")[0] if ".post" in fi else fi.rsplit(".", 1)[0] + "." + str(max(0, int(
                             re.sub(r"\D.*", "", fi.rsplit(".", 1)[1]) or 1) - 1))
                     self.worker_crash(w0, ec, multi, [
                         ("vllm/v1/worker/gpu_model_runner.py", 5021, "load_model",

@@ -34,21 +34,34 @@ PY = f"{os.sys.version_info.major}.{os.sys.version_info.minor}"   # a Python uv 
 pytestmark = pytest.mark.skipif(UV is None, reason="uv is in the dev extra: ./dev test installs it")
 
 
-def with_engine(vllm: str, *, name: str = MM, port: int | None = None, flashinfer: str | None = "0.6.14") -> Manifest:
+OLD_TORCH, OLD_FLASHINFER = "2.13.0+cu130", "0.6.14"       # the older simulated versions' (they require none)
+
+
+def with_engine(vllm: str, *, name: str = MM, port: int | None = None, flashinfer: str | None = "",
+                torch: str = "") -> Manifest:
+    """A manifest whose engine pins `vllm` with the torch and flashinfer its wheel requires (0.33.0:
+    sim_engines.REQUIRES, as the real wheel's METADATA), else the older pair; None: no flashinfer pin."""
+    new = vllm in sim_engines.REQUIRES
+    torch = torch or (sim_engines.TORCH if new else OLD_TORCH)
+    if flashinfer == "":
+        flashinfer = sim_engines.FLASHINFER if new else OLD_FLASHINFER
     data = SHIPPED[MM].model_dump()
     data["name"], data["serving"]["port"] = name, port or free_port()
     data["serving"]["served_model_name"] = name
-    data["engine"] = {"vllm": vllm, "torch": "2.13.0+cu130", "python": PY,
+    data["engine"] = {"vllm": vllm, "torch": torch, "python": PY,
                       **({"flashinfer": flashinfer} if flashinfer else {})}
     return Manifest.model_validate(data)
 
 
 @pytest.fixture
 def wheels(tmp_path) -> Path:
-    """The controller's wheelhouse: simulated vLLM 0.24.0 and 0.33.0, torch, flashinfer 0.6.14; and
+    """The controller's wheelhouse: simulated vLLM 0.24.0 and 0.33.0, the torch and flashinfer each
+    requires (2.14.0 and 0.7.2.post1 for 0.33.0, as its real METADATA; 2.13.0 and 0.6.14); and
     vLLM 0.26.0 whose wheel pulls flashinfer-python 0.6.14 with flashinfer-cubin 0.6.13 (the pair
     vllm #49804 saw mismatched on 0.26.0)."""
     house = sim_engines.wheelhouse(tmp_path / "wheelhouse", ("0.24.0", "0.33.0"))
+    sim_engines.torch_wheel(house, OLD_TORCH)
+    sim_engines.flashinfer_wheels(house, OLD_FLASHINFER)
     sim_engines.flashinfer_wheels(house, "0.6.13")
     sim_engines.vllm_wheel(house, "0.26.0", requires=["flashinfer-python==0.6.14", "flashinfer-cubin==0.6.13"])
     return house
@@ -94,6 +107,40 @@ def test_deploy_builds_the_engine_offline_from_the_uploaded_wheelhouse_and_runs_
     assert (row.vllm_version, row.engine) == ("0.33.0", venv.name)
     again = deploy(e, m)
     assert again.ok and statuses(again)["engine"] == "skipped"
+
+
+def test_a_lock_with_another_torch_than_the_vllm_wheel_requires_fails_its_build_before_anything_stops(sim_host,
+                                                                                                       wheels):
+    """vllm-0.33.0's METADATA requires torch==2.14.0 (so does its simulated wheel): a manifest that
+    pins torch 2.13.0 does not resolve, and the deploy fails at the engine step with uv's reason,
+    before anything starts."""
+    e = host_entry(sim_host, wheels)
+    m = with_engine("0.33.0", torch=OLD_TORCH)
+    res = deploy(e, m)
+    assert not res.ok and res.error is not None and res.error.step == "engine", res.error
+    assert "did not build" in res.error.message and "torch" in res.error.message, res.error.message
+    assert "unsatisfiable" in res.error.message, res.error.message
+    assert statuses(res).get("start") != "done"
+    assert not read_records(sim_host.host, e).get(MM)
+
+
+def test_a_wheel_url_builds_offline_from_the_wheelhouse_copy_of_that_wheel(sim_host, wheels):
+    """`engine.vllm: https://.../vllm-0.33.0-py3-none-any.whl` on a host that builds offline from
+    the wheelhouse (uv --offline fetches no URL): the wheelhouse's file of that name is installed;
+    a URL whose wheel the wheelhouse lacks is refused when the plan is made (exit 2, one line)."""
+    from orchestrator.errors import ConfigError
+
+    e = host_entry(sim_host, wheels)
+    pins = {"torch": sim_engines.TORCH, "flashinfer": sim_engines.FLASHINFER}      # what 0.33.0 requires
+    missing = with_engine("https://wheels.example.invalid/vllm/vllm-0.33.0%2Bcu130-py3-none-any.whl", **pins)
+    with pytest.raises(ConfigError) as refused:         # the CLI's one error boundary: exit 2, one line
+        deploy(e, missing, dry_run=True)
+    assert "has no vllm-0.33.0+cu130-py3-none-any.whl" in refused.value.message, refused.value
+    assert refused.value.exit_code == 2
+    m = with_engine("https://wheels.example.invalid/vllm/vllm-0.33.0-py3-none-any.whl", **pins)
+    res = deploy(e, m)
+    assert res.ok, res.error
+    assert read_records(sim_host.host, e)[MM].vllm_version == "0.33.0"
 
 
 def test_two_services_on_one_host_run_two_vllm_versions_each_with_its_flags_and_lines(sim_host, wheels):

@@ -181,8 +181,8 @@ def test_fault_crash_flashinfer(sim_host):
         assert srv.wait_exit() != 0
         log = srv.log
         assert "Loading safetensors checkpoint shards" in log    # fails after some loading
-        assert ("RuntimeError: flashinfer-cubin version (0.6.13) does not match flashinfer "
-                "version (0.6.14). Please install the same version of both packages. Set "
+        assert ("RuntimeError: flashinfer-cubin version (0.7.2) does not match flashinfer "
+                "version (0.7.2.post1). Please install the same version of both packages. Set "
                 "FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.") in log
         assert log.index("flashinfer-cubin version") < log.index("EngineCore failed to start.")
         assert ("RuntimeError: Engine core initialization failed. See root cause above. "

@@ -274,3 +274,31 @@ def test_state_metrics_are_valid_exposition_text_with_the_counts_of_history(tmp_
     assert not any(lab.get("operation") == "gc" for lab, _ in s.by_name["vllm_orch_operations_total"])
     assert {lab["operation"] for lab, _ in s.by_name["vllm_orch_last_success_timestamp_seconds"]} == {
         "deploy", "swap", "rollback"}       # a watcher's restart is not a success
+
+
+def test_a_loopback_service_is_its_hosts_agents_target_unless_prometheus_is_on_that_host(tmp_path):
+    """A service listening on 127.0.0.1 (every sleep-capable one) of a host reached over the
+    network: not in the fleet's targets (its host's address refuses; 127.0.0.1 would be another
+    machine's port), in agent/HOST/ at its loopback; on a host Prometheus runs on, an ordinary target."""
+    from orchestrator.config.inventory import HostEntry
+
+    def status(host: str) -> HostStatus:
+        return HostStatus(host, services=[ServiceStatus("sleepy", model="sleepy", port=8001, gpus=[0]),
+                                          ServiceStatus("open", model="open", port=8000, gpus=[1])])
+    entries = {"gpu1": HostEntry(name="gpu1", address="10.0.0.5"), "here": HostEntry(name="here", address="local")}
+    binds = {"sleepy": "127.0.0.1", "open": "0.0.0.0"}
+    targets, _ = monitor.fleet([status("gpu1"), status("here")], entries,
+                               lambda model: monitor.ServiceFacts(bind=binds[model]))
+    at = {(t.host, t.service): (t.address, t.on_host) for t in targets}
+    assert at == {("gpu1", "sleepy"): ("127.0.0.1:8001", True), ("gpu1", "open"): ("10.0.0.5:8000", False),
+                  ("here", "sleepy"): ("127.0.0.1:8001", False), ("here", "open"): ("127.0.0.1:8000", False)}
+    monitor.write(tmp_path, targets, [], Timing(), remote_write="http://prom.lan:9090/api/v1/write")
+    fleet_targets = {g["targets"][0] for g in json.loads((tmp_path / "targets" / "vllm.json").read_text())}
+    assert fleet_targets == {"10.0.0.5:8000", "127.0.0.1:8001", "127.0.0.1:8000"}    # here's at its own loopback
+    [agent] = json.loads((tmp_path / "agent" / "gpu1" / "targets" / "vllm.json").read_text())
+    assert agent["targets"] == ["127.0.0.1:8001"] and agent["labels"]["host"] == "gpu1"
+    config = yaml.safe_load((tmp_path / "agent" / "gpu1" / "prometheus.yml").read_text())
+    assert config["remote_write"] == [{"url": "http://prom.lan:9090/api/v1/write"}]
+    assert not (tmp_path / "agent" / "here").exists()
+    checked = run_promtool("check", "config", str(tmp_path / "agent" / "gpu1" / "prometheus.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -40,6 +40,7 @@ def test_up_is_idempotent_and_writes_the_inventory(tmp_path, monkeypatch):
     sim2 = load_inventory().hosts["sim-2"]
     assert [o.serving.port for o in sim2.overrides.values()] == [8100]
     assert e["vllm"] == str(hdir / "bin" / "vllm") and e["models_root"] == str(hdir / "models")
+    assert e["engines_root"] == str(hdir / "engines")     # never this machine's /var/lib/vllm-orch/engines
     assert e["env"]["PYTHONPATH"] == str(hdir / "site-packages")
     info = json.loads((hdir / "sim.json").read_text())
     assert info["simulated"] and info["speed"] == 500 and len(info["gpus"]) == 8
@@ -48,7 +49,7 @@ def test_up_is_idempotent_and_writes_the_inventory(tmp_path, monkeypatch):
     code = "import importlib.metadata as m; print(m.version('flashinfer-cubin'), m.version('torch'))"
     out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": e["env"]["PYTHONPATH"]},
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["0.6.14", "2.13.0+cu130"]
+    assert out == ["0.7.2.post1", "2.14.0+cu130"]
     out = subprocess.run([str(hdir / "bin" / "vllm"), "--version"], capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "0.33.0"
@@ -78,12 +79,12 @@ def test_faults_cli(tmp_path, monkeypatch):
     hdir = tmp_path / "sim" / "hosts" / "sim"      # the sim home is <state home>/sim
     assert json.loads((hdir / "faults.json").read_text()) == [
         {"fault": "crash-flashinfer", "model": "m1"}]
-    assert (hdir / "site-packages" / "flashinfer_cubin-0.6.13.dist-info").is_dir()
+    assert (hdir / "site-packages" / "flashinfer_cubin-0.7.2.dist-info").is_dir()
     st = json.loads(r.invoke(sim, ["status", "--json"]).output)
     assert st["simulated"] and st["hosts"]["sim"]["faults"][0]["fault"] == "crash-flashinfer"
     assert r.invoke(sim, ["fault", "sim", "--clear"]).exit_code == 0
     assert json.loads((hdir / "faults.json").read_text()) == []
-    assert (hdir / "site-packages" / "flashinfer_cubin-0.6.14.dist-info").is_dir()
+    assert (hdir / "site-packages" / "flashinfer_cubin-0.7.2.post1.dist-info").is_dir()
     bad = r.invoke(sim, ["fault", "sim", "no-such-fault"])
     assert bad.exit_code != 0
     assert r.invoke(sim, ["fault", "nohost", "hang"]).exit_code != 0

@@ -130,6 +130,15 @@ def same_version(have, want):
     return have == want or have.split("+")[0] == want or have.replace("+", "%2B") == want
 
 
+def isolated(**more):
+    """This script's environment for a venv's tools, without PYTHONPATH / PYTHONHOME: an engine
+    venv holds its own pinned packages, and a path put before them would shadow them (the
+    flashinfer pair checked from another folder's copies)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(more)
+    return env
+
+
 def verify(venv, lock):
     """(None, vllm version) when the venv holds the lock and runs, else (why, None). The pins and
     imports, and `vllm --version`, run side by side (each imports vLLM: seconds on a real one)."""
@@ -138,7 +147,7 @@ def verify(venv, lock):
     names = set(n for n, _ in pins)
     mods = ["vllm"] + (["torch"] if "torch" in names else []) + \
         (["flashinfer"] if "flashinfer-python" in names else [])
-    env = dict(os.environ, VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
+    env = isolated(VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
     try:
         probe = subprocess.Popen([py, "-I", "-c", VERIFY, json.dumps([pins, mods])], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE)
@@ -432,15 +441,15 @@ def build(args):
     if safe_dir(root, lock["name"]):
         emit("step", what="remove the unfinished or broken %s (%s)" % (venv, state.get("detail")))
         shutil.rmtree(venv)
-    env = dict(os.environ, UV_CACHE_DIR=os.path.join(root, ".uv-cache"),
+    env = isolated(UV_CACHE_DIR=os.path.join(root, ".uv-cache"),
                UV_PYTHON_INSTALL_DIR=os.path.join(root, ".python"), UV_NO_CONFIG="1")
     offline = []
     if wheelhouse:
         offline = ["--offline", "--no-index", "--find-links", wheelhouse]
         env["UV_PYTHON_DOWNLOADS"] = "never"
     reqs = os.path.join(root, ".requirements-%s.txt" % lock["name"])
-    with open(reqs, "w") as f:
-        f.write("\n".join(lock["requirements"]) + "\n")
+    with open(reqs, "w") as f:      # offline, a wheel URL's line names the wheelhouse's copy ("install")
+        f.write("\n".join(args.get("install") or lock["requirements"]) + "\n")
     try:
         run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
             + [venv], env, "uv venv (Python %s)" % lock["python"])
