@@ -214,12 +214,30 @@ def _connect_once(target: Target, deadline: float) -> paramiko.SSHClient:
             hint=f"if the host was reinstalled, remove its line from {target.known_hosts_file} "
                  f"(ssh-keygen -R '{target.known_hosts_name}') and verify the new key")
     except Exception as exc:  # noqa: BLE001 - every other failure becomes one readable line
+        exited = _proxy_exit_status(sock) if target.proxy_command is not None else None
         _close(client, jump_client, sock)
+        if exited is not None:
+            # A ProxyCommand that ended is the cause, whatever paramiko saw first (EOF, or a
+            # banner timeout on a busy machine).
+            raise fail(f"ssh_config's ProxyCommand exited with status {exited} "
+                       f"({target.proxy_command})") from None
         if time.monotonic() >= deadline or isinstance(exc, (socket.timeout, TimeoutError)):
-            raise fail(f"timed out after {target.connect_timeout:g} s") from None
+            raise fail(f"timed out after {target.connect_timeout:g} s"
+                       + (" (through ssh_config's ProxyCommand)" if target.proxy_command else "")) from None
         if _is_transient(exc):
             raise _Transient(_cause(exc, target)) from None
         raise fail(_cause(exc, target)) from None
+
+
+def _proxy_exit_status(sock: Any) -> int | None:
+    """The ProxyCommand's exit status if it has ended (waited for up to 0.2 s), else None."""
+    process = getattr(sock, "process", None)
+    if process is None:
+        return None
+    try:
+        return process.wait(timeout=0.2)
+    except Exception:  # noqa: BLE001 - still running (or not ours to wait for): not the cause
+        return None
 
 
 def _is_transient(exc: Exception) -> bool:
