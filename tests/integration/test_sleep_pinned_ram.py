@@ -77,9 +77,11 @@ def test_the_first_level_1_sleep_measures_its_pinning_and_an_awake_process_keeps
     e, old, new, manifests = pair
     scale = int(json.loads((sim_host.dir / "sim.json").read_text()).get("scale") or 1)
     before = available(sim_host, e)
-    first = swap(e, new, manifests, sleep_old=True)
+    first = swap(e, new, manifests, sleep_old=True, warm=True)
     assert first.ok, first.error
     assert first.plan.info["sleep_level"] == 1
+    warm = next(a for a in first.plan.actions if a.step == "warm")     # the warm-up is net of the pinning
+    assert any("kimi-k25-int4's level-1 sleep pins" in d for d in warm.details), (warm.title, warm.details)
     rec = read_record(sim_host.host, e, old.name)
     weights = rec.asleep.weights_bytes
     assert rec.sleep_pinned_cached is True and rec.sleep_pinned_bytes is not None
