@@ -179,6 +179,14 @@ class ServiceRecord(NodeFields):
     sleep_cycles: int | None = Field(None, description="Sleeps since it last started cold.")
     sleep_first_mib: int | None = Field(None, description="The most it kept on a GPU after its first sleep.")
     sleep_last_mib: int | None = Field(None, description="The most it kept on a GPU after its last sleep.")
+    sleep_pinned_bytes: int | None = Field(
+        None, description="Host RAM its first level-1 sleep pinned, measured (MemAvailable before minus after, at "
+                          "least the weights): PyTorch's pinned host allocator rounds each block up to a power of "
+                          "two, so it is more than the weights.")
+    sleep_pinned_cached: bool | None = Field(
+        None, description="Its process holds those pinned blocks now: it slept at level 1 since it started, and "
+                          "PyTorch keeps freed pinned blocks cached (a wake gives none back), so its next level-1 "
+                          "sleep pins nothing more.")
 
 
 class InstalledRecord(NodeFields):

@@ -196,7 +196,8 @@ def start_actions(nodes: Sequence[PlanInput], changed: bool, tag: Callable[[str,
 
 
 def warm_before(plan: Plan, nodes: Sequence[PlanInput], starts: Sequence[Action],
-                tag: Callable[[str, Action], Action], *, before: str, what: str) -> None:
+                tag: Callable[[str, Action], Action], *, before: str, what: str,
+                reserve: tuple[int, str] | None = None) -> None:
     """With --warm: each node whose service starts reads its own copy of the weights into its page
     cache first (plan/warm.py), before `before`; the plan's expectation is the head's. A swap
     shows the step (and its expected downtime) with warming off too; a deploy only with --warm."""
@@ -207,7 +208,8 @@ def warm_before(plan: Plan, nodes: Sequence[PlanInput], starts: Sequence[Action]
         start = by_node.get(i.entry.name if len(nodes) > 1 else None)
         if start is None or start.noop:
             continue
-        action, exp = warm_step(i, prepare.model_path(i.entry, i.target.model), before=before, what=what)
+        action, exp = warm_step(i, prepare.model_path(i.entry, i.target.model), before=before, what=what,
+                                reserve=reserve if i is nodes[0] else None)
         plan.add(tag(i.entry.name, action))
         if i is nodes[0]:
             plan.info["expected_start_s" if what == "start-up" else "expected_downtime_s"] = exp.as_dict()

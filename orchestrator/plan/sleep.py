@@ -67,24 +67,52 @@ def weights_bytes(facts: HostFacts, svc: ServiceInput) -> int:
     return folder.bytes if folder is not None else 0
 
 
-def level_for(facts: HostFacts, svc: ServiceInput, need_bytes: int) -> tuple[int, str]:
-    """The level to sleep `svc` at and why: the manifest's, but level 1 only when host RAM holds its
-    weights (pinned: outside MemAvailable) above the memory floor (10% of MemAvailable, as the warm-up
-    keeps, plus `need_bytes`: what the service that comes up takes on the CPU side)."""
+# PyTorch's pinned host allocator (CachingHostAllocator) rounds each block up to a power of two, and
+# cumem backs up each GPU allocation with a block of its own (device_allocator/cumem.py sleep): a
+# fused MoE expert tensor per layer and rank. Kimi-K2.5 at TP8: ~672 and ~336 MiB per rank, pinned as
+# 1 GiB and 512 MiB, about 1.5x the weights. The estimate until a host has measured a sleep of it.
+PIN_ROUNDING = 1.5
+
+
+def pin_need(facts: HostFacts, svc: ServiceInput) -> tuple[int, str]:
+    """Host RAM a level-1 sleep of `svc` pins beyond what its process pins already, and why: none
+    when it slept at level 1 since it started (its blocks stay cached), the measured figure of its
+    first level-1 sleep when there is one, else the weights x PIN_ROUNDING."""
+    rec, size = facts.record(svc.name), weights_bytes(facts, svc)
+    if rec is not None and rec.sleep_pinned_cached:
+        held = rec.sleep_pinned_bytes or size
+        return 0, (f"its process keeps the {fmt_bytes(held)} its first level-1 sleep pinned (PyTorch caches "
+                   f"pinned blocks): it pins nothing more")
+    if rec is not None and rec.sleep_pinned_bytes:
+        return rec.sleep_pinned_bytes, (f"{fmt_bytes(rec.sleep_pinned_bytes)} pinned, as its first level-1 sleep "
+                                        f"measured for {fmt_bytes(size)} of weights")
+    pinned = int(size * PIN_ROUNDING)
+    return pinned, (f"{fmt_bytes(size)} of weights pinned as ~{fmt_bytes(pinned)} (estimated: PyTorch rounds each "
+                    f"pinned block up to a power of two, {PIN_ROUNDING:g}x for fused MoE experts; its first sleep "
+                    f"measures it)")
+
+
+def level_for(facts: HostFacts, svc: ServiceInput, need_bytes: int) -> tuple[int, str, int]:
+    """The level to sleep `svc` at, why, and the host RAM that sleep pins: the manifest's level, but
+    level 1 only when host RAM holds what it pins (`pin_need`: outside MemAvailable once pinned)
+    above the memory floor (10% of MemAvailable, as the warm-up keeps, plus `need_bytes`: what the
+    service that comes up takes on the CPU side). The warm-up of that service is budgeted net of
+    the pinned bytes (the pinning evicts the page cache it warmed)."""
     m = svc.manifest
     assert m.sleep is not None
-    size = weights_bytes(facts, svc)
     if m.sleep.level == 2:
-        return 2, "the manifest's level"
+        return 2, "the manifest's level", 0
     mem = facts.memory
     if mem is None or mem.available is None:
-        return 2, "level 1 needs the host's free RAM, which could not be read: level 2 (weights dropped)"
+        return 2, "level 1 needs the host's free RAM, which could not be read: level 2 (weights dropped)", 0
+    pinned, how = pin_need(facts, svc)
     room = mem.available - mem.available * MARGIN_PCT // 100 - need_bytes
-    if size > room:
-        return 2, (f"level 1 would keep {fmt_bytes(size)} of weights in host RAM, and "
-                   f"{fmt_bytes(max(room, 0))} is free above the memory floor: level 2 instead "
-                   f"(weights dropped, a wake reads them again)")
-    return 1, f"{fmt_bytes(size)} of weights to host RAM ({fmt_bytes(room)} free above the memory floor)"
+    if pinned > room:
+        return 2, (f"level 1 would pin {fmt_bytes(pinned)} of host RAM ({how}), and {fmt_bytes(max(room, 0))} is "
+                   f"free above the memory floor ({fmt_bytes(mem.available)} available - 10% - "
+                   f"{fmt_bytes(need_bytes)} for the service that comes up): level 2 instead (weights dropped, a "
+                   f"wake reads them again)"), 0
+    return 1, f"{how}; {fmt_bytes(room)} free above the memory floor", pinned
 
 
 def room_refusal(facts: HostFacts, m: Manifest, host: str, awake_too: Collection[str] = (),
@@ -185,10 +213,13 @@ def sleep_or_stop(facts: HostFacts, old: ServiceInput, awake: Manifest, host: st
     return True, why
 
 
-def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: bool = False) -> tuple[int, int, int]:
+def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: bool = False,
+                 available_before: int | None = None) -> tuple[int, int, int]:
     """Read what the service NAME keeps on its GPUs after a sleep (nvidia-smi, by the ownership rule)
     and record it asleep: (MiB kept on its fullest GPU, its cycles, its growth since its first sleep).
-    `first_check`: a first sleep that kept about everything freed nothing (no --enable-sleep-mode)."""
+    `first_check`: a first sleep that kept about everything freed nothing (no --enable-sleep-mode).
+    `available_before`: MemAvailable just before a level-1 sleep that pinned new blocks: the drop
+    is what it pinned (recorded, at least the weights)."""
     facts = gather(env.host, env.entry, [name])
     held = held_mib(facts, name)
     most = max(held.values(), default=0)
@@ -204,8 +235,15 @@ def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: 
     asleep = Asleep(level=level, since=state.now_iso(), weights_bytes=weights if level == 1 else 0,
                     gpu_mib={str(g): v for g, v in sorted(held.items())}, allowance_mib=CONTEXT_ALLOWANCE_MIB,
                     cycles=cycles, first_mib=first, growth_mib=growth)
+    pinned: dict = {}
+    if level == 1:
+        pinned["sleep_pinned_cached"] = True
+        after = facts.memory.available if facts.memory is not None else None
+        if available_before is not None and after is not None:
+            pinned["sleep_pinned_bytes"] = max(available_before - after, weights)
+            env.record.sleeps.setdefault(name, {})["pinned_bytes"] = pinned["sleep_pinned_bytes"]
     state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first,
-                        sleep_last_mib=most)
+                        sleep_last_mib=most, **pinned)
     return most, cycles, growth
 
 
@@ -232,15 +270,25 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
                 return f"{name} is asleep already (level {rec.asleep.level})"
             most, _cycles, _growth = record_sleep(env, name, level, weights)
             return f"{name} was asleep already (a run cut short put it to sleep): recorded, keeping {most} MiB per GPU"
+        before = None
+        if level == 1:       # a first level-1 sleep of this process: what it pins is measured
+            rec = state.read_record(env.host, env.entry, name)
+            if rec is None or not rec.sleep_pinned_cached:
+                mem = gather(env.host, env.entry, [name]).memory
+                before = mem.available if mem is not None else None
         t0 = time.monotonic()
         try:
             aborted = drain_then_sleep(ep, level, drain_s)
         except api.HttpError as exc:
-            raise DeployFailed(f"{name} did not go to sleep: {exc}", host=env.entry.name, step="sleep") from None
+            raise DeployFailed(f"{name} did not go to sleep: {exc}", host=env.entry.name, step="sleep",
+                               hint="a level-1 sleep pins host RAM: if it ran short, the engine died in "
+                                    "the middle of the sleep (its log says \"out of memory\")"
+                                    if level == 1 else None) from None
         seconds = time.monotonic() - t0
-        most, cycles, growth = record_sleep(env, name, level, weights, first_check=True)
-        env.record.sleeps[name] = {"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
-                                   "cycles": cycles, "growth_mib": growth, "aborted": aborted}
+        env.record.sleeps[name] = {}
+        most, cycles, growth = record_sleep(env, name, level, weights, first_check=True, available_before=before)
+        env.record.sleeps[name].update({"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
+                                        "cycles": cycles, "growth_mib": growth, "aborted": aborted})
         over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
         if most > CONTEXT_ALLOWANCE_MIB:
             env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {CONTEXT_ALLOWANCE_MIB} "
@@ -295,7 +343,7 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
                            no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s, api_key=key)
         env.record.ready[name] = ready
         state.update_record(env.host, env.entry, name, asleep=None, sleep_cycles=None, sleep_first_mib=None,
-                            sleep_last_mib=None, canary=canary_of(env, svc))
+                            sleep_last_mib=None, sleep_pinned_cached=None, canary=canary_of(env, svc))
         if marks_ready:
             env.record.ready_at = time.monotonic()
         env.record.wakes[name] = {"cold": True, "reason": reason}

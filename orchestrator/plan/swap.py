@@ -446,10 +446,12 @@ def plan_sleep_swap(inp: PlanInput) -> Plan:
     install = plan.add(service.install_action(entry, inp.target))
     starts = start_actions([inp], not install.noop or not bool((st := f.services.get(m.name)) and st.active),
                            lambda _n, a: a)
-    warm_before(plan, [inp], starts, lambda _n, a: a, what="downtime", before=f"{old.name} sleeps")
     need, _ = cpu_need(m, entry)
-    level, why = (old_asleep.level, "asleep already: an interrupted swap put it to sleep") if old_asleep \
+    level, why, pinned = (old_asleep.level, "asleep already: an interrupted swap put it to sleep", 0) if old_asleep \
         else sleep.level_for(f, old, need)
+    # the warm-up and the pinning share host RAM: the pinning would evict what the warm-up cached
+    warm_before(plan, [inp], starts, lambda _n, a: a, what="downtime", before=f"{old.name} sleeps",
+                reserve=(pinned, f"{old.name}'s level-1 sleep pins") if pinned else None)
     if level != old.manifest.sleep.level and old_asleep is None:
         plan.warnings.append(f"{old.name} sleeps at level {level}: {why}")
     info["sleep_level"] = level
@@ -500,9 +502,12 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None, resuming:
         return plan.refuse(Action("placement", room.message), room)
     first: Action | None = None
     asleep = f.asleep(m.name)
+    level, why, pinned = (sleep.level_for(f, old, 0) if old is not None and sleeps and old_sleep is None
+                          else (0, "", 0))
     if asleep is not None and asleep.level == 2:     # its wake reads the weights: from the page cache, warmed first
         action, exp = warm_step(inp, prepare.model_path(entry, inp.target.model),
-                                before=f"{old.name} {'sleeps' if sleeps else 'stops'}" if old else "the wake")
+                                before=f"{old.name} {'sleeps' if sleeps else 'stops'}" if old else "the wake",
+                                reserve=(pinned, f"{old.name}'s level-1 sleep pins") if pinned and old else None)
         plan.add(action)
         plan.info["expected_downtime_s"] = exp.as_dict()
     if old is not None and old_sleep is not None:      # asleep already: the cut run put it to sleep
@@ -511,7 +516,6 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None, resuming:
                                             to_wakes=True))
     elif old is not None and sleeps:
         assert old.manifest.sleep is not None
-        level, why = sleep.level_for(f, old, 0)
         if level != old.manifest.sleep.level:
             plan.warnings.append(f"{old.name} sleeps at level {level}: {why}")
         plan.info["sleep_level"] = level

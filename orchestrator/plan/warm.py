@@ -64,11 +64,16 @@ def cpu_need(m: Manifest, entry: HostEntry) -> tuple[int, str]:
             f"{entry.cpu_memory_per_gpu_gib:g} GiB x {gpus} GPUs, the host's cpu_memory_per_gpu_gib")
 
 
-def budget_for(memory: Memory | None, m: Manifest, entry: HostEntry) -> Budget | None:
-    """None when the host's available memory is unknown."""
+def budget_for(memory: Memory | None, m: Manifest, entry: HostEntry,
+               reserve: tuple[int, str] | None = None) -> Budget | None:
+    """None when the host's available memory is unknown. `reserve`: bytes that another step of the
+    same plan takes from host RAM after the warm-up (an old service's level-1 sleep pins them) and
+    what takes them; kept free as the new service's own need is."""
     if memory is None or memory.available is None:
         return None
     need, source = cpu_need(m, entry)
+    if reserve is not None and reserve[0] > 0:
+        need, source = need + reserve[0], f"{source}, + {fmt_bytes(reserve[0])} {reserve[1]}"
     margin = memory.available * MARGIN_PCT // 100
     return Budget(memory.total, memory.available, need, source, margin,
                   budget=max(0, memory.available - margin - need), floor=margin + need)
@@ -191,12 +196,13 @@ def loader_bypass(m: Manifest) -> str | None:
     return None
 
 
-def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downtime") -> tuple[Action, Expected]:
+def warm_step(inp: PlanInput, model_dir: str, *, before: str, what: str = "downtime",
+              reserve: tuple[int, str] | None = None) -> tuple[Action, Expected]:
     """The warm step (a no-op with the reason when nothing is to be done) and the expected
     downtimes. `before`: what the warm-up precedes ("kimi-k25-int4 stops", "the start");
     `what`: what the estimate is of ("downtime" for a swap, "start-up" for a deploy)."""
     m, entry, facts = inp.target.manifest, inp.entry, inp.warm
-    b = budget_for(inp.facts.memory, m, entry)
+    b = budget_for(inp.facts.memory, m, entry, reserve)
     total, cached_now, weights = model_bytes(inp, facts)
     exp = expected(m, total, cached_now, b, weights, inp.measured).on_host(entry.time_scale)
     estimate = exp.text(m, what)

@@ -123,14 +123,14 @@ RTX6KPRO_KIMI = "https://github.com/voipmonitor/rtx6kpro/blob/main/models/kimi-k
 RTX6KPRO_MINIMAX = "https://github.com/voipmonitor/rtx6kpro/blob/main/models/minimax-m25.md"
 PROFILES: dict[str, dict[str, Any]] = {
     "kimi-k25-int4": {
-        "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
+        "layers": 61, "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
         "kv_per_gib": 10200, "prefill": 9000.0, "custom_code": True,
         "source": "C=1: 79 tok/s, TP8 DCP1 FP8 KV Triton MLA on 8x RTX PRO 6000 (" + RTX6KPRO_KIMI
                   + ", 'Peak decode tok/s by backend'); C>=2: chosen, saturating near 1500",
         "agg": [(1, 79.0), (2, 146), (4, 265), (8, 440), (16, 675), (32, 940), (64, 1230),
                 (128, 1480)]},
     "kimi-k25-int4-dcp8": {
-        "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
+        "layers": 61, "size": 547e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
         "kv_per_gib": 10200, "prefill": 8000.0, "custom_code": True,
         "source": "C=1: 62 tok/s, single batch at 0K context, FP8 KV, DCP 8, normal NCCL (Grimulkan, "
                   + RTX6KPRO_KIMI + ", 'Single-batch decode speed'); C=100: 900 tok/s total (Festr, "
@@ -138,7 +138,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "agg": [(1, 62.0), (2, 115), (4, 205), (8, 335), (16, 495), (32, 660), (64, 800),
                 (100, 900)]},
     "kimi-k25-nvfp4": {
-        "size": 540e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
+        "layers": 61, "size": 540e9, "arch": "KimiK25ForConditionalGeneration", "max_len": 262144,
         "kv_per_gib": 10200, "prefill": 8000.0, "custom_code": True,
         "source": "chosen: 61.3 / 800 / 1238 tok/s at C=1/32/128 (the benchmark calibration in "
                   "docs/benchmarking.md is pinned to them); the public figure is 53-55 tok/s "
@@ -146,7 +146,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "agg": [(1, 61.3), (2, 116), (4, 215), (8, 370), (16, 570), (32, 800), (64, 1040),
                 (128, 1238)]},
     "minimax-m25-ep": {
-        "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
+        "layers": 62, "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
         "kv_per_gib": 16910, "prefill": 20000.0, "custom_code": True,
         "source": "C=1: 84 tok/s, near the public ~86 tok/s of FP8 on 8 GPUs with EP and tuned MoE "
                   "kernels (SGLang, " + RTX6KPRO_MINIMAX + "); C=128: 4000 tok/s, chosen below the "
@@ -154,14 +154,14 @@ PROFILES: dict[str, dict[str, Any]] = {
         "agg": [(1, 84.0), (2, 162), (4, 310), (8, 580), (16, 1050), (32, 1800), (64, 2900),
                 (128, 4000)]},
     "minimax-m25": {
-        "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
+        "layers": 62, "size": 230e9, "arch": "MiniMaxM2ForCausalLM", "max_len": 196608,
         "kv_per_gib": 16910, "prefill": 20000.0, "custom_code": True,
         "source": "chosen: 84 tok/s single stream (the public TP4 figure is ~71 tok/s on SGLang, "
                   + RTX6KPRO_MINIMAX + "), saturating at 2500 tok/s without expert parallel",
         "agg": [(1, 84.0), (2, 158), (4, 290), (8, 500), (16, 820), (32, 1250), (64, 1850),
                 (128, 2500)]},
     "generic": {
-        "size": 16e9, "arch": "LlamaForCausalLM", "max_len": 32768,
+        "layers": 32, "size": 16e9, "arch": "LlamaForCausalLM", "max_len": 32768,
         "kv_per_gib": 8000, "prefill": 20000.0, "custom_code": False,
         "source": "chosen: a small dense model on one GPU",
         "agg": [(1, 100.0), (8, 650), (32, 1800), (128, 3200)]},
@@ -1390,7 +1390,10 @@ class Server:
                                     + f" or '{PAUSE_MODES[-1]}'"}})
             if bad or level is None:
                 return await self.json(writer, 422, {"detail": bad})
-            await sleeper.sleep(level, mode)
+            try:
+                await sleeper.sleep(level, mode)
+            except WakeFailed as e:
+                return await self.json(writer, 500, self.error(str(e), "InternalServerError", 500))
             return await self.json(writer, 200, {"status": "sleeping", "level": level})
         if path == "/wake_up":
             tags = params.get("tags") or None
@@ -1616,6 +1619,21 @@ PAUSE_MODES = ("abort", "wait", "keep")     # vllm/v1/engine/__init__.py PauseMo
 H2D_BYTES_PER_S = 50e9      # pinned host RAM <-> one GPU, per GPU and in parallel: PCIe 5 x16,
                             # ~50 GB/s each way for pinned copies (the issue's 547 GB / 8 links in 1.4 s)
 SLEEP_TAGS_REPR = "{'weights', 'kv_cache'}"
+
+
+def pinned_backup_bytes(w_bytes: float, layers: int) -> int:
+    """Host RAM one worker's level-1 backup pins. cumem backs up each allocation with its own
+    pinned `torch.empty` (device_allocator/cumem.py sleep), and PyTorch's pinned host allocator
+    rounds each block up to a power of two (CachingHostAllocator); freed blocks stay cached, so a
+    wake gives none of it back while the process lives. The simulated worker's weights are
+    `layers` MoE layers, each two fused expert tensors (w13: 2/3 of the layer, w2: 1/3): Kimi-K2.5
+    at TP8 is ~712 and ~356 MiB per rank, pinned as 1 GiB and 512 MiB (1.44x)."""
+    layers = max(1, int(layers))
+    per_layer = w_bytes / layers
+
+    def pow2(n: float) -> int:
+        return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+    return layers * (pow2(per_layer * 2 / 3) + pow2(per_layer / 3))
 # Each sleep-mode log line the simulator prints: its `file:line` prefix -> (the source file under
 # vllm/, the format string at or just after that line). tests/integration/test_sleep_contract.py
 # pins them to the real 0.33.0 source.
@@ -1671,6 +1689,7 @@ class Sleeper:
         self.left_mib = 0.0         # what the leaks so far hold on each GPU
         self.backend_logged = False
         self.corrupted = False      # fault wake-corrupt: until a level-2 wake reads the weights again
+        self.pinned = 0             # bytes per worker PyTorch's pinned host allocator holds (cached after a wake)
         self.falling: asyncio.Event | None = None   # set when a sleep under way (draining) has ended
 
     @property
@@ -1724,6 +1743,8 @@ class Sleeper:
             fault_fired("vram-leak", mib=self.leak_mib)
         started = time.monotonic()
         w_bytes = launch.w_mib * MiB
+        if self.cfg["sleep_mode"] and level == 1:
+            self._pin(w_bytes)
         if self.cfg["sleep_mode"]:
             # level 1: the weights are copied out (D2H, every GPU in parallel) before the unmap
             if level == 1:
@@ -1732,8 +1753,7 @@ class Sleeper:
             kept = CUDA_CONTEXT_MIB + self.left_mib
             pooled = [launch.full_mib(g) - CUDA_CONTEXT_MIB for (_p, _t, g, _s) in launch.holders]
             for (p, title, gpu, st) in launch.holders:
-                cpu = CPU_BYTES_PER_WORKER + (w_bytes if level == 1 else 0)
-                register_gpu(p.pid, title, gpu, int(kept), st, int(cpu) // SCALE)
+                register_gpu(p.pid, title, gpu, int(kept), st, int(CPU_BYTES_PER_WORKER + self.pinned) // SCALE)
             refresh_meminfo()
             freed = (pooled[0] - self.left_mib) * MiB if pooled else 0
             total = pooled[0] * MiB if pooled else 0
@@ -1754,6 +1774,23 @@ class Sleeper:
         self.cycles += 1
         log(launch.ec, "INFO", "abstract.py:408",
             f"It took {time.monotonic() - started:.6f} seconds to fall asleep.")
+
+    def _pin(self, w_bytes: float) -> None:
+        """Level 1 pins each worker's backup (rounded, cached: `pinned_backup_bytes`); what the
+        cache holds already is reused. Host RAM short of it: the pinned allocation fails in the
+        middle of the sleep (PyTorch's CUDA host allocator raises "out of memory"), the engine dies
+        half unmapped, as the real one does."""
+        want = pinned_backup_bytes(w_bytes, int(PROFILES[self.cfg["profile"]].get("layers") or 1))
+        more = max(0, want - self.pinned) * max(1, len(self.launch.holders))
+        available = read_meminfo().get("MemAvailable")
+        if more and available is not None and more > available * SCALE:
+            self.launch.die(self.launch.server, cause=(
+                [("vllm/v1/worker/gpu_worker.py", 329, "sleep", "allocator.sleep(offload_tags=(\"weights\",) "
+                  "if level == 1 else tuple())"),
+                 ("vllm/device_allocator/cumem.py", 268, "sleep", "cpu_backup_tensor = torch.empty(")],
+                "RuntimeError: CUDA error: out of memory"))
+            raise WakeFailed("CUDA error: out of memory")
+        self.pinned = max(self.pinned, want)
 
     async def wake_up(self, tags: list | None) -> bool:
         launch, engine = self.launch, self.launch.engine
@@ -1806,7 +1843,7 @@ class Sleeper:
             await asyncio.sleep(seconds)
             for (p, title, gpu, st) in launch.holders:
                 register_gpu(p.pid, title, gpu, int(launch.full_mib(gpu) + self.left_mib), st,
-                             CPU_BYTES_PER_WORKER // SCALE)
+                             int(CPU_BYTES_PER_WORKER + self.pinned) // SCALE)     # the pinned blocks stay cached
             refresh_meminfo()
         if self.level == 2 and self.corrupted:       # the weights were read again: the bad copy is gone
             self.corrupted = self.cfg["garbage"] = False
