@@ -183,10 +183,10 @@ class ServiceRecord(NodeFields):
         None, description="Host RAM its first level-1 sleep pinned, measured (MemAvailable before minus after, at "
                           "least the weights): PyTorch's pinned host allocator rounds each block up to a power of "
                           "two, so it is more than the weights.")
-    sleep_pinned_cached: bool | None = Field(
-        None, description="Its process holds those pinned blocks now: it slept at level 1 since it started, and "
-                          "PyTorch keeps freed pinned blocks cached (a wake gives none back), so its next level-1 "
-                          "sleep pins nothing more.")
+    sleep_pinned_pid: int | None = Field(
+        None, description="The main PID of the process that holds those pinned blocks: PyTorch keeps freed pinned "
+                          "blocks cached while the process lives (a wake gives none back), so while that process "
+                          "serves, its next level-1 sleep pins nothing more.")
 
 
 class InstalledRecord(NodeFields):

@@ -491,8 +491,7 @@ def rerecord_action(svc: ServiceInput, step: str = "record") -> Action:
         canary = env.record.canaries.get(svc.name)
         if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash,
                                argv=list(r.argv), gpus=list(s.visible_devices), port=s.port,
-                               served_name=svc.manifest.served_name, sleep_pinned_cached=None,
-                               **({"canary": canary} if canary else {})):
+                               served_name=svc.manifest.served_name, **({"canary": canary} if canary else {})):
             return f"services/{svc.name}.json: how it runs now (hashes, command line, GPUs, port)"
         return f"{svc.name} has no record (it was never recorded serving): nothing to update"
 

@@ -76,10 +76,11 @@ PIN_ROUNDING = 1.5
 
 def pin_need(facts: HostFacts, svc: ServiceInput) -> tuple[int, str]:
     """Host RAM a level-1 sleep of `svc` pins beyond what its process pins already, and why: none
-    when it slept at level 1 since it started (its blocks stay cached), the measured figure of its
+    when its process slept at level 1 before (same main PID: its blocks stay cached), the measured figure of its
     first level-1 sleep when there is one, else the weights x PIN_ROUNDING."""
     rec, size = facts.record(svc.name), weights_bytes(facts, svc)
-    if rec is not None and rec.sleep_pinned_cached:
+    st = facts.services.get(svc.name)
+    if rec is not None and rec.sleep_pinned_pid and st is not None and st.main_pid == rec.sleep_pinned_pid:
         held = rec.sleep_pinned_bytes or size
         return 0, (f"its process keeps the {fmt_bytes(held)} its first level-1 sleep pinned (PyTorch caches "
                    f"pinned blocks): it pins nothing more")
@@ -237,7 +238,8 @@ def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: 
                     cycles=cycles, first_mib=first, growth_mib=growth)
     pinned: dict = {}
     if level == 1:
-        pinned["sleep_pinned_cached"] = True
+        st = facts.services.get(name)
+        pinned["sleep_pinned_pid"] = st.main_pid if st is not None else None
         after = facts.memory.available if facts.memory is not None else None
         if available_before is not None and after is not None:
             pinned["sleep_pinned_bytes"] = max(available_before - after, weights)
@@ -272,10 +274,9 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
             return f"{name} was asleep already (a run cut short put it to sleep): recorded, keeping {most} MiB per GPU"
         before = None
         if level == 1:       # a first level-1 sleep of this process: what it pins is measured
-            rec = state.read_record(env.host, env.entry, name)
-            if rec is None or not rec.sleep_pinned_cached:
-                mem = gather(env.host, env.entry, [name]).memory
-                before = mem.available if mem is not None else None
+            now = gather(env.host, env.entry, [name])
+            if pin_need(now, svc)[0]:
+                before = now.memory.available if now.memory is not None else None
         t0 = time.monotonic()
         try:
             aborted = drain_then_sleep(ep, level, drain_s)
@@ -343,7 +344,7 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
                            no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s, api_key=key)
         env.record.ready[name] = ready
         state.update_record(env.host, env.entry, name, asleep=None, sleep_cycles=None, sleep_first_mib=None,
-                            sleep_last_mib=None, sleep_pinned_cached=None, canary=canary_of(env, svc))
+                            sleep_last_mib=None, canary=canary_of(env, svc))
         if marks_ready:
             env.record.ready_at = time.monotonic()
         env.record.wakes[name] = {"cold": True, "reason": reason}

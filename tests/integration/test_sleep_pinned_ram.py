@@ -18,7 +18,7 @@ from orchestrator.sim import vllm_server
 from orchestrator.sim.nvidia_smi import write_meminfo
 
 from .deployhelp import deploy, entry, swap
-from .test_sleep_swap import sleepy
+from .test_sleep_swap import main_pid, sleepy
 
 GIB = 2 ** 30
 
@@ -84,7 +84,7 @@ def test_the_first_level_1_sleep_measures_its_pinning_and_an_awake_process_keeps
     assert any("kimi-k25-int4's level-1 sleep pins" in d for d in warm.details), (warm.title, warm.details)
     rec = read_record(sim_host.host, e, old.name)
     weights = rec.asleep.weights_bytes
-    assert rec.sleep_pinned_cached is True and rec.sleep_pinned_bytes is not None
+    assert rec.sleep_pinned_pid == main_pid(sim_host, e, old.name) and rec.sleep_pinned_bytes is not None
     assert 1.3 < rec.sleep_pinned_bytes / weights < 1.6, (rec.sleep_pinned_bytes, weights)   # not 1.0
     assert read_history(sim_host.host, e)[-1].shown()["sleep"]["slept"][old.name]["pinned_bytes"] \
         == rec.sleep_pinned_bytes
@@ -92,7 +92,7 @@ def test_the_first_level_1_sleep_measures_its_pinning_and_an_awake_process_keeps
     back = swap(e, old, manifests, sleep_old=True)      # int4 wakes; its pinned blocks stay cached
     assert back.ok, back.error
     rec = read_record(sim_host.host, e, old.name)
-    assert rec.asleep is None and rec.sleep_pinned_cached is True
+    assert rec.asleep is None and rec.sleep_pinned_pid == main_pid(sim_host, e, old.name)
     # nvfp4's own level 1 does not fit beside int4's cached blocks: level 2, said with the figures
     assert back.plan.info["sleep_level"] == 2, back.plan.warnings
     held = before - available(sim_host, e)
