@@ -189,11 +189,16 @@ def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict]
         if "symlink" in message or "not a folder vllm-orch built" in message:
             raise RefusedError(f"engine venv refused: {message}", host=entry.name, step="engine")
         no_uv = f"No such file or directory: '{entry.uv}'" in message
+        hint = "the host's uv must reach the registries (the inventory's env, e.g. UV_INDEX_URL), or set " \
+               "`wheelhouse` for it to build offline"
+        if no_uv:
+            hint = (f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
+                    f"(https://docs.astral.sh/uv/) or set `uv:` to its path")
+        elif "building from source is disabled" in message:      # uv's words for --no-build
+            hint = ("engines install wheels only (uv --no-build: no package's setup.py runs on the host): "
+                    "pin a version that has a wheel, or put its wheel into the wheelhouse")
         raise DeployFailed(f"engine venv {lock.name} did not build: {message}", host=entry.name, step="engine",
-                           hint=f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
-                                f"(https://docs.astral.sh/uv/) or set `uv:` to its path" if no_uv else
-                                "the host's uv must reach the registries (the inventory's env, e.g. "
-                                "UV_INDEX_URL), or set `wheelhouse` for it to build offline")
+                           hint=hint)
     done = [e for e in events if e["event"] == "done"]
     if result.exit_code != 0 or not done:
         raise DeployFailed(f"the engine build exited {result.exit_code}", host=entry.name, step="engine",

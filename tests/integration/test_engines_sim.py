@@ -143,6 +143,29 @@ def test_a_wheel_url_builds_offline_from_the_wheelhouse_copy_of_that_wheel(sim_h
     assert read_records(sim_host.host, e)[MM].vllm_version == "0.33.0"
 
 
+
+
+def test_an_sdist_for_a_pinned_package_is_refused_and_its_setup_py_never_runs(sim_host, wheels):
+    """`packages:` pins a package the host's find-links folder has only as an sdist (a .tar.gz):
+    uv would build it, running its setup.py as the build's user (root on a real host). Built with
+    --no-build, uv refuses it, and the engine step fails naming the package (uv's own words)."""
+    e = host_entry(sim_host, wheels)
+    ran = sim_host.dir / "sdist-ran.jsonl"
+    sim_engines.sdist(sim_host.dir / "engines" / ".wheelhouse", "evilpkg", "1.0", ran)
+    m = with_engine("0.33.0")
+    data = m.model_dump()
+    data["engine"]["packages"] = {"evilpkg": "1.0"}
+    m = Manifest.model_validate(data)
+    res = deploy(e, m)
+    assert not ran.exists(), ran.read_text()                        # its setup.py never ran
+    assert not res.ok and res.error is not None and res.error.step == "engine", res.error
+    assert "did not build" in res.error.message and "evilpkg" in res.error.message, res.error.message
+    assert "building from source is disabled" in res.error.message, res.error.message     # uv's hint
+    assert "wheels only" in (res.error.hint or ""), res.error.hint
+    assert statuses(res).get("start") != "done"
+    assert not venv_of(sim_host, m).exists()
+
+
 def test_two_services_on_one_host_run_two_vllm_versions_each_with_its_flags_and_lines(sim_host, wheels):
     e = host_entry(sim_host, wheels)
     new, old = with_engine("0.33.0"), with_engine("0.24.0", name="mm-old")

@@ -37,7 +37,8 @@ never found; a file that is garbled or not ours is an answer not found, never an
 A folder without the marker is a build that was cut short: the next build removes it and starts
 again (a venv cannot be moved once built, so it is built in place). Everything under root is root's
 and read-only to others (dirs 0755, files without group or other write): the service user runs the
-venv but cannot change it. uv's cache and the Pythons uv installs live under root too (`.uv-cache`,
+venv but cannot change it. uv installs wheels only (`--no-build`): an sdist is refused, never
+built, so no package's setup.py or build backend runs here. uv's cache and the Pythons uv installs live under root too (`.uv-cache`,
 `.python`): a Python in root's home would be out of the service user's reach.
 """
 
@@ -454,7 +455,7 @@ def build(args):
         run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
             + [venv], env, "uv venv (Python %s)" % lock["python"])
         run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
-             "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
+             "--no-build", "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
         verified_at = time.monotonic()
         why, version = verify(venv, lock)
         if why:
