@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config.engine import Lock, offline_requirements
+from orchestrator.config.engine import Lock, allowed_wheel_url, offline_requirements
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import ConfigError, DeployFailed, RefusedError
 from orchestrator.host import scripts
@@ -163,7 +163,11 @@ def upload_wheelhouse(host: Host, entry: HostEntry, on_step: Callable[[str], Non
 
 
 def build_args(entry: HostEntry, lock: Lock) -> list[str]:
-    """The engine script's arguments for building the lock's venv (what the plan shows is what runs)."""
+    """The engine script's arguments for building the lock's venv (what the plan shows is what runs).
+    ConfigError for a wheel URL outside the host's wheel_url_prefixes (config/engine.py)."""
+    for line in lock.requirements:
+        if line.startswith("vllm @ "):
+            allowed_wheel_url(line.removeprefix("vllm @ "), entry)
     if not entry.wheelhouse:
         return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=None)]
     house = wheelhouse_dir(entry)

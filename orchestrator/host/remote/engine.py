@@ -38,8 +38,9 @@ A folder without the marker is a build that was cut short: the next build remove
 again (a venv cannot be moved once built, so it is built in place). Everything under root is root's
 and read-only to others (dirs 0755, files without group or other write): the service user runs the
 venv but cannot change it. uv installs wheels only (`--no-build`): an sdist is refused, never
-built, so no package's setup.py or build backend runs here. uv's cache and the Pythons uv installs live under root too (`.uv-cache`,
-`.python`): a Python in root's home would be out of the service user's reach.
+built, so no package's setup.py or build backend runs here. uv's cache and the Pythons uv installs
+live under root too (`.uv-cache`, `.python`): a Python in root's home would be out of the service
+user's reach.
 """
 
 import hashlib
