@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import re
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,12 +17,15 @@ from pathlib import Path
 
 from orchestrator.config.engine import Lock, allowed_wheel_url, offline_requirements
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import ConfigError, DeployFailed, RefusedError
+from orchestrator.errors import CommandFailed, ConfigError, DeployFailed, RefusedError
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Script
 
 SCRIPT = "engine.py"
 EVENTS = ("step", "done", "error")
+# Linux caps one argv word at 128 KiB (MAX_ARG_STRLEN, include/uapi/linux/binfmts.h), and the
+# whole command is one word to the shell that runs it (`sh -c`): larger arguments go in a file.
+ARGV_WORD_MAX = 64 << 10
 WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
 
 
@@ -102,8 +106,16 @@ def remember_argcheck(host: Host, entry: HostEntry, lock: Lock, request: Mapping
     only while the verdict is trusted). False when it was not kept: the next check runs the parser."""
     if answer.get("ok") is not True:
         return False
-    kept, _ = scripts.run_json(host, entry.python, SCRIPT,
-                               ["remember", _args(entry, lock, argcheck=dict(request), answer=dict(answer))], timeout=60)
+    text = _args(entry, lock, argcheck=dict(request), answer=dict(answer))
+    argv = ["remember", text]
+    if len(text.encode()) > ARGV_WORD_MAX:
+        path = f"{entry.engines_root}/.args-{secrets.token_hex(16)}.json"     # the script reads and deletes it
+        try:
+            host.put(path, text.encode(), 0o600)
+        except (CommandFailed, OSError):
+            return False
+        argv = ["remember", "--args-file", path]
+    kept, _ = scripts.run_json(host, entry.python, SCRIPT, argv, timeout=60)
     return bool(kept and kept.get("recorded") is True)
 
 
