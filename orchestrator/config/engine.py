@@ -80,6 +80,25 @@ def wheel_file(url: str) -> str:
     return urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
 
 
+def allowed_wheel_url(url: str, entry: HostEntry) -> None:
+    """ConfigError unless `url` (`engine.vllm`) is a version, or a wheel URL under one of the host's
+    `wheel_url_prefixes` (root's uv installs that wheel: whoever writes the manifest would choose the
+    code root runs). A URL with a `.` or `..` part (also %-encoded) is refused: a URL client resolves
+    it, so `https://ok/allowed/../other/` leaves the allowed folder."""
+    if not url.startswith("https://"):
+        return
+    parts = urllib.parse.unquote(urllib.parse.urlsplit(url).path).split("/")
+    if any(p in (".", "..") for p in parts):
+        raise ConfigError(f"engine.vllm {url[:120]} has a `.` or `..` part: write the address it means",
+                          hint="a wheel URL names its folder directly")
+    if not any(url.startswith(prefix) for prefix in entry.wheel_url_prefixes):
+        where = ", ".join(entry.wheel_url_prefixes) or "none"
+        raise ConfigError(f"engine.vllm {url[:120]} is not under the host {entry.name or entry.address}'s "
+                          f"wheel_url_prefixes ({where})",
+                          hint="root's uv installs that wheel: add its folder (https://.../) to the host's "
+                               "wheel_url_prefixes in the inventory, or pin a vLLM version")
+
+
 def offline_requirements(lock: Lock, wheels: Iterable[str], wheelhouse: str, where: str) -> tuple[str, ...]:
     """The lines uv installs from the host's copy of the wheelhouse (`--offline --no-index
     --find-links`, which fetches no URL): a `vllm @ URL` line names the wheelhouse's file of that

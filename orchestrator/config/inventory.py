@@ -14,6 +14,7 @@ import ipaddress
 import os
 import posixpath
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,12 @@ def system_folder(path: str) -> str | None:
         if posixpath.dirname(path) == parent:
             return f"{path} is a home folder itself (use a folder inside it)"
     return None
+
+
+# A wheel_url_prefixes entry: https, a host (and port), folders, ending with `/`: a URL that starts
+# with it is under that folder of that host (a prefix without the `/` would also admit
+# `https://wheels.example.evil/` or `.../vllm-other/`). Printable ASCII by construction.
+WHEEL_URL_PREFIX = re.compile(r"^https://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?/([A-Za-z0-9._~%+-]{1,200}/){0,20}$")
 
 
 def clean_path(v: str) -> str:
@@ -234,6 +241,12 @@ class HostEntry(Strict):
                         "platform, with their dependencies): for a host without the registries, the engine step "
                         "uploads the wheels the host lacks (by name and size) to engines_root/.wheelhouse and "
                         "builds offline from them. Empty: the host's own registries.")
+    wheel_url_prefixes: list[str] = Field(
+        default_factory=list,
+        description="The https addresses a manifest's `engine.vllm` wheel URL may start with on this host "
+                    "(each ends with `/`, e.g. `https://wheels.internal/vllm/`): root's uv installs that "
+                    "wheel, so a URL under none of them is refused when the plan is made. Empty: no wheel "
+                    "URL (versions only).")
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
     env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
                                          "units_dir (process).")
@@ -316,6 +329,16 @@ class HostEntry(Strict):
     def _text(cls, v):
         """Everything here reaches a command line, a unit file or the terminal: one printable line."""
         return _check_text(v, "the value") if isinstance(v, str) else v
+
+    @field_validator("wheel_url_prefixes")
+    @classmethod
+    def _wheel_prefixes(cls, v: list[str]) -> list[str]:
+        for i, prefix in enumerate(v):
+            if not isinstance(prefix, str) or not WHEEL_URL_PREFIX.match(prefix) or \
+                    any(p in (".", "..") for p in urllib.parse.unquote(prefix).split("/")[3:]):
+                raise at(str(i), f"{str(prefix)[:80]!r} is not an https address ending with / (a host, then "
+                            "folders; no credentials, query, fragment, `.` or `..`)")
+        return v
 
     @field_validator("service_user")
     @classmethod

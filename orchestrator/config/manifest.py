@@ -789,7 +789,8 @@ class Engine(Strict):
 
     vllm: str = Field(
         description="The vLLM version (`0.33.0`), or an https address of a vLLM wheel "
-                    "(`https://.../vllm-0.33.0+cu130-cp38-abi3-manylinux_2_35_x86_64.whl`).")
+                    "(`https://.../vllm-0.33.0+cu130-cp38-abi3-manylinux_2_35_x86_64.whl`) under one of the "
+                    "host's `wheel_url_prefixes` (else refused).")
     torch: str | None = Field(
         None, description="torch's version, pinned (e.g. `2.10.0`). Empty: whatever the vLLM version requires, "
                           "resolved when the venv is built (the lock then names only what is pinned).")

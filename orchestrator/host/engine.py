@@ -9,19 +9,23 @@ import hashlib
 import json
 import math
 import re
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config.engine import Lock, offline_requirements
+from orchestrator.config.engine import Lock, allowed_wheel_url, offline_requirements
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import ConfigError, DeployFailed, RefusedError
+from orchestrator.errors import CommandFailed, ConfigError, DeployFailed, RefusedError
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Script
 
 SCRIPT = "engine.py"
 EVENTS = ("step", "done", "error")
+# Linux caps one argv word at 128 KiB (MAX_ARG_STRLEN, include/uapi/linux/binfmts.h), and the
+# whole command is one word to the shell that runs it (`sh -c`): larger arguments go in a file.
+ARGV_WORD_MAX = 64 << 10
 WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
 
 
@@ -102,8 +106,16 @@ def remember_argcheck(host: Host, entry: HostEntry, lock: Lock, request: Mapping
     only while the verdict is trusted). False when it was not kept: the next check runs the parser."""
     if answer.get("ok") is not True:
         return False
-    kept, _ = scripts.run_json(host, entry.python, SCRIPT,
-                               ["remember", _args(entry, lock, argcheck=dict(request), answer=dict(answer))], timeout=60)
+    text = _args(entry, lock, argcheck=dict(request), answer=dict(answer))
+    argv = ["remember", text]
+    if len(text.encode()) > ARGV_WORD_MAX:
+        path = f"{entry.engines_root}/.args-{secrets.token_hex(16)}.json"     # the script reads and deletes it
+        try:
+            host.put(path, text.encode(), 0o600)
+        except (CommandFailed, OSError):
+            return False
+        argv = ["remember", "--args-file", path]
+    kept, _ = scripts.run_json(host, entry.python, SCRIPT, argv, timeout=60)
     return bool(kept and kept.get("recorded") is True)
 
 
@@ -163,7 +175,11 @@ def upload_wheelhouse(host: Host, entry: HostEntry, on_step: Callable[[str], Non
 
 
 def build_args(entry: HostEntry, lock: Lock) -> list[str]:
-    """The engine script's arguments for building the lock's venv (what the plan shows is what runs)."""
+    """The engine script's arguments for building the lock's venv (what the plan shows is what runs).
+    ConfigError for a wheel URL outside the host's wheel_url_prefixes (config/engine.py)."""
+    for line in lock.requirements:
+        if line.startswith("vllm @ "):
+            allowed_wheel_url(line.removeprefix("vllm @ "), entry)
     if not entry.wheelhouse:
         return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=None)]
     house = wheelhouse_dir(entry)
@@ -189,11 +205,16 @@ def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict]
         if "symlink" in message or "not a folder vllm-orch built" in message:
             raise RefusedError(f"engine venv refused: {message}", host=entry.name, step="engine")
         no_uv = f"No such file or directory: '{entry.uv}'" in message
+        hint = "the host's uv must reach the registries (the inventory's env, e.g. UV_INDEX_URL), or set " \
+               "`wheelhouse` for it to build offline"
+        if no_uv:
+            hint = (f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
+                    f"(https://docs.astral.sh/uv/) or set `uv:` to its path")
+        elif "building from source is disabled" in message:      # uv's words for --no-build
+            hint = ("engines install wheels only (uv --no-build: no package's setup.py runs on the host): "
+                    "pin a version that has a wheel, or put its wheel into the wheelhouse")
         raise DeployFailed(f"engine venv {lock.name} did not build: {message}", host=entry.name, step="engine",
-                           hint=f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
-                                f"(https://docs.astral.sh/uv/) or set `uv:` to its path" if no_uv else
-                                "the host's uv must reach the registries (the inventory's env, e.g. "
-                                "UV_INDEX_URL), or set `wheelhouse` for it to build offline")
+                           hint=hint)
     done = [e for e in events if e["event"] == "done"]
     if result.exit_code != 0 or not done:
         raise DeployFailed(f"the engine build exited {result.exit_code}", host=entry.name, step="engine",

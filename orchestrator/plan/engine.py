@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 
-from orchestrator.config.engine import lock_of, python_path
+from orchestrator.config.engine import allowed_wheel_url, lock_of, python_path
 from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host import scripts
@@ -85,6 +85,7 @@ def engine_action(inp: PlanInput) -> Action | None:
     m, entry = inp.target.manifest, inp.entry
     if m.engine is None:
         return None
+    allowed_wheel_url(m.engine.vllm, entry)        # exit 2 at plan time, even for a venv built earlier
     lock = lock_of(m.engine)
     state = inp.engine
     path = f"{entry.engines_root}/{lock.name}"

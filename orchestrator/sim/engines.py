@@ -192,3 +192,54 @@ def wheelhouse(folder: Path, vllm_versions: Iterable[str] = ("0.33.0",), *, torc
     for f in flashinfer:
         flashinfer_wheels(folder, f)
     return folder
+
+
+# An sdist's build runs its own code (setup.py, or the build backend its pyproject.toml names) as
+# whoever runs uv: the simulated one's backend is its setup.py (in-tree, no build requirements, so it
+# builds offline as a setuptools sdist would with setuptools at hand) and leaves a line in `ran`.
+_SDIST_SETUP = '''"""SIMULATED sdist {name} {version}: its setup.py is its build backend (PEP 517, in-tree)."""
+import base64, hashlib, json, os, zipfile
+
+with open({ran!r}, "a") as f:
+    f.write(json.dumps({{"sdist": "{name}", "uid": os.getuid(), "pid": os.getpid()}}) + "\\n")
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    stem = "{stem}-{version}"
+    info = stem + ".dist-info"
+    entries = {{"{stem}/__init__.py": b"", info + "/METADATA": b"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n",
+               info + "/WHEEL": b"Wheel-Version: 1.0\\nGenerator: sim\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}}
+    record = ["%s,sha256=%s,%d" % (n, base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode(),
+                                   len(d)) for n, d in entries.items()] + [info + "/RECORD,,"]
+    entries[info + "/RECORD"] = ("\\n".join(record) + "\\n").encode()
+    name = stem + "-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for n, d in entries.items():
+            z.writestr(n, d)
+    return name
+'''
+
+
+def sdist(folder: Path, dist: str, version: str, ran: Path) -> Path:
+    """A source distribution (`<name>-<version>.tar.gz`) whose build runs its setup.py, which appends
+    one JSON line ({"sdist", "uid", "pid"}) to `ran`: what a hostile package's setup.py could do."""
+    import io
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = dist.replace("-", "_")
+    top = f"{stem}-{version}"
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "setup"\nbackend-path = ["."]\n\n'
+                          f'[project]\nname = "{dist}"\nversion = "{version}"\n',
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+        "setup.py": _SDIST_SETUP.format(name=dist, stem=stem, version=version, ran=str(ran)),
+    }
+    path = folder / f"{top}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path

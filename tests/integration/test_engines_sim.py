@@ -67,11 +67,12 @@ def wheels(tmp_path) -> Path:
     return house
 
 
-def host_entry(sim_host, wheels: Path):
+def host_entry(sim_host, wheels: Path, **more):
     """The host with its engines under its folder, built by this machine's uv from `wheels`. Without
     the simulator's PYTHONPATH (the host folder's faked packages): an engine venv has its own."""
     env = {k: v for k, v in sim_host.entry["env"].items() if k != "PYTHONPATH"}
-    return entry(sim_host, engines_root=str(sim_host.dir / "engines"), uv=UV, wheelhouse=str(wheels), env=env)
+    return entry(sim_host, engines_root=str(sim_host.dir / "engines"), uv=UV, wheelhouse=str(wheels), env=env,
+                 **more)
 
 
 def venv_of(sim_host, m: Manifest) -> Path:
@@ -127,11 +128,20 @@ def test_a_lock_with_another_torch_than_the_vllm_wheel_requires_fails_its_build_
 def test_a_wheel_url_builds_offline_from_the_wheelhouse_copy_of_that_wheel(sim_host, wheels):
     """`engine.vllm: https://.../vllm-0.33.0-py3-none-any.whl` on a host that builds offline from
     the wheelhouse (uv --offline fetches no URL): the wheelhouse's file of that name is installed;
-    a URL whose wheel the wheelhouse lacks is refused when the plan is made (exit 2, one line)."""
+    a URL whose wheel the wheelhouse lacks is refused when the plan is made (exit 2, one line), and
+    so is one outside the host's wheel_url_prefixes (root's uv would install what it names)."""
     from orchestrator.errors import ConfigError
 
-    e = host_entry(sim_host, wheels)
     pins = {"torch": sim_engines.TORCH, "flashinfer": sim_engines.FLASHINFER}      # what 0.33.0 requires
+    elsewhere = with_engine("https://wheels.example.invalid/other/vllm-0.33.0-py3-none-any.whl", **pins)
+    for e in (host_entry(sim_host, wheels), host_entry(sim_host, wheels, wheel_url_prefixes=[
+            "https://wheels.example.invalid/vllm/"])):
+        with pytest.raises(ConfigError) as outside:
+            deploy(e, elsewhere, dry_run=True)
+        assert "is not under the host sim's wheel_url_prefixes" in outside.value.message, outside.value
+        assert outside.value.exit_code == 2 and "\n" not in str(outside.value)
+    assert not (sim_host.dir / "engines").exists() or not any((sim_host.dir / "engines").glob("vllm-*"))
+    e = host_entry(sim_host, wheels, wheel_url_prefixes=["https://wheels.example.invalid/vllm/"])
     missing = with_engine("https://wheels.example.invalid/vllm/vllm-0.33.0%2Bcu130-py3-none-any.whl", **pins)
     with pytest.raises(ConfigError) as refused:         # the CLI's one error boundary: exit 2, one line
         deploy(e, missing, dry_run=True)
@@ -141,6 +151,29 @@ def test_a_wheel_url_builds_offline_from_the_wheelhouse_copy_of_that_wheel(sim_h
     res = deploy(e, m)
     assert res.ok, res.error
     assert read_records(sim_host.host, e)[MM].vllm_version == "0.33.0"
+
+
+
+
+def test_an_sdist_for_a_pinned_package_is_refused_and_its_setup_py_never_runs(sim_host, wheels):
+    """`packages:` pins a package the host's find-links folder has only as an sdist (a .tar.gz):
+    uv would build it, running its setup.py as the build's user (root on a real host). Built with
+    --no-build, uv refuses it, and the engine step fails naming the package (uv's own words)."""
+    e = host_entry(sim_host, wheels)
+    ran = sim_host.dir / "sdist-ran.jsonl"
+    sim_engines.sdist(sim_host.dir / "engines" / ".wheelhouse", "evilpkg", "1.0", ran)
+    m = with_engine("0.33.0")
+    data = m.model_dump()
+    data["engine"]["packages"] = {"evilpkg": "1.0"}
+    m = Manifest.model_validate(data)
+    res = deploy(e, m)
+    assert not ran.exists(), ran.read_text()                        # its setup.py never ran
+    assert not res.ok and res.error is not None and res.error.step == "engine", res.error
+    assert "did not build" in res.error.message and "evilpkg" in res.error.message, res.error.message
+    assert "building from source is disabled" in res.error.message, res.error.message     # uv's hint
+    assert "wheels only" in (res.error.hint or ""), res.error.hint
+    assert statuses(res).get("start") != "done"
+    assert not venv_of(sim_host, m).exists()
 
 
 def test_two_services_on_one_host_run_two_vllm_versions_each_with_its_flags_and_lines(sim_host, wheels):

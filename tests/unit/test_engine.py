@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config.engine import lock_of, python_path, venv_path, vllm_path
+from orchestrator.config.engine import allowed_wheel_url, lock_of, python_path, venv_path, vllm_path
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Engine, Manifest
+from orchestrator.errors import ConfigError
 from orchestrator.render.artifacts import render
 
 HOST = HostEntry(name="gpu1", address="gpu1.example")
@@ -62,3 +63,32 @@ def test_render_names_the_venv_in_execstart_and_without_engine_the_inventorys_vl
 @pytest.mark.parametrize("version", ["0.33.0", "0.25.0rc1", "0.33.0.post1", "2.10.0+cu130", "1.0.dev20261201"])
 def test_versions_pip_writes_are_accepted(version):
     assert lock_of(Engine(vllm=version)).vllm_version == version
+
+
+WHEEL = "vllm-0.33.0-py3-none-any.whl"
+
+
+ALLOWED = ["https://wheels.example/vllm/"]
+
+
+@pytest.mark.parametrize("url, prefixes", [
+    (f"https://wheels.example/vllm/{WHEEL}", []),                          # no prefixes: no URL at all
+    (f"https://evil.example/vllm/{WHEEL}", ALLOWED),                       # another host
+    (f"https://wheels.example.evil.example/vllm/{WHEEL}", ALLOWED),        # a host the prefix's text starts
+    (f"https://wheels.example/vllm-other/{WHEEL}", ALLOWED),               # a folder the prefix's text starts
+    (f"https://wheels.example/vllm/../other/{WHEEL}", ALLOWED),            # leaves the folder once resolved
+    (f"https://wheels.example/vllm/%2E%2E/other/{WHEEL}", ALLOWED),
+])
+def test_a_wheel_url_outside_the_hosts_prefixes_is_refused_with_exit_2_in_one_line(url, prefixes):
+    entry = HOST.model_copy(update={"wheel_url_prefixes": prefixes})
+    with pytest.raises(ConfigError) as refused:
+        allowed_wheel_url(Engine(vllm=url).vllm, entry)
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value), refused.value
+    assert url in refused.value.message
+
+
+def test_a_wheel_url_under_a_prefix_and_a_version_pass():
+    entry = HostEntry(name="gpu1", address="gpu1.example",
+                      wheel_url_prefixes=["https://mirror.example/x/", "https://wheels.example/vllm/"])
+    allowed_wheel_url(Engine(vllm=f"https://wheels.example/vllm/cu130/{WHEEL}").vllm, entry)
+    allowed_wheel_url("0.33.0", HOST)

@@ -153,3 +153,19 @@ def test_the_hosts_answer_about_a_verdict_is_untrusted_and_force_reaches_the_scr
     assert (st.verified_at, st.verify_seconds, st.bytes) == (None, None, None)
     plan = plan_deploy(replace(inp(t, facts(users={}), download(10)), engine=st))
     assert "verified earlier, unchanged" in next(a.summary for a in plan.actions if a.step == "engine")
+
+
+def test_a_wheel_url_outside_the_hosts_prefixes_is_refused_by_the_plan_even_for_a_venv_built_earlier():
+    import pytest
+
+    from orchestrator.errors import ConfigError
+    url = "https://wheels.example/vllm/vllm-0.33.0-py3-none-any.whl"
+    t = engine_svc(url)
+    for ok in (False, True):
+        with pytest.raises(ConfigError) as refused:
+            plan_deploy(replace(inp(t, facts(users={}), download(10)), engine=state(t, ok=ok)))
+        assert refused.value.exit_code == 2 and "wheel_url_prefixes" in refused.value.message
+    allowed = replace(inp(t, facts(users={}), download(10)), engine=state(t, ok=False),
+                      entry=ENTRY.model_copy(update={"wheel_url_prefixes": ["https://wheels.example/vllm/"]}))
+    engine = next(a for a in plan_deploy(allowed).actions if a.step == "engine")
+    assert not engine.noop and "vllm-0.33.0-" in engine.summary

@@ -258,3 +258,60 @@ def test_a_garbled_foreign_or_stale_kept_answer_is_not_found_never_an_error(tmp_
     counting(monkeypatch, fails="import vllm failed")
     script.check(dict(args(root), force=True))
     assert not os.path.exists(path)
+
+
+def test_an_answer_over_linux_argv_word_limit_is_kept_through_the_host_and_its_args_file_removed(tmp_path,
+                                                                                                  monkeypatch):
+    """Linux caps one argv word at 128 KiB (MAX_ARG_STRLEN, include/uapi/linux/binfmts.h): an answer
+    of 200 KB sent as the script's argument was refused by exec (E2BIG), so `remember` silently kept
+    nothing. Through the real host interface and the real script (a subprocess): a small answer
+    goes as before, a large one through a 0600 file under engines_root that the script reads and
+    deletes."""
+    import sys
+
+    from orchestrator.config.inventory import HostEntry
+    from orchestrator.host.engine import remember_argcheck
+    from orchestrator.host.local import LocalHost
+
+    root = tmp_path / "engines"
+    counting(monkeypatch)
+    built_venv(root, [])
+    assert kept(root) is None                                         # this full check records the verdict
+    entry = HostEntry(name="h", address="local", engines_root=str(root), python=sys.executable)
+    host = LocalHost("h")
+    assert remember_argcheck(host, entry, LOCK, REQUEST, PASSED) is True
+    assert kept(root) == PASSED
+    big_request = {**REQUEST, "argv": ["serve", "org/m", "--big"]}
+    big = {**PASSED, "deprecated": ["x" * 1000] * 200}                 # ~200 KB of JSON
+    assert len(json.dumps(big)) > 128 * 1024
+    assert remember_argcheck(host, entry, LOCK, big_request, big) is True
+    assert kept(root, big_request) == big
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []     # the args file is gone
+
+
+def test_the_args_file_is_read_only_when_it_is_a_regular_file_of_ours_and_named_like_one(tmp_path):
+    """main()'s `--args-file`: a link, a FIFO or another name is refused and left where it is."""
+    import subprocess
+    import sys
+
+    src = package_file("host", "remote", "engine.py").read_bytes()
+    good = tmp_path / (".args-" + "a" * 32 + ".json")
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"root": str(tmp_path)}))
+    good.symlink_to(target)
+    fifo = tmp_path / (".args-" + "b" * 32 + ".json")
+    os.mkfifo(fifo)
+    other = tmp_path / "args.json"
+    other.write_text(json.dumps({"root": str(tmp_path)}))
+    for path in (good, fifo, other):
+        r = subprocess.run([sys.executable, "-", "list", "--args-file", str(path)], input=src, capture_output=True,
+                           timeout=60)
+        assert r.returncode != 0 and b"args" in r.stderr, (path, r.stderr)
+        assert os.path.lexists(path)
+    assert target.exists() and other.exists()
+    os.chmod(other, 0o600)
+    os.rename(other, tmp_path / (".args-" + "c" * 32 + ".json"))
+    r = subprocess.run([sys.executable, "-", "list", "--args-file", str(tmp_path / (".args-" + "c" * 32 + ".json"))],
+                       input=src, capture_output=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["engines"] == [], r.stderr
+    assert not (tmp_path / (".args-" + "c" * 32 + ".json")).exists()

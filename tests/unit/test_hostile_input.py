@@ -175,6 +175,15 @@ HOSTILE = [
     ("engines-root-slash", "h", {"engines_root": "/"}, "engines_root"),
     ("engines-root-system", "h", {"engines_root": "/usr/lib"}, "engines_root"),
     ("uv-plus-prefix", "h", {"uv": "+/usr/bin/uv"}, "uv"),
+    ("wheel-url-prefix-http", "h", {"wheel_url_prefixes": ["http://wheels.example/vllm/"]}, "wheel_url_prefixes.0"),
+    ("wheel-url-prefix-no-slash", "h", {"wheel_url_prefixes": ["https://wheels.example/vllm"]},
+     "wheel_url_prefixes.0"),
+    ("wheel-url-prefix-host-only", "h", {"wheel_url_prefixes": ["https://wheels.example"]}, "wheel_url_prefixes.0"),
+    ("wheel-url-prefix-newline", "h", {"wheel_url_prefixes": ["https://ok.example/\nx/"]}, "wheel_url_prefixes.0"),
+    ("wheel-url-prefix-credentials", "h", {"wheel_url_prefixes": ["https://u:p@wheels.example/"]},
+     "wheel_url_prefixes.0"),
+    ("wheel-url-prefix-dotdot", "h", {"wheel_url_prefixes": ["https://ok.example/vllm/%2e%2e/"]},
+     "wheel_url_prefixes.0"),
 ]
 
 RAW = {

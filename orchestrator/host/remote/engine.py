@@ -1,6 +1,7 @@
 """Host-side engine venvs (a manifest's `engine:`): check one, build one, list them, remove one.
 
-Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orchestrator/host/engine.py).
+Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orchestrator/host/engine.py),
+or `python - MODE --args-file PATH` for arguments too large for one argv word (read, then deleted).
 
     check   {"root", "lock", "force", "argcheck"} -> {"state": ok|missing|partial|mismatch|broken,
                                                      "verified": earlier|now, "argcheck": answer|null, ...}
@@ -37,8 +38,10 @@ never found; a file that is garbled or not ours is an answer not found, never an
 A folder without the marker is a build that was cut short: the next build removes it and starts
 again (a venv cannot be moved once built, so it is built in place). Everything under root is root's
 and read-only to others (dirs 0755, files without group or other write): the service user runs the
-venv but cannot change it. uv's cache and the Pythons uv installs live under root too (`.uv-cache`,
-`.python`): a Python in root's home would be out of the service user's reach.
+venv but cannot change it. uv installs wheels only (`--no-build`): an sdist is refused, never
+built, so no package's setup.py or build backend runs here. uv's cache and the Pythons uv installs
+live under root too (`.uv-cache`, `.python`): a Python in root's home would be out of the service
+user's reach.
 """
 
 import hashlib
@@ -454,7 +457,7 @@ def build(args):
         run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
             + [venv], env, "uv venv (Python %s)" % lock["python"])
         run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
-             "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
+             "--no-build", "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
         verified_at = time.monotonic()
         why, version = verify(venv, lock)
         if why:
@@ -517,8 +520,27 @@ def remove(args):
     return {"removed": True}
 
 
+ARGS_FILE = re.compile(r"^\.args-[0-9a-f]{32}\.json$")
+ARGS_MAX = 4 << 20
+
+
+def args_from_file(path):
+    """The arguments the controller put in a file (`MODE --args-file PATH`: a large `remember` would
+    not fit one argv word, which Linux caps at 128 KiB): read once, then deleted. Only a path named
+    .args-<32 hex>.json, a regular file of the running user's without group or other write (opened
+    without following links, non-blocking); anything else is refused and left where it is."""
+    if not os.path.isabs(path) or not ARGS_FILE.match(os.path.basename(path)):
+        raise SystemExit("vllm-orch engine.py: %r is not an args file vllm-orch writes" % path[:200])
+    value, why = read_own(path, ARGS_MAX, "args")
+    if not isinstance(value, dict):
+        raise SystemExit("vllm-orch engine.py: %s (%s)" % (why or "the args file is not an object", path[:200]))
+    os.remove(path)
+    return value
+
+
 def main():
-    mode, args = sys.argv[1], json.loads(sys.argv[2])
+    mode = sys.argv[1]
+    args = args_from_file(sys.argv[3]) if sys.argv[2] == "--args-file" else json.loads(sys.argv[2])
     if mode == "build":
         return build(args)
     answer = {"check": check, "list": listing, "remove": remove, "remember": remember}[mode](args)
