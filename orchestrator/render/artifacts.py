@@ -584,7 +584,8 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
         text = _template("vllm.service.j2").render(
             **units, exec_start=exec_start(argv),
             dev_guard=systemd_quote(dev_guard_rules(m, '"' + host.service_user + '"')) if guard else "",
-            dev_unguard=systemd_quote(dev_guard_remove(m)) if guard else "", ready_probe="" if worker else probe_command(m, host, "ready"),
+            dev_unguard=systemd_quote(dev_guard_remove(m)) if guard else "",
+            ready_probe="" if worker else probe_command(m, host, "ready"),
             start_limit_interval=start_limit_interval(m), stop_timeout=stop_timeout(m))
         unit = RenderedFile(unit_path(m, host), text, 0o644)
         if not worker:
