@@ -580,7 +580,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                      ray_worker=is_ray_worker(m, role), ray_unit=ray_unit_name(m) if ray and not worker else "",
                      ray_address=f"{role.head_address}:{meet_port(m, 'ray_port')}" if ray and role and m.multinode else "",
                      master_port=meet_port(m, "master_port") if m.multinode else "")
-        guard = m.sleep is not None and not worker
+        guard = m.sleep is not None and not worker and host.dev_guard
         text = _template("vllm.service.j2").render(
             **units, exec_start=exec_start(argv),
             dev_guard=systemd_quote(dev_guard_rules(m, '"' + host.service_user + '"')) if guard else "",
@@ -611,6 +611,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                 **common, role=role, exec_start=exec_start(ray_argv(m, host, role))), 0o644))
     else:
         text = _template("vllm-process.sh.j2").render(
-            **common, argv=argv, dev_guard=dev_guard_rules(m, "\0").split("\0") if m.sleep is not None else "")
+            **common, argv=argv, dev_guard=dev_guard_rules(m, "\0").split("\0") if m.sleep is not None and host.dev_guard else "")
         unit = RenderedFile(unit_path(m, host), text, 0o755)
     return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role, model)

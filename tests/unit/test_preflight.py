@@ -327,3 +327,5 @@ def test_sleep_mode_refuses_a_host_without_nft():
     names = lambda m: {c.name: c.status for c in evaluate(pf, needs_for(m, [], []), None)}  # noqa: E731
     assert names(sleepy)["dev-guard"] == FAIL
     assert "dev-guard" not in names(models["tiny-llama-a"])
+    off = check_dev_guard({"programs": [], "folders": [], "nft": None}, guarded=False)
+    assert off.status == WARN and "open to every local user" in off.summary     # inventory dev_guard: false

@@ -399,3 +399,13 @@ def test_a_sleep_capable_process_script_refuses_without_root_or_nft():
     assert 'if [ "$(id -u)" != 0 ]; then' in text and "exit 3" in text
     assert "command -v nft" in text and "\"$uid\"" in text
     assert "nft" not in render(MODELS["tiny-llama-a"], PROCESS_HOST).unit.text
+
+
+def test_a_host_with_dev_guard_off_renders_no_guard():
+    """inventory dev_guard: false (a SIMULATED host of a non-root user: nft needs root) renders
+    neither the unit's nft lines nor the process script's root-only guard; preflight says so."""
+    off = SYSTEMD_HOST.model_copy(update={"dev_guard": False})
+    assert "nft" not in _sleepy(off).unit.text
+    proc = HostEntry(name="p", address="127.0.0.1", service_manager="process", dev_guard=False)
+    assert "nft" not in _sleepy(proc).unit.text
+    assert "nft" in _sleepy(HostEntry(name="p", address="127.0.0.1", service_manager="process")).unit.text
