@@ -280,6 +280,14 @@ class HostEntry(Strict):
         None, max_length=40,
         description="A short note shown beside the host's name in plans, `status`, `hosts` and bench "
                     "reports, e.g. `staging` (`vllm-orch sim up` writes `SIMULATED`).")
+    dev_guard: bool = Field(
+        True,
+        description="Guard a sleep-capable service's dev-mode endpoints (/sleep, /wake_up, /collective_rpc: "
+                    "outside vLLM's --api-key) with an nftables table that resets loopback connections to its "
+                    "port from every uid but root's and the service user's (docs/security.md). Needs root and "
+                    "`nft` on the host. `false` leaves them open to every local user of the host, and the plan "
+                    "warns: only where every local user is trusted, e.g. a SIMULATED host run as a non-root "
+                    "user (`vllm-orch sim up` writes it then).")
     time_scale: float = Field(
         1.0, ge=1, le=1e6,
         description="How many times faster than the field this host loads a model: the start-up and "

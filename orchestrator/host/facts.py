@@ -260,6 +260,7 @@ class TrustSection(Section):
 
     programs: list[TrustEntry] = Field(default_factory=list)
     folders: list[TrustEntry] = Field(default_factory=list)
+    nft: str | None = None                  # where nft is (None: not installed)
 
 
 class MemorySection(Section):

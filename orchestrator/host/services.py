@@ -16,6 +16,7 @@ from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import CommandFailed
 from orchestrator.host import cancel
 from orchestrator.host.base import Command, Host, Script
+from orchestrator.render.artifacts import dev_guard_table
 
 
 @dataclass
@@ -288,18 +289,24 @@ class ProcessService(Service):
         # The group is "alive" while a member is not a zombie (kill -0 succeeds on zombies).
         group_alive = "ps -eo pgid=,stat= | awk -v g=$P '$1==g && $2 !~ /^Z/ {f=1} END {exit !f}'"
         main_alive = "S=$(ps -o stat= -p $P 2>/dev/null) && [ -n \"$S\" ] && [ \"${S#Z}\" = \"$S\" ]"
+        # A sleep-capable service's dev-mode guard (its own nftables table, installed by its start
+        # script: render/artifacts.py dev_guard_rules) goes once nothing of it runs; none: nothing done.
+        t = f"inet {dev_guard_table(self.model)}"
+        unguard = (f"if command -v nft >/dev/null 2>&1 && nft list table {t} >/dev/null 2>&1; then "
+                   f"nft delete table {t}; fi")
         stale = (f"[ \"$WHY\" = none ] || echo \"not stopping process group $P: $WHY\" >&2; "
-                 f"rm -f {q(self.pidfile)}; exit 0")
+                 f"rm -f {q(self.pidfile)}; {unguard}; exit 0")
         return [Script(
             _verified_record(self.pidfile, stale) +
             f"if {main_alive}; then kill -TERM $P; else pkill -TERM -g $P; fi; i=0; "
             f"while {group_alive} && [ $i -lt {wait_s * 10} ]; do sleep 0.1; i=$((i+1)); done; "
             f"pkill -KILL -g $P; i=0; while {group_alive} && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
             f"if {group_alive}; then echo \"process group $P survived SIGKILL\" >&2; exit 1; fi; "
-            f"rm -f {q(self.pidfile)}",
+            f"rm -f {q(self.pidfile)}; {unguard}",
             display=f"kill -TERM the main process recorded in {self.pidfile} (once the record is proven "
                     f"current: same boot, same leader start time; it stops its workers); wait up to "
-                    f"{self.STOP_WAIT_S}s; kill -KILL what is left of its process group")]
+                    f"{self.STOP_WAIT_S}s; kill -KILL what is left of its process group; delete its nftables "
+                    f"table {t} if there is one")]
 
     def state(self) -> ServiceState:
         q = shlex.quote

@@ -115,6 +115,24 @@ def check_root_programs(trust: Mapping[str, Any] | None) -> Check:
                   "`chmod -R go-w`), or point the inventory's `python` / `nvidia_smi` at copies that are")
 
 
+def check_dev_guard(trust: Mapping[str, Any] | None, guarded: bool = True) -> Check:
+    """Sleep mode (VLLM_SERVER_DEV_MODE=1) opens /sleep, /wake_up, /collective_rpc outside vLLM's
+    --api-key; the service's start installs an nftables table that keeps every local user but root
+    and the service user out (render/artifacts.py dev_guard_rules), so the host needs nft. Not
+    skippable: without it the start fails (the endpoints are never open unguarded)."""
+    if not guarded:
+        return Check("dev-guard", WARN, "sleep mode's dev-mode endpoints (/sleep, /wake_up, /collective_rpc) are "
+                                        "open to every local user of this host (inventory dev_guard: false)",
+                     fix="set dev_guard: true (the default) on a host shared with other users; it needs root and nft")
+    if trust is None:
+        return Check("dev-guard", OK, "not checked (the host facts do not say)")
+    if not trust.get("nft"):
+        return Check("dev-guard", FAIL, "sleep mode needs nft on the host (the nftables guard of the dev-mode "
+                                        "endpoints /sleep, /wake_up, /collective_rpc): it is not installed",
+                     fix="install nftables (Debian/Ubuntu: apt-get install nftables), or drop `sleep:`")
+    return Check("dev-guard", OK, f"{trust['nft']} guards the dev-mode endpoints (root and the service user only)")
+
+
 @skippable("root-folders")
 def check_root_folders(trust: Mapping[str, Any] | None) -> Check:
     """The folders vllm-orch writes as root (models_root, state_dir, env_dir, units_dir, log_dir,
@@ -558,6 +576,8 @@ class PreflightNeeds:
     min_vllm_field: str = "requires.min_vllm_version"
     gpu_needs: GpuNeeds | None = None
     required_packages: Mapping[str, str] | None = None
+    dev_guard: bool = False                     # sleep mode: the start installs an nftables guard (nft)
+    dev_guard_on: bool = True                   # the host's inventory dev_guard (false: said, not installed)
 
 
 def _broken(name: str, what: str, python: str, answer: HostAnswer) -> Check:
@@ -594,6 +614,8 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
     checks.append(check_service_user(pf.service_reach, skip=skip))
     checks.append(check_root_programs(pf.root_trust, skip=skip))
     checks.append(check_root_folders(pf.root_trust, skip=skip))
+    if needs.dev_guard:
+        checks.append(check_dev_guard(pf.root_trust, needs.dev_guard_on))
     if pf.packages is None or pf.packages.value is None:
         if pf.packages is not None:
             checks.append(_broken("vllm-version", "inspect_env.py", pf.python, pf.packages))
@@ -643,6 +665,7 @@ def needs_for(manifest: Any, argv: Sequence[str], provenance: Sequence[tuple[str
         env_fields[name] = (f"{origin}.env.{name}" if origin and origin.startswith("requires.")
                             else origin or f"env.{name}")
     return PreflightNeeds(
+        dev_guard=getattr(manifest, "sleep", None) is not None,
         argv=list(argv), provenance=list(provenance), manifest_label=manifest_label, env=env,
         env_fields=env_fields, min_vllm=manifest.requires.min_vllm_version,
         min_vllm_field=(f"{origins['requires.min_vllm_version']}.min_vllm_version"

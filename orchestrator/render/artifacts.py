@@ -452,6 +452,31 @@ def head_watch_command(m: Manifest, host: HostEntry, role: NodeRole) -> str:
                   "--port", str(meet_port(m, "master_port")), "--state-dir", host.state_dir)
 
 
+def dev_guard_table(service: str) -> str:
+    """The nftables table (family inet) of a sleep-capable service's dev-mode guard: named after the
+    service (a slug: `-` becomes `_`, so two services never share one), created and deleted by it alone."""
+    return "vllm_orch_" + service.replace("-", "_")
+
+
+def dev_guard_rules(m: Manifest, user: str) -> str:
+    """nft commands (one transaction) that make the dev-mode endpoints of a sleep-capable service
+    (VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /collective_rpc, ... which vLLM 0.33's --api-key does
+    not guard) reachable only by root and the service's user: a loopback TCP connection to its port
+    from a socket of any other uid is reset. `user`: a uid, a shell expansion giving one, or a quoted
+    user name (nft resolves it when it loads). Adding then deleting the table first makes a restart
+    replace it; no other table is touched."""
+    t = f"inet {dev_guard_table(m.name)}"
+    return (f"add table {t} ; delete table {t} ; add table {t} ; "
+            f"add chain {t} out {{ type filter hook output priority 0 ; policy accept ; }} ; "
+            f"add rule {t} out oif lo tcp dport {m.serving.port} meta skuid != {{ 0, {user} }} "
+            f"reject with tcp reset")
+
+
+def dev_guard_remove(m: Manifest) -> str:
+    """nft command deleting the guard's table (only ours, by its name)."""
+    return f"delete table inet {dev_guard_table(m.name)}"
+
+
 HOME_TREES = ("/home", "/root", "/run/user")
 
 
@@ -555,8 +580,12 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                      ray_worker=is_ray_worker(m, role), ray_unit=ray_unit_name(m) if ray and not worker else "",
                      ray_address=f"{role.head_address}:{meet_port(m, 'ray_port')}" if ray and role and m.multinode else "",
                      master_port=meet_port(m, "master_port") if m.multinode else "")
+        guard = m.sleep is not None and not worker and host.dev_guard
         text = _template("vllm.service.j2").render(
-            **units, exec_start=exec_start(argv), ready_probe="" if worker else probe_command(m, host, "ready"),
+            **units, exec_start=exec_start(argv),
+            dev_guard=systemd_quote(dev_guard_rules(m, '"' + host.service_user + '"')) if guard else "",
+            dev_unguard=systemd_quote(dev_guard_remove(m)) if guard else "",
+            ready_probe="" if worker else probe_command(m, host, "ready"),
             start_limit_interval=start_limit_interval(m), stop_timeout=stop_timeout(m))
         unit = RenderedFile(unit_path(m, host), text, 0o644)
         if not worker:
@@ -581,6 +610,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
             extra.append(RenderedFile(f"{host.units_dir}/{ray_unit_name(m)}", _template("ray.service.j2").render(
                 **common, role=role, exec_start=exec_start(ray_argv(m, host, role))), 0o644))
     else:
-        text = _template("vllm-process.sh.j2").render(**common, argv=argv)
+        text = _template("vllm-process.sh.j2").render(
+            **common, argv=argv, dev_guard=dev_guard_rules(m, "\0").split("\0") if m.sleep is not None and host.dev_guard else "")
         unit = RenderedFile(unit_path(m, host), text, 0o755)
     return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role, model)

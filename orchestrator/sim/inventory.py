@@ -99,6 +99,10 @@ class SimHost:
         else:
             entry["meminfo"] = f"{self.dir}/meminfo"
         entry["cpu_memory_per_gpu_gib"] = REAL_CPU_MEMORY_PER_GPU_GIB / self.scale
+        if not self.container and os.geteuid() != 0:
+            # nft needs root: a simulated process host of a non-root user (its own machine) cannot
+            # guard sleep mode's dev endpoints; said in the plan of every sleep-capable service
+            entry["dev_guard"] = False
         if not self.cpu_vllm and self.speed > 1:      # vLLM's CPU build loads at its own pace
             entry["time_scale"] = self.speed
         if self.cpu_vllm:      # its venv's vllm and python, no faked packages, a CPU torch

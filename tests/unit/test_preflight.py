@@ -305,3 +305,27 @@ def test_root_programs_and_folders_fail_on_what_another_user_could_change():
     assert check_root_folders(trust).status == OK
     assert check_root_programs(trust, skip={"root-programs"}).status == SKIPPED
     assert check_root_programs(None).status == OK          # facts from before: not checked, said so
+
+
+def test_sleep_mode_refuses_a_host_without_nft():
+    """A sleep-capable service's start installs its nftables guard (render/artifacts.py
+    dev_guard_rules): a host without nft fails preflight (deploy refuses, exit 3) and says what to
+    install; not skippable. A service without sleep mode is not asked for nft."""
+    from orchestrator.config.manifest import load_all
+    from orchestrator.paths import shipped_dir
+    from orchestrator.plan.preflight import PreflightFacts, check_dev_guard, evaluate, needs_for
+
+    c = check_dev_guard({"programs": [], "folders": [], "nft": None})
+    assert c.status == FAIL and "needs nft" in c.summary and "\n" not in c.summary and "nftables" in (c.fix or "")
+    assert check_dev_guard({"programs": [], "folders": [], "nft": "/usr/sbin/nft"}).status == OK
+    models, _ = load_all(shipped_dir("models"))
+    data = models["tiny-llama-a"].model_dump()
+    data["sleep"] = {"level": 1}
+    sleepy = type(models["tiny-llama-a"]).model_validate(data)
+    pf = PreflightFacts(python="python3", packages=None, argcheck=None, gpus=None,
+                        root_trust={"programs": [], "folders": [], "nft": None})
+    names = lambda m: {c.name: c.status for c in evaluate(pf, needs_for(m, [], []), None)}  # noqa: E731
+    assert names(sleepy)["dev-guard"] == FAIL
+    assert "dev-guard" not in names(models["tiny-llama-a"])
+    off = check_dev_guard({"programs": [], "folders": [], "nft": None}, guarded=False)
+    assert off.status == WARN and "open to every local user" in off.summary     # inventory dev_guard: false

@@ -181,3 +181,14 @@ def test_the_real_servers_ready_wait_gives_up_on_a_hang_and_waits_out_a_busy_sta
         assert busy.wait_ready() >= 3
     finally:
         busy.stop()
+
+
+def test_a_simulated_process_host_of_a_non_root_user_guards_no_dev_endpoints(tmp_path, monkeypatch):
+    """nft needs root: `sim up` as another user writes dev_guard: false (the plan warns), so the
+    README's sleep examples run there; as root the guard stays on (the default)."""
+    import os
+    host = SimHost("sim", tmp_path, "process", 1, 10000, sys.executable)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert host.host_entry()["dev_guard"] is False
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert "dev_guard" not in host.host_entry()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -109,7 +111,7 @@ def _verify(r, text: str | None = None, which: int = 0) -> tuple[bool, str]:
     units = [r.unit, *r.extra[:2]]
     target = units[which]
     others = {f.path: f.text for f in [r.env_file, *units] if f is not target}
-    binaries = [r.argv[0], SYSTEMD_HOST.python or "python3", "/usr/bin/install"]
+    binaries = [r.argv[0], SYSTEMD_HOST.python or "python3", "/usr/bin/install", "/usr/sbin/nft"]
     return unitcheck.verify_unit(text if text is not None else target.text, binaries,
                                  unit_name=target.path.rsplit("/", 1)[1], extra_files=others)
 
@@ -356,3 +358,54 @@ def test_a_process_hosts_start_script_reads_the_env_file_only_after_dropping_to_
     finally:
         shutil.rmtree(shared)
     assert env.stat().st_uid == 0 and env.stat().st_mode & 0o777 == 0o600      # still root's, 0600
+
+
+def _sleepy(host: HostEntry):
+    data = MODELS["tiny-llama-a"].model_dump()
+    data["sleep"] = {"level": 1}
+    return render(type(MODELS["tiny-llama-a"]).model_validate(data), host)
+
+
+def test_a_sleep_capable_unit_guards_its_dev_endpoints_as_root_and_unguards_at_stop():
+    """VLLM_SERVER_DEV_MODE=1 opens /sleep, /wake_up, /collective_rpc outside --api-key: the unit's
+    root part (+) installs the service's own nftables table before vLLM starts (a failure fails the
+    start) and deletes it after every stop (`-`: none left is fine). A service without sleep has none."""
+    r = _sleepy(SYSTEMD_HOST)
+    lines = r.unit.text.splitlines()
+    pre = [l for l in lines if l.startswith("ExecStartPre=")]
+    post = [l for l in lines if l.startswith("ExecStopPost=")]
+    assert len(pre) == 1 and pre[0].startswith("ExecStartPre=+nft ") and "ExecStartPre=+-" not in pre[0]
+    words = shlex.split(pre[0].split("=", 1)[1][1:])
+    assert words[0] == "nft" and len(words) == 2
+    port = r.manifest.serving.port
+    assert f"oif lo tcp dport {port} meta skuid != {{ 0, \"vllm\" }} reject with tcp reset" in words[1], words
+    assert words[1].count("table inet vllm_orch_tiny_llama_a") == 3 and "flush" not in words[1]
+    assert post == ["ExecStopPost=+-nft \"delete table inet vllm_orch_tiny_llama_a\""], post
+    plain = render(MODELS["tiny-llama-a"], SYSTEMD_HOST).unit.text
+    assert "nft" not in plain
+    if not unitcheck.available():
+        ok, err = _verify(r)
+        assert ok, err
+    if os.geteuid() == 0 and shutil.which("nft") and shutil.which("unshare"):
+        # the rendered rules load with the real nft (in a network namespace of their own), twice (a restart)
+        out = subprocess.run(["unshare", "--net", "sh", "-c", 'nft "$1" && nft "$1" && nft list ruleset', "sh",
+                              words[1].replace('"vllm"', '"nobody"')], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("reject with tcp reset") == 1, out.stdout
+
+
+def test_a_sleep_capable_process_script_refuses_without_root_or_nft():
+    text = _sleepy(PROCESS_HOST).unit.text
+    assert 'if [ "$(id -u)" != 0 ]; then' in text and "exit 3" in text
+    assert "command -v nft" in text and "\"$uid\"" in text
+    assert "nft" not in render(MODELS["tiny-llama-a"], PROCESS_HOST).unit.text
+
+
+def test_a_host_with_dev_guard_off_renders_no_guard():
+    """inventory dev_guard: false (a SIMULATED host of a non-root user: nft needs root) renders
+    neither the unit's nft lines nor the process script's root-only guard; preflight says so."""
+    off = SYSTEMD_HOST.model_copy(update={"dev_guard": False})
+    assert "nft" not in _sleepy(off).unit.text
+    proc = HostEntry(name="p", address="127.0.0.1", service_manager="process", dev_guard=False)
+    assert "nft" not in _sleepy(proc).unit.text
+    assert "nft" in _sleepy(HostEntry(name="p", address="127.0.0.1", service_manager="process")).unit.text

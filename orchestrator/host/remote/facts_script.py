@@ -540,6 +540,12 @@ def root_trust(programs, folders):
                         out["programs"].append({"path": full, "problem": "%s is %s" % (full, why)})
     for folder in folders:
         add("folders", folder)
+    # nft: the dev-mode guard of a sleep-capable service runs it as root (render/artifacts.py
+    # dev_guard_rules); root's PATH over SSH may lack the sbin folders, systemd's has them.
+    nft = shutil.which("nft") or next((p for p in ("/usr/sbin/nft", "/sbin/nft") if os.access(p, os.X_OK)), None)
+    out["nft"] = nft
+    if nft:
+        add("programs", nft)
     return out
 
 
