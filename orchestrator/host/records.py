@@ -179,6 +179,10 @@ class ServiceRecord(NodeFields):
     sleep_cycles: int | None = Field(None, description="Sleeps since it last started cold.")
     sleep_first_mib: int | None = Field(None, description="The most it kept on a GPU after its first sleep.")
     sleep_last_mib: int | None = Field(None, description="The most it kept on a GPU after its last sleep.")
+    graph_pool_mib: int | None = Field(
+        None, description="MiB per GPU its CUDA graphs took at its start (vLLM's \"Graph capturing finished in N "
+                          "secs, took X GiB\"): a sleeping process keeps that pool on its GPUs unless "
+                          "--sleep-mode-offload-cudagraph, so it is part of what it may keep asleep.")
     sleep_pinned_bytes: int | None = Field(
         None, description="Host RAM its first level-1 sleep pinned, measured (MemAvailable before minus after, at "
                           "least the weights): PyTorch's pinned host allocator rounds each block up to a power of "

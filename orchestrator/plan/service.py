@@ -28,7 +28,7 @@ from orchestrator.plan.inputs import PlanInput, ServiceInput
 from orchestrator.plan.model import Action
 from orchestrator.plan.perf import BelowFloor, expected_text, likely_causes, shortfalls
 from orchestrator.plan.run import RunEnv
-from orchestrator.plan.sleep import canary_of
+from orchestrator.plan.sleep import canary_of, graph_pool_mib
 from orchestrator.probe import keyed
 from orchestrator.probe.perf import measure
 from orchestrator.probe.readiness import GATES, UNIT_GATE, wait_ready
@@ -447,7 +447,9 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
     dl = env.record.download
     commit = (dl.commit if dl else None) or (inp.download.commit if inp.download else None) or m.source.revision
     vllm_version = (env.record.engine or {}).get("vllm_version") or service_vllm_version(inp)
-    return ServiceRecord(engine=lock_of(m.engine).name if m.engine else None,
+    ready = env.record.ready.get(m.name)
+    graphs = graph_pool_mib(ready.ledger, r.argv) if ready is not None and m.sleep is not None else None
+    return ServiceRecord(graph_pool_mib=graphs,engine=lock_of(m.engine).name if m.engine else None,
                          model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
                          repo=m.source.repo, revision=commit, manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                          vllm_version=vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
@@ -489,9 +491,12 @@ def rerecord_action(svc: ServiceInput, step: str = "record") -> Action:
 
     def run(env: RunEnv) -> str:
         canary = env.record.canaries.get(svc.name)
+        ready = env.record.ready.get(svc.name)
+        graphs = {"graph_pool_mib": graph_pool_mib(ready.ledger, r.argv)} if ready is not None else {}
         if state.update_record(env.host, env.entry, svc.name, unit_hash=r.unit_hash, manifest_hash=r.manifest_hash,
                                argv=list(r.argv), gpus=list(s.visible_devices), port=s.port,
-                               served_name=svc.manifest.served_name, **({"canary": canary} if canary else {})):
+                               served_name=svc.manifest.served_name, **({"canary": canary} if canary else {}),
+                               **graphs):
             return f"services/{svc.name}.json: how it runs now (hashes, command line, GPUs, port)"
         return f"{svc.name} has no record (it was never recorded serving): nothing to update"
 

@@ -38,7 +38,29 @@ from orchestrator.probe import api, keyed
 from orchestrator.probe.readiness import wait_ready
 
 CONTEXT_ALLOWANCE_MIB = 1024    # what a sleeping worker may keep per GPU: its CUDA context (~0.5 GiB
-                                # on an H100/B200, vLLM's "memory is still in use" line) and NCCL's
+                                # on an H100/B200, vLLM's "memory is still in use" line) and NCCL's;
+                                # plus its CUDA-graph pool (`allowance_mib`): vLLM 0.33 keeps the
+                                # graphs on the GPU through a sleep unless --sleep-mode-offload-cudagraph
+START_CONTEXT_MIB = 768         # the CUDA context a starting process takes before vLLM's memory check
+OFFLOAD_GRAPHS = "--sleep-mode-offload-cudagraph"
+
+
+def graph_pool_mib(ledger: Mapping[str, float], argv: Collection[str]) -> int | None:
+    """MiB per GPU a sleeping process of this start keeps for its CUDA graphs: what capture took
+    (vLLM's "Graph capturing finished in N secs, took X GiB", probe/logsig.LEDGER `graphs_gib`), 0
+    when the graphs are offloaded with the rest (--sleep-mode-offload-cudagraph: config/model.py
+    sleep_mode_offload_cudagraph, vllm/config/vllm.py use_cumem_cudagraph_pool), None when the start
+    logged no capture (vllm-orch then allows the context alone)."""
+    if OFFLOAD_GRAPHS in argv:
+        return 0
+    gib = ledger.get("graphs_gib")
+    return None if gib is None else int(round(float(gib) * 1024))
+
+
+def allowance_mib(rec) -> int:
+    """What the service of record `rec` may keep per GPU asleep: a CUDA context and NCCL's buffers,
+    and its CUDA-graph pool when its start logged one (`graph_pool_mib`)."""
+    return CONTEXT_ALLOWANCE_MIB + ((rec.graph_pool_mib or 0) if rec is not None else 0)
 LEAK_BOUND_MIB = 4096           # growth over cycles past which the next wake is a cold restart
 
 
@@ -140,12 +162,13 @@ def room_refusal(facts: HostFacts, m: Manifest, host: str, awake_too: Collection
     util = m.vllm.gpu_memory_utilization
     for gpu in m.serving.visible_devices:
         total, there = totals.get(gpu), held.get(gpu, 0)
-        if total and there and util * total + there > total:
-            most = (total - there) / total
+        if total and there and util * total + there + START_CONTEXT_MIB > total:
+            most = (total - there - START_CONTEXT_MIB) / total
             return RefusedError(
                 f"{m.name} asks for {util:g} of GPU {gpu} ({total} MiB) and the sleeping "
-                f"{', '.join(sorted(sleeping))} keep{'s' if len(sleeping) == 1 else ''} {there} MiB there: vLLM's "
-                f"start-up memory check would fail", host=host, step="placement",
+                f"{', '.join(sorted(sleeping))} keep{'s' if len(sleeping) == 1 else ''} {there} MiB there, and its own "
+                f"CUDA context takes about {START_CONTEXT_MIB} MiB before vLLM's start-up memory check, which would "
+                f"fail", host=host, step="placement",
                 hint=f"set vllm.gpu_memory_utilization to {int(most * 100) / 100:g} or less, or stop the sleeping "
                      f"service first")
     return None
@@ -188,10 +211,11 @@ def next_sleep_mib(facts: HostFacts, name: str) -> tuple[int, str]:
     kept after its last one plus its growth per cycle so far; the CUDA-context allowance when it
     never slept since its start."""
     rec = facts.record(name)
+    allow = allowance_mib(rec)
     if rec is None or rec.sleep_last_mib is None or rec.sleep_first_mib is None or not rec.sleep_cycles:
-        return CONTEXT_ALLOWANCE_MIB, f"the {CONTEXT_ALLOWANCE_MIB} MiB CUDA-context allowance"
+        return allow, f"the {allow} MiB allowance (CUDA context{' and graph pool' if allow > CONTEXT_ALLOWANCE_MIB else ''})"
     per = (rec.sleep_last_mib - rec.sleep_first_mib) // max(rec.sleep_cycles - 1, 1)
-    want = max(CONTEXT_ALLOWANCE_MIB, rec.sleep_last_mib + max(per, 0))
+    want = max(allow, rec.sleep_last_mib + max(per, 0))
     return want, (f"{rec.sleep_last_mib} MiB after its last sleep" + (f", growing {per} MiB per cycle over "
                                                                       f"{rec.sleep_cycles}" if per > 0 else ""))
 
@@ -228,13 +252,14 @@ def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: 
     cycles = ((rec.sleep_cycles or 0) if rec is not None else 0) + 1
     first = most if rec is None or rec.sleep_first_mib is None else rec.sleep_first_mib
     growth = max(0, most - first)
-    if first_check and cycles == 1 and most > CONTEXT_ALLOWANCE_MIB + LEAK_BOUND_MIB:
-        raise DeployFailed(f"{name} still holds {most} MiB per GPU after /sleep (a CUDA context is about "
-                           f"{CONTEXT_ALLOWANCE_MIB} MiB): sleep mode freed nothing", host=env.entry.name,
+    allow = allowance_mib(rec)
+    if first_check and cycles == 1 and most > allow + LEAK_BOUND_MIB:
+        raise DeployFailed(f"{name} still holds {most} MiB per GPU after /sleep (a CUDA context and its graph pool "
+                           f"are about {allow} MiB): sleep mode freed nothing", host=env.entry.name,
                            step="sleep", hint="is --enable-sleep-mode in its command line (`vllm-orch regen "
                                               "--restart`)?")
     asleep = Asleep(level=level, since=state.now_iso(), weights_bytes=weights if level == 1 else 0,
-                    gpu_mib={str(g): v for g, v in sorted(held.items())}, allowance_mib=CONTEXT_ALLOWANCE_MIB,
+                    gpu_mib={str(g): v for g, v in sorted(held.items())}, allowance_mib=allow,
                     cycles=cycles, first_mib=first, growth_mib=growth)
     pinned: dict = {}
     if level == 1:
@@ -291,16 +316,17 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
         env.record.sleeps[name].update({"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
                                         "cycles": cycles, "growth_mib": growth, "aborted": aborted})
         over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
-        if most > CONTEXT_ALLOWANCE_MIB:
-            env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {CONTEXT_ALLOWANCE_MIB} "
-                                       f"MiB allowance{over}")
+        allow = allowance_mib(state.read_record(env.host, env.entry, name))
+        if most > allow:
+            env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {allow} "
+                                       f"MiB allowance (CUDA context, NCCL and its graph pool){over}")
         if aborted:
             env.record.warnings.append(f"{name}: {aborted} request{'s' if aborted != 1 else ''} still running after "
                                        f"the {drain_s} s drain {'were' if aborted != 1 else 'was'} aborted by its sleep")
         drained = ("its requests in flight drained first" if aborted == 0 else
                    f"{aborted} aborted after the {drain_s} s drain" if aborted else "aborted requests unknown")
         return (f"{name} asleep at level {level} in {seconds:.1f}s ({drained}); it keeps {most} MiB per GPU "
-                f"(allowance {CONTEXT_ALLOWANCE_MIB}){over}")
+                f"(allowance {allow}){over}")
 
     details = [f"first records the swap to {swap_to} as under way in {entry.state_dir}/swap.json"] if swap_to else []
     return Action("sleep", f"put {name} to sleep at level {level} ({why})", run=run,
@@ -344,7 +370,8 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
                            no_progress_s=env.opts.no_progress_s, poll_s=env.opts.poll_s, api_key=key)
         env.record.ready[name] = ready
         state.update_record(env.host, env.entry, name, asleep=None, sleep_cycles=None, sleep_first_mib=None,
-                            sleep_last_mib=None, canary=canary_of(env, svc))
+                            sleep_last_mib=None, canary=canary_of(env, svc),
+                            graph_pool_mib=graph_pool_mib(ready.ledger, svc.rendered.argv))
         if marks_ready:
             env.record.ready_at = time.monotonic()
         env.record.wakes[name] = {"cold": True, "reason": reason}

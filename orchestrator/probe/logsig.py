@@ -139,6 +139,9 @@ LEDGER: list[tuple[str, re.Pattern]] = [
     ("model_load_s", re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds")),   # gpu_model_runner.py:5089
     ("compile_s", re.compile(r"torch\.compile took ([\d.]+) s in total")),          # compilation/monitor.py:62
     ("graphs_s", re.compile(r"Graph capturing finished in ([\d.]+) secs")),         # gpu_model_runner.py:6517
+    # the CUDA-graph pool that capture took, per GPU: a sleeping worker keeps it on the GPU unless
+    # --sleep-mode-offload-cudagraph (config/model.py sleep_mode_offload_cudagraph, default False)
+    ("graphs_gib", re.compile(r"Graph capturing finished in [\d.]+ secs, took ([\d.]+) GiB")),
     ("init_engine_s", re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")),  # core.py:413
 ]
 

@@ -85,6 +85,8 @@ DISK_BYTES_PER_S = LOAD_BYTES_PER_S / 0.8
 CACHE_BYTES_PER_S = 4e9
 CPU_BYTES_PER_WORKER = 12 << 30   # CPU memory of one GPU worker (inventory default cpu_memory_per_gpu_gib)
 CUDA_CONTEXT_MIB = 530       # what a process holds right after CUDA init
+GRAPH_POOL_MIB = 532         # what CUDA graph capture takes per GPU ("... took 0.52 GiB")
+NCCL_BUFFERS_MIB = 256       # NCCL's (and the custom all-reduce's) buffers of a multi-GPU worker
 
 
 def _read_json(path: Path, default):
@@ -1750,8 +1752,8 @@ class Sleeper:
             if level == 1:
                 await asyncio.sleep(w_bytes / (H2D_BYTES_PER_S * live_speed(self.cfg)))
             self.left_mib += self.leak_mib
-            kept = CUDA_CONTEXT_MIB + self.left_mib
-            pooled = [launch.full_mib(g) - CUDA_CONTEXT_MIB for (_p, _t, g, _s) in launch.holders]
+            kept = self.resident_mib() + self.left_mib
+            pooled = [launch.full_mib(g) - self.resident_mib() for (_p, _t, g, _s) in launch.holders]
             for (p, title, gpu, st) in launch.holders:
                 register_gpu(p.pid, title, gpu, int(kept), st, int(CPU_BYTES_PER_WORKER + self.pinned) // SCALE)
             refresh_meminfo()
@@ -1774,6 +1776,15 @@ class Sleeper:
         self.cycles += 1
         log(launch.ec, "INFO", "abstract.py:408",
             f"It took {time.monotonic() - started:.6f} seconds to fall asleep.")
+
+    def resident_mib(self) -> int:
+        """What a sleeping worker keeps on its GPU but for leaks: its CUDA context, its CUDA-graph
+        pool (vLLM 0.33 captures graphs outside the cumem pool that sleep unmaps unless
+        --sleep-mode-offload-cudagraph: config/vllm.py use_cumem_cudagraph_pool) and, with more
+        than one GPU, NCCL's buffers (untouched by sleep without --enable-nccl-comm-suspend)."""
+        graphs = 0 if self.cfg.get("offload_graphs") else GRAPH_POOL_MIB
+        nccl = NCCL_BUFFERS_MIB if len(self.launch.holders) > 1 else 0
+        return CUDA_CONTEXT_MIB + graphs + nccl
 
     def _pin(self, w_bytes: float) -> None:
         """Level 1 pins each worker's backup (rounded, cached: `pinned_backup_bytes`); what the
@@ -1813,7 +1824,7 @@ class Sleeper:
         # the memory must be free again: another process on these GPUs makes the remap fail
         used = gpu_used_mib()
         for (_p, _title, gpu, _st) in launch.holders:
-            need = launch.full_mib(gpu) - CUDA_CONTEXT_MIB
+            need = launch.full_mib(gpu) - self.resident_mib()
             if used.get(gpu, 0) + need > launch.total_mib(gpu) or (
                     fault and fault.get("fault") == "wake-fails"):
                 if fault and fault.get("fault") == "wake-fails":
@@ -2201,6 +2212,7 @@ class Launch:
             "shutdown_timeout": int(getattr(a, "shutdown_timeout", None) or 0),   # none before 0.18.0
             "strategy": a.safetensors_load_strategy,
             "sleep_mode": bool(a.enable_sleep_mode),
+            "offload_graphs": bool(getattr(a, "sleep_mode_offload_cudagraph", False)),
             "dev_mode": dev_mode(),
             "prefetch_threads": int(a.safetensors_prefetch_num_threads or 8),
             "prefetch_block": int(a.safetensors_prefetch_block_size or 16 * MiB),
@@ -2481,7 +2493,7 @@ class Launch:
             self.register(p.pid, title, gpu, cfg["util"] * self.total_mib(gpu) - 300, st)
         await asyncio.sleep(graph_s)
         log(w0, "INFO", "gpu_model_runner.py:6517",
-            f"Graph capturing finished in {max(1, round(graph_s))} secs, took 0.52 GiB")
+            f"Graph capturing finished in {max(1, round(graph_s))} secs, took {GRAPH_POOL_MIB / 1024:.2f} GiB")
         log(ec, "INFO", "core.py:413", "init engine (profile, create kv cache, warmup model) took "
             f"{compile_s + graph_s + 0.5:.2f} s")
         if self.handshake is not None:  # the API server waits for every remote engine's READY

@@ -14,6 +14,7 @@ from orchestrator.sim import vllm_server
 from orchestrator.sim.fault_file import add_fault
 from tests.plugins.sim_hosts import SimServer, make_model
 
+RESIDENT = vllm_server.CUDA_CONTEXT_MIB + vllm_server.GRAPH_POOL_MIB + vllm_server.NCCL_BUFFERS_MIB
 ARGV = ["--served-model-name", "tiny", "--tensor-parallel-size", "2", "--gpu-memory-utilization",
         "0.9", "--max-model-len", "4096"]
 DEV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_API_KEY": "sekrit"}
@@ -71,7 +72,9 @@ def test_sleep_and_wake_free_and_take_back_the_gpus_with_vllms_lines(sim_host):
         assert call(srv, "POST", "/sleep?level=1") == (200, {"status": "sleeping", "level": 1})
         assert call(srv, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
         asleep = used(sim_host)
-        assert asleep[0] == vllm_server.CUDA_CONTEXT_MIB and asleep[1] == vllm_server.CUDA_CONTEXT_MIB
+        # vLLM 0.33 keeps the CUDA-graph pool (not offloaded by default) and NCCL's buffers (TP2)
+        kept = vllm_server.CUDA_CONTEXT_MIB + vllm_server.GRAPH_POOL_MIB + vllm_server.NCCL_BUFFERS_MIB
+        assert asleep[0] == kept and asleep[1] == kept
         srv.wait_for("It took ")
         log = srv.log
         assert "Using sleep-mode backend: cumem" in log
@@ -113,11 +116,11 @@ def test_faults_wake_fails_wake_corrupt_and_vram_leak(sim_host):
         add_fault(sim_host.dir, "vram-leak", "tiny", mib=1000)
         add_fault(sim_host.dir, "wake-fails", "tiny")
         assert call(srv, "POST", "/sleep?level=1")[0] == 200
-        assert used(sim_host)[0] == vllm_server.CUDA_CONTEXT_MIB + 1000
+        assert used(sim_host)[0] == RESIDENT + 1000
         assert call(srv, "POST", "/wake_up")[0] == 500
         assert call(srv, "POST", "/wake_up")[0] == 200        # the fault fired once
         assert call(srv, "POST", "/sleep?level=1")[0] == 200
-        assert used(sim_host)[0] == vllm_server.CUDA_CONTEXT_MIB + 2000   # grows per cycle
+        assert used(sim_host)[0] == RESIDENT + 2000   # grows per cycle
         add_fault(sim_host.dir, "wake-corrupt", "tiny")
         assert call(srv, "POST", "/wake_up")[0] == 200
         assert answer(srv) != good
@@ -177,3 +180,14 @@ def test_sleep_aborts_the_requests_in_flight_unless_asked_to_wait(sim_host):
         t.join(60)
         assert kept[0][1]["choices"][0]["finish_reason"] in ("stop", "length"), kept     # not "abort"
         assert "Waiting for in-flight requests to complete before sleeping..." in srv.log
+
+
+def test_offloaded_cuda_graphs_leave_the_gpu_with_the_rest(sim_host):
+    """--sleep-mode-offload-cudagraph (vllm/config/model.py sleep_mode_offload_cudagraph): the graph
+    pool goes to the cumem pool that sleep unmaps; the context and NCCL's buffers stay."""
+    argv = [str(model(sim_host)), *ARGV, "--enable-sleep-mode", "--sleep-mode-offload-cudagraph"]
+    with SimServer(sim_host, argv, env=DEV) as srv:
+        srv.wait_ready()
+        assert call(srv, "POST", "/sleep?level=1")[0] == 200
+        kept = used(sim_host)
+        assert kept[0] == kept[1] == vllm_server.CUDA_CONTEXT_MIB + vllm_server.NCCL_BUFFERS_MIB

@@ -128,11 +128,20 @@ def test_too_little_ram_for_level_1_falls_back_to_level_2_and_says_so(sim_host, 
     assert read_record(sim_host.host, e, new.name) is None
 
 
-def test_a_sleeping_service_keeps_only_a_context_per_gpu(sim_host, pair):
+def test_a_sleeping_service_keeps_its_context_graph_pool_and_nccl_buffers_within_its_allowance(sim_host, pair):
+    """vLLM 0.33 keeps a sleeper's CUDA-graph pool on the GPU (sleep_mode_offload_cudagraph is False
+    by default) and NCCL's buffers untouched: a TP8 sleeper keeps context + graphs + NCCL, over the
+    bare 1024 MiB context allowance. Its allowance counts the graph pool its start logged, so an
+    ordinary sleep warns nothing."""
     e, old, new, manifests = pair
-    assert swap(e, new, manifests, sleep_old=True).ok
+    assert read_record(sim_host.host, e, old.name).graph_pool_mib == vllm_server.GRAPH_POOL_MIB
+    result = swap(e, new, manifests, sleep_old=True)
+    assert result.ok, result.error
     kept = read_record(sim_host.host, e, old.name).asleep
-    assert kept is not None and max(kept.gpu_mib.values()) == vllm_server.CUDA_CONTEXT_MIB
+    want = vllm_server.CUDA_CONTEXT_MIB + vllm_server.GRAPH_POOL_MIB + vllm_server.NCCL_BUFFERS_MIB
+    assert kept is not None and max(kept.gpu_mib.values()) == want > 1024
+    assert kept.allowance_mib == 1024 + vllm_server.GRAPH_POOL_MIB >= want
+    assert not [w for w in result.extra.get("warnings", []) if "allowance" in w], result.extra.get("warnings")
     assert min(used(sim_host)) > 80000          # nvfp4 awake on every GPU beside it
 
 

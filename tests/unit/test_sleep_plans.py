@@ -8,7 +8,7 @@ from orchestrator.host.ownership import SERVICE, Proc, holders
 from orchestrator.host.records import Asleep, ServiceRecord, SwapMarker
 from orchestrator.plan.inputs import ServiceInput
 from orchestrator.plan.interrupted import half_done, sleep_half
-from orchestrator.plan.sleep import room_refusal
+from orchestrator.plan.sleep import START_CONTEXT_MIB, allowance_mib, graph_pool_mib, room_refusal
 from orchestrator.plan.swap import old_model_name, plan_sleep_swap
 from orchestrator.render.artifacts import render
 from tests.unit.test_planners import ENTRY, MODELS, download, facts, inp, running, svc
@@ -51,6 +51,27 @@ def test_the_awake_one_must_leave_room_for_what_the_sleepers_keep():
     assert refusal is not None and "keeps 9000 MiB" in refusal.message
     assert "gpu_memory_utilization to 0.9 or less" in (refusal.hint or "")
     assert room_refusal(f, sleepy(NVFP4, 8002, util=0.9).manifest, "gpu1") is None
+
+
+def test_the_room_counts_the_starting_processs_own_cuda_context():
+    """vLLM's start-up check compares its share with the memory free AFTER its own CUDA context
+    (vllm/v1/worker/utils.py request_memory): 0.98 of a 97887 MiB GPU beside a sleeper keeping 1318
+    MiB fits without the context (97247 MiB) and not with it."""
+    f = facts(services=running("b"), procs=[Proc(10 + g, "VLLM::Worker", 1318, g, SERVICE, "b", start_time=5)
+                                            for g in range(8)])
+    f.records["b"] = ServiceRecord(model="b", gpus=list(range(8)), port=8001, asleep=Asleep(level=1))
+    refusal = room_refusal(f, sleepy(NVFP4, 8002, util=0.98).manifest, "gpu1")
+    assert refusal is not None and f"about {START_CONTEXT_MIB} MiB" in refusal.message, refusal
+    assert "gpu_memory_utilization to 0.97 or less" in (refusal.hint or "")
+    assert room_refusal(f, sleepy(NVFP4, 8002, util=0.97).manifest, "gpu1") is None
+
+
+def test_a_sleepers_allowance_counts_the_graph_pool_its_start_logged():
+    assert graph_pool_mib({"graphs_gib": 0.52}, ["vllm", "serve"]) == 532
+    assert graph_pool_mib({"graphs_gib": 0.52}, ["vllm", "serve", "--sleep-mode-offload-cudagraph"]) == 0
+    assert graph_pool_mib({}, ["vllm", "serve"]) is None
+    assert allowance_mib(ServiceRecord(model="b", graph_pool_mib=532)) == 1024 + 532
+    assert allowance_mib(ServiceRecord(model="b")) == allowance_mib(None) == 1024
 
 
 def test_sleep_old_is_refused_without_a_sleep_section_or_on_the_old_ones_port():

@@ -23,7 +23,7 @@ LINES = [
 
 def test_the_ledger_reads_vllms_own_figures():
     assert logsig.ledger(LINES) == {"download_s": 12.5, "weights_s": 30.25, "model_load_s": 35.123456,
-                                    "compile_s": 8.4, "graphs_s": 9.0, "init_engine_s": 19.1}
+                                    "compile_s": 8.4, "graphs_s": 9.0, "graphs_gib": 0.52, "init_engine_s": 19.1}
     assert logsig.phase_of(LINES[3]) == "compiling"          # 0.33's "took" (the simulator said "takes")
 
 
