@@ -210,8 +210,8 @@ def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts,
     """The preflight checks, asking the service's vLLM venv (its engine venv when the manifest names
     one); a missing engine venv defers the checks that need it to the engine step (plan/engine.py)."""
     m, r = svc.manifest, svc.rendered
-    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{svc.model}.yaml", effective=svc.effective)
-    needs.dev_guard_on = entry.dev_guard
+    needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{svc.model}.yaml", effective=svc.effective,
+                      dev_guard_on=entry.dev_guard)
     skip = set(opts.skip_checks) | set(entry.skip_checks)
     # A Ray worker node's unit runs `ray start`, not `vllm serve`: vLLM's parser has nothing to check there
     # (the head's argv carries the service's flags, and is checked on the head).

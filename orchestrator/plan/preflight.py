@@ -650,10 +650,11 @@ def evaluate(pf: PreflightFacts, needs: PreflightNeeds, held: Holders | None, *,
 
 
 def needs_for(manifest: Any, argv: Sequence[str], provenance: Sequence[tuple[str, str]],
-              manifest_label: str | None = None, effective: Any = None) -> PreflightNeeds:
+              manifest_label: str | None = None, effective: Any = None, dev_guard_on: bool = True) -> PreflightNeeds:
     """PreflightNeeds from a Manifest (orchestrator.config.manifest) and its rendered argv;
     `effective` (orchestrator.config.effective.Effective) says which hardware class applied and
-    where each environment variable comes from (the manifest, its class, the host)."""
+    where each environment variable comes from (the manifest, its class, the host); `dev_guard_on`:
+    the host's inventory `dev_guard`."""
     from orchestrator.secret import Secret
 
     vram = getattr(manifest.requires, "vram_per_gpu_gib", 0) or 0
@@ -665,7 +666,7 @@ def needs_for(manifest: Any, argv: Sequence[str], provenance: Sequence[tuple[str
         env_fields[name] = (f"{origin}.env.{name}" if origin and origin.startswith("requires.")
                             else origin or f"env.{name}")
     return PreflightNeeds(
-        dev_guard=getattr(manifest, "sleep", None) is not None,
+        dev_guard=getattr(manifest, "sleep", None) is not None, dev_guard_on=dev_guard_on,
         argv=list(argv), provenance=list(provenance), manifest_label=manifest_label, env=env,
         env_fields=env_fields, min_vllm=manifest.requires.min_vllm_version,
         min_vllm_field=(f"{origins['requires.min_vllm_version']}.min_vllm_version"

@@ -449,7 +449,7 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
     vllm_version = (env.record.engine or {}).get("vllm_version") or service_vllm_version(inp)
     ready = env.record.ready.get(m.name)
     graphs = graph_pool_mib(ready.ledger, r.argv) if ready is not None and m.sleep is not None else None
-    return ServiceRecord(graph_pool_mib=graphs,engine=lock_of(m.engine).name if m.engine else None,
+    return ServiceRecord(graph_pool_mib=graphs, engine=lock_of(m.engine).name if m.engine else None,
                          model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
                          repo=m.source.repo, revision=commit, manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                          vllm_version=vllm_version, argv=r.argv, gpus=m.serving.visible_devices,

@@ -28,7 +28,7 @@ from orchestrator.fmt import fmt_bytes
 from orchestrator.host import state
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.ownership import SERVICE, gpu_list, wait_released
-from orchestrator.host.records import Asleep, Canary
+from orchestrator.host.records import Asleep, Canary, ServiceRecord
 from orchestrator.host.services import Service
 from orchestrator.plan.inputs import ServiceInput
 from orchestrator.plan.model import Action
@@ -43,6 +43,7 @@ CONTEXT_ALLOWANCE_MIB = 1024    # what a sleeping worker may keep per GPU: its C
                                 # graphs on the GPU through a sleep unless --sleep-mode-offload-cudagraph
 START_CONTEXT_MIB = 768         # the CUDA context a starting process takes before vLLM's memory check
 OFFLOAD_GRAPHS = "--sleep-mode-offload-cudagraph"
+LEAK_BOUND_MIB = 4096           # growth over cycles past which the next wake is a cold restart
 
 
 def graph_pool_mib(ledger: Mapping[str, float], argv: Collection[str]) -> int | None:
@@ -57,11 +58,10 @@ def graph_pool_mib(ledger: Mapping[str, float], argv: Collection[str]) -> int | 
     return None if gib is None else int(round(float(gib) * 1024))
 
 
-def allowance_mib(rec) -> int:
+def allowance_mib(rec: ServiceRecord | None) -> int:
     """What the service of record `rec` may keep per GPU asleep: a CUDA context and NCCL's buffers,
     and its CUDA-graph pool when its start logged one (`graph_pool_mib`)."""
     return CONTEXT_ALLOWANCE_MIB + ((rec.graph_pool_mib or 0) if rec is not None else 0)
-LEAK_BOUND_MIB = 4096           # growth over cycles past which the next wake is a cold restart
 
 
 def _endpoint(env: RunEnv, svc: ServiceInput) -> api.Endpoint:
@@ -239,9 +239,10 @@ def sleep_or_stop(facts: HostFacts, old: ServiceInput, awake: Manifest, host: st
 
 
 def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: bool = False,
-                 available_before: int | None = None) -> tuple[int, int, int]:
+                 available_before: int | None = None) -> tuple[int, int, int, int]:
     """Read what the service NAME keeps on its GPUs after a sleep (nvidia-smi, by the ownership rule)
-    and record it asleep: (MiB kept on its fullest GPU, its cycles, its growth since its first sleep).
+    and record it asleep: (MiB kept on its fullest GPU, its cycles, its growth since its first sleep,
+    the allowance it was measured against: `allowance_mib`).
     `first_check`: a first sleep that kept about everything freed nothing (no --enable-sleep-mode).
     `available_before`: MemAvailable just before a level-1 sleep that pinned new blocks: the drop
     is what it pinned (recorded, at least the weights)."""
@@ -271,7 +272,7 @@ def record_sleep(env: RunEnv, name: str, level: int, weights: int, first_check: 
             env.record.sleeps.setdefault(name, {})["pinned_bytes"] = pinned["sleep_pinned_bytes"]
     state.update_record(env.host, env.entry, name, asleep=asleep, sleep_cycles=cycles, sleep_first_mib=first,
                         sleep_last_mib=most, **pinned)
-    return most, cycles, growth
+    return most, cycles, growth, allow
 
 
 def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, downtime_starts: bool = False,
@@ -295,7 +296,7 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
             rec = state.read_record(env.host, env.entry, name)
             if rec is not None and rec.asleep is not None:
                 return f"{name} is asleep already (level {rec.asleep.level})"
-            most, _cycles, _growth = record_sleep(env, name, level, weights)
+            most, _cycles, _growth, _allow = record_sleep(env, name, level, weights)
             return f"{name} was asleep already (a run cut short put it to sleep): recorded, keeping {most} MiB per GPU"
         before = None
         if level == 1:       # a first level-1 sleep of this process: what it pins is measured
@@ -312,11 +313,10 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
                                     if level == 1 else None) from None
         seconds = time.monotonic() - t0
         env.record.sleeps[name] = {}
-        most, cycles, growth = record_sleep(env, name, level, weights, first_check=True, available_before=before)
+        most, cycles, growth, allow = record_sleep(env, name, level, weights, first_check=True, available_before=before)
         env.record.sleeps[name].update({"level": level, "seconds": round(seconds, 3), "gpu_mib": most,
                                         "cycles": cycles, "growth_mib": growth, "aborted": aborted})
         over = f"; {growth} MiB more than after its first sleep ({cycles} cycles)" if growth else ""
-        allow = allowance_mib(state.read_record(env.host, env.entry, name))
         if most > allow:
             env.record.warnings.append(f"{name} keeps {most} MiB per GPU asleep, over the {allow} "
                                        f"MiB allowance (CUDA context, NCCL and its graph pool){over}")
@@ -453,7 +453,7 @@ def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
                                                                 timeout=600)
             state.write_record(env.host, env.entry, name, None)
             return f"{name} did not go back to sleep ({exc}): stopped"
-        most, _cycles, _growth = record_sleep(env, name, 2, 0)
+        most, _cycles, _growth, _allow = record_sleep(env, name, 2, 0)
         return f"{name} asleep again at level 2, keeping {most} MiB per GPU (its weights are read again at its next wake)"
 
     return Action("sleep", f"put {name} back to sleep at level 2 ({why}; stopped if that fails)", run=run)

@@ -573,6 +573,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
 
     extra: list[RenderedFile] = []
     watch = watches_head(m, role)
+    guarded = m.sleep is not None and host.dev_guard      # sleep mode's dev endpoints: root and the service user
     if host.service_manager == "systemd":
         health_service, health_timer = health_unit_names(m)
         companion = headwatch_unit_name(m) if watch else "" if worker else health_timer
@@ -580,7 +581,7 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                      ray_worker=is_ray_worker(m, role), ray_unit=ray_unit_name(m) if ray and not worker else "",
                      ray_address=f"{role.head_address}:{meet_port(m, 'ray_port')}" if ray and role and m.multinode else "",
                      master_port=meet_port(m, "master_port") if m.multinode else "")
-        guard = m.sleep is not None and not worker and host.dev_guard
+        guard = guarded and not worker
         text = _template("vllm.service.j2").render(
             **units, exec_start=exec_start(argv),
             dev_guard=systemd_quote(dev_guard_rules(m, '"' + host.service_user + '"')) if guard else "",
@@ -611,6 +612,6 @@ def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = 
                 **common, role=role, exec_start=exec_start(ray_argv(m, host, role))), 0o644))
     else:
         text = _template("vllm-process.sh.j2").render(
-            **common, argv=argv, dev_guard=dev_guard_rules(m, "\0").split("\0") if m.sleep is not None and host.dev_guard else "")
+            **common, argv=argv, dev_guard=dev_guard_rules(m, "\0").split("\0") if guarded else "")
         unit = RenderedFile(unit_path(m, host), text, 0o755)
     return Rendered(m, host, argv, provenance, mdir, unit, env_file, mhash, extra, role, model)
