@@ -4,8 +4,11 @@ service needs beside sleeping ones; whether host RAM holds a level-1 sleep.
 
 vLLM 0.33 (entrypoints/serve/dev/sleep/api_router.py, v1/executor/abstract.py): `POST /sleep?level=1`
 copies the weights to pinned host RAM and frees the GPUs but for a CUDA context each; level 2 drops
-the weights too (a wake reads them again); `POST /wake_up` maps everything back in the same process,
-without a new start, compile or graph capture. The endpoints exist only with VLLM_SERVER_DEV_MODE=1
+the weights too; `POST /wake_up` maps everything back in the same process, without a new start,
+compile or graph capture. After level 2 the weights come back EMPTY (cumem restores only what it
+backed up): api.wake wakes the weights' tag, has every worker read the checkpoint again
+(`collective_rpc("reload_weights")`), then wakes the KV cache, as vLLM's own restore does
+(vllm/snapshot/server.py). The endpoints exist only with VLLM_SERVER_DEV_MODE=1
 (the manifest's `sleep` section renders it, on loopback only: docs/security.md).
 
 A wake is trusted only after its canary: the greedy completion recorded when the service first
@@ -384,9 +387,12 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
             return cold(env, f"it kept {asleep.growth_mib} MiB more per GPU after {asleep.cycles} sleeps than after "
                              f"its first, over the {LEAK_BOUND_MIB} MiB bound (vllm #36651)")
         ep = _endpoint(env, svc)
+        level = asleep.level if asleep is not None else None
         t0 = time.monotonic()
         try:
-            api.wake_up(ep)
+            reload_s = api.wake(ep, level, float(budget_s or m.startup.budget_seconds), on_reload=lambda: env.event(
+                "phase", f"{name}: its weights mapped back, reading them again from the checkpoint (level "
+                         f"{level or 'not known'}: the sleep kept no copy)"))
             wake_s = time.monotonic() - t0
             got = canary_of(env, svc)
             want = rec.canary if rec is not None else None
@@ -409,12 +415,14 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
             env.record.ready_at = time.monotonic()
         env.record.wakes[name] = {"wake_s": round(wake_s, 3), "warmup_s": round(warm_s, 3),
                                   "canary": "match" if want is not None else "recorded",
-                                  "level": asleep.level if asleep else None}
-        return (f"{name} awake in {wake_s:.1f}s; canary {'matches token for token' if want else 'recorded'}; "
+                                  "level": level, "reload_s": round(reload_s, 3)}
+        reread = f" (its weights read again in {reload_s:.1f}s)" if level != 1 else ""
+        return (f"{name} awake in {wake_s:.1f}s{reread}; canary {'matches token for token' if want else 'recorded'}; "
                 f"warm-up request {warm_s:.2f}s")
 
-    details = [f"POST http://127.0.0.1:{m.serving.port}/wake_up, then the canary (a greedy completion, token for "
-               f"token as recorded at its first ready) and one warm-up request"]
+    details = [f"POST http://127.0.0.1:{m.serving.port}/wake_up (level 1); after a level-2 sleep /wake_up?tags=weights, "
+               f"POST /collective_rpc reload_weights (the checkpoint read again), /wake_up?tags=kv_cache; then the "
+               f"canary (a greedy completion, token for token as recorded at its first ready) and one warm-up request"]
     if cold_fallback:
         details.append(f"if the wake or the canary fails: restart {name} cold (the last resort)")
     return Action("wake", f"wake {name} ({why})", run=run, details=details)

@@ -280,15 +280,50 @@ def aborted_requests(ep: Endpoint, timeout: float = 5.0) -> float | None:
         return None
 
 
-def wake_up(ep: Endpoint, timeout: float = 600.0) -> dict:
-    """POST /wake_up (every tag): {"status": "awake", "tags": null}; HTTP 500 when the remap fails."""
-    r = _dev(ep).request("POST", "/wake_up", timeout=timeout)
+def wake_up(ep: Endpoint, tags: tuple[str, ...] = (), timeout: float = 600.0) -> bool:
+    """POST /wake_up?tags=T&...: map the named tags back (none named: every tag asleep). True when
+    the engine is fully awake again (vLLM resumes scheduling only then: v1/engine/core.py wake_up),
+    False after a partial wake ({"status": "sleeping"}); HTTP 500 when the remap fails."""
+    path = "/wake_up" + ("?" + "&".join(f"tags={t}" for t in tags) if tags else "")
+    r = _dev(ep).request("POST", path, timeout=timeout)
     if r.status != 200:
-        raise http.HttpError(f"POST /wake_up: HTTP {r.status} {r.body[:200]!r}")
+        raise http.HttpError(f"POST {path}: HTTP {r.status} {r.body[:200]!r}")
     out = r.json()
-    if not isinstance(out, dict) or out.get("status") != "awake":
-        raise http.HttpError(f"POST /wake_up: the engine is not fully awake: {out!r}")
-    return out
+    if not isinstance(out, dict) or out.get("status") not in ("awake", "sleeping"):
+        raise http.HttpError(f"POST {path}: not vLLM's answer: {out!r}")
+    return out["status"] == "awake"
+
+
+def reload_weights(ep: Endpoint, timeout: float) -> None:
+    """POST /collective_rpc {"method": "reload_weights"}: every worker reads the checkpoint again into
+    its (mapped) weights (vllm/model_executor/model_loader/reload/inplace.py); answers when all did.
+    HTTP 500 when a worker failed (the engine is then dead)."""
+    r = _dev(ep).request("POST", "/collective_rpc", json={"method": "reload_weights"}, timeout=timeout)
+    if r.status != 200:
+        raise http.HttpError(f"POST /collective_rpc reload_weights: HTTP {r.status} {r.body[:200]!r}")
+
+
+def wake(ep: Endpoint, level: int | None, reload_timeout: float, on_reload=None) -> float:
+    """Wake a sleeping engine as vLLM 0.33 restores each level; the seconds the weights' reload took
+    (0 for level 1). Level 1 kept the weights in pinned host RAM: one /wake_up copies them back.
+    Level 2 (or a level not known) kept nothing, and a wake maps the weights' memory back EMPTY
+    (device_allocator/cumem.py restores only what it backed up): the weights' tag alone, then
+    reload_weights from the checkpoint, then the KV cache's tag, as vLLM's own restore does
+    (vllm/snapshot/server.py _restore_reloadable_state). `on_reload()` is called before the reload."""
+    if level == 1:
+        if not wake_up(ep):
+            raise http.HttpError("POST /wake_up: the engine is not fully awake")
+        return 0.0
+    if wake_up(ep, ("weights",)):
+        return 0.0                      # it was not asleep: nothing to read again
+    if on_reload is not None:
+        on_reload()
+    t0 = time.monotonic()
+    reload_weights(ep, reload_timeout)
+    seconds = time.monotonic() - t0
+    if not wake_up(ep, ("kv_cache",)):
+        raise http.HttpError("POST /wake_up?tags=kv_cache: the engine is not fully awake")
+    return seconds
 
 
 def is_sleeping(ep: Endpoint, timeout: float = 5.0) -> bool | None:

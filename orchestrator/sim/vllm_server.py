@@ -1407,7 +1407,23 @@ class Server:
                                                  "tags": tags})
         if path == "/is_sleeping":
             return await self.json(writer, 200, {"is_sleeping": sleeper.is_sleeping})
-        if path == "/collective_rpc":
+        if path == "/collective_rpc":      # entrypoints/serve/dev/rpc/api_router.py
+            try:
+                rpc = json.loads(body or b"")
+            except ValueError as e:
+                return await self.json(writer, 400, self.error(f"JSON decode error: {e}", "BadRequestError", 400))
+            if not isinstance(rpc, dict):
+                return await self.json(writer, 400, self.error("Request body must be a JSON object",
+                                                               "BadRequestError", 400))
+            if rpc.get("method") is None:
+                return await self.json(writer, 400, self.error("Missing 'method' in request body",
+                                                               "BadRequestError", 400))
+            if rpc["method"] == "reload_weights":
+                try:
+                    results = await sleeper.reload_weights()
+                except WakeFailed as e:
+                    return await self.json(writer, 500, self.error(str(e), "InternalServerError", 500))
+                return await self.json(writer, 200, {"results": results})
             return await self.json(writer, 200, {"results": [None] * max(1, len(sleeper.workers))})
         if path == "/server_info":
             return await self.json(writer, 200, {"vllm_config": f"model={self.cfg['model']}"})
@@ -1620,7 +1636,7 @@ DEV_ROUTES = [("/reset_prefix_cache", "POST"), ("/reset_mm_cache", "POST"),
 PAUSE_MODES = ("abort", "wait", "keep")     # vllm/v1/engine/__init__.py PauseMode
 H2D_BYTES_PER_S = 50e9      # pinned host RAM <-> one GPU, per GPU and in parallel: PCIe 5 x16,
                             # ~50 GB/s each way for pinned copies (the issue's 547 GB / 8 links in 1.4 s)
-SLEEP_TAGS_REPR = "{'weights', 'kv_cache'}"
+SLEEP_TAGS = ("weights", "kv_cache")    # v1/executor/abstract.py SLEEP_TAGS
 
 
 def pinned_backup_bytes(w_bytes: float, layers: int) -> int:
@@ -1651,6 +1667,8 @@ SLEEP_LOG_SOURCES = {
     "cumem.py:282": ("device_allocator/cumem.py", "CuMemAllocator: sleep freed %.2f GiB memory in total, of which "),
     "sleep_mode_backend.py:202": ("device_allocator/sleep_mode_backend.py", "Using sleep-mode backend: %s"),
     "core.py:1027": ("v1/engine/core.py", "Waiting for in-flight requests to complete before sleeping..."),
+    "inplace.py:91": ("model_executor/model_loader/reload/inplace.py", "Reloading weights inplace..."),
+    "inplace.py:113": ("model_executor/model_loader/reload/inplace.py", "Reloading and processing weights took %.2f seconds"),
 }
 
 
@@ -1684,13 +1702,17 @@ class Sleeper:
 
     def __init__(self, launch: Launch, cfg: dict):
         self.launch, self.cfg = launch, cfg
-        self.level = 0              # 0: awake; 1 or 2 while asleep
+        self.level = 0              # the level of the last sleep (what a wake of the weights finds)
         self.paused_only = False    # /sleep?level=0: the scheduler alone is paused
         self.cycles = 0
         self.leak_mib = 0.0         # fault vram-leak: MiB per GPU left behind per sleep
         self.left_mib = 0.0         # what the leaks so far hold on each GPU
         self.backend_logged = False
-        self.corrupted = False      # fault wake-corrupt: until a level-2 wake reads the weights again
+        self.corrupted = False      # fault wake-corrupt: until reload_weights reads the weights again
+        self.sleeping: set = set()  # the executor's sleeping tags (abstract.py sleeping_tags)
+        self.junk = False           # a level-2 wake mapped the weights back empty: until reload_weights
+        self.base_garbage = bool(cfg["garbage"])   # the start's own fault "garbage" (a reload keeps it)
+        self.reload_logged = False  # inplace.py logs its two lines once per process (info_once)
         self.pinned = 0             # bytes per worker PyTorch's pinned host allocator holds (cached after a wake)
         self.falling: asyncio.Event | None = None   # set when a sleep under way (draining) has ended
 
@@ -1700,7 +1722,7 @@ class Sleeper:
 
     @property
     def is_sleeping(self) -> bool:
-        return bool(self.level) or self.paused_only
+        return bool(self.sleeping) or self.paused_only
 
     def _names(self) -> list:
         return [Path(self.cfg["model"]).name, self.cfg["model"], *self.cfg["served"]]
@@ -1719,7 +1741,7 @@ class Sleeper:
             self.paused_only = True
             await engine.drained()
             return
-        if self.level:
+        if "weights" in self.sleeping:
             log(launch.ec, "WARNING", "abstract.py:402", "Executor is already sleeping.")
             return
         self.falling = asyncio.Event()
@@ -1773,6 +1795,7 @@ class Sleeper:
         log(launch.w0, "INFO", "gpu_worker.py:335", f"Sleep mode freed {round(freed / GiB, 2)} GiB "
             f"memory, {round(in_use / GiB, 2)} GiB memory is still in use.")
         self.level = level
+        self.sleeping = set(SLEEP_TAGS)
         self.cycles += 1
         log(launch.ec, "INFO", "abstract.py:408",
             f"It took {time.monotonic() - started:.6f} seconds to fall asleep.")
@@ -1804,27 +1827,35 @@ class Sleeper:
         self.pinned = max(self.pinned, want)
 
     async def wake_up(self, tags: list | None) -> bool:
+        """vLLM 0.33's wake (v1/engine/core.py wake_up, v1/executor/abstract.py, gpu_worker.py):
+        "scheduling" alone resumes a level-0 pause; otherwise each named tag (None: every tag still
+        asleep) is mapped back, and the scheduler resumes only once no tag sleeps (a partial wake
+        answers "sleeping"). Level 1 copies the weights back from pinned RAM; level 2 maps the
+        weights' memory back EMPTY (cumem restores only what it backed up): the engine answers junk
+        until `reload_weights` (POST /collective_rpc) reads the checkpoint into it."""
         launch, engine = self.launch, self.launch.engine
         log(launch.api, "INFO", "api_router.py:50", f"wake up the engine with tags: {tags}")
-        if self.paused_only and not self.level:
-            if tags is None or "scheduling" in tags:
+        if tags is not None and "scheduling" in tags:
+            tags = [t for t in tags if t != "scheduling"]
+            if not tags and not self.sleeping:
                 self.paused_only = False
                 engine.resume()
-            return not self.paused_only
-        if not self.level:
+                return True
+        if not self.sleeping:
             log(launch.ec, "WARNING", "abstract.py:414", "Executor is not sleeping.")
-            return True
+            return not self.paused_only
         for tag in tags or []:
-            if tag not in ("weights", "kv_cache", "scheduling"):
+            if tag not in self.sleeping:
                 log(launch.ec, "WARNING", "abstract.py:419",
-                    f"Tag {tag} is not in sleeping tags {SLEEP_TAGS_REPR}")
+                    f"Tag {tag} is not in sleeping tags {tags_repr(self.sleeping)}")
                 return False
+        waking = set(tags) if tags else set(self.sleeping)
         fault = consume_fault(self._names(), only=("wake-fails", "wake-corrupt"))
         started = time.monotonic()
         # the memory must be free again: another process on these GPUs makes the remap fail
         used = gpu_used_mib()
         for (_p, _title, gpu, _st) in launch.holders:
-            need = launch.full_mib(gpu) - self.resident_mib()
+            need = sum(self._tag_mib(t, gpu) for t in waking)
             if used.get(gpu, 0) + need > launch.total_mib(gpu) or (
                     fault and fault.get("fault") == "wake-fails"):
                 if fault and fault.get("fault") == "wake-fails":
@@ -1838,35 +1869,79 @@ class Sleeper:
                     "/workspace/csrc/cumem_allocator.cpp:62"))
                 raise WakeFailed("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
         if self.cfg["sleep_mode"]:
-            w_bytes = launch.w_mib * MiB
-            speed = live_speed(self.cfg)
-            if self.level == 1:
-                seconds = w_bytes / (H2D_BYTES_PER_S * speed)
-            else:    # level 2: the weights are read again, from the page cache or the disk
-                files = weight_files(self.cfg["model_dir"]) if self.cfg["model_dir"] else []
-                served = sum(p.stat().st_size for p in files) or 1
-                cached = sum(fincore(files).values()) if files else 0
-                factor = self.cfg["size"] / served
-                seconds = (cached * factor / (CACHE_BYTES_PER_S * speed)
-                           + (served - cached) * factor / (DISK_BYTES_PER_S * speed))
-                for p in files:      # the read fills the page cache like any load
-                    Piece(p, 0, p.stat().st_size, 0).read()
-            await asyncio.sleep(seconds)
-            for (p, title, gpu, st) in launch.holders:
-                register_gpu(p.pid, title, gpu, int(launch.full_mib(gpu) + self.left_mib), st,
-                             int(CPU_BYTES_PER_WORKER + self.pinned) // SCALE)     # the pinned blocks stay cached
-            refresh_meminfo()
-        if self.level == 2 and self.corrupted:       # the weights were read again: the bad copy is gone
-            self.corrupted = self.cfg["garbage"] = False
+            if "weights" in waking and self.level == 1:     # the backup is copied back
+                await asyncio.sleep(launch.w_mib * MiB / (H2D_BYTES_PER_S * live_speed(self.cfg)))
+            elif "weights" in waking:                       # level 2: mapped back, not filled
+                self.junk = self.cfg["garbage"] = True
+            self.sleeping -= waking
+            self._register()
+        else:
+            self.sleeping -= waking
         if fault and fault.get("fault") == "wake-corrupt":
             fault_fired("wake-corrupt")
             self.corrupted = self.cfg["garbage"] = True
         log(launch.ec, "INFO", "abstract.py:426", f"It took {time.monotonic() - started:.6f} "
-            f"seconds to wake up tags {tags if tags is not None else SLEEP_TAGS_REPR}.")
-        self.level = 0
+            f"seconds to wake up tags {tags if tags else tags_repr(waking)}.")
+        if self.sleeping:
+            return False
         self.paused_only = False
         engine.resume()
         return True
+
+    def _tag_mib(self, tag: str, gpu: int) -> float:
+        """What waking `tag` maps back on `gpu`: the weights' share, or the rest of the pool."""
+        w = self.launch.w_mib if self.cfg["sleep_mode"] else 0.0
+        if tag == "weights":
+            return w
+        return max(0.0, self.launch.full_mib(gpu) - self.resident_mib() - w) if self.cfg["sleep_mode"] else 0.0
+
+    def _register(self) -> None:
+        """Each worker's GPU memory as the tags still asleep leave it; the pinned blocks stay cached."""
+        for (p, title, gpu, st) in self.launch.holders:
+            held = self.resident_mib() + self.left_mib + sum(
+                self._tag_mib(t, gpu) for t in SLEEP_TAGS if t not in self.sleeping)
+            register_gpu(p.pid, title, gpu, int(held), st, int(CPU_BYTES_PER_WORKER + self.pinned) // SCALE)
+        refresh_meminfo()
+
+    async def reload_weights(self) -> list:
+        """collective_rpc("reload_weights") (v1/worker/gpu_worker.py -> model_loader/reload/inplace.py):
+        every worker reads the checkpoint again into its mapped weights, from the page cache or the
+        disk, and the junk of a level-2 wake (or a corrupted copy) is gone. With the weights still
+        asleep their memory is not mapped: the copy faults and the engine dies, as on a GPU."""
+        launch = self.launch
+        if "weights" in self.sleeping and self.cfg["sleep_mode"]:
+            launch.die(launch.server, cause=(
+                [("vllm/v1/worker/gpu_worker.py", 638, "reload_weights",
+                  "self.model_runner.reload_weights(*args, **kwargs)"),
+                 ("vllm/model_executor/model_loader/reload/inplace.py", 95, "reload_weights",
+                  "loaded_weights = model.load_weights(weights_iterator)")],
+                "RuntimeError: CUDA error: an illegal memory access was encountered"))
+            raise WakeFailed("CUDA error: an illegal memory access was encountered")
+        if not self.reload_logged:
+            log(launch.w0, "INFO", "inplace.py:91", "Reloading weights inplace...")
+        started = time.monotonic()
+        files = weight_files(self.cfg["model_dir"]) if self.cfg["model_dir"] else []
+        served = sum(p.stat().st_size for p in files) or 1
+        cached = sum(fincore(files).values()) if files else 0
+        factor = self.cfg["size"] / served
+        speed = live_speed(self.cfg)
+        await asyncio.sleep(cached * factor / (CACHE_BYTES_PER_S * speed)
+                            + (served - cached) * factor / (DISK_BYTES_PER_S * speed))
+        for p in files:      # the read fills the page cache like any load
+            Piece(p, 0, p.stat().st_size, 0).read()
+        if self.junk or self.corrupted:
+            self.cfg["garbage"] = self.base_garbage
+        self.junk = self.corrupted = False
+        if not self.reload_logged:
+            self.reload_logged = True
+            log(launch.w0, "INFO", "inplace.py:113",
+                f"Reloading and processing weights took {time.monotonic() - started:.2f} seconds")
+        return [None] * max(1, len(launch.holders))
+
+
+def tags_repr(tags: set) -> str:
+    """A set of tags as vLLM's logger prints it ("{'weights', 'kv_cache'}")."""
+    return "{" + ", ".join(repr(t) for t in sorted(tags, key=("weights", "kv_cache").index)) + "}"
 
 
 # The first decode of an MLA model with FP8 KV and DCP > 1 on vLLM < 0.25.0 (mla_attention.py).

@@ -88,6 +88,60 @@ def test_sleep_and_wake_free_and_take_back_the_gpus_with_vllms_lines(sim_host):
         assert answer(srv) == before
 
 
+def test_a_level_2_wake_maps_empty_weights_until_reload_weights_reads_them(sim_host):
+    """vLLM 0.33 restores a level-2 sleep as snapshot/server.py does: wake the weights, then
+    collective_rpc("reload_weights"), then the KV cache. A bare /wake_up maps the weights back
+    without their contents (cumem backs up only level 1's): junk until a reload."""
+    with SimServer(sim_host, [str(model(sim_host)), *ARGV, "--enable-sleep-mode"], env=DEV) as srv:
+        srv.wait_ready()
+        good, awake = answer(srv), used(sim_host)
+        # a bare wake after level 2: fully awake, answering junk
+        assert call(srv, "POST", "/sleep?level=2")[0] == 200
+        assert call(srv, "POST", "/wake_up") == (200, {"status": "awake", "tags": None})
+        assert answer(srv) != good
+        # reload_weights reads the checkpoint into the mapped weights: sensible again
+        assert call(srv, "POST", "/collective_rpc", {"method": "reload_weights"}) == (200, {"results": [None, None]})
+        assert answer(srv) == good
+        srv.wait_for("Reloading and processing weights took ")
+        assert "Reloading weights inplace..." in srv.log
+        # vLLM's order, each step as vLLM answers it: a partial wake is "sleeping", no request runs
+        assert call(srv, "POST", "/sleep?level=2")[0] == 200
+        assert call(srv, "POST", "/wake_up?tags=weights") == (200, {"status": "sleeping", "tags": ["weights"]})
+        assert call(srv, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
+        part = used(sim_host)
+        assert RESIDENT < part[0] < awake[0]        # the weights' share is mapped, the KV cache is not
+        assert call(srv, "POST", "/wake_up?tags=weights") == (200, {"status": "sleeping", "tags": ["weights"]})
+        srv.wait_for("Tag weights is not in sleeping tags {'kv_cache'}")
+        assert call(srv, "POST", "/collective_rpc", {"method": "reload_weights"})[0] == 200
+        assert call(srv, "POST", "/wake_up?tags=kv_cache") == (200, {"status": "awake", "tags": ["kv_cache"]})
+        assert used(sim_host) == awake
+        assert answer(srv) == good
+        # the RPC's own checks (entrypoints/serve/dev/rpc/api_router.py)
+        assert call(srv, "POST", "/collective_rpc", {})[0] == 400
+        assert call(srv, "POST", "/collective_rpc", [1])[0] == 400
+
+
+def test_reload_weights_into_sleeping_weights_kills_the_engine(sim_host):
+    """The weights' memory is not mapped while they sleep: the copy faults, as on a GPU."""
+    with SimServer(sim_host, [str(model(sim_host)), *ARGV, "--enable-sleep-mode"], env=DEV) as srv:
+        srv.wait_ready()
+        assert call(srv, "POST", "/sleep?level=2")[0] == 200
+        status, out = call(srv, "POST", "/collective_rpc", {"method": "reload_weights"})
+        assert status == 500 and "illegal memory access" in out["error"]["message"]
+        srv.wait_for("an illegal memory access was encountered")
+        assert call(srv, "GET", "/health")[0] != 200
+
+
+def test_a_level_1_wake_needs_no_reload(sim_host):
+    with SimServer(sim_host, [str(model(sim_host)), *ARGV, "--enable-sleep-mode"], env=DEV) as srv:
+        srv.wait_ready()
+        good = answer(srv)
+        assert call(srv, "POST", "/sleep?level=1")[0] == 200
+        assert call(srv, "POST", "/wake_up?tags=weights")[1]["status"] == "sleeping"
+        assert call(srv, "POST", "/wake_up?tags=kv_cache")[1]["status"] == "awake"
+        assert answer(srv) == good
+
+
 def test_without_enable_sleep_mode_a_sleep_frees_nothing(sim_host):
     with SimServer(sim_host, [str(model(sim_host)), *ARGV], env=DEV) as srv:
         srv.wait_ready()

@@ -54,6 +54,26 @@ def test_the_sleep_endpoints_parameters_and_answers(vllm_src):
     assert 'SLEEP_TAGS = frozenset(("weights", "kv_cache"))' in (vllm_src / "v1/executor/abstract.py").read_text()
 
 
+def test_a_level_2_wake_is_restored_as_vllm_restores_it(vllm_src):
+    """What the simulator and vllm-orch's api.wake do after level 2, pinned to vLLM 0.33's source:
+    its own restore wakes the weights, reloads them, then wakes the KV cache; a wake restores only
+    the buffers and parameters it saved (the weights' memory comes back unfilled); /collective_rpc
+    takes {"method": ...} and answers {"results": [...]} (one per worker), 400 without a method."""
+    restore = (vllm_src / "snapshot/server.py").read_text()
+    assert ('    await engine.wake_up(tags=["weights"])\n    await engine.collective_rpc("reload_weights")\n'
+            '    await engine.wake_up(tags=["kv_cache"])') in restore
+    assert "    await engine.sleep(level=2)" in restore
+    worker = (vllm_src / "v1/worker/gpu_worker.py").read_text()
+    assert "    def reload_weights(self, *args, **kwargs) -> None:" in worker
+    assert "        # Restore the buffers after level 2 sleep" in worker
+    rpc = (vllm_src / "entrypoints/serve/dev/rpc/api_router.py").read_text()
+    assert '@router.post("/collective_rpc")' in rpc
+    assert 'method = body.get("method")' in rpc and "Missing 'method' in request body" in rpc
+    assert 'return JSONResponse(content={"results": response})' in rpc
+    core = (vllm_src / "v1/engine/core.py").read_text()
+    assert "        fully_awake = not self.model_executor.is_sleeping\n        if fully_awake:\n" in core
+
+
 def test_the_api_key_guards_only_these_prefixes(vllm_src):
     src = (vllm_src / "entrypoints/serve/middleware/authenticate.py").read_text()
     m = re.search(r"GUARDED_PREFIX = (\(.*\))", src)

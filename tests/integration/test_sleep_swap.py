@@ -5,6 +5,7 @@ corrupted wake, a failing wake and too little RAM for level 1 are each caught an
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -124,8 +125,15 @@ def test_too_little_ram_for_level_1_falls_back_to_level_2_and_says_so(sim_host, 
     assert back.ok, back.error
     steps = [a.step for a in back.plan.actions]
     assert steps.index("warm") < steps.index("stop") < steps.index("wake")     # read from the page cache
-    assert read_history(sim_host.host, e)[-1].shown()["sleep"]["woke"][old.name]["level"] == 2
+    woke = read_history(sim_host.host, e)[-1].shown()["sleep"]["woke"][old.name]
+    assert woke["level"] == 2 and woke["reload_s"] > 0, woke
     assert read_record(sim_host.host, e, new.name) is None
+    # vLLM 0.33's restore of a level-2 sleep (its snapshot/server.py): the weights' tag, the reload of
+    # the checkpoint into them, the KV cache's tag; a bare /wake_up would have served empty weights
+    log = (Path(e.log_dir) / f"vllm-{old.name}.log").read_text()
+    at = [log.rindex(line) for line in ("wake up the engine with tags: ['weights']", "Reloading weights inplace...",
+                                        "wake up the engine with tags: ['kv_cache']")]
+    assert at == sorted(at), at
 
 
 def test_a_sleeping_service_keeps_its_context_graph_pool_and_nccl_buffers_within_its_allowance(sim_host, pair):
