@@ -933,6 +933,9 @@ class Engine:
         self.aborting = False      # shutdown (abort mode, or the drain ran out): requests end now
         self.dead = False          # a worker died: every request fails
         self.paused = False        # asleep (any level): requests are accepted, not scheduled
+        # vllm:engine_sleep_state's one label at 1 (v1/metrics/loggers.py record_sleep_state): "awake",
+        # "weights_offloaded" (level 1), "discard_all" (level 2), None (a level-0 pause: all at 0)
+        self.sleep_state: str | None = "awake"
         # /sleep's pause modes (vllm/v1/engine/core.py pause_scheduler): every request gets a
         # ticket; "abort" ends those before `abort_below` (finish_reason abort), "wait" lets those
         # before `pause_ticket` run to their end while later ones queue, "keep" holds them all
@@ -1167,7 +1170,7 @@ class Engine:
         family("vllm:engine_sleep_state", "gauge",
                "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
                "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
-               [("vllm:engine_sleep_state", dict(self.labels(c), sleep_state=state), float(state == "awake"))
+               [("vllm:engine_sleep_state", dict(self.labels(c), sleep_state=state), float(state == self.sleep_state))
                 for state in ("awake", "weights_offloaded", "discard_all") for c in self.cores])
         per_core("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
                  lambda c: min(1.0, c.kv_in_use / max(1, cfg["kv_tokens"])))
@@ -1739,6 +1742,7 @@ class Sleeper:
         if level == 0:
             engine.pause(mode)
             self.paused_only = True
+            engine.sleep_state = None       # async_llm.py sleep: record_sleep_state(1, 0)
             await engine.drained()
             return
         if "weights" in self.sleeping:
@@ -1796,6 +1800,7 @@ class Sleeper:
             f"memory, {round(in_use / GiB, 2)} GiB memory is still in use.")
         self.level = level
         self.sleeping = set(SLEEP_TAGS)
+        engine.sleep_state = "weights_offloaded" if level == 1 else "discard_all"
         self.cycles += 1
         log(launch.ec, "INFO", "abstract.py:408",
             f"It took {time.monotonic() - started:.6f} seconds to fall asleep.")
@@ -1839,6 +1844,7 @@ class Sleeper:
             tags = [t for t in tags if t != "scheduling"]
             if not tags and not self.sleeping:
                 self.paused_only = False
+                engine.sleep_state = "awake"
                 engine.resume()
                 return True
         if not self.sleeping:
@@ -1885,6 +1891,7 @@ class Sleeper:
         if self.sleeping:
             return False
         self.paused_only = False
+        engine.sleep_state = "awake"        # only once fully awake (async_llm.py wake_up)
         engine.resume()
         return True
 

@@ -6,6 +6,7 @@ each (level 1 keeps the weights in host RAM); a wake needs the memory back; the 
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -41,6 +42,13 @@ def answer(srv) -> str:
     _, out = call(srv, "POST", "/v1/completions", {"model": "tiny", "prompt": "What is 2+2?",
                                                    "max_tokens": 16, "temperature": 0}, KEY)
     return out["choices"][0]["text"]
+
+
+def sleep_state(srv) -> dict:
+    """vllm:engine_sleep_state by its sleep_state label (one engine)."""
+    with urllib.request.urlopen(srv.url("/metrics"), timeout=30) as r:
+        text = r.read().decode()
+    return {lab: float(v) for lab, v in re.findall(r'vllm:engine_sleep_state\{[^}]*sleep_state="(\w+)"[^}]*\} (\S+)', text)}
 
 
 def model(sim_host):
@@ -95,8 +103,10 @@ def test_a_level_2_wake_maps_empty_weights_until_reload_weights_reads_them(sim_h
     with SimServer(sim_host, [str(model(sim_host)), *ARGV, "--enable-sleep-mode"], env=DEV) as srv:
         srv.wait_ready()
         good, awake = answer(srv), used(sim_host)
+        assert sleep_state(srv) == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
         # a bare wake after level 2: fully awake, answering junk
         assert call(srv, "POST", "/sleep?level=2")[0] == 200
+        assert sleep_state(srv) == {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0}
         assert call(srv, "POST", "/wake_up") == (200, {"status": "awake", "tags": None})
         assert answer(srv) != good
         # reload_weights reads the checkpoint into the mapped weights: sensible again
@@ -109,6 +119,7 @@ def test_a_level_2_wake_maps_empty_weights_until_reload_weights_reads_them(sim_h
         assert call(srv, "POST", "/wake_up?tags=weights") == (200, {"status": "sleeping", "tags": ["weights"]})
         assert call(srv, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
         part = used(sim_host)
+        assert sleep_state(srv)["awake"] == 0.0          # vLLM records awake only once fully awake
         assert RESIDENT < part[0] < awake[0]        # the weights' share is mapped, the KV cache is not
         assert call(srv, "POST", "/wake_up?tags=weights") == (200, {"status": "sleeping", "tags": ["weights"]})
         srv.wait_for("Tag weights is not in sleeping tags {'kv_cache'}")
@@ -137,6 +148,7 @@ def test_a_level_1_wake_needs_no_reload(sim_host):
         srv.wait_ready()
         good = answer(srv)
         assert call(srv, "POST", "/sleep?level=1")[0] == 200
+        assert sleep_state(srv) == {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}
         assert call(srv, "POST", "/wake_up?tags=weights")[1]["status"] == "sleeping"
         assert call(srv, "POST", "/wake_up?tags=kv_cache")[1]["status"] == "awake"
         assert answer(srv) == good

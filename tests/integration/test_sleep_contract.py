@@ -70,6 +70,15 @@ def test_a_level_2_wake_is_restored_as_vllm_restores_it(vllm_src):
     assert '@router.post("/collective_rpc")' in rpc
     assert 'method = body.get("method")' in rpc and "Missing 'method' in request body" in rpc
     assert 'return JSONResponse(content={"results": response})' in rpc
+    # vllm:engine_sleep_state: awake 0 from the sleep on, weights_offloaded (1) or discard_all (2);
+    # awake 1 again only after a wake that left no tag asleep (the simulator's Engine.sleep_state)
+    loggers = (vllm_src / "v1/metrics/loggers.py").read_text()
+    assert ("        if sleep == 1:\n            awake = 0\n            if level == 1:\n                weights_offloaded = 1\n"
+            "            elif level == 2:\n                discard_all = 1\n") in loggers
+    async_llm = (vllm_src / "v1/engine/async_llm.py").read_text()
+    assert ("        if self.logger_manager is not None and fully_awake:\n"
+            "            self.logger_manager.record_sleep_state(0, 0)") in async_llm
+    assert "            self.logger_manager.record_sleep_state(1, level)" in async_llm
     core = (vllm_src / "v1/engine/core.py").read_text()
     assert "        fully_awake = not self.model_executor.is_sleeping\n        if fully_awake:\n" in core
 
