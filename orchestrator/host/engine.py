@@ -60,7 +60,9 @@ def wheelhouse_dir(entry: HostEntry) -> str:
 
 
 def _args(entry: HostEntry, lock: Lock, **more) -> str:
-    return json.dumps({"root": entry.engines_root, "lock": lock.as_dict(), **more})
+    """The engine script's request; `user`: the service user, as whom the venv's tools run (never root's
+    code: host/remote/engine.py)."""
+    return json.dumps({"root": entry.engines_root, "lock": lock.as_dict(), "user": entry.service_user, **more})
 
 
 def _number(value: object) -> float | None:

@@ -20,6 +20,8 @@ from functools import cache
 from orchestrator.host.base import Host, Result, Script
 from orchestrator.paths import package_file
 
+FALLBACK_USER = "nobody"     # what a venv's code runs as before the service user exists (never root)
+
 
 @cache
 def source(name: str) -> bytes:
@@ -27,22 +29,39 @@ def source(name: str) -> bytes:
     return package_file("host", "remote", name).read_bytes()
 
 
-def command(python: str, name: str, args: Sequence[str] = ()) -> Script:
-    """The shell command (the script itself goes on stdin); plans show it as `python <vllm-orch NAME> ARGS`."""
+def as_user(user: str | None) -> str:
+    """The shell words before a command that run it as `user` when root runs it (setpriv, util-linux:
+    that user's uid, gid and groups, no new privileges, its HOME), and as itself otherwise (a process
+    host of one user cannot switch, and needs not). "" for no user or root. Before the user exists
+    (a fresh host's preflight: the plan's `user` step makes it later) it runs as `nobody`; without
+    either the command fails (setpriv's error): it never falls back to root."""
+    if not user or user == "root":
+        return ""
+    return (f'if [ "$(id -u)" = 0 ]; then u={shlex.quote(user)}; id -u -- "$u" >/dev/null 2>&1 || u={FALLBACK_USER}; '
+            'H=$(getent passwd -- "$u" | cut -d: -f6); set -- env HOME="${H:-/}" USER="$u" LOGNAME="$u" '
+            'setpriv --reuid="$u" --regid="$(id -g -- "$u")" --init-groups --no-new-privs --; '
+            'else set --; fi; exec "$@" ')
+
+
+def command(python: str, name: str, args: Sequence[str] = (), user: str | None = None) -> Script:
+    """The shell command (the script itself goes on stdin); plans show it as `python <vllm-orch NAME> ARGS`
+    (`as USER: ...` when it runs as the unprivileged `user`: a script that runs a venv's Python)."""
     words = [shlex.quote(python), "-", *map(shlex.quote, args)]
-    return Script(" ".join(words), display=" ".join([shlex.quote(python), f"<vllm-orch {name}>",
-                                                     *map(shlex.quote, args)]))
+    shown = " ".join([shlex.quote(python), f"<vllm-orch {name}>", *map(shlex.quote, args)])
+    prefix = as_user(user)
+    return Script(prefix + " ".join(words), display=(f"as {user}: " if prefix else "") + shown)
 
 
 def run(host: Host, python: str, name: str, args: Sequence[str] = (), *, timeout: float = 180.0,
-        env: Mapping[str, str] | None = None) -> Result:
-    return host.run(command(python, name, args), input=source(name), timeout=timeout, env=env)
+        env: Mapping[str, str] | None = None, user: str | None = None) -> Result:
+    return host.run(command(python, name, args, user), input=source(name), timeout=timeout, env=env)
 
 
 def run_json(host: Host, python: str, name: str, args: Sequence[str] = (), *,
-             timeout: float = 180.0) -> tuple[dict | None, Result]:
-    """Run a script that answers with one JSON object on its last JSON line: (that object, Result)."""
-    result = run(host, python, name, args, timeout=timeout)
+             timeout: float = 180.0, user: str | None = None) -> tuple[dict | None, Result]:
+    """Run a script that answers with one JSON object on its last JSON line: (that object, Result).
+    `user`: as that unprivileged user when root runs it (as_user)."""
+    result = run(host, python, name, args, timeout=timeout, user=user)
     for line in reversed(result.stdout.strip().splitlines()):
         if line.startswith("{"):
             try:

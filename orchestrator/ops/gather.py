@@ -166,18 +166,20 @@ def download_plan(host: Host, entry: HostEntry, m: Manifest, model: str, facts: 
 
 
 def preflight_facts(host: Host, python: str, argv: list[str], env: dict[str, str], facts: HostFacts | None,
-                    skip: set[str], timeout: float = 180.0, kept: dict | None = None) -> PreflightFacts:
+                    skip: set[str], timeout: float = 180.0, kept: dict | None = None,
+                    user: str | None = None) -> PreflightFacts:
     """Ask the host's Python for its package versions and its vLLM parser's verdict on the argv
     (each only when a check needs it; `kept`: the parser's answer the engine venv kept for this very
-    argv, env and venv, used instead of asking again); GPUs come from the host facts already read."""
+    argv, env and venv, used instead of asking again), as the service `user` (each imports the venv's
+    packages: their code, and their .pth files, never run as root); GPUs come from the host facts."""
     packages = None
     if VERSION_CHECKS - skip:
-        packages = HostAnswer.of(*scripts.run_json(host, python, "inspect_env.py", timeout=60))
+        packages = HostAnswer.of(*scripts.run_json(host, python, "inspect_env.py", timeout=60, user=user))
     argcheck = None
     if {"flags", "env"} - skip:
         argcheck = HostAnswer(kept, reused=True) if kept is not None else \
             HostAnswer.of(*scripts.run_json(host, python, "argcheck.py", [json.dumps({"argv": argv, "env": env})],
-                                            timeout=timeout))
+                                            timeout=timeout, user=user))
     if facts is None:
         return PreflightFacts(python=python, packages=packages, argcheck=argcheck, gpus=None,
                               gpu_error="no host facts")
@@ -219,7 +221,8 @@ def preflight(host: Host, entry: HostEntry, svc: ServiceInput, facts: HostFacts,
     later = set(ENGINE_CHECKS) if m.engine is not None and (engine_now is None or not engine_now.ok) else set()
     ok_engine = engine_now if m.engine is not None and engine_now is not None and engine_now.ok else None
     pf = preflight_facts(host, python_path(m, entry), list(r.argv), dict(needs.env), facts,
-                         skip | ray_worker | later, kept=ok_engine.argcheck if ok_engine else None)
+                         skip | ray_worker | later, kept=ok_engine.argcheck if ok_engine else None,
+                         user=entry.service_user)
     if ok_engine is not None and pf.argcheck is not None and not pf.argcheck.reused and pf.argcheck.value:
         # the parser answered in a venv that verified: keep a passing answer for the next deploy, swap or check
         engine.remember_argcheck(host, entry, ok_engine.lock, engine.argcheck_request(r.argv, needs.env),

@@ -45,11 +45,12 @@ def after_build_checks(env: RunEnv, inp: PlanInput, skip: frozenset[str]) -> lis
     needs = needs_for(m, r.argv, r.provenance, manifest_label=f"models/{inp.target.model}.yaml",
                       effective=inp.target.effective)
     todo = ENGINE_CHECKS - skip
-    packages = HostAnswer.of(*scripts.run_json(env.host, python, "inspect_env.py", timeout=120)) if todo - {
-        "flags", "env"} else None
+    user = env.entry.service_user            # the new venv's code never runs as root
+    packages = HostAnswer.of(*scripts.run_json(env.host, python, "inspect_env.py", timeout=120, user=user)) \
+        if todo - {"flags", "env"} else None
     argcheck = HostAnswer.of(*scripts.run_json(env.host, python, "argcheck.py",
-                                         [json.dumps({"argv": list(r.argv), "env": dict(needs.env)})],
-                                         timeout=300)) if todo & {"flags", "env"} else None
+                                               [json.dumps({"argv": list(r.argv), "env": dict(needs.env)})],
+                                               timeout=300, user=user)) if todo & {"flags", "env"} else None
     if argcheck is not None and argcheck.value and m.engine is not None:    # the next deploy reuses a passing answer
         remember_argcheck(env.host, env.entry, lock_of(m.engine), argcheck_request(r.argv, needs.env), argcheck.value)
     facts = inp.facts

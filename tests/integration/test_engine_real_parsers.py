@@ -35,8 +35,10 @@ def service(version: str) -> Manifest:
 def test_preflight_uses_each_engine_venvs_own_real_parser(vllm_parser_python, real_vllm, tmp_path):
     root = tmp_path / "engines"
     root.mkdir()
+    # service_user root: the parser venvs live in root's cache (/root is 0700); the checks' drop to
+    # an unprivileged service user is tests/integration/test_engine_least_privilege.py's
     entry = HostEntry(name="h", address="local", service_manager="process", engines_root=str(root),
-                      models_root=str(tmp_path / "models"), units_dir=str(tmp_path / "units"),
+                      service_user="root", models_root=str(tmp_path / "models"), units_dir=str(tmp_path / "units"),
                       state_dir=str(tmp_path / "state"))
     venvs = {"0.33.0": Path(vllm_parser_python).parent.parent, real_vllm["version"]: Path(real_vllm["venv"])}
     verdicts = {}

@@ -85,7 +85,7 @@ def built_venv(root, runs: list) -> str:
 def counting(monkeypatch, fails: str | None = None) -> list:
     runs: list = []
 
-    def verify(venv, lock):
+    def verify(venv, lock, user=None):
         runs.append(venv)
         return (fails, None) if fails else (None, "0.33.0")
 

@@ -3,10 +3,10 @@
 Run by the host's Python (>= 3.8, stdlib only) as `python - MODE '<json>'` (orchestrator/host/engine.py),
 or `python - MODE --args-file PATH` for arguments too large for one argv word (read, then deleted).
 
-    check   {"root", "lock", "force", "argcheck"} -> {"state": ok|missing|partial|mismatch|broken,
+    check   {"root", "lock", "user", "force", "argcheck"} -> {"state": ok|missing|partial|mismatch|broken,
                                                      "verified": earlier|now, "argcheck": answer|null, ...}
     remember {"root", "lock", "argcheck", "answer"} -> {"recorded": bool, "why"}
-    build   {"root", "lock", "uv", "wheelhouse"} -> JSON-line events: step ..., then done or error
+    build   {"root", "lock", "user", "uv", "wheelhouse"} -> JSON-line events: step ..., then done or error
     list    {"root"}                             -> {"engines": [{"name", "lock", "bytes", "complete"}],
                                                      "wheelhouse": {file: size}}
     remove  {"root", "name"}                     -> {"removed": bool, "why"}
@@ -36,12 +36,18 @@ marker's inode and times), so an answer copied across, or left by a build that w
 never found; a file that is garbled or not ours is an answer not found, never an error.
 
 A folder without the marker is a build that was cut short: the next build removes it and starts
-again (a venv cannot be moved once built, so it is built in place). Everything under root is root's
-and read-only to others (dirs 0755, files without group or other write): the service user runs the
-venv but cannot change it. uv installs wheels only (`--no-build`): an sdist is refused, never
-built, so no package's setup.py or build backend runs here. uv's cache and the Pythons uv installs
-live under root too (`.uv-cache`, `.python`): a Python in root's home would be out of the service
-user's reach.
+again (a venv cannot be moved once built, so it is built in place). uv installs wheels only
+(`--no-build`): an sdist is refused, never built, so no package's setup.py or build backend runs.
+
+Root runs this script, and nothing of the venv's (`user`, the service user, when root runs it):
+root makes the venv's folder and hands it, uv's cache (`.uv-cache`) and the Pythons uv installs
+(`.python`) to the user; uv (`uv venv`, `uv pip install`) runs as that user, so a hostile wheel's
+paths can write only where the user may; then root takes everything back (root's, read-only to
+others: dirs 0755, files without group or other write: the service user runs the venv but cannot
+change it) and only then runs the verify, as the user again: the venv's Python, `vllm --version`
+and every `.pth` file a package installed (which `python -I` does not stop) run with the service
+user's rights, never root's. Root writes the marker and the verdict itself, from their answers.
+Without root (a process host of one user) nothing switches: everything runs as that user.
 """
 
 import hashlib
@@ -59,6 +65,7 @@ VERDICT = "vllm-orch-verified.json"
 VERDICT_MAX = 1 << 16
 ARGCHECK = "vllm-orch-argcheck.json"
 ARGCHECK_MAX = 1 << 20
+FALLBACK_USER = "nobody"  # the venv's tools' user before the service user exists (never root)
 ARGCHECK_KEEP = 16        # answers kept per venv (the services that share it, a few edits back)
 NAME = re.compile(r"^vllm-[0-9][A-Za-z0-9.+]{0,60}-[0-9a-f]{16}$")
 WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
@@ -133,6 +140,61 @@ def same_version(have, want):
     return have == want or have.split("+")[0] == want or have.replace("+", "%2B") == want
 
 
+def user_of(args):
+    """The service user the venv's tools run as ({"uid", "gid", "name", "home"}; `nobody` while the
+    host lacks it), or None: this script does not run as root (it cannot switch users, and
+    everything is that user's already), or the service user is root (the service runs as root)."""
+    name = args.get("user")
+    if os.geteuid() != 0 or not name or name == "root":
+        return None
+    import pwd
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:            # not made yet (the plan's user step makes it): never root meanwhile
+        try:
+            pw = pwd.getpwnam(FALLBACK_USER)
+        except KeyError:
+            raise RuntimeError("neither the service user %r nor %s exists on this host: the venv's tools "
+                               "run as an unprivileged user" % (name, FALLBACK_USER))
+        name = FALLBACK_USER
+    if pw.pw_uid == 0:
+        raise RuntimeError("the service user %r has uid 0: the venv's tools run as an unprivileged user" % name)
+    return {"uid": pw.pw_uid, "gid": pw.pw_gid, "name": name, "home": pw.pw_dir or "/"}
+
+
+def as_user(user):
+    """subprocess's preexec_fn that drops to `user` (its groups, gid, then uid), or None (no switch)."""
+    if user is None:
+        return None
+
+    def drop():
+        os.initgroups(user["name"], user["gid"])
+        os.setgid(user["gid"])
+        os.setuid(user["uid"])
+        os.chdir("/")
+    return drop
+
+
+def user_env(env, user):
+    """env with HOME, USER and LOGNAME of the user a tool runs as."""
+    if user is not None:
+        env = dict(env, HOME=user["home"], USER=user["name"], LOGNAME=user["name"])
+    return env
+
+
+def hand_over(path, user):
+    """Make the folder at path (created when missing) and everything in it the user's, for a build
+    step the user runs; no links followed. Nothing when no user is switched to."""
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    if user is None:
+        return
+    if os.path.islink(path):
+        raise RuntimeError("%s is a symlink: vllm-orch builds engines only in folders of its own" % path)
+    for top, dirs, files in os.walk(path):
+        for name in [top] + [os.path.join(top, d) for d in dirs] + [os.path.join(top, f) for f in files]:
+            os.lchown(name, user["uid"], user["gid"])
+
+
 def isolated(**more):
     """This script's environment for a venv's tools, without PYTHONPATH / PYTHONHOME: an engine
     venv holds its own pinned packages, and a path put before them would shadow them (the
@@ -142,22 +204,24 @@ def isolated(**more):
     return env
 
 
-def verify(venv, lock):
+def verify(venv, lock, user):
     """(None, vllm version) when the venv holds the lock and runs, else (why, None). The pins and
-    imports, and `vllm --version`, run side by side (each imports vLLM: seconds on a real one)."""
+    imports, and `vllm --version`, run side by side (each imports vLLM: seconds on a real one), as
+    `user` (user_of) when there is one: never root's code."""
     py, vllm = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "vllm")
     pins = [p for p in lock.get("pins", [])]
     names = set(n for n, _ in pins)
     mods = ["vllm"] + (["torch"] if "torch" in names else []) + \
         (["flashinfer"] if "flashinfer-python" in names else [])
-    env = isolated(VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
+    env = user_env(isolated(VLLM_TARGET_DEVICE=os.environ.get("VLLM_TARGET_DEVICE", "cpu")), user)
     try:
         probe = subprocess.Popen([py, "-I", "-c", VERIFY, json.dumps([pins, mods])], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
+                                 stderr=subprocess.PIPE, env=user_env(isolated(), user), preexec_fn=as_user(user))
     except OSError as exc:
         return "%s does not run: %s" % (py, exc), None
     try:
-        version_run = subprocess.Popen([vllm, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        version_run = subprocess.Popen([vllm, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                       preexec_fn=as_user(user))
     except OSError as exc:
         probe.kill()
         probe.wait()
@@ -393,7 +457,10 @@ def check(args):
                     "verified_at": verdict.get("verified_at"), "verify_seconds": verdict.get("seconds"),
                     "argcheck": argcheck_answer(venv, lock, args.get("argcheck"))}
     started = time.monotonic()
-    why, version = verify(venv, lock)
+    try:
+        why, version = verify(venv, lock, user_of(args))
+    except RuntimeError as exc:
+        return {"state": "broken", "detail": str(exc)}
     if why:
         forget_verdict(venv)
         return {"state": "broken", "detail": why}
@@ -405,9 +472,10 @@ def check(args):
             "argcheck": None if args.get("force") else argcheck_answer(venv, lock, args.get("argcheck"))}
 
 
-def run(argv, env, what):
-    emit("step", what=what, argv=argv)
-    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+def run(argv, env, what, user=None):
+    emit("step", what=what, argv=argv, **({"user": user["name"]} if user else {}))
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=user_env(env, user),
+                       preexec_fn=as_user(user))
     if r.returncode != 0:
         tail = r.stdout.decode(errors="replace").strip().splitlines()[-8:]
         raise RuntimeError("%s failed (exit %d): %s" % (what, r.returncode, " | ".join(tail)))
@@ -444,8 +512,13 @@ def build(args):
     if safe_dir(root, lock["name"]):
         emit("step", what="remove the unfinished or broken %s (%s)" % (venv, state.get("detail")))
         shutil.rmtree(venv)
-    env = isolated(UV_CACHE_DIR=os.path.join(root, ".uv-cache"),
-               UV_PYTHON_INSTALL_DIR=os.path.join(root, ".python"), UV_NO_CONFIG="1")
+    try:
+        user = user_of(args)
+    except RuntimeError as exc:
+        emit("error", message=str(exc))
+        return 1
+    cache, pythons = os.path.join(root, ".uv-cache"), os.path.join(root, ".python")
+    env = isolated(UV_CACHE_DIR=cache, UV_PYTHON_INSTALL_DIR=pythons, UV_NO_CONFIG="1")
     offline = []
     if wheelhouse:
         offline = ["--offline", "--no-index", "--find-links", wheelhouse]
@@ -454,12 +527,20 @@ def build(args):
     with open(reqs, "w") as f:      # offline, a wheel URL's line names the wheelhouse's copy ("install")
         f.write("\n".join(args.get("install") or lock["requirements"]) + "\n")
     try:
-        run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
-            + [venv], env, "uv venv (Python %s)" % lock["python"])
-        run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
-             "--no-build", "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]))
+        for folder in (venv, cache, pythons):
+            hand_over(folder, user)
+        try:
+            run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
+                + [venv], env, "uv venv (Python %s)" % lock["python"], user)
+            run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
+                 "--no-build", "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]),
+                user)
+        finally:
+            for folder in (cache, pythons):     # root's again whatever happened: a Python the venvs run
+                lock_down(folder)
+        lock_down(venv)                          # root's before anything in it runs
         verified_at = time.monotonic()
-        why, version = verify(venv, lock)
+        why, version = verify(venv, lock, user)
         if why:
             raise RuntimeError("the new venv does not verify: " + why)
         verify_seconds = round(time.monotonic() - verified_at, 2)
@@ -470,10 +551,9 @@ def build(args):
         tmp = os.path.join(venv, MARKER + ".tmp")
         with open(tmp, "w") as f:
             json.dump(marker, f)
-        lock_down(venv)
         os.chmod(tmp, 0o644)
         os.replace(tmp, os.path.join(venv, MARKER))
-        record_verdict(venv, lock, version, verify_seconds)       # after the marker and lock_down: they are in it
+        record_verdict(venv, lock, version, verify_seconds)       # after the marker: it is in the fingerprint
     except (RuntimeError, OSError) as exc:
         if safe_dir(root, lock["name"]):
             shutil.rmtree(venv, ignore_errors=True)
