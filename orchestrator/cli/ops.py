@@ -430,21 +430,27 @@ def _stop_on(app, entry, model: str | None, accept_new_host_key: bool, dry_run: 
 
 # -- gc --------------------------------------------------------------------------------------------
 
-@click.command(epilog=exit_codes("0 ok, 1 a folder could not be deleted, 2 bad input, 3 refused (no "
-                                  "confirmation, lock held)."))
+@click.command(epilog=exit_codes("0 ok, 1 a folder could not be deleted, 2 bad input (a NAME that is no "
+                                  "folder), 3 refused (a NAME in use, no confirmation, lock held)."))
+@click.argument("names", metavar="[NAME]...", nargs=-1)
 @host_options
 @dry_run_option("Show what would be deleted; delete nothing.")
 @json_option("Print the plan/result as JSON (needs --yes or --dry-run).")
 @yes_option("delete the folders without asking (needed without a terminal)")
 @pass_app
-def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
+def gc(app, names, host_name, accept_new_host_key, dry_run, as_json, yes):
     """Delete managed model folders (direct children of models_root) that are not the active model
-    and whose service is not running. Shows each with its size and last use and asks first; without
-    a terminal it refuses unless --yes. Never deletes anything outside models_root.
+    and whose service is not running, and engine venvs no service uses. Shows each with its size
+    and last use and asks first; without a terminal it refuses unless --yes. Never deletes anything
+    outside models_root and engines_root, nor a folder vllm-orch did not make.
+
+    With NAMEs (a folder under models_root, or an engine venv), only those go; a NAME some service
+    uses is refused (exit 3, nothing deleted): stop that service first.
 
     \b
-    Example:
+    Examples:
       vllm-orch gc --host sim --dry-run
+      vllm-orch gc minimax-m25 --host sim --yes
     """
     from orchestrator.cli.common import terminal_ask
     from orchestrator.ops.execute import Reporter, confirmation
@@ -455,7 +461,7 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
     c = console()
     reporter = Reporter(c, quiet=as_json)
     with session(entry, "gc", dry_run, accept_new_host_key) as s:
-        plan = gc_plan(s.host, entry, s.lock)
+        plan = gc_plan(s.host, entry, s.lock, names)
         data = {"host": entry.name, "dry_run": dry_run, "delete": plan.info["delete"], "keep": plan.info["keep"],
                 "bytes": plan.info["bytes"]}
         reporter.plan(plan)                     # exactly what gc deletes (each step asks first)
@@ -472,7 +478,8 @@ def gc(app, host_name, accept_new_host_key, dry_run, as_json, yes):
     else:
         from orchestrator.fmt import fmt_bytes
 
-        c.print(f"[bold]gc on {entry.name}:[/] deleted {len(record['deleted'])} folders, freed "
+        n = len(record["deleted"])
+        c.print(f"[bold]gc on {entry.name}:[/] deleted {n} folder{'' if n == 1 else 's'}, freed "
                 f"{fmt_bytes(record['freed_bytes'])}" + (f"; kept {len(record['kept'])} (see above)"
                                                         if record["kept"] else ""))
     return 0 if record["ok"] else 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.config.inventory import HostEntry
@@ -119,13 +120,14 @@ def gc_facts(host: Host, entry: HostEntry) -> HostFacts:
     return gather(host, entry, missing) if missing else facts
 
 
-def gc_plan(host: Host, entry: HostEntry, lock: LockFacts) -> Plan:
+def gc_plan(host: Host, entry: HostEntry, lock: LockFacts, names: Sequence[str] = ()) -> Plan:
+    """gc's plan from the host's facts and its engine listing; `names`: only those (plan_gc)."""
     facts = gc_facts(host, entry)
     try:
         listing = engine.listing(host, entry)
     except DeployFailed as err:
-        return plan_gc(entry, facts, lock, engines_error=err.message)
-    return plan_gc(entry, facts, lock, listing.get("engines", []))
+        return plan_gc(entry, facts, lock, engines_error=err.message, names=names)
+    return plan_gc(entry, facts, lock, listing.get("engines", []), names=names)
 
 
 def run_gc(host: Host, entry: HostEntry, plan: Plan, reporter: Reporter | None = None, guard=None) -> dict:

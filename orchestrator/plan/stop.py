@@ -13,15 +13,18 @@ gc:    lock -> each folder under models_root that vllm-orch made (its record) an
        resolved ON THE HOST, a direct child of the resolved models_root, still ours), and its unit
        disabled at boot when it was enabled (it would fail at every boot). Each deletion needs
        confirmation (--yes, or a question on a terminal); one the host refuses is kept and named.
+       `gc NAME...` deletes only the folders (and engine venvs) named, and refuses (exit 3, nothing
+       deleted) when one of them stays by the rule above.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import HostEntry
-from orchestrator.errors import RefusedError
+from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.fmt import fmt_bytes
 from orchestrator.host import engine, modeldirs, state
 from orchestrator.host.facts import HostFacts, gather
@@ -208,22 +211,51 @@ def engine_choice(facts: HostFacts, engines: list[dict]) -> tuple[list[dict], li
     return go, [(e["name"], "a service uses it") for e in engines if e["name"] in used]
 
 
+def only_named(names: Sequence[str], entry: HostEntry, delete: list[GcCandidate], keep: list[tuple[str, str]],
+               engines: list[dict], kept_engines: list[tuple[str, str]]) -> tuple[list[GcCandidate], list[dict]]:
+    """`gc NAME...`: of what gc would delete, only the folders and engine venvs named. A name that is
+    no folder of models_root nor engine venv: ConfigError (exit 2); one that stays (in use, not
+    vllm-orch's): RefusedError (exit 3) with the reason, and nothing is deleted."""
+    known = {c.name for c in delete} | {e["name"] for e in engines} | {n for n, _ in keep + kept_engines}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        folders = sorted({c.name for c in delete} | {n for n, _ in keep if n != "engine venvs"})
+        raise ConfigError(f"gc: {unknown[0]} is no folder under {entry.models_root} and no engine venv under "
+                          f"{entry.engines_root} on {entry.name}",
+                          hint=f"the folders: {', '.join(folders) or 'none'} (`vllm-orch gc --host {entry.name} "
+                               f"--dry-run` lists them with what would go)")
+    why = dict(keep + kept_engines)
+    staying = [n for n in names if n in why]
+    if staying:
+        first = staying[0]
+        hint = (f"vllm-orch deletes only folders it made: remove {entry.models_root}/{first} by hand if you mean to"
+                if why[first].startswith("not made") else
+                f"`vllm-orch stop {first} --host {entry.name}` first if no service should use it")
+        raise RefusedError(f"{first} stays: {why[first]}; nothing deleted", host=entry.name, step="gc", hint=hint,
+                           details=[f"{n} stays: {why[n]}" for n in staying[1:]])
+    return [c for c in delete if c.name in names], [e for e in engines if e["name"] in names]
+
+
 def plan_gc(entry: HostEntry, facts: HostFacts, lock: LockFacts, engines: list[dict] | None = None,
-            engines_error: str | None = None) -> Plan:
+            engines_error: str | None = None, names: Sequence[str] = ()) -> Plan:
     """gc's plan: model folders (gc_choice) and, from the host's listing of engines_root (`engines`;
     None with `engines_error`: it could not be read, so none is deleted), the engine venvs no
-    service's record or installed files name."""
+    service's record or installed files name; with `names`, only those (only_named)."""
     delete, keep = gc_choice(facts)
     gone_engines, kept_engines = engine_choice(facts, engines or [])
     if engines_error:
         kept_engines.append(("engine venvs", f"not listed ({engines_error}): none deleted"))
+    if names:
+        delete, gone_engines = only_named(names, entry, delete, keep, gone_engines, kept_engines)
+        keep, kept_engines = [], []
     keep = keep + kept_engines
-    plan = Plan("gc", entry.describe(), "inactive model folders",
+    plan = Plan("gc", entry.describe(), ", ".join(names) if names else "inactive model folders",
                 info={"delete": [vars(c) for c in delete], "keep": [list(k) for k in keep],
                       "bytes": sum(c.bytes for c in delete)})
     plan.add(prepare.lock_action(lock))
-    plan.add(Action("keep", f"{len(keep)} folder{'s' if len(keep) != 1 else ''} stay", noop=True,
-                    details=[f"{n}: {why}" for n, why in keep]))
+    if keep or not names:
+        plan.add(Action("keep", f"{len(keep)} folder{'s' if len(keep) != 1 else ''} stay", noop=True,
+                        details=[f"{n}: {why}" for n, why in keep]))
     if not delete and not gone_engines:
         plan.add(Action("delete", "nothing to do, because no folder of vllm-orch's is unused", noop=True))
     for c in delete:

@@ -316,3 +316,33 @@ def test_stop_is_a_plan_with_its_recovery_and_gc_a_plan_that_asks():
     old = ModelDir("old", 10 ** 9, {"repo": "a/b", "files": {}, "complete": True}, 1.0)
     gc = plan_gc(ENTRY, facts(models={"old": old}), lock)
     assert gc.confirmations() == ["delete /var/lib/vllm-orch/models/old on gpu1 (1.0 GB)"]
+
+
+def test_gc_of_named_folders_deletes_only_those_and_refuses_one_in_use_or_unknown():
+    """`gc NAME...` (issue 43): only the named folders go; a name some service uses is refused (exit
+    3) and one that is no folder is bad input (exit 2), and in both cases nothing is deleted."""
+    from orchestrator.errors import ConfigError, RefusedError
+    from orchestrator.plan.stop import plan_gc
+
+    done = {"repo": "a/b", "files": {}, "complete": True}
+    models = {n: ModelDir(n, 10 ** 9, done, float(i)) for i, n in enumerate(["old-a", "old-b", "kimi-k25-int4"])}
+    models["by-hand"] = ModelDir("by-hand", 10 ** 9, None, 0.0)
+    running = {"kimi-k25-int4": ServiceState(active=True, main_pid=4242, enabled=True)}
+    f = facts(models=models, services=running, active={"model": "kimi-k25-int4", "gpus": list(range(8)), "port": 8000})
+    lock = LockFacts(held=True)
+    assert len(plan_gc(ENTRY, f, lock).confirmations()) == 2               # both unused folders
+    one = plan_gc(ENTRY, f, lock, names=["old-b"])
+    assert one.confirmations() == ["delete /var/lib/vllm-orch/models/old-b on gpu1 (1.0 GB)"]
+    assert one.info["delete"] == [{"name": "old-b", "bytes": 10 ** 9, "last_used": 1.0, "verified": True,
+                                   "enabled": False}]
+    with pytest.raises(RefusedError) as used:
+        plan_gc(ENTRY, f, lock, names=["old-a", "kimi-k25-int4"])
+    assert used.value.exit_code == 3 and "kimi-k25-int4 stays: the active model; nothing deleted" in used.value.message
+    assert "vllm-orch stop kimi-k25-int4" in (used.value.hint or "")
+    with pytest.raises(RefusedError) as theirs:
+        plan_gc(ENTRY, f, lock, names=["by-hand"])
+    assert "not made by vllm-orch" in theirs.value.message and "by hand" in (theirs.value.hint or "")
+    with pytest.raises(ConfigError) as unknown:
+        plan_gc(ENTRY, f, lock, names=["kimi-k25-int4-dcp8"])
+    assert unknown.value.exit_code == 2 and "kimi-k25-int4-dcp8 is no folder under /var/lib/vllm-orch/models" in \
+        unknown.value.message and "old-a, old-b" in (unknown.value.hint or "")
