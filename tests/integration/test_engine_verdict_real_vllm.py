@@ -30,9 +30,11 @@ def linked_engine(tmp: Path, venv: Path, version: str) -> tuple[HostEntry, Lock]
     (folder / "vllm-orch-engine.json").write_text(json.dumps({
         "hash": lock.hash, "lock": {"python": lock.python, "requirements": list(lock.requirements)},
         "vllm_version": version}))
+    # service_user root: the cached venv lives under /root (0700); the checks' drop to an unprivileged
+    # service user is tests/integration/test_engine_least_privilege.py's
     entry = HostEntry(name="h", address="local", service_manager="process", engines_root=str(root),
-                      python=os.sys.executable, models_root=str(tmp / "models"), units_dir=str(tmp / "units"),
-                      state_dir=str(tmp / "state"))
+                      service_user="root", python=os.sys.executable, models_root=str(tmp / "models"),
+                      units_dir=str(tmp / "units"), state_dir=str(tmp / "state"))
     return entry, lock
 
 
