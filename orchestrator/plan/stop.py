@@ -253,7 +253,7 @@ def plan_gc(entry: HostEntry, facts: HostFacts, lock: LockFacts, engines: list[d
                 info={"delete": [vars(c) for c in delete], "keep": [list(k) for k in keep],
                       "bytes": sum(c.bytes for c in delete)})
     plan.add(prepare.lock_action(lock))
-    if keep or not names:
+    if not names:                               # NAMEs: only_named refused any that stays
         plan.add(Action("keep", f"{len(keep)} folder{'s' if len(keep) != 1 else ''} stay", noop=True,
                         details=[f"{n}: {why}" for n, why in keep]))
     if not delete and not gone_engines:

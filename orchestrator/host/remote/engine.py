@@ -190,9 +190,16 @@ def hand_over(path, user):
         return
     if os.path.islink(path):
         raise RuntimeError("%s is a symlink: vllm-orch builds engines only in folders of its own" % path)
+    for name in every_path(path):
+        os.lchown(name, user["uid"], user["gid"])
+
+
+def every_path(path):
+    """path and everything under it (os.walk: links listed, never followed)."""
     for top, dirs, files in os.walk(path):
-        for name in [top] + [os.path.join(top, d) for d in dirs] + [os.path.join(top, f) for f in files]:
-            os.lchown(name, user["uid"], user["gid"])
+        yield top
+        for name in dirs + files:
+            yield os.path.join(top, name)
 
 
 def isolated(**more):
@@ -484,13 +491,12 @@ def run(argv, env, what, user=None):
 def lock_down(path):
     """Root's and read-only to everyone else: dirs 0755 (files keep their x bits), no group/other write."""
     uid = os.geteuid()
-    for top, dirs, files in os.walk(path):
-        for name in [top] + [os.path.join(top, d) for d in dirs] + [os.path.join(top, f) for f in files]:
-            st = os.lstat(name)
-            if uid == 0 and (st.st_uid != 0 or st.st_gid != 0):
-                os.lchown(name, 0, 0)
-            if not os.path.islink(name) and st.st_mode & 0o022:
-                os.chmod(name, st.st_mode & ~0o022)
+    for name in every_path(path):
+        st = os.lstat(name)
+        if uid == 0 and (st.st_uid != 0 or st.st_gid != 0):
+            os.lchown(name, 0, 0)
+        if not os.path.islink(name) and st.st_mode & 0o022:
+            os.chmod(name, st.st_mode & ~0o022)
 
 
 def build(args):
