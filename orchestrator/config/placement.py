@@ -250,6 +250,8 @@ class ServiceSpec:
     roles: tuple[NodeRole, ...] = ()
     replaces: str | None = None         # the service whose place it takes (swap --replace)
     cluster_port: ClusterPort | None = None     # multi-node only
+    folder: str = ""                    # its weights folder under models_root (config/checkpoints.folder_for);
+                                        # "": the manifest's default (a bare render)
 
     @property
     def head(self) -> NodeSpec:

@@ -135,11 +135,22 @@ class HostFacts:
             return None
         return Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds())
 
+    def folder_of(self, name: str) -> str:
+        """The weights folder (under models_root) the service NAME uses, as its records say: its
+        record's, else its installed record's, else (a record from before folders were recorded)
+        its model's name, the folder such a service was deployed with."""
+        for rec in (self.record(name), self.installed.get(name)):
+            if rec is not None and rec.folder:
+                return rec.folder
+        return self.model_of(name)
+
     def models_in_use(self) -> set[str]:
         """The model folders the host's services use: every recorded and every running service's
-        model (and the running services' own names). Disk freeing and gc never delete these."""
+        (sleepers are recorded; a folder is shared by every service of its checkpoint, and any one
+        of them keeps it), and the running services' own names. Disk freeing and gc never delete
+        these."""
         running = self.running()
-        return set(running) | {self.model_of(n) for n in (*self.records, *running)}
+        return set(running) | {self.folder_of(n) for n in (*self.records, *running)}
 
     def asleep(self, name: str) -> Asleep | None:
         """How the service NAME sleeps (its record says it was put to sleep and its unit still

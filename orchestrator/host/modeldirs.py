@@ -1,4 +1,5 @@
-"""Model folders under models_root: which ones vllm-orch made, and the one way to delete one.
+"""Model folders under models_root: which ones vllm-orch made, and the one way to delete one (how
+one is named: config/checkpoints.py, one folder per repo@commit).
 
 vllm-orch frees disk (deploy, swap, gc) by deleting whole model folders, as root. models_root may
 hold folders that are not ours (someone's experiments, a copy made by hand), so a folder counts as
@@ -17,17 +18,13 @@ from __future__ import annotations
 import re
 import shlex
 
+from orchestrator.config.checkpoints import is_ours  # noqa: F401  (here for its callers)
 from orchestrator.config.inventory import HOME_PARENTS, SYSTEM_FOLDERS, SYSTEM_TREES, TREE_EXCEPTIONS
 from orchestrator.errors import RefusedError
 from orchestrator.host.base import Script
 
 RECORD = ".vllm-orch/verified.json"
 REFUSED_EXIT = 3
-
-
-def is_ours(record: object) -> bool:
-    """A folder's parsed .vllm-orch/verified.json marks it as made by vllm-orch's download."""
-    return isinstance(record, dict) and bool(record.get("repo")) and isinstance(record.get("files"), dict)
 
 
 def _root_guard() -> str:

@@ -156,8 +156,11 @@ class ServiceRecord(NodeFields):
 
     FILE: ClassVar[str] = "services/NAME.json"
 
-    model: str = Field(description="The model it serves (its manifest, its weights folder).")
+    model: str = Field(description="The model it serves (its manifest).")
     service: str | None = Field(None, description="The service's name (unit vllm-NAME); the model's when absent.")
+    folder: str | None = Field(None, description="Its weights folder under models_root (a checkpoint's folder is "
+                                                 "shared by every manifest of that repo@commit); the model's name "
+                                                 "when absent (a record from before).")
     served_name: str | None = None
     port: int = 0
     gpus: list[int] = Field(default_factory=list)
@@ -201,6 +204,8 @@ class InstalledRecord(NodeFields):
 
     model: str | None = None
     service: str | None = None
+    folder: str | None = Field(None, description="The weights folder its unit serves from (under models_root); "
+                                                 "the model's name when absent (a record from before).")
     unit: str | None = None
     env_file: str | None = None
     manifest_hash: str | None = None

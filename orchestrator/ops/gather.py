@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.config import checkpoints
 from orchestrator.config.effective import effective
 from orchestrator.config.engine import lock_of, python_path, vllm_path
 from orchestrator.config.inventory import HostEntry
-from orchestrator.config.manifest import Manifest
+from orchestrator.config.manifest import COMMIT, Manifest
 from orchestrator.config.placement import Placement, Request, ServiceSpec, resolve
 from orchestrator.errors import ConfigError, DeployFailed
 from orchestrator.host import engine, scripts
@@ -105,8 +106,23 @@ def service_spec(m: Manifest, entries: list[HostEntry], request: Request, facts:
     manifest and each node's installed record of the service (where an earlier run placed it;
     `facts` of the nodes read, by host)."""
     service = request.name or name or m.name
-    return resolve(m, entries, request, {e.name: facts[e.name].recorded_placement(service)
+    spec = resolve(m, entries, request, {e.name: facts[e.name].recorded_placement(service)
                                          for e in entries if e.name in facts}, replaced, name=service)
+    head = facts.get(entries[0].name) if entries else None
+    return replace(spec, folder=weights_folder(m, spec.model, service, head))
+
+
+def weights_folder(m: Manifest, model: str, service: str, facts: HostFacts | None) -> str:
+    """The service's weights folder on its (head) host, decided once per operation: the one its
+    installed record names when that folder holds this commit, else its checkpoint's shared folder,
+    else one of vllm-orch's that already holds the commit (config/checkpoints.folder_for)."""
+    src = m.source
+    if facts is None:
+        return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, None, {})
+    installed = facts.installed.get(service)
+    recorded = (installed.folder or installed.model or service) if installed is not None else None
+    return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, recorded,
+                                {n: d.verified for n, d in facts.models.items()})
 
 
 class Reads(Protocol):
@@ -144,7 +160,7 @@ def service_input(reads: Reads, entry: HostEntry, m: Manifest, facts: HostFacts,
     installed_env = reads.get(env_path(em, entry)) if keep_installed_secrets and em.serving.secret_env else None
     kept = read_env_values(installed_env.decode(errors="replace")) if installed_env else None
     secrets = secrets_from_environ(em, installed=kept)
-    rendered = render(em, entry, secrets, role=role, model=spec.model)
+    rendered = render(em, entry, secrets, role=role, model=spec.model, folder=spec.folder or None)
     installed = {f.path: reads.get(f.path) for f in rendered.files}
     st = facts.services.get(em.name)
     serving = bool(st and st.active) and (role is None or role.head) and \
@@ -153,14 +169,20 @@ def service_input(reads: Reads, entry: HostEntry, m: Manifest, facts: HostFacts,
                         effective=eff, spec=spec)
 
 
-def download_plan(host: Host, entry: HostEntry, m: Manifest, model: str, facts: HostFacts,
-                  token: Secret | None) -> DownloadPlan:
+def download_plan(host: Host, entry: HostEntry, m: Manifest, folder_name: str, facts: HostFacts,
+                  token: Secret | None, commit: str | None = None) -> DownloadPlan:
+    """What the download of M into models_root/FOLDER_NAME fetches: from the folder's verified record
+    when it covers this commit and these patterns (no Hub call), else from the Hub's listing.
+    `commit`: the commit a branch resolved to already (planned exactly that)."""
     src = m.source
-    folder = facts.models.get(model)
-    known = prepare.download_from_record(folder.verified if folder else None, src.repo, src.revision, src.pinned)
+    revision, pinned = (commit, True) if commit else (src.revision, src.pinned)
+    folder = facts.models.get(folder_name)
+    record = folder.verified if folder else None
+    known = prepare.download_from_record(_as_commit(record) if commit else record, src.repo, revision, pinned,
+                                         src.allow_patterns, src.ignore_patterns)
     if known is not None:
         return known
-    event = plan_download(host, entry.python, src.repo, src.revision, prepare.model_path(entry, model),
+    event = plan_download(host, entry.python, src.repo, revision, prepare.model_path(entry, folder_name),
                           src.allow_patterns, src.ignore_patterns, state_dir=entry.state_dir, token=token)
     return DownloadPlan.from_event(event)
 
@@ -282,15 +304,42 @@ def warm_facts(host: Host, entry: HostEntry, model: str) -> WarmFacts:
     return WarmFacts.from_event(model_dir, event)
 
 
+def _as_commit(record: dict | None) -> dict | None:
+    """A branch's folder record as the record of the commit it was downloaded at (its `commit`)."""
+    if not isinstance(record, dict) or not record.get("commit"):
+        return record
+    return {**record, "revision": record["commit"]}
+
+
 def _with_download(host: Host, inp: PlanInput) -> PlanInput:
-    """The download plan, and when the run warms the page cache, the weight files' state."""
-    t = inp.target
-    inp = replace(inp, download=download_plan(host, inp.entry, t.manifest, t.model, inp.facts, inp.hf_token))
+    """The download plan, and when the run warms the page cache, the weight files' state. A branch
+    resolves to its commit here: the service moves to a folder that holds that commit already, or
+    off a folder another service uses that the download would change (config/checkpoints.move_for)."""
+    t, f = inp.target, inp.facts
+    dl = download_plan(host, inp.entry, t.manifest, t.folder, f, inp.hf_token)
+    src = t.manifest.source
+    if dl.commit and COMMIT.match(dl.commit) and (t.spec is None or len(t.spec.nodes) == 1):
+        others = {f.folder_of(n) for n in f.records if n != t.name}
+        moved = checkpoints.move_for(src.repo, dl.commit, src.pinned, t.folder, bool(dl.to_fetch_bytes or dl.to_fetch),
+                                     others, {n: d.verified for n, d in f.models.items()})
+        if moved is not None:
+            t = refolder(t, moved)
+            dl = download_plan(host, inp.entry, t.manifest, moved, f, inp.hf_token, commit=dl.commit)
+            inp = replace(inp, target=t)
+    inp = replace(inp, download=dl)
     if inp.opts.warm:
-        inp = replace(inp, warm=warm_facts(host, inp.entry, t.model))
+        inp = replace(inp, warm=warm_facts(host, inp.entry, t.folder))
     load = (inp.warm.weights_bytes or inp.warm.total_bytes) if inp.warm is not None and inp.warm.files else \
         (inp.download.total_bytes if inp.download else 0)
     return replace(inp, measured=measured_from(history_tail(host, inp.entry), t.name, load))
+
+
+def refolder(t: ServiceInput, folder: str) -> ServiceInput:
+    """The service rendered again with its weights in `folder` (only --model and the working
+    folder change; the installed files it is compared with are the same paths)."""
+    r = t.rendered
+    rendered = render(t.manifest, r.host, t.secrets, role=r.role, model=r.model or None, folder=folder)
+    return replace(t, rendered=rendered, spec=replace(t.spec, folder=folder) if t.spec is not None else None)
 
 
 def swap_spec(facts: Mapping[str, HostFacts], entries: list[HostEntry], m: Manifest, request: Request,
@@ -349,8 +398,12 @@ def recorded_spec(m: Manifest, entry: HostEntry, name: str, facts: HostFacts) ->
     of a multi-node service as the node its installed record names (its role)."""
     installed = facts.installed.get(name)
     role = installed.role() if installed is not None else None
-    return resolve(m, [entry], Request(), {entry.name: facts.recorded_placement(name)}, name=name,
+    spec = resolve(m, [entry], Request(), {entry.name: facts.recorded_placement(name)}, name=name,
                    roles=(role,) if role is not None else None)
+    # its weights folder as installed: a regen never moves a service to another folder
+    folder = (installed.folder or installed.model or name) if installed is not None else \
+        weights_folder(m, spec.model, name, facts)
+    return replace(spec, folder=folder)
 
 
 def regen_services(facts: HostFacts, entry: HostEntry,

@@ -60,6 +60,7 @@ class ServiceStatus:
 
     name: str
     model: str | None = None
+    folder: str | None = None            # its weights folder under models_root (shared per checkpoint)
     served_name: str | None = None
     port: int | None = None
     gpus: list[int] = field(default_factory=list)
@@ -373,6 +374,7 @@ def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: l
     if nodes is not None and nodes.nodes and nodes.rank is not None:
         row.node_names, row.rank = list(nodes.nodes), nodes.rank
     row.model = facts.model_of(name)
+    row.folder = facts.folder_of(name)
     row.engine = rec.engine if rec is not None else None
     row.vllm_version = (rec.vllm_version if rec is not None else None) or facts.vllm_version
     placement = facts.placement(name, entry.name)      # its record's, else where it was installed

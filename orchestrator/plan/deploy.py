@@ -208,7 +208,7 @@ def warm_before(plan: Plan, nodes: Sequence[PlanInput], starts: Sequence[Action]
         start = by_node.get(i.entry.name if len(nodes) > 1 else None)
         if start is None or start.noop:
             continue
-        action, exp = warm_step(i, prepare.model_path(i.entry, i.target.model), before=before, what=what,
+        action, exp = warm_step(i, prepare.model_path(i.entry, i.target.folder), before=before, what=what,
                                 reserve=reserve if i is nodes[0] else None)
         plan.add(tag(i.entry.name, action))
         if i is nodes[0]:

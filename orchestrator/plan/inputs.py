@@ -91,8 +91,13 @@ class ServiceInput:
 
     @property
     def model(self) -> str:
-        """The model it serves (its manifest, its weights folder): the service's name unless --name."""
+        """The model it serves (its manifest): the service's name unless --name."""
         return self.rendered.model or self.manifest.name
+
+    @property
+    def folder(self) -> str:
+        """Its weights folder's name under models_root (shared by every manifest of its checkpoint)."""
+        return self.rendered.folder
 
     @property
     def api_key(self) -> Secret | None:

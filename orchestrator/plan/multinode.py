@@ -73,7 +73,7 @@ def verify_same_action(inputs: Sequence[PlanInput]) -> tuple[Action, RefusedErro
     """Every node's verified record names the same commit and the same hash of every file, checked
     after the downloads and before any start. Refused at plan time already when the nodes resolve
     the revision to different commits (a node behind another mirror, a branch that moved)."""
-    head, m, model = inputs[0], inputs[0].target.manifest, inputs[0].target.model
+    head, m, folder = inputs[0], inputs[0].target.manifest, inputs[0].target.folder
     names = [i.entry.name for i in inputs]
     planned = {i.entry.name: i.download.commit for i in inputs if i.download is not None and i.download.commit}
     base = planned.get(head.entry.name)
@@ -90,13 +90,14 @@ def verify_same_action(inputs: Sequence[PlanInput]) -> tuple[Action, RefusedErro
         records = {}
         for n in names:
             e = env.nodes[n]
-            records[n] = state.read_json(e.host, f"{prepare.model_path(e.entry, model)}/{path}")
+            records[n] = state.read_json(e.host, f"{prepare.model_path(e.entry, folder)}/{path}")
         differs = weights_differ(records, names[0])
         if differs is not None:
             bad, why = differs
             raise DeployFailed(f"{bad} {why}: the nodes must load the same weights", host=bad,
                                step="verify-same",
-                               hint=f"delete {model} on {bad} (`vllm-orch gc --host {bad}`) and deploy again")
+                               hint=f"delete {folder} on {bad} (`vllm-orch gc {folder} --host {bad}`) and deploy "
+                                    f"again")
         fp = weights_fingerprint(records[names[0]])
         assert fp is not None
         return f"{len(names)} nodes hold commit {str(fp[0])[:12]}, {len(fp[1])} files with the same hashes"

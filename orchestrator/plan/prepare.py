@@ -125,7 +125,7 @@ def disk_action(inp: PlanInput, keep: set[str]) -> tuple[Action, RefusedError | 
                               f"available ({limit_txt})", noop=True), None
     # Never a model another service on the host uses: running ones, and recorded ones (stopped by
     # a crash, or by the swap under way) come back with their files.
-    protected = set(keep) | {inp.name, inp.target.model} | f.models_in_use()
+    protected = set(keep) | {inp.name, inp.target.model, inp.target.folder} | f.models_in_use()
     candidates = sorted((d for n, d in f.models.items() if n not in protected and d.ours),
                         key=lambda d: d.last_used)
     theirs = not_ours(f.models, protected)
@@ -186,13 +186,14 @@ def user_action(entry: HostEntry, users: dict) -> Action:
 # -- download --------------------------------------------------------------------------------------
 
 def download_action(inp: PlanInput) -> Action:
-    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.model
+    dl, src, entry, name = inp.download, inp.target.manifest.source, inp.entry, inp.target.folder
     assert dl is not None
     commit = dl.commit or src.revision
     where = f"{src.repo}@{commit[:12]}"
+    shared = "" if name == inp.target.model else f" in {model_path(entry, name)}"     # the checkpoint's folder
     if dl.to_fetch_bytes <= 0 and not dl.to_fetch:
         how = "our verified record" if dl.from_record else "the Hub's metadata"
-        return Action("download", f"nothing to do, because {where} is downloaded and verified "
+        return Action("download", f"nothing to do, because {where} is downloaded and verified{shared} "
                                   f"({dl.files} files, {fmt_bytes(dl.total_bytes)}; checked against {how})",
                       noop=True)
     token = inp.hf_token
@@ -221,10 +222,18 @@ def download_action(inp: PlanInput) -> Action:
                   commands=[shown], run=run)
 
 
-def download_from_record(inp_target_record: dict | None, repo: str, revision: str, pinned: bool) -> DownloadPlan | None:
-    """The download plan from our verified record when it covers the pinned revision (no Hub call)."""
+def download_from_record(inp_target_record: dict | None, repo: str, revision: str, pinned: bool,
+                         allow: list[str] | None = None, ignore: list[str] | None = None) -> DownloadPlan | None:
+    """The download plan from our verified record when it covers the pinned revision (no Hub call):
+    complete for the same patterns (`allow`, `ignore`: the manifest's; None: not compared). A record
+    completed for other patterns (another manifest of a shared checkpoint) is planned against the
+    Hub's listing: what it lacks is fetched, nothing more. A record from before the patterns were
+    kept is trusted as it was (an offline host redeploys without the Hub)."""
     rec = inp_target_record
-    if rec and rec.get("complete") and rec.get("repo") == repo and pinned and rec.get("revision") == revision:
+    kept = rec.get("patterns") if isinstance(rec, dict) else None
+    same = allow is None or kept is None or kept == {"allow": list(allow), "ignore": list(ignore or [])}
+    if rec and rec.get("complete") and rec.get("repo") == repo and pinned and rec.get("revision") == revision \
+            and same:
         files = rec.get("files", {})
         total = int(rec.get("total_bytes") or sum(f.get("size", 0) for f in files.values()))
         return DownloadPlan(total_bytes=total, have_bytes=total, to_fetch_bytes=0, files=len(files),

@@ -169,7 +169,7 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     r = svc.rendered
     node = svc.spec.node(r.host.name) if svc.spec is not None else None
     origins = {"gpus_from": node.gpus_from, "port_from": node.port_from} if node is not None else {}
-    return InstalledRecord(model=r.model, service=r.manifest.name, unit=r.unit.path, env_file=r.env_file.path,
+    return InstalledRecord(model=r.model, service=r.manifest.name, folder=r.folder, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
                            engine=lock_of(r.manifest.engine).name if r.manifest.engine else None,
@@ -377,7 +377,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
             env.record.ready_at = time.monotonic()
         if m.sleep is not None:     # sleep mode: the known answer a wake is checked against
             env.record.canaries[m.name] = canary_of(env, svc)
-        state.touch_usage(env.host, env.entry, svc.model)        # by folder: disk eviction reads it
+        state.touch_usage(env.host, env.entry, svc.folder)       # by folder: disk eviction reads it
         gates = ", ".join(f"{g} {t:.1f}s" for g, t in ready.gates)
         return f"{gates}; smoke: {ready.smoke.summary()}"
 
@@ -450,7 +450,8 @@ def active_record(inp: PlanInput, env: RunEnv, enabled: bool) -> ServiceRecord:
     ready = env.record.ready.get(m.name)
     graphs = graph_pool_mib(ready.ledger, r.argv) if ready is not None and m.sleep is not None else None
     return ServiceRecord(graph_pool_mib=graphs, engine=lock_of(m.engine).name if m.engine else None,
-                         model=r.model, service=m.name, served_name=m.served_name, port=m.serving.port,
+                         model=r.model, service=m.name, folder=r.folder, served_name=m.served_name,
+                         port=m.serving.port,
                          repo=m.source.repo, revision=commit, manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                          vllm_version=vllm_version, argv=r.argv, gpus=m.serving.visible_devices,
                          deployed_at=state.now_iso(), host_label=inp.entry.label, enabled=enabled,

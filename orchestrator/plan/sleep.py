@@ -88,7 +88,7 @@ def held_mib(facts: HostFacts, name: str) -> dict[int, int]:
 
 
 def weights_bytes(facts: HostFacts, svc: ServiceInput) -> int:
-    folder = facts.models.get(svc.model)
+    folder = facts.models.get(svc.folder)
     return folder.bytes if folder is not None else 0
 
 

@@ -174,26 +174,31 @@ class GcCandidate:
     bytes: int
     last_used: float
     verified: bool
-    enabled: bool = False               # its unit starts at boot: disabled with the folder
+    enabled: tuple[str, ...] = ()       # the services whose units start at boot from it: disabled with it
 
 
 def gc_choice(facts: HostFacts) -> tuple[list[GcCandidate], list[tuple[str, str]]]:
     """(what goes, least recently used first; what stays and why): inactive, not running folders
-    that vllm-orch made go; the models of recorded services (on a host with several services, every
-    one of them), running services and folders without vllm-orch's record stay."""
-    active = {facts.model_of(n) for n in facts.records}
-    running = facts.models_in_use() - active
+    that vllm-orch made go; the folders of recorded services (on a host with several services, every
+    one of them; a checkpoint's folder is shared, so any of its services keeps it), of running
+    services, and folders without vllm-orch's record stay. A folder that goes takes the boot start
+    of every installed service that serves from it (it would fail at every boot)."""
+    users: dict[str, list[str]] = {}
+    for n in facts.records:
+        users.setdefault(facts.folder_of(n), []).append(n)
+    running = facts.models_in_use() - set(users)
     delete, keep = [], []
     for d in sorted(facts.models.values(), key=lambda d: (d.last_used, d.name)):
         if not d.ours:
             keep.append((d.name, "not made by vllm-orch (no .vllm-orch/verified.json), never deleted"))
-        elif d.name in active:
-            keep.append((d.name, "the active model"))
+        elif d.name in users:
+            named = sorted(users[d.name])
+            keep.append((d.name, "the active model" if named == [d.name] else f"the weights of {', '.join(named)}"))
         elif d.name in running:
             keep.append((d.name, "its service is running"))
         else:
-            st = facts.services.get(d.name)
-            delete.append(GcCandidate(d.name, d.bytes, d.last_used, d.complete, bool(st and st.enabled)))
+            boot = tuple(sorted(n for n, st in facts.services.items() if st.enabled and facts.folder_of(n) == d.name))
+            delete.append(GcCandidate(d.name, d.bytes, d.last_used, d.complete, boot))
     return delete, keep
 
 
@@ -289,7 +294,7 @@ def engine_delete_action(entry: HostEntry, e: dict) -> Action:
 def delete_action(entry: HostEntry, c: GcCandidate) -> Action:
     path = f"{entry.models_root}/{c.name}"
     used = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.last_used)) if c.last_used else "never"
-    shown = Service.for_host(None, entry, c.name)
+    shown = [Service.for_host(None, entry, n) for n in c.enabled]
 
     def run(env: RunEnv) -> str:
         r = env.host.run(modeldirs.delete_script(env.entry.models_root, c.name), timeout=3600)
@@ -298,15 +303,19 @@ def delete_action(entry: HostEntry, c: GcCandidate) -> Action:
             env.record.kept.append((c.name, why))
             return f"kept: {why}"
         env.record.deleted.append((c.name, c.bytes))
-        if c.enabled:
-            svc = Service.for_host(env.host, env.entry, c.name)
-            svc.run_all(svc.disable_commands(), f"disable {c.name}")
-            return f"deleted ({fmt_bytes(c.bytes)}); disabled {svc.describe()} at boot (its weights are gone)"
+        disabled = []
+        for n in c.enabled:
+            svc = Service.for_host(env.host, env.entry, n)
+            svc.run_all(svc.disable_commands(), f"disable {n}")
+            disabled.append(svc.describe())
+        if disabled:
+            return f"deleted ({fmt_bytes(c.bytes)}); disabled {', '.join(disabled)} at boot (its weights are gone)"
         return f"deleted ({fmt_bytes(c.bytes)})"
 
+    units = "its unit" if len(c.enabled) == 1 else "the units of " + ", ".join(c.enabled)
     return Action("delete", f"delete {path} ({fmt_bytes(c.bytes)}, last used {used}, "
                             f"{'verified' if c.verified else 'not completely downloaded'})"
-                            + ("; disable its unit at boot" if c.enabled else ""),
+                            + (f"; disable {units} at boot" if c.enabled else ""),
                   commands=[modeldirs.delete_script(entry.models_root, c.name),
-                            *(shown.disable_commands() if c.enabled else [])],
+                            *(cmd for svc in shown for cmd in svc.disable_commands())],
                   confirm=f"delete {path} on {entry.name} ({fmt_bytes(c.bytes)})", run=run)

@@ -228,7 +228,7 @@ def _stage(plan: Plan, nodes: Sequence[PlanInput], old: OldService | None,
     if preflights(plan, nodes, tag):
         return plan
     for i in nodes:
-        keep = {i.old.name, i.old.model} if i.old is not None else set()
+        keep = {i.old.name, i.old.folder} if i.old is not None else set()
         disk, err = prepare.disk_action(i, keep=keep)
         if err is not None and one and i.old is not None and unstaged_ok:
             return _unstaged(plan, i, err)
@@ -321,8 +321,8 @@ def _unstaged(plan: Plan, inp: PlanInput, err: RefusedError) -> Plan:
     """The disk cannot hold both models: stop the old one and delete its folder first (--yes)."""
     m, f, entry, old = inp.target.manifest, inp.facts, inp.entry, inp.old
     assert old is not None and inp.download is not None
-    folder = old.model
-    sharing = sorted(n for n in f.records if n != old.name and f.model_of(n) == folder)
+    folder = old.folder
+    sharing = sorted(n for n in f.records if n != old.name and f.folder_of(n) == folder)
     if sharing:
         return plan.refuse(Action("disk", f"{prepare.model_path(entry, folder)} is used by {', '.join(sharing)}"),
                            RefusedError(f"the disk cannot stage {m.name} next to {old.name}, and {old.name}'s "
@@ -505,7 +505,7 @@ def _wake_target(plan: Plan, inp: PlanInput, old: ServiceInput | None, resuming:
     level, why, pinned = (sleep.level_for(f, old, 0) if old is not None and sleeps and old_sleep is None
                           else (0, "", 0))
     if asleep is not None and asleep.level == 2:     # its wake reads the weights: from the page cache, warmed first
-        action, exp = warm_step(inp, prepare.model_path(entry, inp.target.model),
+        action, exp = warm_step(inp, prepare.model_path(entry, inp.target.folder),
                                 before=f"{old.name} {'sleeps' if sleeps else 'stops'}" if old else "the wake",
                                 reserve=(pinned, f"{old.name}'s level-1 sleep pins") if pinned and old else None)
         plan.add(action)

@@ -21,6 +21,7 @@ from pathlib import Path
 import jinja2
 
 from orchestrator import __version__
+from orchestrator.config import checkpoints
 from orchestrator.config.engine import vllm_path
 from orchestrator.config.inventory import HostEntry
 from orchestrator.config.manifest import Manifest
@@ -169,7 +170,12 @@ class Rendered:
 
     extra: list[RenderedFile] = field(default_factory=list)   # systemd: health check units, probe
     role: NodeRole | None = None           # a node of a multi-node service; None: a one-host service
-    model: str = ""                        # the model served (its weights folder): m.name unless --name
+    model: str = ""                        # the model served (its manifest): m.name unless --name
+
+    @property
+    def folder(self) -> str:
+        """Its weights folder's name under models_root (checkpoints.folder_for: shared per checkpoint)."""
+        return self.model_dir.rstrip("/").rsplit("/", 1)[-1]
 
     @property
     def runs_vllm(self) -> bool:
@@ -192,9 +198,16 @@ def manifest_hash(m: Manifest) -> str:
     return hashlib.sha256(m.model_dump_json(exclude_defaults=True).encode()).hexdigest()
 
 
-def model_dir(model: str, host: HostEntry) -> str:
-    """The weights folder of a model (by the model's name: services of one model share it)."""
-    return f"{host.models_root}/{model}"
+def model_dir(folder: str, host: HostEntry) -> str:
+    """The weights folder FOLDER under models_root (config/checkpoints.py names it)."""
+    return f"{host.models_root}/{folder}"
+
+
+def default_folder(m: Manifest, model: str) -> str:
+    """The folder a manifest's weights go to when no host says otherwise (a bare render, a new
+    host): its checkpoint's shared folder when pinned, else the model's own (checkpoints.folder_for
+    with nothing on the host)."""
+    return checkpoints.folder_for(m.source.repo, m.source.revision, m.source.pinned, model, None, {})
 
 
 def ray_executable(m: Manifest, host: HostEntry) -> str:
@@ -298,11 +311,12 @@ def collective_timeout(m: Manifest) -> int:
 
 
 def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,
-               model: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+               model: str | None = None, folder: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """The argv the service's unit runs and, for each token, the manifest field that produced it:
     `vllm serve ...`; for a node of a multi-node service (role) with its rank's flags; on a Ray worker
     node, `ray start --address HEAD:PORT` (vLLM runs on the head only). `model`: the model whose
-    weights folder it serves, when the service has another name (--name; default m.name)."""
+    weights folder it serves, when the service has another name (--name; default m.name); `folder`:
+    that folder under models_root (default_folder when None)."""
     _check_role(m, host, role)
     if role is not None and is_ray_worker(m, role):
         ray = _ray_argv(m, host, role)
@@ -315,7 +329,7 @@ def build_argv(m: Manifest, host: HostEntry, role: NodeRole | None = None,
     v, s = m.vllm, m.serving
     add("engine.vllm" if m.engine else "host.vllm", vllm_path(m, host))
     add("(command)", "serve")
-    add("name", model_dir(model or m.name, host))
+    add("name", model_dir(folder or default_folder(m, model or m.name), host))
     add("serving.served_model_name", "--served-model-name", m.served_name)
     add("serving.host", "--host", s.host)
     add("serving.port", "--port", s.port)
@@ -540,15 +554,17 @@ def node_env(m: Manifest, host: HostEntry, role: NodeRole | None) -> list[tuple[
 
 
 def render(m: Manifest, host: HostEntry, secrets: Mapping[str, Secret] | None = None,
-           role: NodeRole | None = None, model: str | None = None) -> Rendered:
+           role: NodeRole | None = None, model: str | None = None, folder: str | None = None) -> Rendered:
     """The files of the service m.name on `host`; for a node of a multi-node service (`role`), that
     node's: its rank's argv, its own address and interfaces in the env file, and on a worker node
     (rank > 0) a unit without the readiness probe and the health timer (it serves no HTTP).
-    `model`: the model it serves, when the service has another name (ServiceSpec.model)."""
+    `model`: the model it serves, when the service has another name (ServiceSpec.model); `folder`:
+    its weights folder under models_root (ServiceSpec.folder; default_folder when None)."""
     secrets = dict(secrets or {})
     model = model or m.name
-    argv, provenance = build_argv(m, host, role, model)
-    mdir = model_dir(model, host)
+    folder = folder or default_folder(m, model)
+    argv, provenance = build_argv(m, host, role, model, folder)
+    mdir = model_dir(folder, host)
     mhash = manifest_hash(m)
     epath = env_path(m, host)
     common = dict(version=__version__, m=m, model=model, host=host, model_dir=mdir, env_path=epath,

@@ -334,7 +334,7 @@ def test_gc_of_named_folders_deletes_only_those_and_refuses_one_in_use_or_unknow
     one = plan_gc(ENTRY, f, lock, names=["old-b"])
     assert one.confirmations() == ["delete /var/lib/vllm-orch/models/old-b on gpu1 (1.0 GB)"]
     assert one.info["delete"] == [{"name": "old-b", "bytes": 10 ** 9, "last_used": 1.0, "verified": True,
-                                   "enabled": False}]
+                                   "enabled": ()}]
     with pytest.raises(RefusedError) as used:
         plan_gc(ENTRY, f, lock, names=["old-a", "kimi-k25-int4"])
     assert used.value.exit_code == 3 and "kimi-k25-int4 stays: the active model; nothing deleted" in used.value.message

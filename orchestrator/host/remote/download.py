@@ -321,9 +321,12 @@ class Record:
             if self.dirty:
                 self._save()
 
-    def finish(self, selected: list) -> None:
+    def finish(self, selected: list, allow: list, ignore: list) -> None:
+        """Complete for this selection: the patterns are kept, so another manifest of the same
+        commit with other patterns (a shared checkpoint) is planned against the Hub, not trusted."""
         with self.lock:
             self.data["complete"] = True
+            self.data["patterns"] = {"allow": list(allow), "ignore": list(ignore)}
             self.data["total_bytes"] = sum(f["size"] for f in selected)
             self.data["verified_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             self._save()
@@ -691,7 +694,7 @@ def main(argv: list | None = None) -> int:
         if first_fail is not None:
             record.flush()
             raise first_fail
-        record.finish(selected)
+        record.finish(selected, args.allow, args.ignore)
         emit("done", verified=True, bytes=dl.fetched, seconds=round(time.monotonic() - started, 3),
              files=len(selected), total_bytes=sum(f["size"] for f in selected), commit=commit)
         return 0
