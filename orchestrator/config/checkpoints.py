@@ -4,11 +4,12 @@ weights in. Pure.
 One copy of each checkpoint: a manifest pinned to a commit keeps its weights in the folder named
 after the repo and that commit (`store_name`: `moonshotai--Kimi-K2.5--<commit>`), which every
 manifest of that repo@commit shares (the TP8 and DCP8 layouts of one model download it once, and
-gc keeps it while any service uses it). A manifest that follows a branch keeps a folder of its
-own, named after the model (the branch may move under it). `folder_for` picks a service's folder
-once, when an operation gathers its inputs (ops/gather.py); the service's records keep it, and a
-regen never moves it. A folder counts as vllm-orch's only with its record (`is_ours`;
-host/modeldirs.py deletes nothing else).
+gc keeps it while any service uses it). A manifest that follows a branch starts in a folder named
+after the model, and once the download plan has resolved the branch (`move_for`) uses a complete
+folder that holds that commit already, or its commit's own folder rather than change the weights
+under another service. `folder_for` picks a service's folder once, when an operation gathers its
+inputs (ops/gather.py); the service's records keep it, and a regen never moves it. A folder counts
+as vllm-orch's only with its record (`is_ours`; host/modeldirs.py deletes nothing else).
 """
 
 from __future__ import annotations

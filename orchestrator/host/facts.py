@@ -135,14 +135,18 @@ class HostFacts:
             return None
         return Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds())
 
+    def installed_folder(self, name: str) -> str | None:
+        """The weights folder the installed unit of NAME serves from (a record from before folders were
+        recorded: its model's, the folder it was deployed with); None: not installed."""
+        rec = self.installed.get(name)
+        return (rec.folder or rec.model or name) if rec is not None else None
+
     def folder_of(self, name: str) -> str:
         """The weights folder (under models_root) the service NAME uses, as its records say: its
         record's, else its installed record's, else (a record from before folders were recorded)
         its model's name, the folder such a service was deployed with."""
-        for rec in (self.record(name), self.installed.get(name)):
-            if rec is not None and rec.folder:
-                return rec.folder
-        return self.model_of(name)
+        rec = self.record(name)
+        return (rec.folder if rec is not None else None) or self.installed_folder(name) or self.model_of(name)
 
     def models_in_use(self) -> set[str]:
         """The model folders the host's services use: every recorded and every running service's

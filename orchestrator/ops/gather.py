@@ -119,8 +119,7 @@ def weights_folder(m: Manifest, model: str, service: str, facts: HostFacts | Non
     src = m.source
     if facts is None:
         return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, None, {})
-    installed = facts.installed.get(service)
-    recorded = (installed.folder or installed.model or service) if installed is not None else None
+    recorded = facts.installed_folder(service)
     return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, recorded,
                                 {n: d.verified for n, d in facts.models.items()})
 
@@ -401,8 +400,7 @@ def recorded_spec(m: Manifest, entry: HostEntry, name: str, facts: HostFacts) ->
     spec = resolve(m, [entry], Request(), {entry.name: facts.recorded_placement(name)}, name=name,
                    roles=(role,) if role is not None else None)
     # its weights folder as installed: a regen never moves a service to another folder
-    folder = (installed.folder or installed.model or name) if installed is not None else \
-        weights_folder(m, spec.model, name, facts)
+    folder = facts.installed_folder(name) or weights_folder(m, spec.model, name, facts)
     return replace(spec, folder=folder)
 
 

@@ -65,6 +65,7 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -262,6 +263,62 @@ def _write_whole(path: Path, text: str) -> None:
         with open(str(path), "r+") as f:
             f.write(text)
             f.truncate()
+
+
+# Where vllm-orch keeps its records on the simulated hosts: a process host's folder, a container's default.
+STATE_DIRS = (HOST_DIR / "state", Path("/var/lib/vllm-orch/state"))
+
+
+def own_service(argv: list) -> dict:
+    """The installed record (installed/NAME.json) of the service this server is, proven, not guessed
+    from a shared value: under systemd its own cgroup names the unit (vllm-NAME.service); on a
+    process host the start script vllm-orch installed for it execs exactly this argv (`set -- ...`).
+    Services of one checkpoint share its weights folder, and during a swap two services name one
+    port, so neither tells them apart. {} when no record proves it (a server started by hand)."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        cgroup = ""
+    unit = re.search(r"/(vllm-[^/\s]+\.service)\s*$", cgroup, re.M)
+    for folder in STATE_DIRS:
+        try:
+            records = sorted((folder / "installed").glob("*.json"))
+        except OSError:
+            continue
+        for path in records:
+            rec = _read_json(path, {})
+            if not isinstance(rec, dict) or not isinstance(rec.get("unit"), str):
+                continue
+            if unit:
+                if Path(rec["unit"]).name == unit.group(1):
+                    return rec
+            elif rec["unit"].endswith(".sh") and _script_argv(Path(rec["unit"]))[1:] == list(argv[1:]):
+                return rec
+    return {}
+
+
+def _script_argv(script: Path) -> list:
+    """The argv a start script of vllm-orch (templates/vllm-process.sh.j2) execs: its `set --` line."""
+    try:
+        lines = script.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        if line.startswith("set -- "):
+            try:
+                return shlex.split(line[len("set -- "):])
+            except ValueError:
+                return []
+    return []
+
+
+def fault_names(model: str, served: list, argv: list | None = None) -> list:
+    """The names a fault may give for this server: the service it is and that service's model (its
+    installed record, own_service), else the weights folder's name; the model argument; the served
+    names."""
+    rec = own_service(sys.argv if argv is None else argv)
+    names = [v for v in (rec.get("service"), rec.get("model")) if isinstance(v, str) and v]
+    return (names or [Path(model).name]) + [model, *served]
 
 
 def consume_fault(model_names: list, only: tuple = ()) -> dict | None:
@@ -1728,7 +1785,7 @@ class Sleeper:
         return bool(self.sleeping) or self.paused_only
 
     def _names(self) -> list:
-        return [Path(self.cfg["model"]).name, self.cfg["model"], *self.cfg["served"]]
+        return fault_names(self.cfg["model"], list(self.cfg["served"]))
 
     async def sleep(self, level: int, mode: str = "abort") -> None:
         """vLLM 0.33's sleep (vllm/v1/engine/core.py EngineCore.sleep): the scheduler pauses in
@@ -3659,7 +3716,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     model = args.model_tag or args.model or ""
-    names = [Path(model).name, model] + list(args.served_model_name or [])
+    names = fault_names(model, list(args.served_model_name or []))
     entry = consume_fault(names) or {}
     fault = entry.get("fault")
     if fault == "crash-unrecognized-args":

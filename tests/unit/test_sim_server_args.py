@@ -125,3 +125,37 @@ def test_the_start_line_follows_the_version_and_vllm_orch_reads_each(version, wh
     at, text = vs.start_line("0.0.0.0", 8000)
     assert (at, text) == (where, f"{words} http://0.0.0.0:8000")
     assert phase_of(f"(APIServer pid=7) INFO 12-01 10:00:00 [{at}] {text}") == "starting API server"
+
+
+def test_a_fault_finds_its_server_by_the_start_script_that_execs_it_not_by_a_shared_folder_or_port(tmp_path,
+                                                                                                  monkeypatch):
+    """Two services of one checkpoint share its weights folder, and during a swap both name one port:
+    the simulated server knows which it is from the start script vllm-orch installed for it (a process
+    host) or its own cgroup (systemd), so a fault meant for the new one never hits the old one."""
+    installed = tmp_path / "state" / "installed"
+    installed.mkdir(parents=True)
+    argv = {}
+    for name, extra in (("minimax-m25", []), ("minimax-m25-ep", ["--enable-expert-parallel"])):
+        argv[name] = ["/opt/vllm/bin/vllm", "serve", "/models/minimax-m25", "--port", "8000", *extra]
+        script = tmp_path / f"vllm-{name}.sh"
+        script.write_text("#!/bin/sh\ncd /models/minimax-m25 || exit 1\nset -- "
+                          + " ".join(f"'{a}'" for a in argv[name]) + "\nexec \"$@\"\n")
+        (installed / f"{name}.json").write_text(json.dumps({
+            "service": name, "model": name, "folder": "minimax-m25", "port": 8000, "unit": str(script)}))
+    monkeypatch.setattr(vs, "STATE_DIRS", (tmp_path / "state",))
+    cgroup = {"text": "0::/user.slice/session-1.scope\n"}
+    real_read = vs.Path.read_text
+    monkeypatch.setattr(vs.Path, "read_text", lambda self, *a, **k: cgroup["text"] if str(self) == "/proc/self/cgroup"
+                        else real_read(self, *a, **k))
+    assert vs.fault_names("/models/minimax-m25", ["minimax-m2.5"], ["x", *argv["minimax-m25-ep"][1:]])[:2] == [
+        "minimax-m25-ep", "minimax-m25-ep"]
+    assert vs.fault_names("/models/minimax-m25", ["minimax-m2.5"], ["y", *argv["minimax-m25"][1:]])[0] == "minimax-m25"
+    # a server no record proves (started by hand) is known by its folder's name only
+    assert vs.fault_names("/models/minimax-m25", [], ["z", "serve", "/models/minimax-m25"]) == [
+        "minimax-m25", "/models/minimax-m25"]
+    # under systemd, the unit in its cgroup names it, whatever its argv
+    (installed / "minimax-m25.json").write_text(json.dumps({
+        "service": "minimax-m25", "model": "minimax-m25", "port": 8000,
+        "unit": "/etc/systemd/system/vllm-minimax-m25.service"}))
+    cgroup["text"] = "0::/system.slice/vllm-minimax-m25.service\n"
+    assert vs.fault_names("/models/minimax-m25", [], ["z", "serve", "/models/minimax-m25"])[0] == "minimax-m25"
