@@ -31,6 +31,7 @@ class Lock:
     requirements: tuple[str, ...]
     vllm_version: str
     pins: tuple[tuple[str, str], ...]       # (normalized name, version) of every pinned package
+    hashed: bool = False                    # requirements from a hashed lock: installed with --require-hashes
 
     def as_json(self) -> str:
         return json.dumps({"python": self.python, "requirements": list(self.requirements)},
@@ -47,7 +48,8 @@ class Lock:
 
     def as_dict(self) -> dict:
         return {"python": self.python, "requirements": list(self.requirements), "hash": self.hash,
-                "name": self.name, "vllm_version": self.vllm_version, "pins": [list(p) for p in self.pins]}
+                "name": self.name, "vllm_version": self.vllm_version, "pins": [list(p) for p in self.pins],
+                "hashed": self.hashed}
 
 
 def lock_of(engine: Engine) -> Lock:
@@ -71,6 +73,8 @@ def lock_of(engine: Engine) -> Lock:
         key = pkg_key(name)
         reqs[key] = f"{key}=={version}"
         pins[key] = version
+    if engine.locked:               # a hashed lock (engine.lock_file): every package, with its sha256
+        return Lock(engine.python, tuple(engine.locked), engine.vllm_version, tuple(sorted(pins.items())), True)
     return Lock(engine.python, tuple(reqs[k] for k in sorted(reqs)), engine.vllm_version,
                 tuple(sorted(pins.items())))
 
@@ -82,7 +86,7 @@ def wheel_file(url: str) -> str:
 
 def allowed_wheel_url(url: str, entry: HostEntry) -> None:
     """ConfigError unless `url` (`engine.vllm`) is a version, or a wheel URL under one of the host's
-    `wheel_url_prefixes` (root's uv installs that wheel: whoever writes the manifest would choose the
+    `wheel_url_prefixes` (the service runs that wheel's code: whoever writes the manifest would choose the
     code root runs). A URL with a `.` or `..` part (also %-encoded) is refused: a URL client resolves
     it, so `https://ok/allowed/../other/` leaves the allowed folder."""
     if not url.startswith("https://"):
@@ -95,7 +99,7 @@ def allowed_wheel_url(url: str, entry: HostEntry) -> None:
         where = ", ".join(entry.wheel_url_prefixes) or "none"
         raise ConfigError(f"engine.vllm {url[:120]} is not under the host {entry.name or entry.address}'s "
                           f"wheel_url_prefixes ({where})",
-                          hint="root's uv installs that wheel: add its folder (https://.../) to the host's "
+                          hint="the service runs that wheel's code: add its folder (https://.../) to the host's "
                                "wheel_url_prefixes in the inventory, or pin a vLLM version")
 
 
@@ -107,15 +111,26 @@ def offline_requirements(lock: Lock, wheels: Iterable[str], wheelhouse: str, whe
     out = []
     for line in lock.requirements:
         if line.startswith("vllm @ "):
-            name = wheel_file(line.removeprefix("vllm @ "))
+            url, _, hashes = line.removeprefix("vllm @ ").partition(" ")
+            name = wheel_file(url)
             if name not in have:
                 raise ConfigError(f"engine.vllm is a wheel URL, and the host builds offline from the wheelhouse "
                                   f"{where}, which has no {name}",
                                   hint=f"put {name} into {where} (uv --offline fetches no URL), or drop the "
                                        f"inventory's wheelhouse for a host that reaches the URL")
-            line = f"vllm @ file://{wheelhouse}/{urllib.parse.quote(name)}"
+            line = f"vllm @ file://{wheelhouse}/{urllib.parse.quote(name)}" + (f" {hashes}" if hashes else "")
         out.append(line)
     return tuple(out)
+
+
+def hashes_required(lock: Lock, entry: HostEntry, model: str) -> None:
+    """ConfigError when the host takes hashed locks only (`require_hashes`) and this one is not."""
+    if entry.require_hashes and not lock.hashed:
+        raise ConfigError(f"the host {entry.name or entry.address} builds engines from hashed locks only "
+                          f"(require_hashes), and {model}'s engine: has no lock_file",
+                          hint="compile one: uv pip compile --generate-hashes --python-version "
+                               f"{lock.python} -o {model}.lock requirements.in (the engine's pins, one per line), "
+                               "and name it in engine.lock_file (docs/operations.md, \"Engines\")")
 
 
 def venv_path(entry: HostEntry, lock: Lock) -> str:

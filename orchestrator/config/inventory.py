@@ -244,9 +244,14 @@ class HostEntry(Strict):
     wheel_url_prefixes: list[str] = Field(
         default_factory=list,
         description="The https addresses a manifest's `engine.vllm` wheel URL may start with on this host "
-                    "(each ends with `/`, e.g. `https://wheels.internal/vllm/`): root's uv installs that "
-                    "wheel, so a URL under none of them is refused when the plan is made. Empty: no wheel "
-                    "URL (versions only).")
+                    "(each ends with `/`, e.g. `https://wheels.internal/vllm/`): the service runs that "
+                    "wheel's code, so a URL under none of them is refused when the plan is made. Empty: no "
+                    "wheel URL (versions only).")
+    require_hashes: bool = Field(
+        False, description="Build engine venvs only from a hashed lock (the manifest's `engine.lock_file`, "
+                           "installed with uv's --require-hashes): a manifest's engine without one is refused "
+                           "when the plan is made (exit 2). Off: an engine without a lock installs its pins, and "
+                           "their dependencies as the index resolves them, without hashes.")
     units_dir: str = Field("/etc/systemd/system", description="Where units (systemd) or start scripts (process) are installed.")
     env_dir: str = Field("", description="Where the 0600 env files go. Default (empty): /etc/vllm-orch (systemd), "
                                          "units_dir (process).")

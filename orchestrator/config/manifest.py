@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.config import vllmflags
+from orchestrator.config import lockfile, vllmflags
 from orchestrator.config.hardware import CLASS_KEYS
 from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
@@ -777,9 +777,7 @@ ENGINE_PYTHON = re.compile(r"^3\.(9|1[0-9])$")
 ENGINE_OWN = ("vllm", "torch", "flashinfer-python", "flashinfer-cubin")
 
 
-def pkg_key(name: str) -> str:
-    """A distribution name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+pkg_key = lockfile.key      # a distribution name as pip compares them (PEP 503)
 
 
 class Engine(Strict):
@@ -801,6 +799,17 @@ class Engine(Strict):
         default_factory=dict,
         description="Other packages the model needs, pinned: name -> version (e.g. `transformers: 4.57.1`).")
     python: str = Field("3.12", description="The venv's Python version (3.9 - 3.19), found on the host by uv.")
+    lock_file: str | None = Field(
+        None, description="A hashed lock beside the manifest (a path relative to its folder, e.g. "
+                          "`kimi-k25-int4.lock`): the file `uv pip compile --generate-hashes` writes, every package "
+                          "of the venv (the transitive ones too) pinned with its sha256. The venv is then installed "
+                          "with `--require-hashes`: a wheel whose bytes differ from the lock, or a package it does "
+                          "not list, is refused. It must pin this section's versions. Hosts with "
+                          "`require_hashes: true` build no engine without one (docs/operations.md, \"Engines\").")
+    locked: list[str] = Field(
+        default_factory=list,
+        description="Filled by vllm-orch from lock_file when it reads the manifest (its requirements, one "
+                    "canonical line each): not written in a manifest.")
 
     @field_validator("vllm")
     @classmethod
@@ -847,6 +856,39 @@ class Engine(Strict):
             raise ValueError(f"{v[:20]!r} is not a Python version like 3.12")
         return v
 
+    @field_validator("lock_file")
+    @classmethod
+    def _lock_file(cls, v: str | None) -> str | None:
+        if v is not None and (not LOCK_FILE.match(v) or ".." in v.split("/")):
+            raise ValueError(f"{v[:80]!r} is not a file name beside the manifest (a relative path without `..`)")
+        return v
+
+    @model_validator(mode="after")
+    def _locked_pins(self) -> Engine:
+        """The lock installs the versions this section pins (a lock of other versions would build a venv
+        the section does not describe)."""
+        if self.lock_file and not self.locked:
+            raise ValueError("engine.lock_file is read when the manifest file is loaded (load_manifest)")
+        if self.locked and not self.lock_file:
+            raise ValueError("engine.locked is written by vllm-orch from engine.lock_file: name the lock file")
+        if not self.locked:
+            return self
+        have = lockfile.pins(self.locked)
+        want = {"vllm": f"@ {self.vllm}" if self.vllm.startswith("https://") else self.vllm}
+        if self.torch:
+            want["torch"] = self.torch
+        if self.flashinfer:
+            want |= {"flashinfer-python": self.flashinfer, "flashinfer-cubin": self.flashinfer}
+        want |= {pkg_key(n): v for n, v in self.packages.items()}
+        for name, version in want.items():
+            if have.get(name) != version:
+                raise ValueError(f"{self.lock_file} locks {name} {have.get(name) or '(not at all)'}, this "
+                                 f"section {version}: compile the lock again from these pins")
+        urls = sorted(n for n, v in have.items() if v.startswith("@") and n != "vllm")
+        if urls:
+            raise ValueError(f"{self.lock_file} installs {urls[0]} from a URL: only engine.vllm may be one")
+        return self
+
     @property
     def vllm_version(self) -> str:
         """The vLLM version the lock installs (a wheel's, from its file name)."""
@@ -855,6 +897,7 @@ class Engine(Strict):
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOCK_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,200}$")
 
 
 class Sleep(Strict):
@@ -1133,10 +1176,35 @@ def load_manifest(path: Path) -> Manifest:
         line = doc.line_of(["name"])
         raise ConfigError(f"{doc.display}:{line}: name: {data['name']!r} must equal the file name {stem!r}",
                           hint=f"rename the file to {data['name']}.yaml or the name to {stem}")
+    engine = data.get("engine")
+    if isinstance(engine, dict) and ("lock_file" in engine or "locked" in engine):
+        data = {**data, "engine": read_lock(engine, path, doc)}
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, doc, "manifest") from None
+
+
+def read_lock(engine: dict, path: Path, doc: YamlDoc) -> dict:
+    """The `engine:` mapping with `locked` read from its lock_file (beside the manifest; validated by
+    the Engine model: a relative name without `..`)."""
+    if "locked" in engine:
+        raise ConfigError(f"{doc.display}:{doc.line_of(['engine', 'locked'])}: engine.locked is written by "
+                          "vllm-orch from engine.lock_file", hint="name the lock file in engine.lock_file")
+    name = engine["lock_file"]
+    if not isinstance(name, str) or not LOCK_FILE.match(name) or ".." in name.split("/"):
+        return engine                   # the model's validator says what is wrong, at its line
+    file = path.parent / name
+    where = f"{doc.display}:{doc.line_of(['engine', 'lock_file'])}: engine.lock_file"
+    try:
+        if not file.is_file():
+            raise ConfigError(f"{where}: {display_path(file)} is not a file",
+                              hint="write it with `uv pip compile --generate-hashes` (docs/operations.md, "
+                                   "\"Engines\")")
+        text = file.read_bytes()[:lockfile.MAX_BYTES + 1].decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: {display_path(file)} cannot be read: {exc}") from None
+    return {**engine, "locked": lockfile.parse(text, display_path(file))}
 
 
 def manifest_files(folder: Path) -> list[Path]:

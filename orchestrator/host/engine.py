@@ -17,6 +17,7 @@ from pathlib import Path
 
 from orchestrator.config.engine import Lock, allowed_wheel_url, offline_requirements
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.lockfile import requirement
 from orchestrator.errors import CommandFailed, ConfigError, DeployFailed, RefusedError
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Script
@@ -181,7 +182,7 @@ def build_args(entry: HostEntry, lock: Lock) -> list[str]:
     ConfigError for a wheel URL outside the host's wheel_url_prefixes (config/engine.py)."""
     for line in lock.requirements:
         if line.startswith("vllm @ "):
-            allowed_wheel_url(line.removeprefix("vllm @ "), entry)
+            allowed_wheel_url(requirement(line).removeprefix("vllm @ "), entry)
     if not entry.wheelhouse:
         return ["build", _args(entry, lock, uv=entry.uv, wheelhouse=None)]
     house = wheelhouse_dir(entry)
@@ -212,6 +213,13 @@ def build(host: Host, entry: HostEntry, lock: Lock, *, on_event: Callable[[dict]
         if no_uv:
             hint = (f"the host has no uv at the inventory's `uv` ({entry.uv}): install uv "
                     f"(https://docs.astral.sh/uv/) or set `uv:` to its path")
+        elif "Hash mismatch" in message:                            # uv's words under --require-hashes
+            hint = ("a wheel's bytes differ from the engine's lock_file: the index, mirror or wheelhouse serves "
+                    "another file under that version than the lock was compiled from; nothing was installed")
+        elif "no trusted hash was provided" in message:
+            hint = ("the engine's lock_file lacks a package the install needs (a dependency): compile the lock "
+                    "for the host's Python and platform (uv pip compile --generate-hashes --python-version ... "
+                    "--python-platform ...)")
         elif "building from source is disabled" in message:      # uv's words for --no-build
             hint = ("engines install wheels only (uv --no-build: no package's setup.py runs on the host): "
                     "pin a version that has a wheel, or put its wheel into the wheelhouse")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 
-from orchestrator.config.engine import allowed_wheel_url, lock_of, python_path
+from orchestrator.config.engine import allowed_wheel_url, hashes_required, lock_of, python_path
 from orchestrator.errors import DeployFailed
 from orchestrator.fmt import fmt_bytes, fmt_duration
 from orchestrator.host import scripts
@@ -88,6 +88,7 @@ def engine_action(inp: PlanInput) -> Action | None:
         return None
     allowed_wheel_url(m.engine.vllm, entry)        # exit 2 at plan time, even for a venv built earlier
     lock = lock_of(m.engine)
+    hashes_required(lock, entry, m.name)
     state = inp.engine
     path = f"{entry.engines_root}/{lock.name}"
     if state is not None and state.ok:
@@ -117,6 +118,7 @@ def engine_action(inp: PlanInput) -> Action | None:
                 + (f"; uploaded {fmt_bytes(done['uploaded_bytes'])} of wheels" if done.get("uploaded_bytes") else ""))
 
     return Action("engine", f"build {path} (vLLM {lock.vllm_version}, Python {lock.python}, "
-                            f"{len(lock.requirements)} pinned) with uv from {source}, while the old service "
+                            f"{len(lock.requirements)} pinned{', hashes required' if lock.hashed else ''}) with uv "
+                            f"from {source}, while the old service "
                             f"serves ({why})", commands=[shown], run=run,
                   details=[f"lock: {line}" for line in lock.requirements])

@@ -169,3 +169,19 @@ def test_a_wheel_url_outside_the_hosts_prefixes_is_refused_by_the_plan_even_for_
                       entry=ENTRY.model_copy(update={"wheel_url_prefixes": ["https://wheels.example/vllm/"]}))
     engine = next(a for a in plan_deploy(allowed).actions if a.step == "engine")
     assert not engine.noop and "vllm-0.33.0-" in engine.summary
+
+
+def test_a_host_that_requires_hashes_refuses_the_plan_of_an_engine_without_a_lock_file_even_one_built_earlier():
+    import pytest
+
+    from orchestrator.errors import ConfigError
+    t = engine_svc("0.33.0")
+    strict = ENTRY.model_copy(update={"require_hashes": True})
+    for ok in (False, True):
+        with pytest.raises(ConfigError) as refused:
+            plan_deploy(replace(inp(t, facts(users={}), download(10)), engine=state(t, ok=ok), entry=strict))
+        assert refused.value.exit_code == 2 and "require_hashes" in refused.value.message
+        assert f"{NAME}'s engine: has no lock_file" in refused.value.message
+    engine = next(a for a in plan_deploy(replace(inp(t, facts(users={}), download(10)), engine=state(t, ok=False)))
+                  .actions if a.step == "engine")
+    assert not engine.noop and "hashes required" not in engine.summary

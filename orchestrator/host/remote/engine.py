@@ -539,7 +539,9 @@ def build(args):
             run([uv, "venv", "--python", lock["python"], "--no-project"] + (["--offline"] if wheelhouse else [])
                 + [venv], env, "uv venv (Python %s)" % lock["python"], user)
             run([uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--link-mode", "copy",
-                 "--no-build", "-r", reqs] + offline, env, "uv pip install (%d pinned)" % len(lock["requirements"]),
+                 "--no-build", "-r", reqs] + (["--require-hashes"] if lock.get("hashed") else []) + offline, env,
+                "uv pip install (%d pinned%s)" % (len(lock["requirements"]),
+                                                  ", hashes required" if lock.get("hashed") else ""),
                 user)
         finally:
             for folder in (cache, pythons):     # root's again whatever happened: a Python the venvs run
