@@ -223,6 +223,11 @@ def only_named(names: Sequence[str], entry: HostEntry, delete: list[GcCandidate]
     vllm-orch's): RefusedError (exit 3) with the reason, and nothing is deleted."""
     known = {c.name for c in delete} | {e["name"] for e in engines} | {n for n, _ in keep + kept_engines}
     unknown = [n for n in names if n not in known]
+    unlisted = dict(kept_engines).get("engine venvs")
+    if unknown and unlisted:                    # it may be an engine venv: not known, so not bad input
+        raise RefusedError(f"gc: {unknown[0]} is no folder under {entry.models_root}, and the engine venvs under "
+                           f"{entry.engines_root} are {unlisted}", host=entry.name, step="gc",
+                           hint="run gc again once the host can list engines_root")
     if unknown:
         folders = sorted({c.name for c in delete} | {n for n, _ in keep if n != "engine venvs"})
         raise ConfigError(f"gc: {unknown[0]} is no folder under {entry.models_root} and no engine venv under "

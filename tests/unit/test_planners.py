@@ -346,3 +346,7 @@ def test_gc_of_named_folders_deletes_only_those_and_refuses_one_in_use_or_unknow
         plan_gc(ENTRY, f, lock, names=["kimi-k25-int4-dcp8"])
     assert unknown.value.exit_code == 2 and "kimi-k25-int4-dcp8 is no folder under /var/lib/vllm-orch/models" in \
         unknown.value.message and "old-a, old-b" in (unknown.value.hint or "")
+    with pytest.raises(RefusedError) as unlisted:       # the engine venvs could not be listed: it may be one
+        plan_gc(ENTRY, f, lock, engines=None, engines_error="permission denied", names=["vllm-0.33.0-0123456789abcdef"])
+    assert unlisted.value.exit_code == 3 and "are not listed (permission denied): none deleted" in \
+        unlisted.value.message, unlisted.value.message
