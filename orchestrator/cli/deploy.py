@@ -139,9 +139,12 @@ def deploy(app, model, hosts, parallel, accept_new_host_key, dry_run, as_json, s
     opts = make_options(skip_checks, kill_foreign, enable, yes=yes, warm=warm, verify_engine=verify_engine)
     if per_host(m, hosts):                      # the same service on each host: a fleet run
         from orchestrator.cli.fleet import fleet_op
+        from orchestrator.ops.seed import run_seeded, seeded
 
-        return fleet_op(f"deploy {name}", hosts, parallel, as_json, dry_run,
-                 lambda e, rep: run_deploy(e, m, opts, rep, dry_run, accept_new_host_key, request=request))
+        with seeded(opts, hosts, accept_new_host_key) as fleet_opts:      # download once per fleet
+            return fleet_op(f"deploy {name}", hosts, parallel, as_json, dry_run,
+                            lambda e, rep: run_seeded(fleet_opts, e, lambda: run_deploy(
+                                e, m, fleet_opts, rep, dry_run, accept_new_host_key, request=request)))
     reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)
     result = run_deploy(hosts, m, opts, reporter, dry_run, accept_new_host_key, ask=terminal_ask(as_json),
                         request=request)

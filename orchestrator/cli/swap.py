@@ -112,12 +112,15 @@ def swap(app, model, hosts, accept_new_host_key, dry_run, as_json, skip_checks, 
                         verify_engine=verify_engine)
     if per_host(m, hosts):                      # the same swap on each host: rolling
         from orchestrator.cli.fleet import rolling_swap
+        from orchestrator.ops.seed import run_seeded, seeded
 
-        def swap_one(e, rep):
-            return run_swap(e, m, manifests, opts, rep, dry_run, accept_new_host_key, request=request)
+        with seeded(opts, hosts, accept_new_host_key) as fleet_opts:      # download once per fleet
+            def swap_one(e, rep):
+                return run_seeded(fleet_opts, e, lambda: run_swap(e, m, manifests, fleet_opts, rep, dry_run,
+                                                                  accept_new_host_key, request=request))
 
-        return rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure, as_json,
-                     dry_run, accept_new_host_key)
+            return rolling_swap(app, request.name or m.name, hosts, swap_one, max_unavailable, continue_on_failure,
+                                as_json, dry_run, accept_new_host_key)
     from orchestrator.cli.ops import _inventory_lookup
 
     reporter = Reporter(console(), quiet=as_json)     # one service over its nodes (one host, or a multi-node model's)

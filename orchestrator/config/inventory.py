@@ -247,6 +247,10 @@ class HostEntry(Strict):
                     "(each ends with `/`, e.g. `https://wheels.internal/vllm/`): the service runs that "
                     "wheel's code, so a URL under none of them is refused when the plan is made. Empty: no "
                     "wheel URL (versions only).")
+    fleet_copy_mbps: float = Field(
+        0, ge=0, description="Download once per fleet (`deploy`/`swap` with --group): the most megabits per second "
+                             "this host serves a checkpoint at to the fleet's other hosts (all of them together), "
+                             "so the copies leave bandwidth for its service. 0: no limit.")
     require_hashes: bool = Field(
         False, description="Build engine venvs only from a hashed lock (the manifest's `engine.lock_file`, "
                            "installed with uv's --require-hashes): a manifest's engine without one is refused "

@@ -10,11 +10,15 @@ HF_TOKEN already set in the host's environment).
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
+from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import DeployFailed, RefusedError
 from orchestrator.host import scripts
 from orchestrator.host.base import Host, Script
@@ -73,12 +77,13 @@ class _TokenFile:
     read (a connection that drops later cannot leave it behind); the end of the run removes it in
     case the script never started, and sweeps stale ones."""
 
-    def __init__(self, host: Host, state_dir: str, token: Secret | None, token_file: str | None):
-        self.host, self.token = host, token
+    def __init__(self, host: Host, state_dir: str, token: Secret | None, token_file: str | None,
+                 prefix: str = "hf-token"):
+        self.host, self.token, self.prefix = host, token, prefix
         self.path = token_file
         self.created: str | None = None          # the file this run wrote (and removes)
         if token:
-            self.created = self.path = f"{state_dir.rstrip('/')}/secrets/hf-token-{time.time_ns()}"
+            self.created = self.path = f"{state_dir.rstrip('/')}/secrets/{prefix}-{time.time_ns()}"
 
     def __enter__(self) -> str | None:
         if self.created and self.token:
@@ -89,14 +94,18 @@ class _TokenFile:
         if self.created:
             folder = shlex.quote(os.path.dirname(self.created))
             self.host.run(Script(f"rm -f {shlex.quote(self.created)}; find {folder} -maxdepth 1 -type f -name "
-                                 f"'hf-token-*' -mmin +{STALE_TOKEN_MIN} -delete 2>/dev/null; true"), timeout=30)
+                                 f"{shlex.quote(self.prefix + '-*')} -mmin +{STALE_TOKEN_MIN} -delete 2>/dev/null; "
+                                 f"true"), timeout=30)
 
 
 def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: str, allow, ignore,
                 env, *, state_dir: str, token, token_file, workers: int, plan_only: bool,
                 extra: Iterable[str], timeout: float, on_event: Callable[[dict], None] | None,
-                commit: str | None = None):
-    with _TokenFile(host, state_dir, token, token_file) as tf:
+                commit: str | None = None, peer: Peer | None = None):
+    with _TokenFile(host, state_dir, token, token_file) as tf, \
+            _TokenFile(host, state_dir, peer.token if peer else None, None, "peer-token") as ptf:
+        if peer is not None:
+            extra = [*extra, "--peer", peer.url, "--peer-token-file", str(ptf)]
         args = download_args(repo, revision, local_dir, allow=allow, ignore=ignore, workers=workers,
                              plan_only=plan_only, token_file=tf, extra=extra, remove_token_file=bool(token),
                              commit=commit)
@@ -110,6 +119,47 @@ def _run_script(host: Host, python: str, repo: str, revision: str, local_dir: st
                            hint="is huggingface_hub installed in the host's Python?",
                            details=result.stderr.strip().splitlines()[-5:])
     return events, result
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A fleet host serving a verified folder to the others (serve_weights.py): its inventory name,
+    the URL the others reach it at, the token it wants."""
+
+    host: str
+    url: str
+    token: Secret
+
+
+SERVE_SCRIPT = "serve_weights.py"
+
+
+class Serving:
+    """serve_weights.py running on a host for one folder: the Peer to hand the others; `close` ends
+    it (its stdin closes; a dropped connection ends it too)."""
+
+    def __init__(self, host: Host, entry: HostEntry, folder: str, address: str, rate_bps: int = 0):
+        token = Secret(secrets.token_urlsafe(32))
+        run_dir = f"{entry.state_dir.rstrip('/')}/run"
+        script = f"{run_dir}/{SERVE_SCRIPT}"
+        host.run(Script(f"mkdir -p {shlex.quote(run_dir)} && chmod 0700 {shlex.quote(run_dir)}"),
+                 timeout=30).check(entry.name, "make state_dir/run")
+        host.put(script, scripts.source(SERVE_SCRIPT), 0o700)
+        with _TokenFile(host, entry.state_dir, token, None, "peer-token") as tf:
+            request = json.dumps({"dir": folder, "bind": address, "token_file": tf, "rate_bps": rate_bps})
+            self.proc = host.spawn([entry.python, script, request])
+            line = self.proc.readline(60.0)
+        event = scripts.parse_event(line or "", ("listening", "error"))
+        if event is None or event["event"] != "listening":
+            self.proc.close()
+            why = (event or {}).get("message") or f"no answer ({(line or '')[:80]!r})"
+            raise DeployFailed(f"{entry.name} cannot serve {folder} to the fleet: {why}", host=entry.name,
+                               step="download")
+        host_part = f"[{address}]" if ":" in address else address
+        self.peer = Peer(entry.name, f"http://{host_part}:{int(event['port'])}", token)
+
+    def close(self) -> None:
+        self.proc.close()
 
 
 def plan_download(host: Host, python: str, repo: str, revision: str, local_dir: str,
@@ -131,14 +181,14 @@ def run_download(host: Host, python: str, repo: str, revision: str, local_dir: s
                  allow: Iterable[str] = (), ignore: Iterable[str] = (), env: Mapping[str, str] | None = None,
                  *, on_event: Callable[[dict], None] | None = None, workers: int = 8, state_dir: str = "/tmp",
                  token: Secret | None = None, token_file: str | None = None, extra: Iterable[str] = (),
-                 timeout: float = 24 * 3600.0, commit: str | None = None) -> dict:
+                 timeout: float = 24 * 3600.0, commit: str | None = None, peer: Peer | None = None) -> dict:
     """Download and verify (exactly `commit` of `revision` when given: the plan's); returns {"plan",
     "done", "files": [file events], "seconds"}. Raises DeployFailed (step "download", with a hint per
     error kind) on any error event."""
     started = time.monotonic()
     events, _ = _run_script(host, python, repo, revision, local_dir, allow, ignore, env, state_dir=state_dir,
                             token=token, token_file=token_file, workers=workers, plan_only=False, extra=extra,
-                            timeout=timeout, on_event=on_event, commit=commit)
+                            timeout=timeout, on_event=on_event, commit=commit, peer=peer)
     done = [e for e in events if e["event"] == "done"]
     if not done or not done[0].get("verified"):
         raise DeployFailed("the download script ended without a verified result", host=host.name,

@@ -191,7 +191,11 @@ def download_action(inp: PlanInput) -> Action:
     commit = dl.commit or src.revision
     where = f"{src.repo}@{commit[:12]}"
     shared = "" if name == inp.target.model else f" in {model_path(entry, name)}"     # the checkpoint's folder
+    seeds = inp.opts.seeds
+    key = (src.repo, dl.commit) if seeds is not None and dl.commit and COMMIT.match(dl.commit) else None
     if dl.to_fetch_bytes <= 0 and not dl.to_fetch:
+        if seeds is not None and key is not None:
+            seeds.hold(entry.name, key, model_path(entry, name))     # the fleet's others may copy it from here
         how = "our verified record" if dl.from_record else "the Hub's metadata"
         return Action("download", f"nothing to do, because {where} is downloaded and verified{shared} "
                                   f"({dl.files} files, {fmt_bytes(dl.total_bytes)}; checked against {how})",
@@ -205,20 +209,44 @@ def download_action(inp: PlanInput) -> Action:
         token_file=f"{entry.state_dir}/secrets/hf-token-<run>" if token else None, commit=planned))
 
     def run(env: RunEnv) -> str:
-        with env.progress("download", name) as progress:
-            result = run_download(env.host, env.entry.python, src.repo, src.revision,
-                                  model_path(env.entry, name), src.allow_patterns, src.ignore_patterns,
-                                  state_dir=env.entry.state_dir, token=token, commit=planned,
-                                  on_event=progress.handle if progress else None)
+        peer = seeds.claim(env.entry.name, key) if seeds is not None and key is not None else None
+        if peer is not None:
+            env.event("download", f"copying from {peer.host} over the LAN (each file checked against the Hub's sha256)")
+        try:
+            with env.progress("download", name) as progress:
+                result = run_download(env.host, env.entry.python, src.repo, src.revision,
+                                      model_path(env.entry, name), src.allow_patterns, src.ignore_patterns,
+                                      state_dir=env.entry.state_dir, token=token, commit=planned, peer=peer,
+                                      on_event=progress.handle if progress else None)
+        except BaseException:
+            if seeds is not None and key is not None and peer is None:
+                seeds.failed(env.entry.name, key)                 # the next host fetches it from the Hub
+            raise
+        if seeds is not None and key is not None:
+            seeds.hold(env.entry.name, key, model_path(env.entry, name))
         done = result["done"]
         env.record.download = DownloadResult(bytes=int(done.get("bytes", 0)), seconds=result["seconds"],
-                                             files=int(done.get("files", 0)), commit=done.get("commit"))
-        return (f"{fmt_bytes(done.get('bytes', 0))} in {result['seconds']:.1f}s, every file verified "
+                                             files=int(done.get("files", 0)), commit=done.get("commit"),
+                                             peer=peer.host if peer is not None else None,
+                                             peer_bytes=int(done.get("peer_bytes") or 0))
+        via = ""
+        if peer is not None:
+            via = (f", {fmt_bytes(done.get('peer_bytes') or 0)} copied from {peer.host} over the LAN, "
+                   f"{fmt_bytes(max(0, int(done.get('bytes', 0)) - int(done.get('peer_bytes') or 0)))} from the Hub")
+        return (f"{fmt_bytes(done.get('bytes', 0))} in {result['seconds']:.1f}s{via}, every file verified "
                 f"(sha256 of each LFS shard while downloading)")
 
     have = f", {fmt_bytes(dl.have_bytes)} already present and verified" if dl.have_bytes else ""
+    origin = ""
+    if seeds is not None and key is not None:
+        seeds.plan(entry.name, key)
+        source = seeds.source(entry.name, key)
+        origin = (f" from {source} over the LAN (download once per fleet; every file checked against the Hub's "
+                  f"sha256)" if source else
+                  " from the Hub, or from a host of the fleet that holds it by then (download once per fleet; "
+                  "every file checked against the Hub's sha256)")
     return Action("download", f"fetch {fmt_bytes(dl.to_fetch_bytes)} ({len(dl.to_fetch)} of "
-                              f"{dl.files} files) of {where} into {model_path(entry, name)}{have}",
+                              f"{dl.files} files) of {where} into {model_path(entry, name)}{have}{origin}",
                   commands=[shown], run=run)
 
 

@@ -20,9 +20,25 @@ from orchestrator.host.ownership import Proc
 from orchestrator.host.records import Canary
 
 if TYPE_CHECKING:
+    from orchestrator.host.download import Peer
     from orchestrator.probe.readiness import Ready
 
 GPU_RELEASE_TIMEOUT_S = 90     # one public script waits up to 90 s for memory after killing workers
+
+
+class Seeds(Protocol):
+    """Download once per fleet (ops/seed.py FleetSeeds): which host of the fleet a checkpoint
+    (repo, commit) is copied from. One per fleet command; None for a command on one host."""
+
+    def source(self, host: str, key: tuple[str, str]) -> str | None: ...
+
+    def plan(self, host: str, key: tuple[str, str]) -> None: ...
+
+    def hold(self, host: str, key: tuple[str, str], folder: str) -> None: ...
+
+    def claim(self, host: str, key: tuple[str, str]) -> Peer | None: ...
+
+    def failed(self, host: str, key: tuple[str, str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class Options:
     replace: str | None = None              # swap --replace: the service the new model replaces
     sleep_old: bool = False                 # swap --sleep-old: the old service sleeps instead of stopping
     verify_engine: bool = False             # --verify-engine: the engine venv's full check, not its recorded verdict
+    seeds: Seeds | None = field(default=None, compare=False)   # a fleet command: download once per fleet
 
 
 @dataclass
@@ -49,6 +66,8 @@ class DownloadResult:
     seconds: float
     files: int
     commit: str | None
+    peer: str | None = None         # the fleet host it was copied from (download once per fleet)
+    peer_bytes: int = 0             # of `bytes`, copied from that host
 
 
 @dataclass

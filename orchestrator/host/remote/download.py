@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
@@ -356,6 +357,13 @@ class _Redirect(urllib.request.HTTPRedirectHandler):
         return new
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A fleet peer answers itself: a redirect from it is refused (its token goes nowhere else)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 class Hashers:
     """sha256 of the content, plus the git blob sha1 for small (non-LFS) files."""
 
@@ -370,7 +378,7 @@ class Hashers:
 
 
 class Downloader:
-    def __init__(self, args, commit: str, token: str | None, record: Record):
+    def __init__(self, args, commit: str, token: str | None, record: Record, peer_token: str | None = None):
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
@@ -382,8 +390,13 @@ class Downloader:
         self.headers = dict(build_hf_headers(token=token, library_name="vllm-orch"))
         self.headers["Accept-Encoding"] = "identity"
         self.opener = urllib.request.build_opener(_Redirect)
+        self.peer = (args.peer or "").rstrip("/")
+        self.peer_headers = {"Authorization": "Bearer %s" % peer_token, "Accept-Encoding": "identity"} \
+            if self.peer else {}
+        self.peer_opener = urllib.request.build_opener(_NoRedirect)
         self.abort = threading.Event()
         self.fetched = 0
+        self.from_peer = 0
         self._fetched_lock = threading.Lock()
 
     def run_file(self, f: dict) -> str:
@@ -412,6 +425,10 @@ class Downloader:
             if digest is not None:
                 self._install(f, None, digest)
                 return "ok"
+        if self.peer and f["size"]:
+            status = self._from_peer(f)
+            if status is not None:
+                return status
         refetched = False
         while True:
             part = partial_path(self.local_dir, f)
@@ -426,6 +443,32 @@ class Downloader:
                 raise Fail("checksum", "%s: sha256 mismatch again after a re-fetch (expected %s)"
                            % (f["name"], f["sha256"] or f["blob_id"]), f["name"])
             refetched = True
+
+    def _from_peer(self, f: dict) -> str | None:
+        """The file from the fleet's peer (--peer), checked against the Hub's sha256 like any
+        download; None when the peer failed or its bytes differ (the Hub's copy is fetched then)."""
+        part = partial_path(self.local_dir, f)
+        hashers, have = self._resume(part, f)
+        url = "%s/%s" % (self.peer, urllib.parse.quote(f["name"]))
+        try:
+            self._stream(f, part, hashers, have, url=url, headers=self.peer_headers, opener=self.peer_opener,
+                         retries=1)
+        except Fail as fail:
+            if fail.kind == "disk":
+                raise
+            if fail.kind == "network":       # unreachable or gone: the other files go to the Hub at once
+                self.peer = ""
+            print("peer: %s; fetching it from the Hub" % fail.message, file=sys.stderr)
+            return None
+        digest = self._check(f, hashers)
+        if digest is None:
+            print("peer: %s differs from the Hub's sha256; fetching it from the Hub" % f["name"], file=sys.stderr)
+            part.unlink()
+            return None
+        with self._fetched_lock:
+            self.from_peer += f["size"] - have
+        self._install(f, part, digest)
+        return "peer"
 
     def _hash_existing(self, path: Path, f: dict) -> str | None:
         h = Hashers(f)
@@ -463,8 +506,12 @@ class Downloader:
                 h.update(block)
         return h, size
 
-    def _stream(self, f: dict, part: Path, h: Hashers, have: int) -> None:
-        url = self.hf_hub_url(self.args.repo, f["name"], revision=self.commit, endpoint=self.args.endpoint)
+    def _stream(self, f: dict, part: Path, h: Hashers, have: int, url: str | None = None,
+                headers: dict | None = None, opener=None, retries: int | None = None) -> None:
+        """Stream the file into `part` from the Hub (or `url` with `headers` and `opener`: the peer),
+        hashing while it arrives; `retries`: the budget (default --retries)."""
+        url = url or self.hf_hub_url(self.args.repo, f["name"], revision=self.commit, endpoint=self.args.endpoint)
+        base_headers, opener = headers if headers is not None else self.headers, opener or self.opener
         try:
             safe_dir(self.local_dir, os.path.join(PARTIAL_DIR, parent_of(f["name"])))
         except OSError as exc:
@@ -477,12 +524,12 @@ class Downloader:
         while have < f["size"]:
             if self.abort.is_set():
                 raise Aborted()
-            headers = dict(self.headers)
+            req_headers = dict(base_headers)
             if have:
-                headers["Range"] = "bytes=%d-" % have
+                req_headers["Range"] = "bytes=%d-" % have
             progressed = False
             try:
-                resp = self.opener.open(urllib.request.Request(url, headers=headers),
+                resp = opener.open(urllib.request.Request(url, headers=req_headers),
                                         timeout=self.args.stall_timeout)
                 with resp:
                     if have and resp.status == 200:      # server ignored the Range: start over
@@ -531,18 +578,19 @@ class Downloader:
                     continue
                 if exc.code < 500 and exc.code not in (408, 429):
                     raise Fail("network", "%s: HTTP %d %s" % (f["name"], exc.code, exc.reason), f["name"])
-                attempts = self._backoff(f, attempts, "HTTP %d" % exc.code)
+                attempts = self._backoff(f, attempts, "HTTP %d" % exc.code, retries)
             except (urllib.error.URLError, HTTPException, ConnectionError, socket.timeout, TimeoutError) as exc:
                 if progressed:
                     attempts = 0     # bytes arrived: a fresh budget of retries, like huggingface_hub
-                attempts = self._backoff(f, attempts, "%s: %s" % (type(exc).__name__, exc))
+                attempts = self._backoff(f, attempts, "%s: %s" % (type(exc).__name__, exc), retries)
 
-    def _backoff(self, f: dict, attempts: int, why: str) -> int:
+    def _backoff(self, f: dict, attempts: int, why: str, retries: int | None = None) -> int:
         attempts += 1
-        if attempts > self.args.retries:
-            raise Fail("network", "%s: giving up after %d retries (%s)" % (f["name"], self.args.retries, why),
+        retries = self.args.retries if retries is None else retries
+        if attempts > retries:
+            raise Fail("network", "%s: giving up after %d retries (%s)" % (f["name"], retries, why),
                        f["name"])
-        print("retry %d/%d for %s: %s" % (attempts, self.args.retries, f["name"], why), file=sys.stderr)
+        print("retry %d/%d for %s: %s" % (attempts, retries, f["name"], why), file=sys.stderr)
         time.sleep(min(30.0, self.args.backoff * 2 ** (attempts - 1)))
         return attempts
 
@@ -595,6 +643,19 @@ def load_token(args) -> str | None:
     return token or None
 
 
+def load_peer_token(args) -> str | None:
+    """The fleet peer's token (--peer-token-file, written for this run: removed once read)."""
+    if not args.peer:
+        return None
+    try:
+        token = Path(args.peer_token_file).read_text().strip()
+        os.unlink(args.peer_token_file)
+    except (OSError, TypeError) as exc:
+        raise Fail("auth", "cannot read the peer token file %s: %s" % (args.peer_token_file, exc))
+    _secrets.append(token)
+    return token
+
+
 def parse_args(argv: list | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Verified, resumable download of a pinned Hub repo (JSON lines).")
     ap.add_argument("--repo", required=True)
@@ -610,6 +671,10 @@ def parse_args(argv: list | None) -> argparse.Namespace:
     ap.add_argument("--remove-token-file", action="store_true",
                     help="the token file was written for this run: remove it once read")
     ap.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or huggingface.co)")
+    ap.add_argument("--peer", default=None,
+                    help="http://ADDR:PORT of a fleet host serving this commit (serve_weights.py): files come from "
+                         "it first, each checked against the Hub's sha256; what fails comes from the Hub")
+    ap.add_argument("--peer-token-file", default=None, help="the peer's token (removed once read)")
     ap.add_argument("--retries", type=int, default=5)
     ap.add_argument("--backoff", type=float, default=1.0, help="first retry delay, doubled each time")
     ap.add_argument("--stall-timeout", type=float, default=60.0, help="no byte for this long = retry")
@@ -671,7 +736,7 @@ def main(argv: list | None = None) -> int:
         for f in have:
             emit("file", file=f["name"], size=f["size"], sha256=record.data["files"][f["name"]].get("sha256"),
                  status="skipped")
-        dl = Downloader(args, commit, token, record)
+        dl = Downloader(args, commit, token, record, load_peer_token(args))
         first_fail = None
         with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
             futures = {pool.submit(dl.run_file, f): f for f in fetch}
@@ -695,7 +760,8 @@ def main(argv: list | None = None) -> int:
             record.flush()
             raise first_fail
         record.finish(selected, args.allow, args.ignore)
-        emit("done", verified=True, bytes=dl.fetched, seconds=round(time.monotonic() - started, 3),
+        emit("done", verified=True, bytes=dl.fetched, peer_bytes=dl.from_peer,
+             seconds=round(time.monotonic() - started, 3),
              files=len(selected), total_bytes=sum(f["size"] for f in selected), commit=commit)
         return 0
     except Fail as fail:
