@@ -140,16 +140,20 @@ class Serving:
 
     def __init__(self, host: Host, entry: HostEntry, folder: str, address: str, rate_bps: int = 0):
         token = Secret(secrets.token_urlsafe(32))
-        run_dir = f"{entry.state_dir.rstrip('/')}/run"
+        run_dir = f"{entry.state_dir.rstrip('/')}/fleet"            # the script root runs: root's alone
         script = f"{run_dir}/{SERVE_SCRIPT}"
-        host.run(Script(f"mkdir -p {shlex.quote(run_dir)} && chmod 0700 {shlex.quote(run_dir)}"),
-                 timeout=30).check(entry.name, "make state_dir/run")
+        host.run(Script(f"mkdir -p {shlex.quote(run_dir)} && [ ! -L {shlex.quote(run_dir)} ] && "
+                        f"chmod 0700 {shlex.quote(run_dir)}"), timeout=30).check(entry.name, "make state_dir/fleet")
         host.put(script, scripts.source(SERVE_SCRIPT), 0o700)
         with _TokenFile(host, entry.state_dir, token, None, "peer-token") as tf:
             request = json.dumps({"dir": folder, "bind": address, "token_file": tf, "rate_bps": rate_bps})
             self.proc = host.spawn([entry.python, script, request])
-            line = self.proc.readline(60.0)
-        event = scripts.parse_event(line or "", ("listening", "error"))
+            event, line, deadline = None, None, time.monotonic() + 60.0
+            while event is None and time.monotonic() < deadline:      # a warning may come first
+                line = self.proc.readline(max(0.1, deadline - time.monotonic()))
+                if line is None:
+                    break
+                event = scripts.parse_event(line, ("listening", "error"))
         if event is None or event["event"] != "listening":
             self.proc.close()
             why = (event or {}).get("message") or f"no answer ({(line or '')[:80]!r})"

@@ -312,3 +312,25 @@ def test_the_hub_token_file_is_gone_even_when_the_connection_drops_before_its_re
     run_download(host, sys.executable, GATED, "main", str(tmp_path / "g"), state_dir=str(state),
                  token=Secret(SIM_TOKEN))
     assert list((state / "secrets").iterdir()) == []
+
+
+def test_a_fleet_peer_that_does_not_answer_costs_nothing_every_file_comes_from_the_hub(hub_mirror, tmp_path):
+    """download once per fleet: a holder behind a firewall (here a port nobody listens on) is given
+    up at once, not after a stall per file; the token file is removed all the same."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    token = tmp_path / "peer-token"
+    token.write_text("t" * 43)
+    t = time.monotonic()
+    proc, events = run_script(hub_mirror, tmp_path / "tiny", "--peer", f"http://127.0.0.1:{closed}",
+                              "--peer-token-file", str(token))
+    assert proc.returncode == 0, proc.stderr
+    assert "does not answer; every file from the Hub" in proc.stderr
+    done = of(events, "done")[0]
+    assert done["verified"] and done["peer_bytes"] == 0 and len(shard_gets(hub_mirror)) == 3
+    assert {e["status"] for e in of(events, "file")} == {"ok"} and not token.exists()
+    assert "t" * 43 not in proc.stdout + proc.stderr
+    print(f"download with an unreachable peer: {time.monotonic() - t:.2f} s")

@@ -643,6 +643,17 @@ def load_token(args) -> str | None:
     return token or None
 
 
+def peer_reachable(url: str, timeout: float = 5.0) -> bool:
+    """The fleet peer accepts a connection within `timeout` (a firewall that drops it would otherwise
+    cost every worker's first file a stall timeout before the Hub)."""
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def load_peer_token(args) -> str | None:
     """The fleet peer's token (--peer-token-file, written for this run: removed once read)."""
     if not args.peer:
@@ -737,6 +748,9 @@ def main(argv: list | None = None) -> int:
             emit("file", file=f["name"], size=f["size"], sha256=record.data["files"][f["name"]].get("sha256"),
                  status="skipped")
         dl = Downloader(args, commit, token, record, load_peer_token(args))
+        if dl.peer and not peer_reachable(dl.peer):
+            print("peer: %s does not answer; every file from the Hub" % dl.peer, file=sys.stderr)
+            dl.peer = ""
         first_fail = None
         with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
             futures = {pool.submit(dl.run_file, f): f for f in fetch}
