@@ -154,12 +154,12 @@ class FleetSeeds:
                 entry = self.entries[holder]
                 address = lan_address(entry, self.local)
                 assert address is not None
-                host = self.connect(entry)
-                self.hosts.append(host)
                 try:
+                    host = self.connect(entry)
+                    self.hosts.append(host)
                     rate = self.rate_bps or int(entry.fleet_copy_mbps * 125_000)
                     serving = Serving(host, entry, folder, address, rate)
-                except Exception:               # the holder cannot serve: this host goes to the Hub
+                except Exception:               # the holder cannot be reached or serve: the Hub, then
                     return None
                 self.servers[(holder, folder)] = serving
             return serving.peer

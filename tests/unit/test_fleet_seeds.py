@@ -80,3 +80,9 @@ def test_a_failed_fetch_passes_the_hub_to_the_next_host_and_an_unreachable_host_
     assert lonely.claim("x", KEY) is None and lonely.claim("y", KEY) is None
     assert seed.lan_address(HostEntry(name="l", address="local"), local_fleet=True) == "127.0.0.1"
     assert seed.lan_address(HostEntry(name="l", address="local"), local_fleet=False) is None
+
+
+def test_a_holder_that_cannot_be_reached_to_serve_sends_the_copier_to_the_hub():
+    s = seed.FleetSeeds(entries("a", "b"), connect=lambda e: (_ for _ in ()).throw(OSError("no route")))
+    s.hold("a", KEY, "/models/m")
+    assert s.claim("b", KEY) is None                             # not an error: b fetches from the Hub
