@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import HostEntry
+from orchestrator.config.lockfile import requirement
 from orchestrator.config.manifest import Engine, Manifest, pkg_key
 from orchestrator.errors import ConfigError
 
@@ -111,14 +112,14 @@ def offline_requirements(lock: Lock, wheels: Iterable[str], wheelhouse: str, whe
     out = []
     for line in lock.requirements:
         if line.startswith("vllm @ "):
-            url, _, hashes = line.removeprefix("vllm @ ").partition(" ")
-            name = wheel_file(url)
+            req = requirement(line)
+            name, hashes = wheel_file(req.removeprefix("vllm @ ")), line[len(req):]
             if name not in have:
                 raise ConfigError(f"engine.vllm is a wheel URL, and the host builds offline from the wheelhouse "
                                   f"{where}, which has no {name}",
                                   hint=f"put {name} into {where} (uv --offline fetches no URL), or drop the "
                                        f"inventory's wheelhouse for a host that reaches the URL")
-            line = f"vllm @ file://{wheelhouse}/{urllib.parse.quote(name)}" + (f" {hashes}" if hashes else "")
+            line = f"vllm @ file://{wheelhouse}/{urllib.parse.quote(name)}{hashes}"
         out.append(line)
     return tuple(out)
 

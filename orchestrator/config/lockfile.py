@@ -95,7 +95,7 @@ def pins(lines: list[str] | tuple[str, ...]) -> dict[str, str]:
     """name -> version (or `@ URL`) of each canonical line of `parse` (a marker's line counts too)."""
     out = {}
     for line in lines:
-        head = line.split(" --hash=", 1)[0].split(" ; ", 1)[0]
+        head = requirement(line).split(" ; ", 1)[0]
         name, _, version = head.partition("==") if "==" in head else head.partition(" ")
         out[name] = version if "==" in head else version.strip()
     return out

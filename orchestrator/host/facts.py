@@ -135,6 +135,11 @@ class HostFacts:
             return None
         return Placement(name, rec.model or name, host, tuple(rec.gpus), rec.port, rec.binds())
 
+    def folder_records(self) -> dict[str, object]:
+        """Each folder under models_root with its parsed .vllm-orch/verified.json (None: not ours), as
+        config/checkpoints.py reads them."""
+        return {n: d.verified for n, d in self.models.items()}
+
     def installed_folder(self, name: str) -> str | None:
         """The weights folder the installed unit of NAME serves from (a record from before folders were
         recorded: its model's, the folder it was deployed with); None: not installed."""

@@ -44,7 +44,14 @@ from orchestrator.plan.service import placement_holders
 from orchestrator.plan.swap import already_done, old_model_name
 from orchestrator.plan.warm import measured_from
 from orchestrator.probe import api, keyed
-from orchestrator.render.artifacts import env_path, is_ray_worker, read_env_values, render, secrets_from_environ
+from orchestrator.render.artifacts import (
+    default_folder,
+    env_path,
+    is_ray_worker,
+    read_env_values,
+    render,
+    secrets_from_environ,
+)
 from orchestrator.secret import Secret
 
 VERSION_CHECKS = {"vllm-version", "version-traps", "package-pairs", "torch-cuda", "required-packages"}
@@ -116,12 +123,11 @@ def weights_folder(m: Manifest, model: str, service: str, facts: HostFacts | Non
     """The service's weights folder on its (head) host, decided once per operation: the one its
     installed record names when that folder holds this commit, else its checkpoint's shared folder,
     else one of vllm-orch's that already holds the commit (config/checkpoints.folder_for)."""
-    src = m.source
     if facts is None:
-        return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, None, {})
-    recorded = facts.installed_folder(service)
-    return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, recorded,
-                                {n: d.verified for n, d in facts.models.items()})
+        return default_folder(m, model)
+    src = m.source
+    return checkpoints.folder_for(src.repo, src.revision, src.pinned, model, facts.installed_folder(service),
+                                  facts.folder_records())
 
 
 class Reads(Protocol):
@@ -320,7 +326,7 @@ def _with_download(host: Host, inp: PlanInput) -> PlanInput:
     if dl.commit and COMMIT.match(dl.commit) and (t.spec is None or len(t.spec.nodes) == 1):
         others = {f.folder_of(n) for n in f.records if n != t.name}
         moved = checkpoints.move_for(src.repo, dl.commit, src.pinned, t.folder, bool(dl.to_fetch_bytes or dl.to_fetch),
-                                     others, {n: d.verified for n, d in f.models.items()})
+                                     others, f.folder_records())
         if moved is not None:
             t = refolder(t, moved)
             dl = download_plan(host, inp.entry, t.manifest, moved, f, inp.hf_token, commit=dl.commit)

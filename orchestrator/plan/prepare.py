@@ -225,15 +225,15 @@ def download_action(inp: PlanInput) -> Action:
         if seeds is not None and key is not None:
             seeds.hold(env.entry.name, key, model_path(env.entry, name))
         done = result["done"]
-        env.record.download = DownloadResult(bytes=int(done.get("bytes", 0)), seconds=result["seconds"],
-                                             files=int(done.get("files", 0)), commit=done.get("commit"),
-                                             peer=peer.host if peer is not None else None,
-                                             peer_bytes=int(done.get("peer_bytes") or 0))
+        got = env.record.download = DownloadResult(
+            bytes=int(done.get("bytes", 0)), seconds=result["seconds"], files=int(done.get("files", 0)),
+            commit=done.get("commit"), peer=peer.host if peer is not None else None,
+            peer_bytes=int(done.get("peer_bytes") or 0))
         via = ""
         if peer is not None:
-            via = (f", {fmt_bytes(done.get('peer_bytes') or 0)} copied from {peer.host} over the LAN, "
-                   f"{fmt_bytes(max(0, int(done.get('bytes', 0)) - int(done.get('peer_bytes') or 0)))} from the Hub")
-        return (f"{fmt_bytes(done.get('bytes', 0))} in {result['seconds']:.1f}s{via}, every file verified "
+            via = (f", {fmt_bytes(got.peer_bytes)} copied from {peer.host} over the LAN, "
+                   f"{fmt_bytes(max(0, got.bytes - got.peer_bytes))} from the Hub")
+        return (f"{fmt_bytes(got.bytes)} in {result['seconds']:.1f}s{via}, every file verified "
                 f"(sha256 of each LFS shard while downloading)")
 
     have = f", {fmt_bytes(dl.have_bytes)} already present and verified" if dl.have_bytes else ""
