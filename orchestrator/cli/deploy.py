@@ -43,11 +43,13 @@ def placement_options(f):
 
 
 def _slug(_ctx, _param, value):
-    from orchestrator.config.manifest import SLUG
+    from orchestrator.config.manifest import RESERVED_SERVICE, SLUG
     from orchestrator.errors import ConfigError
 
     if value is not None and not SLUG.match(value):
         raise ConfigError(f"--name {value}: not a service name like mm-b (lowercase letters, digits and -)")
+    if value == RESERVED_SERVICE:
+        raise ConfigError(f"--name {value}: the gateway's service name, pick another")
     return value
 
 

@@ -36,6 +36,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("orchestrator.cli.ops:logs", "Show a model service's log."),
     "stop": ("orchestrator.cli.ops:stop", "Stop a model service and verify its GPUs are free."),
     "gc": ("orchestrator.cli.ops:gc", "Delete inactive managed model folders on a host."),
+    "gateway": ("orchestrator.cli.gateway:gateway", "One URL for every model of a host: route by model, drain, hold."),
     "bench": ("orchestrator.cli.bench:bench", "Benchmark a served model: single stream and concurrency sweep."),
     "sim": ("orchestrator.sim.cli:sim", "Run SIMULATED GPU hosts (fake vLLM, nvidia-smi, Hugging Face Hub)."),
 }

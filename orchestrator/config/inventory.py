@@ -26,6 +26,7 @@ from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
 
 LOCAL = "local"
+DEFAULT_GATEWAY_PORT = 8090
 ALL_MODELS = "*"
 COMMAND_SECRET_HINT = ("the inventory's env is put on the command lines vllm-orch runs on the host (visible "
                        "in `ps`) and printed by `hosts --json`. Set HF_TOKEN in the environment of vllm-orch "
@@ -203,6 +204,52 @@ class Monitoring(Strict):
         return v
 
 
+class Gateway(Strict):
+    """The host's gateway (`vllm-orch gateway up`, docs/gateway.md): one port that routes every
+    OpenAI request by its `model` to the service that serves it."""
+
+    port: int = Field(DEFAULT_GATEWAY_PORT, ge=1024, le=65535,
+                      description="The port it listens on (it runs as the service user: 1024 or above).")
+    listen: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1"], min_length=1,
+        description="The addresses it listens on (IP addresses; 0.0.0.0 for every IPv4 address). Default: "
+                    "127.0.0.1, this host only: name the LAN address to serve other machines.")
+    keys_env: str = Field(
+        "VLLM_ORCH_GATEWAY_KEYS",
+        description="The environment variable of `vllm-orch gateway up` that holds the keys clients must send "
+                    "(`Authorization: Bearer KEY`), separated by commas: written to the host as a 0600 file of "
+                    "the service user, never in the inventory, a plan or a log.")
+    hold_seconds: int = Field(
+        30, ge=0, le=600,
+        description="How long a request for a model that is starting (its port not open yet) waits at the "
+                    "gateway, then 503 with Retry-After.")
+    run_dir: str = Field(
+        "", description="The folder of its control sockets (HAProxy's master and admin sockets), the service "
+                        "user's. Default (empty): state_dir/gateway/run. A Unix socket's path has at most 107 "
+                        "bytes: name a shorter folder when state_dir is deep.")
+    drain_seconds: int = Field(
+        60, ge=0, le=3600,
+        description="Before a service stops or sleeps, how long its requests in flight may take to finish "
+                    "(new ones get 503 with Retry-After meanwhile).")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: list[str]) -> list[str]:
+        for a in v:
+            try:
+                ipaddress.ip_address(a)
+            except ValueError:
+                raise ValueError(f"{a!r} is not an IP address") from None
+        return v
+
+    @field_validator("keys_env")
+    @classmethod
+    def _keys_env(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"{v!r} is not an environment variable name")
+        return v
+
+
 DEFAULT_CPU_MEMORY_PER_GPU_GIB = 12.0
 
 
@@ -327,6 +374,9 @@ class HostEntry(Strict):
         None, description="How the other nodes of a multi-node service reach this host: `address` (IP) "
                           "and `interface` (NIC for NCCL/Gloo). Only read when a manifest with "
                           "`multinode:` runs here.")
+    gateway: Gateway = Field(
+        default_factory=Gateway,
+        description="The gateway `vllm-orch gateway up` runs here: its port, addresses, client keys, hold and drain.")
     monitoring: Monitoring = Field(
         default_factory=Monitoring,
         description="For `vllm-orch monitor`: the address Prometheus scrapes and the exporters running here.")

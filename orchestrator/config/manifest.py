@@ -25,6 +25,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.paths import shipped_dir
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+RESERVED_SERVICE = "orch-gateway"        # the gateway's (host/gateway.NAME): vllm-orch-gateway.service
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -962,6 +963,8 @@ class Manifest(Strict):
     def _name(cls, v: str) -> str:
         if not SLUG.match(v):
             raise ValueError(f"{v!r} is not a lowercase slug (a-z, 0-9, -; starts with a letter or digit)")
+        if v == RESERVED_SERVICE:
+            raise ValueError(f"{v!r} is the gateway's service name (unit vllm-{v}.service): pick another")
         return v
 
     @field_validator("env")

@@ -212,6 +212,9 @@ class InstalledRecord(NodeFields):
     unit_hash: str | None = None
     gpus: list[int] = Field(default_factory=list)
     port: int = 0
+    served_name: str | None = Field(None, description="The name clients send as `model` (the gateway routes it here); "
+                                                      "absent on a record from before the gateway.")
+    address: str | None = Field(None, description="The address vLLM listens on (serving.host).")
     gpus_from: Origin = Field(Origin.MANIFEST, description="Where its GPUs came from.")
     port_from: Origin = Field(Origin.MANIFEST, description="Where its port came from.")
     engine: str | None = Field(None, description="The engine venv its unit runs (engines_root/NAME); absent: "
@@ -299,7 +302,22 @@ class SwapMarker(Record):
         return self.from_sleeps or self.to_wakes
 
 
-RECORDS: tuple[type[Record], ...] = (ServiceRecord, InstalledRecord, HistoryEntry, SwapMarker)
+class GatewayRecord(Record):
+    """gateway/gateway.json: the gateway `vllm-orch gateway up` installed (removed by `gateway down`):
+    where it listens, the HAProxy it runs, its bounds. Every operation's plan reloads its routes
+    while this record exists."""
+
+    FILE: ClassVar[str] = "gateway/gateway.json"
+
+    port: int = Field(description="The port it listens on.")
+    listen: list[str] = Field(default_factory=lambda: ["127.0.0.1"], description="The addresses it listens on.")
+    haproxy: str = Field(description="The HAProxy executable it runs.")
+    hold_s: int = Field(30, description="How long a request for a starting model waits, then 503.")
+    drain_s: int = Field(60, description="How long requests in flight may take before their service stops.")
+    installed_at: str | None = None
+
+
+RECORDS: tuple[type[Record], ...] = (ServiceRecord, InstalledRecord, HistoryEntry, SwapMarker, GatewayRecord)
 
 
 def record_schemas() -> dict:

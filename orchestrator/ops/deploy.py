@@ -24,6 +24,7 @@ from orchestrator.ops import gather
 from orchestrator.ops.execute import Ask, Reporter, RunOutcome, confirmation, run_plan
 from orchestrator.ops.nodes import as_nodes, node_envs, open_sessions, parallel
 from orchestrator.ops.session import OpResult
+from orchestrator.plan import gateway
 from orchestrator.plan.deploy import plan_deploy
 from orchestrator.plan.engine import service_vllm_version
 from orchestrator.plan.inputs import PlanInput
@@ -53,6 +54,8 @@ def run_deploy(nodes: HostEntry | Sequence[HostEntry], m: Manifest, opts: Option
         inputs = parallel(entries, lambda e: gather.for_deploy(sessions[e.name].host, e, m, spec, opts,
                                                                sessions[e.name].lock, facts[e.name]))
         plan = plan_deploy(*inputs)
+        if len(entries) == 1:
+            plan = gateway.with_gateway(plan, gateway.read(sessions[names[0]].host, entries[0]), entries[0])
         result = OpResult("deploy", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan)
         if not_run(plan, result, reporter, opts, ask, names[0]):
             if plan.refusal and not dry_run:

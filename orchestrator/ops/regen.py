@@ -13,6 +13,7 @@ from orchestrator.ops import gather
 from orchestrator.ops.deploy import not_run
 from orchestrator.ops.execute import Reporter, run_plan
 from orchestrator.ops.session import OpResult, session
+from orchestrator.plan import gateway
 from orchestrator.plan.regen import plan_regen
 from orchestrator.plan.run import Options, RunEnv
 
@@ -22,7 +23,7 @@ def run_regen(entry: HostEntry, manifests: dict[str, Manifest], opts: Options, r
     t0 = time.monotonic()
     with session(entry, "regen", dry_run, accept_new_host_key) as s:
         inp = gather.for_regen(s.host, entry, manifests, opts, s.lock, restart)
-        plan = plan_regen(inp)
+        plan = gateway.with_gateway(plan_regen(inp), gateway.read(s.host, entry), entry)
         result = OpResult("regen", entry.name, plan.model, ok=False, dry_run=dry_run, plan=plan)
         if not_run(plan, result, reporter, opts, None, entry.name):     # a dry run, or refused (a clash)
             if plan.refusal and not dry_run:

@@ -17,6 +17,7 @@ from orchestrator.host.base import Host
 from orchestrator.host.facts import HostFacts, gather
 from orchestrator.host.records import HistoryEntry
 from orchestrator.ops.execute import Reporter, run_plan
+from orchestrator.plan import gateway
 from orchestrator.plan.inputs import LockFacts
 from orchestrator.plan.model import Plan
 from orchestrator.plan.run import GPU_RELEASE_TIMEOUT_S, Options, RunEnv
@@ -68,7 +69,8 @@ def stop_model(host: Host, entry: HostEntry, model: str, manifest_gpus: list[int
     t0 = time.monotonic()
     facts = gather(host, entry, [model])
     lock = lock or LockFacts(held=not dry_run, path=state.lock_path(entry))
-    plan = plan_stop(StopInput(entry, facts, lock, model, manifest_gpus))
+    plan = gateway.with_gateway(plan_stop(StopInput(entry, facts, lock, model, manifest_gpus)),
+                                gateway.read(host, entry), entry)
     if plan.refusal is not None:
         raise plan.refusal
     info = plan.info

@@ -33,6 +33,7 @@ from orchestrator.ops.execute import Ask, Reporter, run_plan
 from orchestrator.ops.nodes import as_nodes, node_envs, open_sessions, parallel
 from orchestrator.ops.session import OpResult
 from orchestrator.ops.stop import recorded_nodes
+from orchestrator.plan import gateway
 from orchestrator.plan.inputs import PlanInput
 from orchestrator.plan.interrupted import sleep_half
 from orchestrator.plan.multinode import OldService
@@ -113,6 +114,8 @@ def run_swap(nodes: HostEntry | Sequence[HostEntry], m: Manifest, manifests: dic
         sleeping = len(by_name) == 1 and (opts.sleep_old or head_facts.asleep(name) is not None
                                           or sleep_half(head_facts, name))
         plan = plan_sleep_swap(inputs[0]) if sleeping else plan_swap(*inputs, old=old, elsewhere=elsewhere)
+        if len(by_name) == 1:
+            plan = gateway.with_gateway(plan, gateway.read(sessions[names[0]].host, entries[0]), entries[0])
         info = dict(plan.info)
         result = OpResult("swap", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
         if info.get("noop"):

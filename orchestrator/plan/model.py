@@ -40,6 +40,7 @@ class Action:
     run: Callable[[RunEnv], str | None] | None = None        # custom apply; returns a result line
     confirm: str | None = None                  # what the user must accept first (a deletion), or None
     node: str | None = None                     # the inventory host the step runs on (None: the plan's own)
+    subject: str | None = None                  # the service it starts, stops, sleeps or wakes (the gateway's steps)
 
     @property
     def key(self) -> str:

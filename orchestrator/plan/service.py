@@ -172,6 +172,7 @@ def installed_record(svc: ServiceInput) -> InstalledRecord:
     return InstalledRecord(model=r.model, service=r.manifest.name, folder=r.folder, unit=r.unit.path, env_file=r.env_file.path,
                            manifest_hash=r.manifest_hash, unit_hash=r.unit_hash,
                            gpus=r.manifest.serving.visible_devices, port=r.manifest.serving.port,
+                           served_name=r.manifest.served_name, address=r.manifest.serving.host,
                            engine=lock_of(r.manifest.engine).name if r.manifest.engine else None,
                            installed_at=state.now_iso(), cluster_ports=cluster_ports(r.manifest),
                            node_ports=node_ports(r.manifest, r.role), **origins,
@@ -301,7 +302,7 @@ def start_service_action(entry: HostEntry, model: str, *, restart: bool = False,
         return f"{'restarted' if restart else 'started'} {svc.describe()}" + (
             f" ({st.describe()}, PID {st.main_pid})" if st.main_pid else f" ({st.describe()})")
 
-    return Action(step, summary or f"start {model}", commands=cmds, run=run)
+    return Action(step, summary or f"start {model}", commands=cmds, run=run, subject=model)
 
 
 def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool = False,
@@ -327,7 +328,8 @@ def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool
         return f"stopped {model}"
 
     details = [f"first records the swap to {swap_to} as under way in {entry.state_dir}/swap.json"] if swap_to else []
-    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(drain), run=run, details=details)
+    return Action("stop", f"stop {model} ({why})", commands=shown.stop_commands(drain), run=run, details=details,
+                  subject=model)
 
 
 def boot_action(entry: HostEntry, enable: str | None, disable: list[str], summary: str) -> Action:

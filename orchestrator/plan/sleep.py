@@ -336,7 +336,7 @@ def sleep_action(entry: HostEntry, svc: ServiceInput, level: int, why: str, *, d
                   details=[*details, f"POST http://127.0.0.1:{svc.manifest.serving.port}/sleep?level={level}&mode=wait "
                                      f"(its requests in flight finish first, new ones queue; nothing if it sleeps "
                                      f"already), after {drain_s} s mode=abort (vllm.shutdown_timeout, the stop's drain)",
-                           "then read what it keeps on its GPUs (nvidia-smi) and record it asleep"])
+                           "then read what it keeps on its GPUs (nvidia-smi) and record it asleep"], subject=name)
 
 
 def room_action(m: Manifest, why: str) -> Action:
@@ -425,7 +425,7 @@ def wake_action(entry: HostEntry, svc: ServiceInput, why: str, *, marks_ready: b
                f"canary (a greedy completion, token for token as recorded at its first ready) and one warm-up request"]
     if cold_fallback:
         details.append(f"if the wake or the canary fails: restart {name} cold (the last resort)")
-    return Action("wake", f"wake {name} ({why})", run=run, details=details)
+    return Action("wake", f"wake {name} ({why})", run=run, details=details, subject=name)
 
 
 def drain_then_sleep(ep: api.Endpoint, level: int, drain_s: int) -> int | None:
@@ -464,7 +464,8 @@ def resleep_action(entry: HostEntry, svc: ServiceInput, why: str) -> Action:
         most, _cycles, _growth, _allow = record_sleep(env, name, 2, 0)
         return f"{name} asleep again at level 2, keeping {most} MiB per GPU (its weights are read again at its next wake)"
 
-    return Action("sleep", f"put {name} back to sleep at level 2 ({why}; stopped if that fails)", run=run)
+    return Action("sleep", f"put {name} back to sleep at level 2 ({why}; stopped if that fails)", run=run,
+                  subject=name)
 
 
 def canary_of(env: RunEnv, svc: ServiceInput) -> Canary:

@@ -94,7 +94,8 @@ def plan_stop(inp: StopInput) -> Plan:
             svc.run_all(svc.stop_commands(), f"stop {name}", timeout=600)
             return f"stopped {svc.describe()}"
 
-        plan.add(Action("stop", f"stop the service ({was}{pid})", commands=shown.stop_commands(), run=stop))
+        plan.add(Action("stop", f"stop the service ({was}{pid})", commands=shown.stop_commands(), run=stop,
+                        subject=name))
     else:
         plan.add(Action("stop", f"nothing to do, because {name} is stopped", noop=True))
     if st and st.enabled:

@@ -87,6 +87,7 @@ QUICK_TESTS = {
                "test_deploy_builds_the_engine_offline_from_the_uploaded_wheelhouse_and_runs_from_it",
     "multi-node": "tests/integration/test_multinode_sim.py::test_deploy_status_logs_and_stop_of_a_two_node_service",
     "health timer": "tests/integration/test_health_busy_sim.py::test_a_hung_engine_is_still_restarted",
+    "gateway": "tests/integration/test_gateway.py::test_one_url_routes_by_model_with_openai_errors_for_bad_input",
     "demo": "tests/integration/test_demo_sim.py::"
             "test_a_second_demo_keeps_the_hosts_services_and_models_and_a_busy_host_is_left_alone",
 }

@@ -1,0 +1,203 @@
+"""The gateway on a host: its files, its service, its routes kept in step with the host's records.
+
+The configuration comes from render/gateway.py; this module reads what it needs from the host
+(service records, installed records, each service's key from its 0600 env file), writes the files
+for the service user (0600 from their first byte), and drives HAProxy's master CLI through
+host/remote/gateway_ctl.py (reload, drain). The gateway is a service like the models' (unit
+`vllm-orch-gateway.service`, or a start script with a proven process-group record on a `process`
+host: host/services.py), named NAME.
+
+Routes: every service with a record (it was proved serving; a sleeping one is listed but answers
+503 + Retry-After until it wakes), plus what the running operation says: `up` (a service it is
+starting: requests wait for its port, up to hold_s) and `down` (a service it drains or stops: new
+requests get 503 + Retry-After).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Collection
+
+from orchestrator import __version__
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import RESERVED_SERVICE
+from orchestrator.errors import CommandFailed, ConfigError, RefusedError
+from orchestrator.host import scripts, state
+from orchestrator.host.base import Host, Script
+from orchestrator.host.records import GatewayRecord, InstalledRecord, ServiceRecord
+from orchestrator.host.services import Service
+from orchestrator.render import gateway as gw
+from orchestrator.render.artifacts import _template, read_env_values
+from orchestrator.secret import Secret
+
+NAME = RESERVED_SERVICE               # unit vllm-orch-gateway.service; process: vllm-orch-gateway.sh
+UNIT = f"vllm-{NAME}.service"
+
+
+def folder(entry: HostEntry) -> str:
+    return f"{entry.state_dir}/gateway"
+
+
+def record_path(entry: HostEntry) -> str:
+    return f"{folder(entry)}/gateway.json"
+
+
+def config(entry: HostEntry, rec: GatewayRecord | None = None) -> gw.GatewayConfig:
+    """Where the gateway listens and keeps its files: the record's (what is installed) or the inventory's."""
+    s = entry.gateway
+    port, listen = (rec.port, tuple(rec.listen)) if rec else (s.port, tuple(s.listen))
+    run_dir = s.run_dir.rstrip("/") or f"{folder(entry)}/run"
+    if len(f"{run_dir}/master.sock".encode()) > 107:
+        raise ConfigError(f"the gateway's sockets would be {run_dir}/master.sock, longer than a Unix socket's "
+                          f"107 bytes", host=entry.name, hint=f"set hosts.{entry.name}.gateway.run_dir to a shorter "
+                                                              f"folder (e.g. /run/vllm-orch-gateway)")
+    return gw.GatewayConfig(folder=folder(entry), run_dir=run_dir, port=port, listen=listen,
+                            hold_s=rec.hold_s if rec else s.hold_seconds,
+                            drain_s=rec.drain_s if rec else s.drain_seconds, host=entry.name)
+
+
+def read_record(host: Host, entry: HostEntry) -> GatewayRecord | None:
+    return GatewayRecord.read(state.read_json(host, record_path(entry)))
+
+
+def service(host: Host | None, entry: HostEntry) -> Service:
+    return Service.for_host(host, entry, NAME)
+
+
+def key_of(host: Host, inst: InstalledRecord | None) -> Secret | None:
+    """The service's own VLLM_API_KEY, from its installed 0600 env file (None: it has none)."""
+    if inst is None or not inst.env_file:
+        return None
+    data = host.get(inst.env_file)
+    if data is None:
+        return None
+    value = read_env_values(data.decode(errors="replace")).get("VLLM_API_KEY")
+    return Secret(value) if value else None
+
+
+def route_of(host: Host, name: str, rec: ServiceRecord | None, inst: InstalledRecord | None,
+             up: bool = True) -> gw.Route | None:
+    """The route of service NAME from its records (None: nothing says where it listens)."""
+    port = (inst.port if inst and inst.port else 0) or (rec.port if rec else 0)
+    if not port or (rec is not None and rec.multinode and rec.rank not in (0, None)):
+        return None
+    served = (inst.served_name if inst else None) or (rec.served_name if rec else None) or name
+    address = (inst.address if inst else None) or "127.0.0.1"
+    asleep = rec is not None and rec.asleep is not None
+    return gw.Route(service=name, names=(served,), port=port, address=address, key=key_of(host, inst),
+                    up=up and not asleep)
+
+
+def names_of(host: Host, entry: HostEntry, name: str) -> set[str]:
+    """The model names service NAME serves, by its records (empty: none recorded)."""
+    r = route_of(host, name, state.read_record(host, entry, name), state.read_installed(host, entry, name))
+    return set(r.names) if r is not None else set()
+
+
+def current_routes(host: Host, entry: HostEntry, up: Collection[str] = (), down: Collection[str] = ()) -> list[gw.Route]:
+    """The routes now: every recorded service and `up`; those in `down` answer 503 + Retry-After."""
+    records = state.read_records(host, entry)
+    routes = []
+    for name in sorted(set(records) | set(up)):
+        r = route_of(host, name, records.get(name), state.read_installed(host, entry, name), up=name not in down)
+        if r is not None:
+            routes.append(r)
+    # a name that a service going down and one coming up both serve (a swap between two manifests of
+    # one served name) goes to the one coming up; check_routes refuses what stays ambiguous
+    live = {n for r in routes if r.up for n in r.names}
+    return [r for r in routes if r.up or not set(r.names) & live]
+
+
+def install_file(host: Host, path: str, data: bytes, user: str, mode: int = 0o600) -> None:
+    """Write PATH atomically for USER: a mktemp file (0600 from its first byte, root's folder), given
+    to the user (chown -h: never through a link) before it is moved in place."""
+    q = shlex.quote
+    d, name = path.rsplit("/", 1)
+    host.run(Script(
+        f"umask 077; t=$(mktemp {q(d)}/.{q(name)}.XXXXXXXX) || exit 1; "
+        f"if cat > \"$t\" && chmod {mode:o} \"$t\" && {{ [ \"$(id -u)\" != 0 ] || chown -h {q(user)} \"$t\"; }} "
+        f"&& mv -f \"$t\" {q(path)}; then exit 0; fi; rc=$?; rm -f \"$t\"; exit $rc",
+        display=f"install -m {mode:04o} -o {user} <data> {path}"), input=data).check(host.name, f"write {path}")
+
+
+def make_folders(host: Host, entry: HostEntry) -> None:
+    """state_dir/gateway (root's, 0755: the files in it are the user's own, 0600) and its run
+    folder (the user's, 0700: the sockets)."""
+    q = shlex.quote
+    f, run = folder(entry), config(entry).run_dir
+    u = q(entry.service_user)
+    host.run(Script(f"mkdir -p {q(f)} {q(run)} && chmod 0755 {q(f)} && chmod 0700 {q(run)} && "
+                    f"{{ [ \"$(id -u)\" != 0 ] || chown -h {u} {q(run)}; }}")).check(entry.name, "gateway folders")
+
+
+def write_config(host: Host, entry: HostEntry, cfg: gw.GatewayConfig, routes: list[gw.Route]) -> list[str]:
+    """Write the files that differ from what is there; the names of those written."""
+    files = gw.render(cfg, routes, __version__)
+    changed = []
+    for name, text in files.items():
+        path = cfg.path(name)
+        data = text.encode()
+        if host.get(path) != data:
+            install_file(host, path, data, entry.service_user)
+            changed.append(name)
+    return changed
+
+
+def ctl(host: Host, entry: HostEntry, *args: str, timeout: float = 60) -> dict:
+    """gateway_ctl.py's answer; CommandFailed when it has none or says it failed."""
+    answer, result = scripts.run_json(host, entry.python, "gateway_ctl.py", list(args), timeout=timeout)
+    if answer is None or not answer.get("ok"):
+        why = (answer or {}).get("error") or (result.stderr or result.stdout).strip()[-300:] or f"exit {result.exit_code}"
+        raise CommandFailed(f"the gateway: {why}", host=entry.name)
+    return answer
+
+
+def sync(host: Host, entry: HostEntry, rec: GatewayRecord, up: Collection[str] = (),
+         down: Collection[str] = ()) -> tuple[list[gw.Route], bool]:
+    """Render the routes now (with `up` and `down`), write what changed, reload when it did."""
+    cfg = config(entry, rec)
+    routes = current_routes(host, entry, up, down)
+    try:
+        changed = write_config(host, entry, cfg, routes)
+    except gw.GatewayInputError as exc:
+        raise RefusedError(f"the gateway: {exc}", host=entry.name, step="gateway") from None
+    if changed and service(host, entry).state().active:
+        ctl(host, entry, "reload", cfg.run_dir, cfg.path("haproxy.cfg"), rec.haproxy)
+    return routes, bool(changed)
+
+
+def drain(host: Host, entry: HostEntry, rec: GatewayRecord, name: str, up: Collection[str] = (),
+          down: Collection[str] = ()) -> str:
+    """New requests for NAME get 503 + Retry-After; wait (up to drain_s) until none is in flight."""
+    cfg = config(entry, rec)
+    sync(host, entry, rec, up, set(down) | {name})
+    if not service(host, entry).state().active:
+        return "the gateway does not run"
+    # its requests in flight are counted under its backend in every worker, an old one's included
+    # (a name another service takes over is no longer routed to it, its streams go on)
+    answer = ctl(host, entry, "idle", cfg.run_dir, f"svc_{name}", str(cfg.drain_s), timeout=cfg.drain_s + 60)
+    left, waited = answer.get("left", 0), answer.get("waited_s", 0)
+    if left:
+        return f"{left} request(s) of {name} still in flight after {waited:.1f} s (drain bound {cfg.drain_s} s)"
+    return f"no request of {name} in flight (waited {waited:.1f} s)"
+
+
+def unit_text(entry: HostEntry, cfg: gw.GatewayConfig, haproxy: str) -> str:
+    template = "vllm-orch-gateway.service.j2" if entry.service_manager == "systemd" else "vllm-orch-gateway.sh.j2"
+    return _template(template).render(version=__version__, host=entry, port=cfg.port, haproxy=haproxy,
+                                      cfg=cfg.path("haproxy.cfg"), master_socket=cfg.master_socket,
+                                      run_dir=cfg.run_dir)
+
+
+def unit_path(entry: HostEntry) -> str:
+    return service(None, entry).describe() if entry.service_manager != "systemd" else f"{entry.units_dir}/{UNIT}"
+
+
+def find_haproxy(host: Host, entry: HostEntry) -> str:
+    r = host.run(Script("command -v haproxy || { [ -x /usr/sbin/haproxy ] && echo /usr/sbin/haproxy; }"))
+    path = r.stdout.strip().splitlines()[-1] if r.ok and r.stdout.strip() else ""
+    if not path.startswith("/"):
+        raise RefusedError(f"{entry.name} has no haproxy", host=entry.name, step="gateway",
+                           hint="install it (Debian/Ubuntu: apt-get install haproxy; 2.6 or newer), then run "
+                                "`vllm-orch gateway up` again")
+    return path

@@ -1,0 +1,196 @@
+"""The gateway (issue 41) on a SIMULATED process host running the real HAProxy, driven by the real
+OpenAI client: one URL and one key for every model of the host, OpenAI's error shapes for bad
+input, and the endpoint kept through the host's operations (a stop drains its requests in flight,
+a swap holds requests for the model that is loading)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from orchestrator.config.inventory import HostEntry
+from orchestrator.config.manifest import Manifest
+from orchestrator.host import http
+
+from .deployhelp import cli_env, deploy, free_port, swap, tuned, write_models
+
+REPO = Path(__file__).resolve().parents[2]
+GW_KEY = "gw-client-key-0123456789"
+SERVICE_KEY = "service-key-abcdef0123"
+
+
+@pytest.fixture
+def gw(sim_host, tmp_path, monkeypatch):
+    """The sim host with a keyed kimi-k25-int4 (and its dcp8 variant, same served name, on its port)
+    deployed, a gateway on a free port, and the CLI's environment."""
+    monkeypatch.setenv("VLLM_API_KEY", SERVICE_KEY)
+    keyed = {"secret_env": ["VLLM_API_KEY"]}
+    a = tuned("kimi-k25-int4", serving=keyed)
+    b = tuned("kimi-k25-int4-dcp8", a.serving.port, serving=keyed)          # the same served name, kimi-k2.5
+    c = tuned("minimax-m25", serving=keyed)
+    d = c.model_dump()                                # a second service beside c, on GPUs 4-7
+    d.update(name="minimax-b")
+    d["serving"].update(gpu_ids=[4, 5, 6, 7], port=free_port(), served_model_name="minimax-b")
+    d = Manifest.model_validate(d)
+    models = write_models(tmp_path / "models", [a, b, c, d])
+    port = free_port()
+    # the sim host's state_dir is too deep for a Unix socket's path: the sockets go to a short folder
+    run_dir = tempfile.mkdtemp(prefix="gw-", dir="/tmp")
+    settings = {"port": port, "hold_seconds": 20, "drain_seconds": 20, "run_dir": run_dir}
+    entry = HostEntry.model_validate({**sim_host.entry, "name": sim_host.name, "gateway": settings})
+    inventory = Path(os.environ["VLLM_ORCH_STATE_HOME"]) / "hosts.d" / "sim.yaml"     # what `sim up` wrote
+    data = yaml.safe_load(inventory.read_text())
+    data["hosts"]["sim"]["gateway"] = settings
+    inventory.write_text(yaml.safe_dump(data))
+    env = dict(cli_env(sim_host, models), VLLM_ORCH_GATEWAY_KEYS=GW_KEY, VLLM_API_KEY=SERVICE_KEY)
+    try:
+        yield entry, {"a": a, "b": b, "c": c, "d": d}, env, port
+    finally:
+        cli(env, "gateway", "down", "--host", "sim")
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def cli(env, *args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=str(REPO))
+
+
+def client(port: int, key: str = GW_KEY, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, timeout=60, **kw)
+
+
+def raw(port: int, data: bytes, headers: str = "") -> tuple[int, dict]:
+    """POST data to /v1/chat/completions by hand (what no client library sends)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {GW_KEY}\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n{headers}Connection: close\r\n\r\n"
+              .encode() + data)
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    s.close()
+    head, _, body = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body or b"{}")
+
+
+def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
+    entry, m, env, port = gw
+    assert deploy(entry, m["c"]).ok
+    r = cli(env, "gateway", "up", "--host", "sim", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["url"] == f"http://127.0.0.1:{port}/v1"
+    folder = Path(entry.state_dir) / "gateway"
+    for name in ("clients.lst", "keys.map", "haproxy.cfg"):           # the keys: the user's only, from the first byte
+        assert (folder / name).stat().st_mode & 0o777 == 0o600
+    assert SERVICE_KEY not in (folder / "haproxy.cfg").read_text() and GW_KEY not in r.stdout + r.stderr
+    # a second service of the host, deployed after the gateway: routed by its deploy's gateway steps
+    assert deploy(entry, m["d"]).ok
+    c = client(port, max_retries=0)
+    assert sorted(x.id for x in c.models.list()) == ["minimax-b", "minimax-m2.5"]
+    for model in ("minimax-b", "minimax-m2.5"):       # each reached with its own key (vLLM refuses another)
+        chunks = list(c.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=8, stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+        assert chunks[-2].choices[0].finish_reason == "length" and len(chunks) >= 9     # streamed, chunk by chunk
+    with pytest.raises(openai.NotFoundError) as e:
+        c.completions.create(model="kimi-k2.5", prompt="x", max_tokens=1)
+    assert e.value.body["param"] == "model"
+    with pytest.raises(openai.AuthenticationError):
+        client(port, "wrong-key", max_retries=0).models.list()
+    with pytest.raises(openai.AuthenticationError):            # the service's key is not the gateway's
+        client(port, SERVICE_KEY, max_retries=0).models.list()
+    assert raw(port, b"not json")[0] == 400
+    assert raw(port, b'{"prompt": "no model"}')[0] == 400
+    assert raw(port, b'{"model": "minimax-b", "prompt": "' + b"x" * (2 << 20) + b'"}')[0] == 413
+    for path in ("/sleep", "/collective_rpc", "/metrics"):         # never forwarded
+        assert http.request(entry_host(entry), port, "POST", path, api_key=None, json={}).status == 404
+    status = json.loads(cli(env, "gateway", "status", "--host", "sim", "--json").stdout)
+    backends = status["counters"]["backends"]
+    assert backends["svc_minimax-b"]["requests"] >= 1 and backends["svc_minimax-m25"]["requests"] >= 1
+    # a stop drains: a stream in flight when the stop starts ends whole; the name is 404 after it
+    got: dict = {}
+
+    def long_stream():
+        s = c.chat.completions.create(model="minimax-m2.5", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=200, stream=True, extra_body={"ignore_eos": True})
+        got["chunks"] = [ch for ch in s]
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    time.sleep(0.5)
+    r = cli(env, "stop", "minimax-m25", "--host", "sim")
+    t.join(30)
+    assert r.returncode == 0 and "drain minimax-m25 at the gateway" in r.stdout, r.stdout + r.stderr
+    assert got["chunks"][-1].choices[0].finish_reason == "length", got["chunks"][-1]
+    waited = re.search(r"no request of minimax-m25 in flight \(waited ([0-9.]+) s\)", r.stdout)
+    assert waited and float(waited.group(1)) > 0.2, r.stdout          # the stop waited for the stream
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="minimax-m2.5", prompt="x", max_tokens=1)
+    r = cli(env, "gateway", "down", "--host", "sim")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (folder / "clients.lst").exists()
+    with pytest.raises(openai.APIConnectionError):
+        c.models.list()
+
+
+def entry_host(entry: HostEntry):
+    from orchestrator.host.local import LocalHost
+
+    return LocalHost(entry.name, env=entry.env)
+
+
+def test_a_swap_keeps_the_endpoint_for_a_load_on_its_model(gw):
+    """C=8 streams of `kimi-k2.5` through a swap between its two manifests (one served name, one
+    port): each request either streams whole or is told 503 + Retry-After, which the OpenAI client
+    retries by itself: the user sees no failure."""
+    entry, m, env, port = gw
+    assert deploy(entry, m["a"]).ok
+    assert cli(env, "gateway", "up", "--host", "sim").returncode == 0
+    c = client(port)                                   # the client's defaults: 2 retries, Retry-After honoured
+    stop = threading.Event()
+    outcome: Counter = Counter()
+    waits: list[float] = []
+
+    def load():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                chunks = list(c.chat.completions.create(model="kimi-k2.5", max_tokens=16, stream=True,
+                                                        messages=[{"role": "user", "content": "hi"}],
+                                                        extra_body={"ignore_eos": True}))
+                outcome["whole" if chunks[-1].choices[0].finish_reason == "length" else "cut"] += 1
+                waits.append(time.monotonic() - t0)
+            except openai.APIError as exc:
+                outcome[f"{type(exc).__name__}"] += 1
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        r = swap(entry, m["b"], {x.name: x for x in m.values()})
+        time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert r.ok, r.error
+    steps = [(x.step, x.status) for x in r.outcome.results]
+    assert ("gateway", "done") in steps and not r.outcome.recovery
+    assert set(outcome) == {"whole"}, outcome
+    assert max(waits) > 1.0                             # some waited through the load (held), none failed
+    assert not [w for w in r.outcome.results if w.step == "gateway" and "could not" in (w.result or "")]

@@ -1,0 +1,85 @@
+"""The gateway's HAProxy files (render/gateway.py), checked by the real `haproxy -c`, and its steps in
+a plan (plan/gateway.py): where they go, and the recovery branches' step numbers after them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.host.records import GatewayRecord
+from orchestrator.plan.gateway import with_gateway
+from orchestrator.plan.model import Action, Plan
+from orchestrator.render import gateway as gw
+from orchestrator.secret import Secret
+
+ROUTES = [gw.Route("kimi-k25-int4", ("kimi-k2.5",), 8000, "0.0.0.0", Secret("svc-key-1")),
+          gw.Route("minimax-m25", ("minimax-m2.5",), 8001, "127.0.0.1", None, up=False)]
+
+
+def write(tmp_path: Path, routes=ROUTES) -> Path:
+    cfg = gw.GatewayConfig(str(tmp_path), str(tmp_path / "run"), 18090, ("127.0.0.1", "::1"), hold_s=5, host="gpu1")
+    (tmp_path / "run").mkdir(exist_ok=True)
+    files = gw.render(cfg, routes, "test")
+    files["clients.lst"] = gw.client_keys_file([Secret("client-key-0123456789")])
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path / "haproxy.cfg"
+
+
+def test_the_rendered_configuration_is_valid_for_the_real_haproxy(tmp_path):
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    assert Path(haproxy).exists(), "the suite needs haproxy (./dev installs it)"
+    cfg = write(tmp_path)
+    r = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = cfg.read_text()
+    assert "svc-key-1" not in text and "kimi-k2.5" not in text      # names and keys live in the map files
+    assert "server s1 127.0.0.1:8000\n" in text                      # a wildcard bind is reached on loopback
+    assert "server s1 127.0.0.1:8001 disabled" in text
+    assert "bind [::1]:18090" in text
+    assert (tmp_path / "routes.map").read_text() == "kimi-k2.5 svc_kimi-k25-int4\nminimax-m2.5 svc_minimax-m25\n"
+    assert (tmp_path / "keys.map").read_text() == "svc_kimi-k25-int4 Bearer svc-key-1\n"
+    assert b"Retry-After: 2\r\n" in (tmp_path / "503.http").read_bytes()
+
+
+@pytest.mark.parametrize("routes, why", [
+    ([gw.Route("a", ("same",), 1), gw.Route("b", ("same",), 2)], "both serve the model name 'same'"),
+    ([gw.Route("a", ("x y",), 1)], "cannot route"),
+    ([gw.Route("a", ("x",), 1, key=Secret("has space"))], "spaces or control characters"),
+    ([gw.Route("A_b", ("x",), 1)], "not a service name"),
+])
+def test_routes_that_would_break_the_files_are_refused(routes, why):
+    with pytest.raises(gw.GatewayInputError, match=why):
+        gw.render(gw.GatewayConfig("/f", "/f/run", 1), routes)
+
+
+def test_client_keys_are_split_on_commas_and_unsafe_ones_refused():
+    assert [k.reveal() for k in gw.parse_client_keys(" a1 , b2,,")] == ["a1", "b2"]
+    with pytest.raises(gw.GatewayInputError):
+        gw.client_keys_file([Secret("new\nline")])
+
+
+def test_the_gateway_steps_surround_stops_and_starts_and_keep_the_recovery_numbers():
+    rec = GatewayRecord(port=8090, haproxy="/usr/sbin/haproxy")
+    from orchestrator.config.inventory import HostEntry
+
+    entry = HostEntry(name="gpu1", address="gpu1")
+    plan = Plan("swap", "gpu1", "b", actions=[
+        Action("lock", "held", noop=True), Action("install", "write b's unit"),
+        Action("stop", "stop a", subject="a"), Action("start", "start b", subject="b"),
+        Action("ready", "wait for b"), Action("record", "record b")])
+    plan.recover(plan.actions[2], "roll back to a", [Action("stop", "stop b", subject="b"),
+                                                     Action("start", "start a", subject="a")])
+    out = with_gateway(plan, rec, entry)
+    assert [a.summary.split(" at ")[0] if a.step == "gateway" else a.step for a in out.actions] == [
+        "lock", "install", "drain a", "stop", "route b", "start", "ready", "record", out.actions[-1].summary]
+    assert out.actions[-1].step == "gateway"
+    r = out.recoveries[0]
+    assert (out.actions[r.first - 1].step, out.actions[r.last - 1].step) == ("stop", "record")
+    assert [a.step for a in r.actions] == ["gateway", "stop", "gateway", "start", "gateway"]
+    assert with_gateway(plan, None, entry) is plan                  # no gateway on the host: the plan as it was
+    quiet = Plan("deploy", "gpu1", "a", actions=[Action("start", "nothing to do", noop=True, subject="a")])
+    assert with_gateway(quiet, rec, entry) is quiet                 # nothing starts or stops: no gateway step
