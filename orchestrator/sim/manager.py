@@ -533,6 +533,24 @@ def status(home: Path | None = None) -> dict:
     return out
 
 
+def stop_gateway(pidfile: Path) -> int | None:
+    """A process host's gateway (`vllm-orch gateway up`), by its record (`PGID BOOT_ID START_TIME`,
+    host/services.ProcessService): its process group is signalled only while its leader is the very
+    process that record names. The PGID, or None when there was none to stop."""
+    try:
+        pgid, _boot, started = pidfile.read_text().split()[:3]
+        stat = Path(f"/proc/{int(pgid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    if stat.rsplit(") ", 1)[-1].split()[19] != started:
+        return None
+    try:
+        os.killpg(int(pgid), signal.SIGTERM)
+    except OSError:
+        return None
+    return int(pgid)
+
+
 def down(home: Path | None = None) -> list:
     """Stop every PID `up` recorded (plus simulated vLLM servers and GPU holders it finds in its
     own host folders), then remove the sim state. Returns what was stopped."""
@@ -548,6 +566,8 @@ def down(home: Path | None = None) -> list:
                 stopped.append(f"{name}: {e.get('process_name', 'vllm serve')} pid {e['pid']}")
         if rec.get("real_vllm") and rec["flavour"] == "process":
             stopped += [f"{name}: real vLLM pid {p}" for p in stop_all(real_vllm_processes(hdir))]
+        if rec["flavour"] == "process" and (pid := stop_gateway(hdir / "state" / "run" / "vllm-orch-gateway.pid")):
+            stopped.append(f"{name}: gateway (HAProxy) process group {pid}")
         for kind, p in rec.get("processes", {}).items():
             if kind == "nspawn":
                 _nspawn().shutdown(p)
