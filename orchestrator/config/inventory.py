@@ -242,6 +242,14 @@ class Gateway(Strict):
                 raise ValueError(f"{a!r} is not an IP address") from None
         return v
 
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir(cls, v: str) -> str:
+        # it reaches the unit (ReadWritePaths=) and HAProxy's command line: a plain absolute path only
+        if v and not re.fullmatch(r"/[A-Za-z0-9._/-]*", v) or "/../" in f"{v}/" or "/./" in f"{v}/":
+            raise ValueError(f"{v!r} is not an absolute path of letters, digits, . _ - and / (no . or .. parts)")
+        return v
+
     @field_validator("keys_env")
     @classmethod
     def _keys_env(cls, v: str) -> str:
