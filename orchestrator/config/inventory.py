@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from orchestrator.config.checks import CheckName
-from orchestrator.config.manifest import SLUG, Strict, _check_text, at, check_env_map, validation_error
+from orchestrator.config.manifest import ENV_NAME, SLUG, Strict, _check_text, at, check_env_map, validation_error
 from orchestrator.config.yamlsrc import YamlDoc, display_path, format_loc
 from orchestrator.errors import ConfigError
 
@@ -253,7 +253,7 @@ class Gateway(Strict):
     @field_validator("keys_env")
     @classmethod
     def _keys_env(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+        if not ENV_NAME.fullmatch(v):          # fullmatch: `$` alone lets a trailing newline through
             raise ValueError(f"{v!r} is not an environment variable name")
         return v
 

@@ -184,18 +184,21 @@ class Host(ABC):
             text = "sudo -n " + text
         return text
 
-    def put_command(self, path: str, mode: int) -> Script:
+    def put_command(self, path: str, mode: int, owner: str | None = None) -> Script:
         """Shell text that writes its stdin to `path` atomically, readable by nobody else until it is
         complete: a mktemp file (0600 from its first byte) beside the target, chmod, rename. Nothing
-        is staged elsewhere (a /tmp copy would be a second place for a secret to leak from)."""
+        is staged elsewhere (a /tmp copy would be a second place for a secret to leak from).
+        `owner`: when root writes it, the file is given to that user (`chown -h`: never through a
+        link) before it is moved in place."""
         q = shlex.quote
         folder, name = posixpath.split(path)
         folder = folder or "."
+        chown = f"{{ [ \"$(id -u)\" != 0 ] || chown -h {q(owner)} \"$t\"; }} && " if owner else ""
         return Script(
             f"mkdir -p {q(folder)} && umask 077 && t=$(mktemp {q(folder)}/.{q(name)}.XXXXXXXX) || exit 1; "
-            f"if cat > \"$t\" && chmod {mode:o} \"$t\" && mv -f \"$t\" {q(path)}; then exit 0; fi; "
+            f"if cat > \"$t\" && chmod {mode:o} \"$t\" && {chown}mv -f \"$t\" {q(path)}; then exit 0; fi; "
             f"rc=$?; rm -f \"$t\"; exit $rc",
-            display=f"install -m {mode:04o} <data> {q(path)}")
+            display=f"install -m {mode:04o}{f' -o {owner}' if owner else ''} <data> {q(path)}")
 
     def _count(self, started: float) -> None:
         with self.stats.lock:

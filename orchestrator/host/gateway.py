@@ -109,15 +109,9 @@ def current_routes(host: Host, entry: HostEntry, up: Collection[str] = (), down:
 
 
 def install_file(host: Host, path: str, data: bytes, user: str, mode: int = 0o600) -> None:
-    """Write PATH atomically for USER: a mktemp file (0600 from its first byte, root's folder), given
-    to the user (chown -h: never through a link) before it is moved in place."""
-    q = shlex.quote
-    d, name = path.rsplit("/", 1)
-    host.run(Script(
-        f"umask 077; t=$(mktemp {q(d)}/.{q(name)}.XXXXXXXX) || exit 1; "
-        f"if cat > \"$t\" && chmod {mode:o} \"$t\" && {{ [ \"$(id -u)\" != 0 ] || chown -h {q(user)} \"$t\"; }} "
-        f"&& mv -f \"$t\" {q(path)}; then exit 0; fi; rc=$?; rm -f \"$t\"; exit $rc",
-        display=f"install -m {mode:04o} -o {user} <data> {path}"), input=data).check(host.name, f"write {path}")
+    """Write PATH atomically for USER: the host's one atomic write (Host.put_command: a mktemp file,
+    0600 from its first byte, in root's folder), given to the user before it is moved in place."""
+    host.run(host.put_command(path, mode, owner=user), input=data).check(host.name, f"write {path}")
 
 
 def make_folders(host: Host, entry: HostEntry) -> None:
