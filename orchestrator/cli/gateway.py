@@ -7,7 +7,7 @@ import json
 import click
 
 from orchestrator.cli.common import console, pass_app
-from orchestrator.cli.options import exit_codes, fleet_host_options, json_option
+from orchestrator.cli.options import exit_codes, fleet_host_options, host_options, json_option
 
 
 @click.group(epilog=exit_codes("0 ok, 1 failed, 2 bad input, 3 refused; each subcommand's --help says when."))
@@ -65,9 +65,11 @@ def _show(r, title: str) -> None:
     backends = (r.counters or {}).get("backends", {})
     for row in r.routes:
         b = backends.get(f"svc_{row['service']}", {})
-        counts = f"  {b.get('requests', 0)} requests, {b.get('inflight', 0)} in flight, {b.get('errors_5xx', 0)} 5xx" \
-            if b else ""
-        state = "" if row["up"] else "  (503 + Retry-After: stopping, asleep or draining)"
+        waiting = max(b.get("active", 0) - b.get("inflight", 0), 0)
+        counts = (f"  {b.get('requests', 0)} requests, {b.get('inflight', 0)} in flight, {waiting} waiting, "
+                  f"{b.get('errors_5xx', 0)} 5xx") if b else ""
+        state = ("" if row["up"] else "  (asleep: requests wait while it wakes)" if row.get("held")
+                 else "  (503 + Retry-After: stopping, asleep or draining)")
         c.print(f"  {', '.join(row['models'])} -> {row['target']} ({row['service']}){state}{counts}", markup=False)
     if r.state == "serving" and not r.routes:
         c.print("  no model behind it yet: deploy one (`vllm-orch deploy MODEL --host ...`)", markup=False)
@@ -128,3 +130,56 @@ def status(app, hosts, parallel, accept_new_host_key, as_json):
     from orchestrator.ops import gateway as og
 
     return _each(hosts, parallel, as_json, "status", lambda e: og.status(e, accept_new_host_key=accept_new_host_key))
+
+
+@gateway.command(epilog=exit_codes("0 stopped by Ctrl-C (or --for elapsed), 2 bad input (no wake group, a service "
+                                   "without a sleep section), 3 refused (no gateway on the host)."))
+@host_options
+@click.option("--poll", "poll_s", type=click.FloatRange(0.05, 10), default=0.25, show_default=True,
+              help="Seconds between two reads of the gateway's counters.")
+@click.option("--for", "for_s", type=click.FloatRange(min=0), default=None,
+              help="Stop after this many seconds (default: until Ctrl-C).")
+@pass_app
+def waker(app, host_name, accept_new_host_key, poll_s, for_s):
+    """Wake sleeping models on demand: a request for a model of one of the host's
+    gateway.wake_groups that sleeps waits at the gateway while this puts the group's awake model
+    to sleep and wakes it (the sleep swap of `vllm-orch swap MODEL --sleep-old`, its canary
+    checked, rolled back if it fails). A model that woke serves at least the group's
+    min_awake_seconds before another's requests put it to sleep (at once if it is idle), so two
+    loads on one GPU set take turns instead of thrashing; with ttl_seconds an idle model sleeps
+    again. Requests wait up to gateway.hold_seconds, then get 503 with Retry-After.
+
+    It runs in the foreground, a line per wake or sleep; run it where vllm-orch runs (under
+    systemd, tmux...), one per host.
+
+    \b
+    Example (hosts.yaml):
+      gateway:
+        wake_groups:
+          - services: [kimi-k25-int4, kimi-k25-nvfp4]
+            min_awake_seconds: 30
+            ttl_seconds: 900
+    then:
+      vllm-orch gateway waker --host gpu1
+    """
+    import time
+
+    from orchestrator.cli.common import load_host_entry, resolved_models_dir
+    from orchestrator.config.manifest import load_all
+    from orchestrator.errors import Interrupted
+    from orchestrator.ops import waker as ow
+
+    entry = load_host_entry(app, host_name)
+    manifests, _bad = load_all(resolved_models_dir(app))
+    end = None if for_s is None else time.monotonic() + for_s
+    c = console()
+
+    def say(line: str) -> None:
+        c.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False, highlight=False)
+
+    try:
+        ow.run(entry, manifests, say, poll_s=poll_s, until=lambda: end is not None and time.monotonic() >= end,
+               accept_new_host_key=accept_new_host_key)
+    except (KeyboardInterrupt, Interrupted):
+        say("stopped")
+    return 0

@@ -204,6 +204,32 @@ class Monitoring(Strict):
         return v
 
 
+class WakeGroup(Strict):
+    """Services of one GPU set that the gateway wakes on demand (`vllm-orch gateway waker`,
+    docs/gateway.md "On-demand wake"): a request for one that sleeps waits at the gateway while the
+    awake one sleeps and it wakes (a sleep swap, canary checked)."""
+
+    services: list[str] = Field(min_length=1, description="The services (manifest names) of the group: each has a "
+                                                          "`sleep` section and they share the GPUs.")
+    min_awake_seconds: int = Field(
+        30, ge=0, le=86400,
+        description="The anti-thrash bound: a model that woke serves at least this long before another model's "
+                    "requests may put it to sleep (at once when it has no request in flight).")
+    ttl_seconds: int = Field(
+        0, ge=0, le=604800,
+        description="An awake model of the group with no request for this long is put to sleep (0: never).")
+
+    @field_validator("services")
+    @classmethod
+    def _services(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not SLUG.fullmatch(name):
+                raise ValueError(f"{name!r} is not a service name")
+        if len(set(v)) != len(v):
+            raise ValueError("a service is named twice")
+        return v
+
+
 class Gateway(Strict):
     """The host's gateway (`vllm-orch gateway up`, docs/gateway.md): one port that routes every
     OpenAI request by its `model` to the service that serves it."""
@@ -221,8 +247,8 @@ class Gateway(Strict):
                     "the service user, never in the inventory, a plan or a log.")
     hold_seconds: int = Field(
         30, ge=0, le=600,
-        description="How long a request for a model that is starting (its port not open yet) waits at the "
-                    "gateway, then 503 with Retry-After.")
+        description="How long a request for a model that is starting (its port not open yet) or waking waits at "
+                    "the gateway, then 503 with Retry-After.")
     run_dir: str = Field(
         "", description="The folder of its control sockets (HAProxy's master and admin sockets), the service "
                         "user's. Default (empty): state_dir/gateway/run. A Unix socket's path has at most 107 "
@@ -231,6 +257,25 @@ class Gateway(Strict):
         60, ge=0, le=3600,
         description="Before a service stops or sleeps, how long its requests in flight may take to finish "
                     "(new ones get 503 with Retry-After meanwhile).")
+    wake_groups: list[WakeGroup] = Field(
+        default_factory=list,
+        description="Services the gateway wakes on demand, by group (opt-in): a request for a sleeping one waits "
+                    "while `vllm-orch gateway waker` wakes it. Outside a group a sleeping model answers 503. Each: "
+                    "`services` (manifest names), `min_awake_seconds` (30: the anti-thrash turn), `ttl_seconds` "
+                    "(0: never sleep an idle one); docs/gateway.md \"On-demand wake\".")
+
+    def group_of(self, service: str) -> WakeGroup | None:
+        return next((g for g in self.wake_groups if service in g.services), None)
+
+    @field_validator("wake_groups")
+    @classmethod
+    def _groups(cls, v: list[WakeGroup]) -> list[WakeGroup]:
+        seen: set[str] = set()
+        for g in v:
+            if seen & set(g.services):
+                raise ValueError(f"{sorted(seen & set(g.services))[0]} is in two wake groups")
+            seen |= set(g.services)
+        return v
 
     @field_validator("listen")
     @classmethod

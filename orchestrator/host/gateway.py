@@ -9,14 +9,18 @@ host: host/services.py), named NAME.
 
 Routes: every service with a record (it was proved serving; a sleeping one is listed but answers
 503 + Retry-After until it wakes), plus what the running operation says: `up` (a service it is
-starting: requests wait for its port, up to hold_s) and `down` (a service it drains or stops: new
-requests get 503 + Retry-After).
+starting: requests wait for its port, up to hold_s), `down` (a service it drains or stops: new
+requests get 503 + Retry-After); a service in `up` that still sleeps (it is being woken) holds its
+requests at the gateway until `enable` lets them through, once its canary matched. A service of an on-demand wake group
+(inventory gateway.wake_groups) that sleeps or drains is held too: its requests wait while the
+waker (ops/waker.py) wakes it.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Collection
+from dataclasses import replace
 
 from orchestrator import __version__
 from orchestrator.config.inventory import HostEntry
@@ -95,13 +99,16 @@ def names_of(host: Host, entry: HostEntry, name: str) -> set[str]:
 
 
 def current_routes(host: Host, entry: HostEntry, up: Collection[str] = (), down: Collection[str] = ()) -> list[gw.Route]:
-    """The routes now: every recorded service and `up`; those in `down` answer 503 + Retry-After."""
+    """The routes now: every recorded service and `up`; those in `down` answer 503 + Retry-After;
+    one in `up` that sleeps (waking now), and a wake group's that is not up, hold their requests."""
     records = state.read_records(host, entry)
     routes = []
     for name in sorted(set(records) | set(up)):
         r = route_of(host, name, records.get(name), state.read_installed(host, entry, name), up=name not in down)
         if r is not None:
-            routes.append(r)
+            waking = name in up and name not in down
+            grouped = entry.gateway.group_of(name) is not None
+            routes.append(replace(r, hold=not r.up and (waking or grouped)))
     # a name that a service going down and one coming up both serve (a swap between two manifests of
     # one served name) goes to the one coming up; check_routes refuses what stays ambiguous
     live = {n for r in routes if r.up for n in r.names}
@@ -118,10 +125,11 @@ def make_folders(host: Host, entry: HostEntry) -> None:
     """state_dir/gateway (root's, 0755: the files in it are the user's own, 0600) and its run
     folder (the user's, 0700: the sockets)."""
     q = shlex.quote
-    f, run = folder(entry), config(entry).run_dir
+    f, run, awake = folder(entry), config(entry).run_dir, config(entry).release_dir
     u = q(entry.service_user)
-    host.run(Script(f"mkdir -p {q(f)} {q(run)} && chmod 0755 {q(f)} && chmod 0700 {q(run)} && "
-                    f"{{ [ \"$(id -u)\" != 0 ] || chown -h {u} {q(run)}; }}")).check(entry.name, "gateway folders")
+    host.run(Script(f"mkdir -p {q(f)} {q(run)} {q(awake)} && chmod 0755 {q(f)} && chmod 0700 {q(run)} {q(awake)} && "
+                    f"{{ [ \"$(id -u)\" != 0 ] || chown -h {u} {q(run)} {q(awake)}; }}")).check(entry.name,
+                                                                                         "gateway folders")
 
 
 def write_config(host: Host, entry: HostEntry, cfg: gw.GatewayConfig, routes: list[gw.Route]) -> list[str]:
@@ -151,6 +159,7 @@ def sync(host: Host, entry: HostEntry, rec: GatewayRecord, up: Collection[str] =
     """Render the routes now (with `up` and `down`), write what changed, reload when it did."""
     cfg = config(entry, rec)
     routes = current_routes(host, entry, up, down)
+    hold(host, cfg, routes)
     try:
         changed = write_config(host, entry, cfg, routes)
     except gw.GatewayInputError as exc:
@@ -158,6 +167,28 @@ def sync(host: Host, entry: HostEntry, rec: GatewayRecord, up: Collection[str] =
     if changed and service(host, entry).state().active:
         ctl(host, entry, "reload", cfg.run_dir, cfg.path("haproxy.cfg"), rec.haproxy)
     return routes, bool(changed)
+
+
+def release(host: Host, entry: HostEntry, rec: GatewayRecord, name: str) -> None:
+    """The requests held for NAME go on: its release file (render/gateway.py hold.lua), which every
+    HAProxy worker reads, an old one still holding requests after a reload included."""
+    cfg = config(entry, rec)
+    q = shlex.quote
+    host.run(Script(f"mkdir -p -m 0700 {q(cfg.release_dir)} && {{ [ \"$(id -u)\" != 0 ] || chown -h "
+                    f"{q(entry.service_user)} {q(cfg.release_dir)}; }}")).check(entry.name, "gateway release folder")
+    install_file(host, f"{cfg.release_dir}/svc_{name}", b"released\n", entry.service_user)
+
+
+def hold(host: Host, cfg: gw.GatewayConfig, routes: list[gw.Route]) -> None:
+    """The held routes' release files are gone before a worker holds their requests."""
+    held = [f"{cfg.release_dir}/{r.backend}" for r in routes if r.hold and not r.up]
+    if held:
+        host.run(Script("rm -f -- " + " ".join(shlex.quote(p) for p in held))).check(host.name, "gateway hold")
+
+
+def state_of(host: Host, entry: HostEntry, rec: GatewayRecord) -> dict:
+    """gateway_ctl.py state: the workers, and per backend its counters summed over them."""
+    return ctl(host, entry, "state", config(entry, rec).run_dir, timeout=30)
 
 
 def drain(host: Host, entry: HostEntry, rec: GatewayRecord, name: str, up: Collection[str] = (),

@@ -11,6 +11,7 @@ of a running gateway re-renders and reloads (its streams go on). down: stopped, 
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -51,7 +52,7 @@ class GatewayResult:
 
 
 def route_rows(routes: list[gw.Route]) -> list[dict]:
-    return [{"service": r.service, "models": list(r.names), "target": r.target, "up": r.up,
+    return [{"service": r.service, "models": list(r.names), "target": r.target, "up": r.up, "held": r.hold and not r.up,
              "key": r.key is not None} for r in routes]
 
 
@@ -175,7 +176,10 @@ def down(entry: HostEntry, *, accept_new_host_key: bool = False) -> GatewayResul
         cfg = hg.config(entry, rec)
         files = [cfg.path(n) for n in gw.FILES] + [hg.record_path(entry), hg.unit_path(entry)]
         host.run(["rm", "-f", *files]).check(entry.name, "delete the gateway's files")
-        host.run(Script(f"rmdir {cfg.run_dir} 2>/dev/null; rmdir {cfg.folder} 2>/dev/null; true"))
+        q = shlex.quote
+        # the release files (hold.lua) are in a folder of its own, made by `up`: its svc_* files only
+        host.run(Script(f"find {q(cfg.release_dir)} -maxdepth 1 -type f -name 'svc_*' -delete 2>/dev/null; "
+                        f"rmdir {q(cfg.release_dir)} {q(cfg.run_dir)} {q(cfg.folder)} 2>/dev/null; true"))
         svc.run_all(svc.reload_commands(), "daemon-reload")
         state.append_history(host, entry, HistoryEntry(operation="gateway-down", ok=True,
                                                        seconds=round(time.monotonic() - t0, 3)))
@@ -198,7 +202,7 @@ def status_of(host: Host, entry: HostEntry) -> GatewayResult:
         res.error = str(exc)
     if st.active:
         try:
-            answer = hg.ctl(host, entry, "state", cfg.run_dir, timeout=30)
+            answer = hg.state_of(host, entry, rec)
             res.counters = {"workers": len(answer.get("workers", [])), "backends": answer.get("backends", {})}
         except CommandFailed as exc:
             res.error = exc.message

@@ -350,11 +350,12 @@ def refolder(t: ServiceInput, folder: str) -> ServiceInput:
 def swap_spec(facts: Mapping[str, HostFacts], entries: list[HostEntry], m: Manifest, request: Request,
               opts: Options) -> ServiceSpec:
     """Pure: the new service of a swap over its nodes (head first); with --replace it takes the
-    replaced service's GPUs (when it needs as many) and port on each node that service runs on."""
+    replaced service's GPUs (when it needs as many) and port on each node that service runs on,
+    unless it sleeps there: a wake keeps the process, so the port and GPUs it sleeps on."""
     name, head = request.name or m.name, entries[0]
     old_name = old_model_name(facts[head.name], name, head.name, opts.replace)
     took = {}
-    if opts.replace and old_name and old_name != name:
+    if opts.replace and old_name and old_name != name and facts[head.name].asleep(name) is None:
         took = {e.name: p for e in entries if e.name in facts and (p := facts[e.name].placement(old_name, e.name))}
     return service_spec(m, entries, request, facts, took or None)
 

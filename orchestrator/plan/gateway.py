@@ -7,7 +7,9 @@ dry run shows them and they run in the plan's one code path:
   before a stop or a sleep   drain: new requests for the service get 503 + Retry-After, its
                              requests in flight finish (up to gateway.drain_seconds)
   before a start or a wake   route: requests for the service wait for its port (up to
-                             gateway.hold_seconds, then 503 + Retry-After) instead of 404
+                             gateway.hold_seconds, then 503 + Retry-After) instead of 404; for a
+                             wake they wait at the gateway (its port is open while it sleeps)
+  after a wake               release: its canary matched, the requests held for it go on
   at the end                 the routes follow the host's records (a stopped service's name is
                              404, a sleeping one's 503 + Retry-After)
 
@@ -80,12 +82,26 @@ def route_action(rec: GatewayRecord, name: str) -> Action:
                   run=_guarded(f"route {name}", work), subject=name)
 
 
+def release_action(rec: GatewayRecord, name: str) -> Action:
+    """After a wake (its canary matched): every HAProxy worker lets the requests held for NAME go on."""
+    def work(env: RunEnv) -> str:
+        hg.release(env.host, env.entry, rec, name)
+        hg.sync(env.host, env.entry, rec, env.record.gateway_up, env.record.gateway_down)
+        return f"the requests held for {name} go on"
+
+    return Action("gateway", f"release {name} at the gateway: its canary matched, the requests held for it go on",
+                  commands=[Script("", display=f"write the release file of svc_{name}, which every HAProxy worker's "
+                                               f"held requests wait for")],
+                  run=_guarded(f"release {name}", work), subject=name)
+
+
 def sync_action(rec: GatewayRecord) -> Action:
     def work(env: RunEnv) -> str:
         env.record.gateway_up.clear()
         env.record.gateway_down.clear()
         routes, changed = hg.sync(env.host, env.entry, rec)
-        shown = "; ".join(f"{', '.join(r.names)} -> {r.target}" + ("" if r.up else " (503)") for r in routes)
+        shown = "; ".join(f"{', '.join(r.names)} -> {r.target}" + ("" if r.up else " (held)" if r.hold else " (503)")
+                          for r in routes)
         return (shown or "no model routed") + ("" if changed else " (unchanged)")
 
     return Action("gateway", "the gateway's routes follow the host's records (a stopped service's name answers 404)",
@@ -108,6 +124,8 @@ def _around(actions: list[Action], rec: GatewayRecord, head: str) -> tuple[list[
         touched = touched or bool(name)
         where[i] = len(out)
         out.append(a)
+        if name and a.step == "wake":
+            out.append(release_action(rec, name))
     if touched:
         out.append(sync_action(rec))
     return out, where

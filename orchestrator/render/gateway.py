@@ -15,6 +15,11 @@ What the files hold, each written 0600 for the service user (host/gateway.py wri
   clients.lst    "Bearer KEY" per line: the keys clients must send (inventory gateway.keys_env)
   models.json    GET /v1/models: every model behind the gateway, awake or asleep
   503.http       the answer past the hold bound, with Retry-After
+  hold.lua       holds a request for a model that wakes until its release file run_dir/awake/BACKEND
+                 exists (written once its canary matched), up to hold_s
+
+Per model, a stick table (`gw_demand`, keyed by backend) counts the requests routed to it and those
+waiting or in flight now (conn_cur): what the on-demand waker (ops/waker.py) and `gateway status` read.
 
 Only POST /v1/... with a routable model, GET /v1/models and GET /health pass; the client's
 Authorization header never reaches a service (each backend sets the service's own key), and vLLM's
@@ -42,7 +47,30 @@ KEY_TEXT = re.compile(r"^[\x21-\x7e]{1,512}$")
 # A served name as the manifests allow it (config/manifest.Serving._served).
 NAME_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
-FILES = ("haproxy.cfg", "routes.map", "keys.map", "clients.lst", "models.json", "503.http")
+FILES = ("haproxy.cfg", "routes.map", "keys.map", "clients.lst", "models.json", "503.http", "hold.lua")
+DEMAND_TABLE = "gw_demand"
+HOLD_POLL_MS = 25                        # how soon a held request sees its server enabled
+
+# HAProxy's Lua (built in Debian's haproxy: USE_LUA): the held request yields (core.msleep) until
+# the service's release file exists (run_dir/awake/BACKEND, written once its canary matched), so the
+# wait costs no thread. A file, not a runtime state: every worker sees it, an old one that still
+# holds requests after a reload included (its proxies no longer take runtime commands). Past the
+# bound the request gets 503 + Retry-After.
+HOLD_LUA = f"""-- Managed by vllm-orch: hold a request while the model it names wakes (docs/gateway.md).
+core.register_action("vllm_orch_hold", {{"http-req"}}, function(txn, bound_ms, folder)
+  local name = txn:get_var("txn.backend")
+  if name == nil then return end
+  local path, waited, bound = folder .. "/" .. name, 0, tonumber(bound_ms) or 0
+  while true do
+    local f = io.open(path, "r")
+    if f ~= nil then f:close(); txn:set_var("txn.held_ms", waited); return end
+    if waited >= bound then break end
+    core.msleep({HOLD_POLL_MS})
+    waited = waited + {HOLD_POLL_MS}
+  end
+  txn:set_var("txn.held_out", 1)
+end, 2)
+"""
 
 
 def _error(status: int, kind: str, message: str, param: str | None = None) -> str:
@@ -72,6 +100,8 @@ class Route:
     address: str = "127.0.0.1"
     key: Secret | None = None
     up: bool = True             # False: draining or stopping, every new request gets 503 + Retry-After
+    hold: bool = False          # (not up) new requests wait at the gateway until the service's release
+                                # file exists (it woke), up to hold_s, then 503 + Retry-After
 
     @property
     def backend(self) -> str:
@@ -97,6 +127,11 @@ class GatewayConfig:
     hold_s: int = 30
     drain_s: int = 60
     host: str = ""               # the inventory host, for the header line
+
+    @property
+    def release_dir(self) -> str:
+        """A file per backend whose held requests may go on (hold.lua)."""
+        return f"{self.run_dir}/awake"
 
     @property
     def admin_socket(self) -> str:
@@ -163,6 +198,7 @@ def render(cfg: GatewayConfig, routes: list[Route], version: str = "") -> dict[s
         # an old process after a reload ends once its streams do, or after the drain bound
         f"  hard-stop-after {max(cfg.drain_s, 10) + 30}s",
         "  log stderr format short local0 notice",
+        f"  lua-load {p('hold.lua')}",
         "defaults",
         "  mode http",
         "  log global",
@@ -199,14 +235,25 @@ def render(cfg: GatewayConfig, routes: list[Route], version: str = "") -> dict[s
         "unless { var(txn.backend) -m found }",
         # the client's key is the gateway's: it never reaches a service
         "  http-request del-header authorization",
+        f"  http-request track-sc0 var(txn.backend) table {DEMAND_TABLE}",
+    ]
+    held = [r.backend for r in routes if r.hold and not r.up]
+    if held:
+        lines += [f"  http-request lua.vllm_orch_hold {max(cfg.hold_s, 0) * 1000} {cfg.release_dir} "
+                  f"if {{ var(txn.backend) -m str {' '.join(held)} }}",
+                  f"  http-request return status 503 content-type application/json string {q(UNAVAILABLE)} "
+                  f"hdr Retry-After {RETRY_AFTER_S} if {{ var(txn.held_out) -m found }}"]
+    lines += [
         "  use_backend %[var(txn.backend)]",
+        f"backend {DEMAND_TABLE}",
+        "  stick-table type string len 80 size 1k expire 24h store conn_cur,http_req_cnt",
     ]
     for r in routes:
         lines += [
             f"backend {r.backend}",
             f"  http-request set-header authorization %[str({r.backend}),map({p('keys.map')})] "
             f"if {{ str({r.backend}),map({p('keys.map')}) -m found }}",
-            f"  server s1 {r.target}" + ("" if r.up else " disabled"),
+            f"  server s1 {r.target}" + ("" if r.up or r.hold else " disabled"),
         ]
     models = {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "vllm", "root": n,
                                           "service": r.service} for r in routes for n in r.names]}
@@ -217,6 +264,7 @@ def render(cfg: GatewayConfig, routes: list[Route], version: str = "") -> dict[s
         "routes.map": "".join(f"{n} {r.backend}\n" for r in routes for n in r.names),
         "keys.map": "".join(f"{r.backend} Bearer {reveal(r.key)}\n" for r in routes if r.key is not None),
         "models.json": json.dumps(models, indent=1) + "\n",
+        "hold.lua": HOLD_LUA,
         "503.http": (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                      f"Retry-After: {retry}\r\nCache-Control: no-cache\r\nContent-Length: {len(body)}\r\n"
                      f"Connection: close\r\n\r\n{body}"),
@@ -232,5 +280,8 @@ def _quote(text: str) -> str:
 
 def plan_lines(routes: list[Route]) -> list[str]:
     """What a plan shows of the routes (no key): `kimi-k25-int4 -> 127.0.0.1:8000 (kimi-k25-int4)`."""
-    return [f"{', '.join(r.names)} -> {r.target} ({r.service}{'' if r.up else ', 503 + Retry-After'})"
-            for r in routes]
+    return [f"{', '.join(r.names)} -> {r.target} ({r.service}{_state(r)})" for r in routes]
+
+
+def _state(r: Route) -> str:
+    return "" if r.up else ", held until it wakes" if r.hold else ", 503 + Retry-After"

@@ -127,11 +127,15 @@ def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
     def long_stream():
         s = c.chat.completions.create(model="minimax-m2.5", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=200, stream=True, extra_body={"ignore_eos": True})
-        got["chunks"] = [ch for ch in s]
+        got["chunks"] = []
+        for ch in s:
+            got["chunks"].append(ch)
+            streaming.set()
 
+    streaming = threading.Event()
     t = threading.Thread(target=long_stream)
     t.start()
-    time.sleep(0.5)
+    assert streaming.wait(30)              # in flight when the stop starts (a busy machine is slow to start it)
     r = cli(env, "stop", "minimax-m25", "--host", "sim")
     t.join(30)
     assert r.returncode == 0 and "drain minimax-m25 at the gateway" in r.stdout, r.stdout + r.stderr

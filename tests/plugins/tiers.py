@@ -88,6 +88,7 @@ QUICK_TESTS = {
     "multi-node": "tests/integration/test_multinode_sim.py::test_deploy_status_logs_and_stop_of_a_two_node_service",
     "health timer": "tests/integration/test_health_busy_sim.py::test_a_hung_engine_is_still_restarted",
     "gateway": "tests/integration/test_gateway.py::test_one_url_routes_by_model_with_openai_errors_for_bad_input",
+    "gateway-waker": "tests/integration/test_gateway_wake.py::test_a_request_wakes_its_model_and_two_loads_take_turns",
     "demo": "tests/integration/test_demo_sim.py::"
             "test_a_second_demo_keeps_the_hosts_services_and_models_and_a_busy_host_is_left_alone",
 }

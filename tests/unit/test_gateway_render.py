@@ -83,3 +83,76 @@ def test_the_gateway_steps_surround_stops_and_starts_and_keep_the_recovery_numbe
     assert with_gateway(plan, None, entry) is plan                  # no gateway on the host: the plan as it was
     quiet = Plan("deploy", "gpu1", "a", actions=[Action("start", "nothing to do", noop=True, subject="a")])
     assert with_gateway(quiet, rec, entry) is quiet                 # nothing starts or stops: no gateway step
+
+
+def test_a_held_route_waits_for_its_release_file_in_a_valid_configuration(tmp_path):
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    held = [*ROUTES, gw.Route("kimi-k25-nvfp4", ("kimi-k2.5-nvfp4",), 8002, up=False, hold=True)]
+    cfg = write(tmp_path, held)
+    r = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = cfg.read_text()
+    # its server is enabled (the requests go on once released), the 503 one stays disabled
+    assert "server s1 127.0.0.1:8002\n" in text and "server s1 127.0.0.1:8001 disabled" in text
+    assert f"lua.vllm_orch_hold 5000 {tmp_path}/run/awake if {{ var(txn.backend) -m str svc_kimi-k25-nvfp4 }}" in text
+    assert "hdr Retry-After 2 if { var(txn.held_out) -m found }" in text
+    assert "core.msleep" in (tmp_path / "hold.lua").read_text()
+    assert gw.plan_lines(held)[-1].endswith("(kimi-k25-nvfp4, held until it wakes)")
+
+
+def test_a_wake_is_held_before_and_released_after_its_canary():
+    rec = GatewayRecord(port=8090, haproxy="/usr/sbin/haproxy")
+    from orchestrator.config.inventory import HostEntry
+
+    entry = HostEntry(name="gpu1", address="gpu1")
+    plan = Plan("swap", "gpu1", "b", actions=[Action("sleep", "sleep a", subject="a"),
+                                                Action("wake", "wake b", subject="b"), Action("record", "record b")])
+    out = with_gateway(plan, rec, entry)
+    assert [a.summary.split(" at ")[0] if a.step == "gateway" else a.step for a in out.actions][:6] == [
+        "drain a", "sleep", "route b", "wake", "release b", "record"]
+
+
+def _group(**kw):
+    from orchestrator.config.inventory import WakeGroup
+
+    return WakeGroup(services=["a", "b"], **kw)
+
+
+def test_the_waker_takes_turns_instead_of_thrashing():
+    from orchestrator.ops.waker import FAILED_WAKE_PAUSE_S, Member, Memory, decide
+
+    g = _group(min_awake_seconds=30, ttl_seconds=60)
+    mem = Memory(woke_at={"a": 100.0})
+    busy_a = {"a": Member("a", False, inflight=3, routed=10), "b": Member("b", True, waiting=2)}
+    assert decide(g, busy_a, mem, 110.0) is None                      # a serves its turn: b waits
+    kind, name, why = decide(g, busy_a, mem, 131.0)
+    assert (kind, name) == ("wake", "b") and "30 s turn" in why       # after it, b's waiting requests go first
+    idle_a = {"a": Member("a", False, routed=10), "b": Member("b", True, waiting=1)}
+    assert decide(g, idle_a, mem, 101.0)[:2] == ("wake", "b")         # an idle model gives way at once
+    none_awake = {"a": Member("a", True, waiting=1), "b": Member("b", True, waiting=4)}
+    assert decide(g, none_awake, mem, 0.0)[:2] == ("wake", "b")       # the most waiting first
+    mem.failed_at["b"] = 200.0
+    assert decide(g, none_awake, mem, 201.0)[:2] == ("wake", "a")     # a failed wake pauses
+    assert decide(g, {"b": none_awake["b"]}, mem, 200.0 + FAILED_WAKE_PAUSE_S - 1) is None
+    # the ttl: idle (no request, the routed count unchanged) for ttl_seconds
+    quiet = {"a": Member("a", False, routed=10), "b": Member("b", True)}
+    mem2 = Memory()
+    mem2.see(quiet, 0.0)
+    assert decide(g, quiet, mem2, 59.0) is None
+    mem2.see(quiet, 61.0)
+    assert decide(g, quiet, mem2, 61.0)[:2] == ("sleep", "a")
+    mem2.see({"a": Member("a", False, routed=11), "b": quiet["b"]}, 62.0)    # a request came: idle again from 62
+    assert decide(g, quiet, mem2, 100.0) is None
+    assert decide(_group(), quiet, Memory(), 1e9) is None               # ttl 0: never
+
+
+def test_wake_groups_are_checked():
+    from pydantic import ValidationError
+
+    from orchestrator.config.inventory import Gateway
+
+    with pytest.raises(ValidationError, match="in two wake groups"):
+        Gateway(wake_groups=[{"services": ["a", "b"]}, {"services": ["b", "c"]}])
+    with pytest.raises(ValidationError, match="not a service name"):
+        Gateway(wake_groups=[{"services": ["A;rm"]}])
+    assert Gateway(wake_groups=[{"services": ["a", "b"]}]).group_of("b").services == ["a", "b"]

@@ -61,19 +61,40 @@ def workers(run_dir: str) -> list[dict]:
     return out
 
 
+DEMAND_TABLE = "gw_demand"      # render/gateway.py DEMAND_TABLE
+
+
+def demand(run_dir: str, pid: int) -> dict[str, dict]:
+    """Per backend in one worker's demand table: requests now (waiting at the gateway or in flight:
+    conn_cur) and requests routed to it since the worker started (http_req_cnt)."""
+    out = {}
+    for line in cli(run_dir, f"@!{pid} show table {DEMAND_TABLE}").splitlines():
+        fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if "key" in fields:
+            try:
+                out[fields["key"]] = {"active": int(fields.get("conn_cur", 0)), "routed": int(fields.get("http_req_cnt", 0))}
+            except ValueError:
+                continue
+    return out
+
+
 def backends(run_dir: str, pids: list[int]) -> dict:
-    """Per backend, summed over the workers: requests in flight and queued, totals and 5xx answers."""
+    """Per backend, summed over the workers: requests in flight and queued, totals and 5xx answers,
+    requests now and routed (the demand table), and its server's state in the newest worker."""
     total: dict[str, dict] = {}
-    for pid in pids:
+    for i, pid in enumerate(pids):
         text = cli(run_dir, f"@!{pid} show stat")
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
         for row in rows:
             name, kind = row.get("pxname") or "", row.get("svname") or ""
+            if kind == "s1" and i == 0:
+                total.setdefault(name, _zero(row))["server"] = row.get("status") or ""
             if kind != "BACKEND" and kind != "FRONTEND":
                 continue
             key = name if kind == "BACKEND" else f"frontend:{name}"
-            t = total.setdefault(key, {"inflight": 0, "queued": 0, "requests": 0, "errors_5xx": 0,
-                                       "retries": 0, "status": row.get("status") or ""})
+            t = total.setdefault(key, _zero(row))
+            if kind == "BACKEND" and i == 0:
+                t["status"] = row.get("status") or ""
             for field, out in (("scur", "inflight"), ("qcur", "queued"), ("req_tot" if kind == "FRONTEND" else "stot",
                                                                            "requests"),
                                ("hrsp_5xx", "errors_5xx"), ("wretr", "retries")):
@@ -81,7 +102,16 @@ def backends(run_dir: str, pids: list[int]) -> dict:
                     t[out] += int(row.get(field) or 0)
                 except ValueError:
                     pass
+        for name, d in demand(run_dir, pid).items():
+            t = total.setdefault(name, _zero({}))
+            t["active"] += d["active"]
+            t["routed"] += d["routed"]
     return total
+
+
+def _zero(row: dict) -> dict:
+    return {"inflight": 0, "queued": 0, "requests": 0, "errors_5xx": 0, "retries": 0, "active": 0, "routed": 0,
+            "status": row.get("status") or "", "server": ""}
 
 
 def main(argv: list[str]) -> int:
