@@ -11,9 +11,9 @@ Routes: every service with a record (it was proved serving; a sleeping one is li
 503 + Retry-After until it wakes), plus what the running operation says: `up` (a service it is
 starting: requests wait for its port, up to hold_s), `down` (a service it drains or stops: new
 requests get 503 + Retry-After); a service in `up` that still sleeps (it is being woken) holds its
-requests at the gateway until `enable` lets them through, once its canary matched. A service of an on-demand wake group
-(inventory gateway.wake_groups) that sleeps or drains is held too: its requests wait while the
-waker (ops/waker.py) wakes it.
+requests at the gateway until `release` lets them through, once its canary matched. A service of
+an on-demand wake group (inventory gateway.wake_groups) that sleeps or drains is held too: its
+requests wait while the waker (ops/waker.py) wakes it.
 """
 
 from __future__ import annotations
@@ -172,11 +172,8 @@ def sync(host: Host, entry: HostEntry, rec: GatewayRecord, up: Collection[str] =
 def release(host: Host, entry: HostEntry, rec: GatewayRecord, name: str) -> None:
     """The requests held for NAME go on: its release file (render/gateway.py hold.lua), which every
     HAProxy worker reads, an old one still holding requests after a reload included."""
-    cfg = config(entry, rec)
-    q = shlex.quote
-    host.run(Script(f"mkdir -p -m 0700 {q(cfg.release_dir)} && {{ [ \"$(id -u)\" != 0 ] || chown -h "
-                    f"{q(entry.service_user)} {q(cfg.release_dir)}; }}")).check(entry.name, "gateway release folder")
-    install_file(host, f"{cfg.release_dir}/svc_{name}", b"released\n", entry.service_user)
+    make_folders(host, entry)          # the release folder: a gateway `up` installed before it had none
+    install_file(host, f"{config(entry, rec).release_dir}/svc_{name}", b"released\n", entry.service_user)
 
 
 def hold(host: Host, cfg: gw.GatewayConfig, routes: list[gw.Route]) -> None:
