@@ -126,7 +126,7 @@ def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
 
     def long_stream():
         s = c.chat.completions.create(model="minimax-m2.5", messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=200, stream=True, extra_body={"ignore_eos": True})
+                                      max_tokens=840, stream=True, extra_body={"ignore_eos": True})
         got["chunks"] = []
         for ch in s:
             got["chunks"].append(ch)
@@ -135,7 +135,9 @@ def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
     streaming = threading.Event()
     t = threading.Thread(target=long_stream)
     t.start()
-    assert streaming.wait(30)              # in flight when the stop starts (a busy machine is slow to start it)
+    # in flight when the stop starts: about 10 s of tokens at 84 tok/s, longer than a busy machine takes to
+    # start the CLI and reach the drain step (200 tokens were not, on CI), shorter than drain_seconds
+    assert streaming.wait(30)
     r = cli(env, "stop", "minimax-m25", "--host", "sim")
     t.join(30)
     assert r.returncode == 0 and "drain minimax-m25 at the gateway" in r.stdout, r.stdout + r.stderr
