@@ -56,6 +56,8 @@ def _each(hosts, parallel, as_json, title, one):
 
 
 def _show(r, title: str) -> None:
+    from orchestrator.host import gateway as hg
+
     c = console()
     colour = {"serving": "green", "failed": "red"}.get(r.state, "yellow")
     c.print(f"[bold]{r.host}[/]: gateway [{colour}]{r.state}[/]" + (f" at {r.url}" if r.url and r.state == "serving"
@@ -65,8 +67,8 @@ def _show(r, title: str) -> None:
     backends = (r.counters or {}).get("backends", {})
     for row in r.routes:
         b = backends.get(f"svc_{row['service']}", {})
-        waiting = max(b.get("active", 0) - b.get("inflight", 0), 0)
-        counts = (f"  {b.get('requests', 0)} requests, {b.get('inflight', 0)} in flight, {waiting} waiting, "
+        inflight, waiting = hg.load_of(b)
+        counts = (f"  {b.get('requests', 0)} requests, {inflight} in flight, {waiting} waiting, "
                   f"{b.get('errors_5xx', 0)} 5xx") if b else ""
         state = ("" if row["up"] else "  (asleep: requests wait while it wakes)" if row.get("held")
                  else "  (503 + Retry-After: stopping, asleep or draining)")

@@ -178,6 +178,8 @@ def render_host_details(console, r: HostStatus) -> None:
         console.print(line)
         for extra in unit_lines(v) + node_lines(v):
             console.print(f"    {extra}", markup=False)
+    if r.gateway:
+        console.print(f"  {gateway_line(r.gateway)}", markup=False)
     if r.interrupted_swap:
         console.print(f"  [bold red]half-done swap[/]: {escape(r.interrupted_swap['text'])}")
         console.print(f"  [yellow]hint:[/] {escape(r.interrupted_swap['hint'])}")
@@ -225,6 +227,24 @@ def render_host_details(console, r: HostStatus) -> None:
             figures += f" at concurrency {b['peak_concurrency']}"
         console.print(f"  last bench ({b.get('model', '?')}, {fmt_at(b.get('at'))}): {figures or 'no figures'}",
                       markup=False)
+
+
+def gateway_line(g: dict) -> str:
+    """`gateway: serving at http://gpu1:8090/v1, 2 models (kimi-k2.5, minimax-m2.5; held: b); 120
+    requests, 2 in flight, 0 waiting, 0 5xx`."""
+    line = f"gateway: {g.get('state')}" + (f" at {g['url']}" if g.get("url") and g.get("state") == "serving" else "")
+    models = g.get("models") or []
+    if g.get("state") == "serving" or models:
+        line += f", {len(models)} model{'s' if len(models) != 1 else ''}"
+        if models:
+            line += f" ({', '.join(models)}" + (f"; held while they wake or restart: {', '.join(g['held'])}"
+                                                if g.get("held") else "") + ")"
+    if "requests" in g and g.get("state") == "serving":
+        line += (f"; {g['requests']} requests, {g['in_flight']} in flight, {g['waiting']} waiting, "
+                 f"{g['errors_5xx']} 5xx")
+    if g.get("error"):
+        line += f"; {g['error']}"
+    return line
 
 
 def unit_lines(r: HostStatus | ServiceStatus) -> list[str]:

@@ -236,6 +236,11 @@ class Gateway(Strict):
 
     port: int = Field(DEFAULT_GATEWAY_PORT, ge=1024, le=65535,
                       description="The port it listens on (it runs as the service user: 1024 or above).")
+    metrics_port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="A port of its own for the gateway's Prometheus metrics (HAProxy's exporter: GET /metrics, "
+                    "no key, on the `listen` addresses): requests, 5xx answers, requests in flight and response "
+                    "times per model; `vllm-orch monitor` scrapes it. Default: none (off).")
     listen: list[str] = Field(
         default_factory=lambda: ["127.0.0.1"], min_length=1,
         description="The addresses it listens on (IP addresses; 0.0.0.0 for every IPv4 address). Default: "

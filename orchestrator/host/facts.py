@@ -322,6 +322,7 @@ class StatusExtras(Section):
     uptime: Annotated[float | None, _lenient(None)] = None
     lock: Annotated[dict[str, Any] | None, _lenient(None)] = None
     health: Annotated[dict[str, Any], _lenient(dict)] = Field(default_factory=dict)
+    gateway: Annotated[dict[str, Any] | None, _lenient(None)] = None     # its record (host/gateway.py), unparsed
     history: Annotated[list[Any], _lenient(list)] = Field(default_factory=list)
 
 

@@ -10,8 +10,9 @@ host: host/services.py), named NAME.
 Routes: every service with a record (it was proved serving; a sleeping one is listed but answers
 503 + Retry-After until it wakes), plus what the running operation says: `up` (a service it is
 starting: requests wait for its port, up to hold_s), `down` (a service it drains or stops: new
-requests get 503 + Retry-After); a service in `up` that still sleeps (it is being woken) holds its
-requests at the gateway until `release` lets them through, once its canary matched. A service of
+requests get 503 + Retry-After), `held` (a service it restarts in place); a service in `up` that
+still sleeps (it is being woken), and one in `held`, hold their requests at the gateway until
+`release` lets them through, once its canary or its readiness gates passed. A service of
 an on-demand wake group (inventory gateway.wake_groups) that sleeps or drains is held too: its
 requests wait while the waker (ops/waker.py) wakes it.
 """
@@ -57,7 +58,8 @@ def config(entry: HostEntry, rec: GatewayRecord | None = None) -> gw.GatewayConf
                                                               f"folder (e.g. /run/vllm-orch-gateway)")
     return gw.GatewayConfig(folder=folder(entry), run_dir=run_dir, port=port, listen=listen,
                             hold_s=rec.hold_s if rec else s.hold_seconds,
-                            drain_s=rec.drain_s if rec else s.drain_seconds, host=entry.name)
+                            drain_s=rec.drain_s if rec else s.drain_seconds, host=entry.name,
+                            metrics_port=rec.metrics_port if rec else s.metrics_port)
 
 
 def read_record(host: Host, entry: HostEntry) -> GatewayRecord | None:
@@ -98,17 +100,20 @@ def names_of(host: Host, entry: HostEntry, name: str) -> set[str]:
     return set(r.names) if r is not None else set()
 
 
-def current_routes(host: Host, entry: HostEntry, up: Collection[str] = (), down: Collection[str] = ()) -> list[gw.Route]:
+def current_routes(host: Host, entry: HostEntry, up: Collection[str] = (), down: Collection[str] = (),
+                   held: Collection[str] = ()) -> list[gw.Route]:
     """The routes now: every recorded service and `up`; those in `down` answer 503 + Retry-After;
-    one in `up` that sleeps (waking now), and a wake group's that is not up, hold their requests."""
+    those in `held` (restarting), one in `up` that sleeps (waking now), and a wake group's that is
+    not up hold their requests."""
     records = state.read_records(host, entry)
     routes = []
-    for name in sorted(set(records) | set(up)):
-        r = route_of(host, name, records.get(name), state.read_installed(host, entry, name), up=name not in down)
+    for name in sorted(set(records) | set(up) | set(held)):
+        r = route_of(host, name, records.get(name), state.read_installed(host, entry, name),
+                     up=name not in down and name not in held)
         if r is not None:
             waking = name in up and name not in down
             grouped = entry.gateway.group_of(name) is not None
-            routes.append(replace(r, hold=not r.up and (waking or grouped)))
+            routes.append(replace(r, hold=not r.up and (waking or grouped or name in held)))
     # a name that a service going down and one coming up both serve (a swap between two manifests of
     # one served name) goes to the one coming up; check_routes refuses what stays ambiguous
     live = {n for r in routes if r.up for n in r.names}
@@ -155,10 +160,10 @@ def ctl(host: Host, entry: HostEntry, *args: str, timeout: float = 60) -> dict:
 
 
 def sync(host: Host, entry: HostEntry, rec: GatewayRecord, up: Collection[str] = (),
-         down: Collection[str] = ()) -> tuple[list[gw.Route], bool]:
-    """Render the routes now (with `up` and `down`), write what changed, reload when it did."""
+         down: Collection[str] = (), held: Collection[str] = ()) -> tuple[list[gw.Route], bool]:
+    """Render the routes now (with `up`, `down` and `held`), write what changed, reload when it did."""
     cfg = config(entry, rec)
-    routes = current_routes(host, entry, up, down)
+    routes = current_routes(host, entry, up, down, held)
     hold(host, cfg, routes)
     try:
         changed = write_config(host, entry, cfg, routes)
@@ -188,11 +193,23 @@ def state_of(host: Host, entry: HostEntry, rec: GatewayRecord) -> dict:
     return ctl(host, entry, "state", config(entry, rec).run_dir, timeout=30)
 
 
+def load_of(counters: dict) -> tuple[int, int]:
+    """(in flight, waiting) of a backend's counters (state_of): in flight at its server (queued there
+    included), and the rest of the requests now routed to it (the demand table's conn_cur): held at
+    the gateway. The one rule the waker, `gateway status` and `status` count with."""
+    try:
+        inflight = int(counters.get("inflight", 0)) + int(counters.get("queued", 0))
+        return inflight, max(int(counters.get("active", 0)) - inflight, 0)
+    except (TypeError, ValueError):
+        return 0, 0
+
+
 def drain(host: Host, entry: HostEntry, rec: GatewayRecord, name: str, up: Collection[str] = (),
-          down: Collection[str] = ()) -> str:
-    """New requests for NAME get 503 + Retry-After; wait (up to drain_s) until none is in flight."""
+          down: Collection[str] = (), held: Collection[str] = ()) -> str:
+    """New requests for NAME get 503 + Retry-After (or, NAME in `held`, wait at the gateway); wait
+    (up to drain_s) until none is in flight at its server."""
     cfg = config(entry, rec)
-    sync(host, entry, rec, up, set(down) | {name})
+    sync(host, entry, rec, up, set(down) | ({name} - set(held)), held)
     if not service(host, entry).state().active:
         return "the gateway does not run"
     # its requests in flight are counted under its backend in every worker, an old one's included

@@ -312,6 +312,7 @@ class GatewayRecord(Record):
     port: int = Field(description="The port it listens on.")
     listen: list[str] = Field(default_factory=lambda: ["127.0.0.1"], description="The addresses it listens on.")
     haproxy: str = Field(description="The HAProxy executable it runs.")
+    metrics_port: int | None = Field(None, description="The port of its Prometheus metrics (None: off).")
     hold_s: int = Field(30, description="How long a request for a starting model waits, then 503.")
     drain_s: int = Field(60, description="How long requests in flight may take before their service stops.")
     installed_at: str | None = None

@@ -35,6 +35,8 @@ class GatewayResult:
     urls: list[str] = field(default_factory=list)
     port: int | None = None
     routes: list[dict] = field(default_factory=list)
+    metrics_port: int | None = None             # its Prometheus metrics (GET /metrics), None: off
+    listen: list[str] = field(default_factory=list)     # the addresses it listens on (the record's)
     counters: dict = field(default_factory=dict)
     runs: str | None = None                     # the unit or start script
     changed: list[str] = field(default_factory=list)
@@ -47,6 +49,7 @@ class GatewayResult:
 
     def as_dict(self) -> dict:
         return {"host": self.host, "state": self.state, "url": self.url, "urls": self.urls, "port": self.port,
+                "metrics_port": self.metrics_port,
                 "routes": self.routes, "counters": self.counters, "runs": self.runs, "changed": self.changed,
                 "seconds": round(self.seconds, 3), "error": self.error}
 
@@ -120,15 +123,21 @@ def up(entry: HostEntry, *, accept_new_host_key: bool = False, environ=os.enviro
                 hg.install_file(host, clients, data, entry.service_user)
                 changed.append("clients.lst")
         rec = GatewayRecord(port=cfg.port, listen=list(cfg.listen), haproxy=haproxy, hold_s=cfg.hold_s,
-                            drain_s=cfg.drain_s, installed_at=state.now_iso())
+                            drain_s=cfg.drain_s, metrics_port=cfg.metrics_port, installed_at=state.now_iso())
         svc = hg.service(host, entry)
-        moved = old is not None and (old.port, old.listen) != (rec.port, rec.listen)
+        moved = old is not None and (old.port, old.listen, old.metrics_port) != (rec.port, rec.listen,
+                                                                                 rec.metrics_port)
+        if cfg.metrics_port == cfg.port:
+            raise ConfigError(f"gateway.metrics_port {cfg.port} is its own port: the metrics need a port of their "
+                              f"own", host=entry.name, hint="set hosts.NAME.gateway.metrics_port, e.g. 8405")
         try:
             routes = hg.current_routes(host, entry)
-            clash = [r.service for r in routes if r.port == cfg.port]
-            if clash:
-                raise ConfigError(f"port {cfg.port} is {clash[0]}'s: the gateway needs a port of its own",
-                                  host=entry.name, hint="set hosts.NAME.gateway.port, or pass --port")
+            for port, what, hint in ((cfg.port, "the gateway", "set hosts.NAME.gateway.port, or pass --port"),
+                                     (cfg.metrics_port, "the gateway's metrics", "set hosts.NAME.gateway.metrics_port")):
+                clash = [r.service for r in routes if port and r.port == port]
+                if clash:
+                    raise ConfigError(f"port {port} is {clash[0]}'s: {what} needs a port of its own",
+                                      host=entry.name, hint=hint)
             changed += hg.write_config(host, entry, cfg, routes)
         except gw.GatewayInputError as exc:
             raise ConfigError(f"the gateway: {exc}", host=entry.name) from None
@@ -160,7 +169,7 @@ def up(entry: HostEntry, *, accept_new_host_key: bool = False, environ=os.enviro
                                                        routes=[r.service for r in routes],
                                                        seconds=round(time.monotonic() - t0, 3)))
         return GatewayResult(entry.name, "serving", cfg.urls(), cfg.port, route_rows(routes), runs=svc.describe(),
-                             changed=changed, seconds=time.monotonic() - t0)
+                             changed=changed, seconds=time.monotonic() - t0, metrics_port=cfg.metrics_port)
 
 
 def down(entry: HostEntry, *, accept_new_host_key: bool = False) -> GatewayResult:
@@ -186,16 +195,17 @@ def down(entry: HostEntry, *, accept_new_host_key: bool = False) -> GatewayResul
         return GatewayResult(entry.name, "stopped", port=cfg.port, runs=svc.describe(), seconds=time.monotonic() - t0)
 
 
-def status_of(host: Host, entry: HostEntry) -> GatewayResult:
-    """The gateway's state on an open host (also status's gateway line)."""
-    rec = hg.read_record(host, entry)
+def status_of(host: Host, entry: HostEntry, rec: GatewayRecord | None = None) -> GatewayResult:
+    """The gateway's state on an open host (also status's gateway line: `rec` the record it read)."""
+    rec = rec or hg.read_record(host, entry)
     svc = hg.service(host, entry)
     st = svc.state()
     if rec is None:
         return GatewayResult(entry.name, "serving" if st.active else "not installed", runs=svc.describe())
     cfg = hg.config(entry, rec)
     res = GatewayResult(entry.name, "serving" if st.active else ("failed" if st.failed else "stopped"),
-                        cfg.urls(), cfg.port, runs=svc.describe())
+                        cfg.urls(), cfg.port, runs=svc.describe(), metrics_port=cfg.metrics_port,
+                        listen=list(cfg.listen))
     try:
         res.routes = route_rows(hg.current_routes(host, entry))
     except gw.GatewayInputError as exc:
@@ -207,6 +217,19 @@ def status_of(host: Host, entry: HostEntry) -> GatewayResult:
         except CommandFailed as exc:
             res.error = exc.message
     return res
+
+
+def summary(res: GatewayResult) -> dict:
+    """`status`'s gateway line: its state and URL, the models it routes, and its counters summed."""
+    backends = {k: v for k, v in (res.counters.get("backends") or {}).items() if k.startswith("svc_")}
+    return {"state": res.state, "url": res.url, "runs": res.runs, "error": res.error, "port": res.port,
+            "metrics_port": res.metrics_port, "listen": res.listen,
+            "models": [n for r in res.routes for n in r["models"]],
+            "held": [r["service"] for r in res.routes if r["held"]],
+            "requests": sum(b.get("requests", 0) for b in backends.values()),
+            "errors_5xx": sum(b.get("errors_5xx", 0) for b in backends.values()),
+            "in_flight": sum(hg.load_of(b)[0] for b in backends.values()),
+            "waiting": sum(hg.load_of(b)[1] for b in backends.values())}
 
 
 def status(entry: HostEntry, *, accept_new_host_key: bool = False) -> GatewayResult:

@@ -96,7 +96,18 @@ def fleet(results: list[HostStatus], entries: dict[str, HostEntry],
                            ("dcgm", entry.monitoring.dcgm_exporter_port)):
             if port:
                 exporters.append(rules.Exporter(st.host, kind, _hostport(addr, port)))
+        g = st.gateway or {}
+        if g.get("metrics_port") and gateway_reachable(g.get("listen") or [], addr):
+            exporters.append(rules.Exporter(st.host, "gateway", _hostport(addr, g["metrics_port"])))
     return targets, exporters
+
+
+def gateway_reachable(listen: list[str], addr: str) -> bool:
+    """Prometheus at `addr` reaches the gateway's metrics: it listens there, on every address, or
+    both are this machine's loopback. A gateway on loopback only of a remote host is not scraped
+    (docs/gateway.md: name its LAN address in gateway.listen)."""
+    return addr in listen or any(a in ("0.0.0.0", "::") for a in listen) or \
+        (loopback(addr) and any(loopback(a) for a in listen))
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -146,12 +157,14 @@ def write(out: Path, targets: list[rules.Target], exporters: list[rules.Exporter
         "targets/vllm-keyed.json": json.dumps(rules.file_sd(keyed), indent=2),
         "targets/node.json": json.dumps(rules.exporter_sd(exporters, "node"), indent=2),
         "targets/dcgm.json": json.dumps(rules.exporter_sd(exporters, "dcgm"), indent=2),
+        "targets/gateway.json": json.dumps(rules.exporter_sd(exporters, "gateway"), indent=2),
         "targets/vllm-orch.json": json.dumps([{"targets": [state_target]}] if state_target else [], indent=2),
         "prometheus.yml": yaml.safe_dump(rules.scrape_config(timing, ref, scheme), sort_keys=False),
         "rules/vllm-orch.rules.yml": yaml.safe_dump(rules.rules(targets, timing), sort_keys=False, width=1000),
         "rules/vllm-orch.rules.test.yml": yaml.safe_dump(rules.promtool_tests(targets, timing), sort_keys=False,
                                                          width=1000),
-        "grafana/vllm-orch-fleet.json": json.dumps(rules.dashboard(targets), indent=2),
+        "grafana/vllm-orch-fleet.json": json.dumps(rules.dashboard(
+            targets, sorted({e.host for e in exporters if e.kind == "gateway"})), indent=2),
     }
     for host in sorted({t.host for t in targets if t.on_host}):
         mine = [t for t in targets if t.on_host and t.host == host]

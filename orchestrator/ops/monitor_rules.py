@@ -13,6 +13,7 @@ vllm-orch's own series (`vllm_orch_*`) come from `vllm-orch status --prometheus`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.probe import metrics as m
@@ -91,6 +92,13 @@ def exporter_sd(exporters: list[Exporter], kind: str) -> list[dict]:
     return [{"targets": [e.address], "labels": {"host": e.host}} for e in exporters if e.kind == kind]
 
 
+def gateway_job() -> dict:
+    """The gateways' own metrics (HAProxy's Prometheus exporter, `gateway.metrics_port`): a backend
+    svc_NAME is service NAME's traffic through the gateway, relabelled `service` as vLLM's series are."""
+    return _job("gateway", metric_relabel_configs=[
+        {"source_labels": ["proxy"], "regex": "svc_(.+)", "target_label": "service", "replacement": "$1"}])
+
+
 def _job(name: str, **extra) -> dict:
     return {"job_name": name, "file_sd_configs": [{"files": [f"targets/{name}.json"]}], **extra}
 
@@ -113,7 +121,7 @@ def scrape_config(timing: Timing, key_file: str | None, scheme: str = "http") ->
     jobs = _vllm_jobs(key_file, scheme)
     # vllm-orch's own series (status --prometheus through a node exporter's textfile collector)
     # carry their own host and service labels: honor_labels keeps them
-    jobs += [_job("node"), _job("dcgm"), _job("vllm-orch", honor_labels=True)]
+    jobs += [_job("node"), _job("dcgm"), _job("vllm-orch", honor_labels=True), gateway_job()]
     return {"global": {"scrape_interval": timing.interval, "evaluation_interval": timing.interval},
             "rule_files": ["rules/vllm-orch.rules.yml"], "scrape_configs": jobs}
 
@@ -396,6 +404,24 @@ SERVICE_PANELS = (
                            ("waiting", "vllm_orch:requests_waiting{sel}")]),
     ("Scrape up", "short", [("up", UP[:-1] + ", {inner}}")]),
 )
+# a gateway's own series (HAProxy 2.6's Prometheus exporter; `service` relabelled from its backend
+# svc_NAME by gateway_job): what callers of every model saw through the one endpoint
+GATEWAY_SERIES = ("haproxy_backend_http_requests_total", "haproxy_backend_http_responses_total",
+                  "haproxy_backend_current_sessions", "haproxy_backend_response_time_average_seconds",
+                  "haproxy_frontend_current_sessions")
+GATEWAY_PANELS = (
+    ("Requests/s by model (gateway)", "reqps",
+     [("{{service}}", 'sum by (service) (rate(haproxy_backend_http_requests_total{{inner}, service!=""}[1m]))')]),
+    ("5xx answers/s by model (gateway)", "reqps",
+     [("{{service}}", 'sum by (service) (rate(haproxy_backend_http_responses_total{{inner}, service!="", '
+                      'code="5xx"}[1m]))')]),
+    ("In flight by model (gateway)", "short",
+     [("{{service}}", 'sum by (service) (haproxy_backend_current_sessions{{inner}, service!=""})')]),
+    ("Response time by model (gateway, last 1024)", "s",
+     [("{{service}}", 'max by (service) (haproxy_backend_response_time_average_seconds{{inner}, service!=""})')]),
+    ("Client connections (gateway)", "short",
+     [("connections", 'sum(haproxy_frontend_current_sessions{{inner}, proxy="gateway"})')]),
+)
 FLEET_PANELS = (
     ("Services up", "short", [("up", f"sum({UP})")]),
     ("Output tokens/s by service", "short", [("{{host}}/{{service}}", "vllm_orch:generation_tokens:rate")]),
@@ -408,8 +434,9 @@ FLEET_PANELS = (
 )
 
 
-def dashboard(targets: list[Target]) -> dict:
-    """The fleet overview row, then one row per service, each panel a recorded series."""
+def dashboard(targets: list[Target], gateways: Sequence[str] = ()) -> dict:
+    """The fleet overview row, a row per host's gateway (`gateways`: the hosts whose metrics are
+    scraped), then one row per service, each panel a recorded series or a gateway series."""
     panels: list[dict] = []
     y = 0
 
@@ -435,6 +462,10 @@ def dashboard(targets: list[Target]) -> dict:
 
     row("Fleet")
     add(FLEET_PANELS, "", "")
+    for host in gateways:
+        inner = f"job=\"gateway\", host={q(host)}"
+        row(f"gateway on {host}")
+        add(GATEWAY_PANELS, "{" + inner + "}", inner)
     for t in targets:
         inner = f"host={q(t.host)}, service={q(t.service)}"
         row(f"{t.service} on {t.host} ({t.model}, GPUs {','.join(map(str, t.gpus))})")

@@ -130,6 +130,7 @@ class HostStatus:
     health: dict | None = None                   # the health timer's last check (health/NAME.json)
     last_health_restart: dict | None = None      # the health timer's last restart (history)
     interrupted_swap: dict | None = None         # swap.json: from, to, since, by, text, hint
+    gateway: dict | None = None                  # the gateway it runs (ops/gateway.summary), None: none installed
     bad_records: list[str] = field(default_factory=list)   # record files that did not parse (left out)
     lock: dict | None = None
     vllm_version: str | None = None
@@ -154,6 +155,9 @@ class HostStatus:
             return []                                  # said as the host's error
         out = [f"{self.host}: {s.name} is {s.state}" + (f" ({s.state_reason})" if s.state_reason else "")
                for s in self.services if s.state in ("failed", "stopped")]
+        if self.gateway and self.gateway["state"] != "serving":
+            out.append(f"{self.host}: its gateway is {self.gateway['state']} (every model behind it is unreachable "
+                       f"through it)")
         if self.interrupted_swap:
             out.append(f"{self.host}: a swap is half done ({self.interrupted_swap.get('from')} -> "
                        f"{self.interrupted_swap.get('to')})")
@@ -362,6 +366,22 @@ def _fill(st: HostStatus, host: Host, entry: HostEntry, port_of, served_name_of,
                  for d in sorted(facts.models.values(), key=lambda d: d.name)]
     st.last_deploy = last_deploy(history)
     st.last_bench = bench_summary(last_record(history, ("bench",)))
+    if extras.gateway is not None:          # a gateway is installed: its line (a few more round trips)
+        st.gateway = gateway_line(host, entry, extras.gateway)
+
+
+def gateway_line(host: Host, entry: HostEntry, raw: dict) -> dict:
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.host.records import GatewayRecord
+    from orchestrator.ops import gateway
+
+    rec, why = GatewayRecord.parse(raw)
+    if rec is None:
+        return {"state": "unreadable", "error": f"its record gateway/gateway.json: {why}"}
+    try:
+        return gateway.summary(gateway.status_of(host, entry, rec))
+    except OrchestratorError as exc:
+        return {"state": "unknown", "error": str(exc)}
 
 
 def _service(row: ServiceStatus, host: Host, entry: HostEntry, facts, history: list[dict], checks: dict[str, dict],

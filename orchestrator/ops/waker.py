@@ -100,9 +100,9 @@ def members_of(group: WakeGroup, backends: Mapping[str, dict], records: Mapping)
         if rec is None:
             continue
         b = backends.get(f"svc_{name}", {})
-        inflight = int(b.get("inflight", 0)) + int(b.get("queued", 0))
-        out[name] = Member(name, rec.asleep is not None, waiting=max(int(b.get("active", 0)) - inflight, 0),
-                           inflight=inflight, routed=int(b.get("routed", 0)))
+        inflight, waiting = hg.load_of(b)
+        out[name] = Member(name, rec.asleep is not None, waiting=waiting, inflight=inflight,
+                           routed=int(b.get("routed", 0)))
     return out
 
 

@@ -10,6 +10,10 @@ dry run shows them and they run in the plan's one code path:
                              gateway.hold_seconds, then 503 + Retry-After) instead of 404; for a
                              wake they wait at the gateway (its port is open while it sleeps)
   after a wake               release: its canary matched, the requests held for it go on
+  before a restart in place  hold: new requests for the service wait at the gateway, its requests
+  (regen --restart, an       in flight finish (up to gateway.drain_seconds) before vLLM stops;
+  upgrade)                   after its readiness gates passed, release: the held requests go on
+                             (a restart that fails them is rolled back, and released after that)
   at the end                 the routes follow the host's records (a stopped service's name is
                              404, a sleeping one's 503 + Retry-After)
 
@@ -32,6 +36,7 @@ from orchestrator.plan.run import RunEnv
 
 STOPS = ("stop", "sleep")
 STARTS = ("start", "wake")
+READY = "ready"                 # the readiness gates' step ("ready" or "ready NAME"): after it, a restart's release
 
 
 def _guarded(what: str, work):
@@ -52,12 +57,14 @@ def drain_action(rec: GatewayRecord, name: str, starts_next: tuple[str, ...] = (
     the port they share, and its stop lets them finish)."""
     def work(env: RunEnv) -> str:
         env.record.gateway_up.discard(name)
+        env.record.gateway_held.discard(name)
         env.record.gateway_down.add(name)
         mine = hg.names_of(env.host, env.entry, name)
         for other in starts_next:
             if other != name and mine & hg.names_of(env.host, env.entry, other):
                 env.record.gateway_up.add(other)
-        return hg.drain(env.host, env.entry, rec, name, env.record.gateway_up, env.record.gateway_down)
+        return hg.drain(env.host, env.entry, rec, name, env.record.gateway_up, env.record.gateway_down,
+                        env.record.gateway_held)
 
     return Action("gateway", f"drain {name} at the gateway: new requests for it get 503 + Retry-After, its requests "
                              f"in flight finish (up to {rec.drain_s} s)",
@@ -66,11 +73,30 @@ def drain_action(rec: GatewayRecord, name: str, starts_next: tuple[str, ...] = (
                   run=_guarded(f"drain {name}", work), subject=name)
 
 
+def hold_action(rec: GatewayRecord, name: str) -> Action:
+    """Before a restart in place: NAME's new requests wait at the gateway (as for a wake), the ones
+    in flight finish before vLLM is stopped; release_action lets the held ones go on."""
+    def work(env: RunEnv) -> str:
+        env.record.gateway_down.discard(name)
+        env.record.gateway_up.discard(name)
+        env.record.gateway_held.add(name)
+        return hg.drain(env.host, env.entry, rec, name, env.record.gateway_up, env.record.gateway_down,
+                        env.record.gateway_held)
+
+    return Action("gateway", f"hold {name} at the gateway: new requests for it wait while it restarts (up to "
+                             f"{rec.hold_s} s, then 503 + Retry-After), its requests in flight finish first (up to "
+                             f"{rec.drain_s} s)",
+                  commands=[Script("", display=f"reload the gateway with {name}'s requests held; wait until no "
+                                               f"HAProxy worker has a request of it in flight")],
+                  run=_guarded(f"hold {name}", work), subject=name)
+
+
 def route_action(rec: GatewayRecord, name: str) -> Action:
     def work(env: RunEnv) -> str:
         env.record.gateway_down.discard(name)
         env.record.gateway_up.add(name)
-        routes, changed = hg.sync(env.host, env.entry, rec, env.record.gateway_up, env.record.gateway_down)
+        routes, changed = hg.sync(env.host, env.entry, rec, env.record.gateway_up, env.record.gateway_down,
+                                  env.record.gateway_held)
         r = next((r for r in routes if r.service == name), None)
         if r is None:
             return f"{name} has no route (no port recorded)"
@@ -82,14 +108,16 @@ def route_action(rec: GatewayRecord, name: str) -> Action:
                   run=_guarded(f"route {name}", work), subject=name)
 
 
-def release_action(rec: GatewayRecord, name: str) -> Action:
-    """After a wake (its canary matched): every HAProxy worker lets the requests held for NAME go on."""
+def release_action(rec: GatewayRecord, name: str, why: str = "its canary matched") -> Action:
+    """After a wake (its canary matched) or a restart (its readiness gates passed): every HAProxy
+    worker lets the requests held for NAME go on."""
     def work(env: RunEnv) -> str:
+        env.record.gateway_held.discard(name)
         hg.release(env.host, env.entry, rec, name)
-        hg.sync(env.host, env.entry, rec, env.record.gateway_up, env.record.gateway_down)
+        hg.sync(env.host, env.entry, rec, env.record.gateway_up, env.record.gateway_down, env.record.gateway_held)
         return f"the requests held for {name} go on"
 
-    return Action("gateway", f"release {name} at the gateway: its canary matched, the requests held for it go on",
+    return Action("gateway", f"release {name} at the gateway: {why}, the requests held for it go on",
                   commands=[Script("", display=f"write the release file of svc_{name}, which every HAProxy worker's "
                                                f"held requests wait for")],
                   run=_guarded(f"release {name}", work), subject=name)
@@ -99,6 +127,7 @@ def sync_action(rec: GatewayRecord) -> Action:
     def work(env: RunEnv) -> str:
         env.record.gateway_up.clear()
         env.record.gateway_down.clear()
+        env.record.gateway_held.clear()
         routes, changed = hg.sync(env.host, env.entry, rec)
         shown = "; ".join(f"{', '.join(r.names)} -> {r.target}" + ("" if r.up else " (held)" if r.hold else " (503)")
                           for r in routes)
@@ -114,18 +143,27 @@ def _around(actions: list[Action], rec: GatewayRecord, head: str) -> tuple[list[
     out: list[Action] = []
     where: dict[int, int] = {}
     touched = False
+    restarting: set[str] = set()            # held for a restart: released after its readiness gates
     for i, a in enumerate(actions):
         name = a.subject if not a.noop and a.node in (None, head) else None
         if name and a.step in STOPS:
             later = tuple(b.subject for b in actions[i + 1:] if b.subject and not b.noop and b.step in STARTS)
             out.append(drain_action(rec, name, later))
+        elif name and a.restart:
+            out.append(hold_action(rec, name))
+            restarting.add(name)
         elif name and a.step in STARTS:
             out.append(route_action(rec, name))
-        touched = touched or bool(name)
+        touched = touched or (bool(name) and a.step.split()[0] != READY)
         where[i] = len(out)
         out.append(a)
         if name and a.step == "wake":
             out.append(release_action(rec, name))
+        elif name in restarting and a.step.split()[0] == READY:
+            out.append(release_action(rec, name, "its readiness gates passed"))
+            restarting.discard(name)
+    for name in sorted(restarting):         # no readiness step followed: released before the routes follow
+        out.append(release_action(rec, name, "it restarted"))
     if touched:
         out.append(sync_action(rec))
     return out, where

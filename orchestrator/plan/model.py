@@ -41,6 +41,7 @@ class Action:
     confirm: str | None = None                  # what the user must accept first (a deletion), or None
     node: str | None = None                     # the inventory host the step runs on (None: the plan's own)
     subject: str | None = None                  # the service it starts, stops, sleeps or wakes (the gateway's steps)
+    restart: bool = False                       # (a start) it stops the running service first: a restart in place
 
     @property
     def key(self) -> str:

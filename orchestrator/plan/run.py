@@ -108,6 +108,7 @@ class RunRecord:
     canaries: dict[str, Canary] = field(default_factory=dict)     # service -> its Canary at its first ready
     gateway_up: set[str] = field(default_factory=set)             # services this run routes before they serve
     gateway_down: set[str] = field(default_factory=set)           # services this run drained at the gateway
+    gateway_held: set[str] = field(default_factory=set)           # services it restarts: requests wait at the gateway
 
     def downtime_s(self) -> float | None:
         if self.stopped_at is None or self.ready_at is None:

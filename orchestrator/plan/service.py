@@ -302,7 +302,7 @@ def start_service_action(entry: HostEntry, model: str, *, restart: bool = False,
         return f"{'restarted' if restart else 'started'} {svc.describe()}" + (
             f" ({st.describe()}, PID {st.main_pid})" if st.main_pid else f" ({st.describe()})")
 
-    return Action(step, summary or f"start {model}", commands=cmds, run=run, subject=model)
+    return Action(step, summary or f"start {model}", commands=cmds, run=run, subject=model, restart=restart)
 
 
 def stop_action(entry: HostEntry, model: str, why: str, *, downtime_starts: bool = False,
@@ -360,7 +360,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
     m = svc.manifest
     if already_serving:
         return Action("ready", f"nothing to do, because {m.served_name} answers /health and is listed on "
-                               f"port {m.serving.port}", noop=True)
+                               f"port {m.serving.port}", noop=True, subject=svc.name)
     budget = opts_budget or m.startup.budget_seconds
     key: Secret | None = svc.api_key
     gates = GATES + ((UNIT_GATE,) if svc.rendered.host.service_manager == "systemd" else ())
@@ -387,7 +387,7 @@ def ready_action(svc: ServiceInput, opts_budget: float | None, already_serving: 
         if workers else ""
     return Action("ready", f"wait up to {budget:.0f}s for {m.name}: {' -> '.join(gates)}; fail on a fatal log "
                            f"line, on exit, or after {m.startup.no_progress_seconds}s without a log line{also}",
-                  run=run)
+                  run=run, subject=svc.name)
 
 
 # -- performance floor -----------------------------------------------------------------------------

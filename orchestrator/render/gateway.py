@@ -127,6 +127,7 @@ class GatewayConfig:
     hold_s: int = 30
     drain_s: int = 60
     host: str = ""               # the inventory host, for the header line
+    metrics_port: int | None = None      # HAProxy's Prometheus exporter on a port of its own (None: off)
 
     @property
     def release_dir(self) -> str:
@@ -213,8 +214,13 @@ def render(cfg: GatewayConfig, routes: list[Route], version: str = "") -> dict[s
         f"  retries {max(cfg.hold_s, 1)}",
         "  retry-on conn-failure empty-response",
         f"  errorfile 503 {p('503.http')}",
-        "frontend gateway",
     ]
+    if cfg.metrics_port:        # its own counters for Prometheus: no key, no route to a service
+        lines += ["frontend metrics", "  no log"]
+        lines += [f"  bind {f'[{a}]' if ':' in a else a}:{cfg.metrics_port}" for a in cfg.listen]
+        lines += ["  http-request use-service prometheus-exporter if { path /metrics } { method GET }",
+                  f"  http-request return status 404 content-type application/json string {q(NOT_FOUND_PATH)}"]
+    lines += ["frontend gateway"]
     lines += [f"  bind {f'[{a}]' if ':' in a else a}:{cfg.port}" for a in cfg.listen]
     lines += [
         f"  http-request return status 200 content-type application/json string {q('{}')} "
@@ -284,4 +290,4 @@ def plan_lines(routes: list[Route]) -> list[str]:
 
 
 def _state(r: Route) -> str:
-    return "" if r.up else ", held until it wakes" if r.hold else ", 503 + Retry-After"
+    return "" if r.up else ", held until it serves" if r.hold else ", 503 + Retry-After"

@@ -50,7 +50,7 @@ def gw(sim_host, tmp_path, monkeypatch):
     port = free_port()
     # the sim host's state_dir is too deep for a Unix socket's path: the sockets go to a short folder
     run_dir = tempfile.mkdtemp(prefix="gw-", dir="/tmp")
-    settings = {"port": port, "hold_seconds": 20, "drain_seconds": 20, "run_dir": run_dir}
+    settings = {"port": port, "hold_seconds": 20, "drain_seconds": 20, "run_dir": run_dir, "metrics_port": free_port()}
     entry = HostEntry.model_validate({**sim_host.entry, "name": sim_host.name, "gateway": settings})
     inventory = Path(os.environ["VLLM_ORCH_STATE_HOME"]) / "hosts.d" / "sim.yaml"     # what `sim up` wrote
     data = yaml.safe_load(inventory.read_text())
@@ -121,6 +121,26 @@ def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
     status = json.loads(cli(env, "gateway", "status", "--host", "sim", "--json").stdout)
     backends = status["counters"]["backends"]
     assert backends["svc_minimax-b"]["requests"] >= 1 and backends["svc_minimax-m25"]["requests"] >= 1
+    r = cli(env, "status", "--host", "sim", "--json")                 # status's gateway line
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = json.loads(r.stdout)[0]["gateway"]
+    assert (line["state"], line["url"], sorted(line["models"])) == ("serving", f"http://127.0.0.1:{port}/v1",
+                                                                     ["minimax-b", "minimax-m2.5"])
+    assert line["requests"] >= 2 and line["waiting"] == 0
+    assert "gateway: serving at" in cli(env, "status", "--host", "sim").stdout
+    # its own metrics, as `monitor`'s job and dashboard read them: the real HAProxy exporter's names and labels
+    from orchestrator.ops import monitor_rules
+    from orchestrator.probe import metrics
+
+    got = http.request(entry_host(entry), line["metrics_port"], "GET", "/metrics", api_key=None)
+    assert got.status == 200, got
+    samples = metrics.parse(got.text())
+    assert set(monitor_rules.GATEWAY_SERIES) <= set(samples.by_name), sorted(samples.by_name)[:40]
+    requests = {labels["proxy"]: v for labels, v in samples.by_name["haproxy_backend_http_requests_total"]}
+    assert requests["svc_minimax-b"] >= 1 and requests["svc_minimax-m25"] >= 1
+    assert {labels.get("code") for labels, _ in samples.by_name["haproxy_backend_http_responses_total"]} >= {"5xx"}
+    assert "gateway" in {labels["proxy"] for labels, _ in samples.by_name["haproxy_frontend_current_sessions"]}
+    assert http.request(entry_host(entry), line["metrics_port"], "GET", "/v1/models", api_key=None).status == 404
     # a stop drains: a stream in flight when the stop starts ends whole; the name is 404 after it
     got: dict = {}
 
@@ -200,3 +220,71 @@ def test_a_swap_keeps_the_endpoint_for_a_load_on_its_model(gw):
     assert set(outcome) == {"whole"}, outcome
     assert max(waits) > 1.0                             # some waited through the load (held), none failed
     assert not [w for w in r.outcome.results if w.step == "gateway" and "could not" in (w.result or "")]
+
+
+def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
+    """`regen --restart` of a service behind the gateway: a stream in flight when it starts ends
+    whole (the gateway waits for it before vLLM stops), requests that arrive during the restart
+    wait at the gateway and stream once its readiness gates passed (none gets vLLM's 503 or a
+    refused connection), then the name serves as before."""
+    entry, m, env, port = gw
+    assert deploy(entry, m["c"]).ok
+    assert cli(env, "gateway", "up", "--host", "sim").returncode == 0
+    c = client(port, max_retries=0)                    # no retry: every request must succeed on its own
+    got: dict = {}
+    streaming = threading.Event()
+
+    def long_stream():
+        s = c.chat.completions.create(model="minimax-m2.5", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=420, stream=True, extra_body={"ignore_eos": True})
+        got["chunks"] = []
+        for ch in s:
+            got["chunks"].append(ch)
+            streaming.set()
+
+    stop = threading.Event()
+    outcome: Counter = Counter()
+    waits: list[float] = []
+
+    def load():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                chunks = list(c.chat.completions.create(model="minimax-m2.5", max_tokens=8, stream=True,
+                                                        messages=[{"role": "user", "content": "hi"}],
+                                                        extra_body={"ignore_eos": True}))
+                outcome["whole" if chunks[-1].choices[0].finish_reason == "length" else "cut"] += 1
+                waits.append(time.monotonic() - t0)
+            except openai.APIError as exc:
+                outcome[f"{type(exc).__name__}: {exc}"[:160]] += 1
+
+    data = m["c"].model_dump(exclude={"name"})
+    data["vllm"]["max_num_seqs"] = 9                   # new files: regen --restart restarts it
+    (Path(env["VLLM_ORCH_MODELS"]) / "minimax-m25.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    first = threading.Thread(target=long_stream)
+    first.start()
+    assert streaming.wait(30)
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        r = cli(env, "regen", "--host", "sim", "--restart", "--json", timeout=300)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in [first, *threads]:
+            t.join(60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = [(a["step"], a.get("result") or "") for a in json.loads(r.stdout)["steps"]]
+    steps = [s for s, _ in shown]
+    hold = next(i for i, (s, res) in enumerate(shown) if s == "gateway" and "in flight" in res)
+    assert steps[hold + 1] == "restart minimax-m25" and steps[hold + 2] == "ready minimax-m25", steps
+    assert "held for minimax-m25 go on" in shown[hold + 3][1], shown
+    assert got["chunks"][-1].choices[0].finish_reason == "length"     # in flight at the restart: whole
+    waited = re.search(r"waited ([0-9.]+) s", shown[hold][1])
+    assert waited and float(waited.group(1)) > 0.2, shown[hold]     # the restart waited for it
+    assert set(outcome) == {"whole"}, outcome
+    assert max(waits) > 1.0, max(waits)                # some were held through the restart, none failed
+    waits.sort()
+    print(f"\nregen --restart behind the gateway: {sum(outcome.values())} requests, 0 failed; wait p50 "
+          f"{waits[len(waits) // 2]:.2f} s, max {waits[-1]:.2f} s; {shown[hold][1]}")

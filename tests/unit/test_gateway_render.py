@@ -97,7 +97,7 @@ def test_a_held_route_waits_for_its_release_file_in_a_valid_configuration(tmp_pa
     assert f"lua.vllm_orch_hold 5000 {tmp_path}/run/awake if {{ var(txn.backend) -m str svc_kimi-k25-nvfp4 }}" in text
     assert "hdr Retry-After 2 if { var(txn.held_out) -m found }" in text
     assert "core.msleep" in (tmp_path / "hold.lua").read_text()
-    assert gw.plan_lines(held)[-1].endswith("(kimi-k25-nvfp4, held until it wakes)")
+    assert gw.plan_lines(held)[-1].endswith("(kimi-k25-nvfp4, held until it serves)")
 
 
 def test_a_wake_is_held_before_and_released_after_its_canary():
@@ -110,6 +110,32 @@ def test_a_wake_is_held_before_and_released_after_its_canary():
     out = with_gateway(plan, rec, entry)
     assert [a.summary.split(" at ")[0] if a.step == "gateway" else a.step for a in out.actions][:6] == [
         "drain a", "sleep", "route b", "wake", "release b", "record"]
+
+
+def test_a_restart_in_place_holds_its_requests_until_its_readiness_gates_passed():
+    """regen --restart (step "restart a", then "ready a") and a deploy that restarts the running
+    service with a changed unit: held before, released after the readiness gates, in the recovery
+    branch too; a fresh start is routed (no hold)."""
+    rec = GatewayRecord(port=8090, haproxy="/usr/sbin/haproxy")
+    from orchestrator.config.inventory import HostEntry
+
+    entry = HostEntry(name="gpu1", address="gpu1")
+    plan = Plan("regen", "gpu1", "a", actions=[
+        Action("install a", "write a's unit"), Action("restart a", "restart a", subject="a", restart=True),
+        Action("ready a", "wait for a", subject="a"), Action("record a", "record a"),
+        Action("start", "start b", subject="b"), Action("ready", "wait for b", subject="b")])
+    plan.recover(plan.actions[1], "put a's unit back", [
+        Action("restore", "put back"), Action("start", "restart a", subject="a", restart=True),
+        Action("ready", "wait for a", subject="a")], last=plan.actions[2])
+    out = with_gateway(plan, rec, entry)
+    steps = [a.summary.split(" at ")[0] if a.step == "gateway" else a.step for a in out.actions]
+    assert steps[:-1] == ["install a", "hold a", "restart a", "ready a", "release a", "record a", "route b", "start",
+                          "ready"]
+    assert "its readiness gates passed" in out.actions[4].summary and "wait while it restarts" in out.actions[1].summary
+    r = out.recoveries[0]
+    assert (out.actions[r.first - 1].step, out.actions[r.last - 1].step) == ("restart a", "ready a")
+    assert [a.summary.split(" at ")[0] if a.step == "gateway" else a.step for a in r.actions][:5] == [
+        "restore", "hold a", "start", "ready", "release a"]
 
 
 def _group(**kw):
@@ -156,3 +182,31 @@ def test_wake_groups_are_checked():
     with pytest.raises(ValidationError, match="not a service name"):
         Gateway(wake_groups=[{"services": ["A;rm"]}])
     assert Gateway(wake_groups=[{"services": ["a", "b"]}]).group_of("b").services == ["a", "b"]
+
+
+def test_status_shows_the_gateway_line_and_a_stopped_gateway_needs_attention():
+    from orchestrator.cli.views import gateway_line
+    from orchestrator.host.gateway import load_of
+    from orchestrator.ops.gateway import GatewayResult, summary
+    from orchestrator.ops.status import HostStatus
+
+    # in flight at the server (queued there too) and waiting at the gateway: one rule for every reader
+    assert load_of({"inflight": 2, "queued": 1, "active": 5}) == (3, 2)
+    assert load_of({"inflight": "x"}) == (0, 0) and load_of({}) == (0, 0)
+    res = GatewayResult("gpu1", "serving", ["http://gpu1:8090/v1"], 8090, routes=[
+        {"service": "a", "models": ["kimi-k2.5"], "target": "127.0.0.1:8000", "up": True, "held": False, "key": True},
+        {"service": "b", "models": ["kimi-k2.5-nvfp4"], "target": "127.0.0.1:8001", "up": False, "held": True,
+         "key": True}],
+        counters={"workers": 2, "backends": {
+            "svc_a": {"requests": 10, "errors_5xx": 1, "inflight": 2, "queued": 0, "active": 2},
+            "svc_b": {"requests": 3, "errors_5xx": 0, "inflight": 0, "queued": 0, "active": 4},
+            "frontend:gateway": {"requests": 99}}})
+    g = summary(res)
+    assert (g["requests"], g["errors_5xx"], g["in_flight"], g["waiting"], g["held"]) == (13, 1, 2, 4, ["b"])
+    assert gateway_line(g) == ("gateway: serving at http://gpu1:8090/v1, 2 models (kimi-k2.5, kimi-k2.5-nvfp4; held "
+                               "while they wake or restart: b); 13 requests, 2 in flight, 4 waiting, 1 5xx")
+    assert HostStatus("gpu1", gateway=g).attention() == []
+    down = summary(GatewayResult("gpu1", "failed", ["http://gpu1:8090/v1"], 8090))
+    assert gateway_line(down) == "gateway: failed"
+    assert HostStatus("gpu1", gateway=down).attention() == [
+        "gpu1: its gateway is failed (every model behind it is unreachable through it)"]

@@ -124,7 +124,7 @@ def test_config_loads_and_by_default_no_file_holds_a_key_and_no_scrape_sends_one
     assert sorted(files) == sorted(written)
     assert [p for p in files if KEY in p.read_text() or "authorization" in p.read_text()] == []
     config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
-    assert [j["job_name"] for j in config["scrape_configs"]] == ["vllm", "node", "dcgm", "vllm-orch"]
+    assert [j["job_name"] for j in config["scrape_configs"]] == ["vllm", "node", "dcgm", "vllm-orch", "gateway"]
     assert all("scheme" not in j for j in config["scrape_configs"])
     plain = json.loads((tmp_path / "targets" / "vllm.json").read_text())
     assert [g["targets"] for g in plain] == [["10.0.0.1:8000"], ["10.0.0.2:8001"], ["10.0.0.2:8002"]]
@@ -302,3 +302,30 @@ def test_a_loopback_service_is_its_hosts_agents_target_unless_prometheus_is_on_t
     assert not (tmp_path / "agent" / "here").exists()
     checked = run_promtool("check", "config", str(tmp_path / "agent" / "gpu1" / "prometheus.yml"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_gateway_with_a_metrics_port_is_scraped_where_prometheus_reaches_it(tmp_path):
+    from orchestrator.config.inventory import HostEntry
+
+    entries = {"gpu1": HostEntry(name="gpu1", address="10.0.0.1"), "gpu2": HostEntry(name="gpu2", address="10.0.0.2"),
+               "gpu3": HostEntry(name="gpu3", address="10.0.0.3")}
+    results = [HostStatus("gpu1", gateway={"state": "serving", "metrics_port": 8405, "listen": ["10.0.0.1"]}),
+               HostStatus("gpu2", gateway={"state": "serving", "metrics_port": 8405, "listen": ["127.0.0.1"]}),
+               HostStatus("gpu3", gateway={"state": "serving", "metrics_port": None, "listen": ["0.0.0.0"]})]
+    _, exporters = monitor.fleet(results, entries, lambda name: monitor.ServiceFacts())
+    # gpu2's listens on its loopback only (a remote Prometheus cannot reach it), gpu3's has no metrics port
+    assert exporters == [monitor_rules.Exporter("gpu1", "gateway", "10.0.0.1:8405")]
+    assert monitor.gateway_reachable(["0.0.0.0"], "10.0.0.5") and monitor.gateway_reachable(["127.0.0.1"], "127.0.0.1")
+    monitor.write(tmp_path, fleet(), exporters, Timing())
+    assert json.loads((tmp_path / "targets" / "gateway.json").read_text()) == [
+        {"targets": ["10.0.0.1:8405"], "labels": {"host": "gpu1"}}]
+    job = next(j for j in yaml.safe_load((tmp_path / "prometheus.yml").read_text())["scrape_configs"]
+               if j["job_name"] == "gateway")
+    assert job["metric_relabel_configs"][0]["regex"] == "svc_(.+)"        # backend svc_NAME -> service NAME
+    board = json.loads((tmp_path / "grafana" / "vllm-orch-fleet.json").read_text())
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows[:2] == ["Fleet", "gateway on gpu1"]
+    exprs = [e for t, e in monitor_rules.panel_expressions(board) if "(gateway" in t]
+    assert len(exprs) == len(monitor_rules.GATEWAY_PANELS) and all('host="gpu1"' in e for e in exprs)
+    used = {w for e in exprs for w in re.findall(r"haproxy_[a-z_]+", e)}
+    assert used <= set(monitor_rules.GATEWAY_SERIES), used

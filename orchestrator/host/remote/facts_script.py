@@ -669,8 +669,8 @@ def json_records(folder):
 def status_extras(state_dir, history_tail):
     """What `status` shows besides the facts (orchestrator/ops/status.py): the host's uptime clock
     (systemd start times are monotonic), who holds the deploy lock, the health timer's last check
-    of each model (state_dir/health/NAME.json) and the last lines of history.jsonl (parsed by the
-    controller, like every answer)."""
+    of each model (state_dir/health/NAME.json), the gateway's record (gateway/gateway.json: is one
+    installed) and the last lines of history.jsonl (parsed by the controller, like every answer)."""
     try:
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
@@ -687,7 +687,8 @@ def status_extras(state_dir, history_tail):
             value = read_json(os.path.join(folder, name), nofollow=True, limit=65536)   # the service user's
             if isinstance(value, dict):
                 health[name[:-5]] = value
-    return {"uptime": uptime, "lock": lock_holder(state_dir), "health": health,
+    gateway = read_json(os.path.join(state_dir, "gateway", "gateway.json"), nofollow=True, limit=65536)
+    return {"uptime": uptime, "lock": lock_holder(state_dir), "health": health, "gateway": gateway,
             "history": tail_lines(os.path.join(state_dir, "history.jsonl"), history_tail)}
 
 
