@@ -230,8 +230,8 @@ def render_host_details(console, r: HostStatus) -> None:
 
 
 def gateway_line(g: dict) -> str:
-    """`gateway: serving at http://gpu1:8090/v1, 2 models (kimi-k2.5, minimax-m2.5; held: b); 120
-    requests, 2 in flight, 0 waiting, 0 5xx`."""
+    """`gateway: serving at http://gpu1:8090/v1, 2 models (kimi-k2.5, minimax-m2.5; held while they
+    wake or restart: b); 120 requests, 2 in flight, 0 waiting, 0 5xx`."""
     line = f"gateway: {g.get('state')}" + (f" at {g['url']}" if g.get("url") and g.get("state") == "serving" else "")
     models = g.get("models") or []
     if g.get("state") == "serving" or models:

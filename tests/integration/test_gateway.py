@@ -143,17 +143,8 @@ def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
     assert http.request(entry_host(entry), line["metrics_port"], "GET", "/v1/models", api_key=None).status == 404
     # a stop drains: a stream in flight when the stop starts ends whole; the name is 404 after it
     got: dict = {}
-
-    def long_stream():
-        s = c.chat.completions.create(model="minimax-m2.5", messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=840, stream=True, extra_body={"ignore_eos": True})
-        got["chunks"] = []
-        for ch in s:
-            got["chunks"].append(ch)
-            streaming.set()
-
     streaming = threading.Event()
-    t = threading.Thread(target=long_stream)
+    t = threading.Thread(target=long_stream, args=(c, "minimax-m2.5", 840, got, streaming))
     t.start()
     # in flight when the stop starts: about 10 s of tokens at 84 tok/s, longer than a busy machine takes to
     # start the CLI and reach the drain step (200 tokens were not, on CI), shorter than drain_seconds
@@ -173,6 +164,32 @@ def test_one_url_routes_by_model_with_openai_errors_for_bad_input(gw):
         c.models.list()
 
 
+def long_stream(c: openai.OpenAI, model: str, max_tokens: int, got: dict, streaming: threading.Event) -> None:
+    """One stream of MODEL, its chunks into got["chunks"]; `streaming` set at the first one."""
+    s = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                  max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True})
+    got["chunks"] = []
+    for ch in s:
+        got["chunks"].append(ch)
+        streaming.set()
+
+
+def load(c: openai.OpenAI, model: str, max_tokens: int, stop: threading.Event, outcome: Counter,
+         waits: list[float]) -> None:
+    """Streams of MODEL until `stop`: each counted whole, cut or by its error; each one's wait
+    (send to last chunk) kept."""
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            chunks = list(c.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
+                                                    messages=[{"role": "user", "content": "hi"}],
+                                                    extra_body={"ignore_eos": True}))
+            outcome["whole" if chunks[-1].choices[0].finish_reason == "length" else "cut"] += 1
+            waits.append(time.monotonic() - t0)
+        except openai.APIError as exc:
+            outcome[f"{type(exc).__name__}: {exc}"[:160]] += 1
+
+
 def entry_host(entry: HostEntry):
     from orchestrator.host.local import LocalHost
 
@@ -190,20 +207,7 @@ def test_a_swap_keeps_the_endpoint_for_a_load_on_its_model(gw):
     stop = threading.Event()
     outcome: Counter = Counter()
     waits: list[float] = []
-
-    def load():
-        while not stop.is_set():
-            t0 = time.monotonic()
-            try:
-                chunks = list(c.chat.completions.create(model="kimi-k2.5", max_tokens=16, stream=True,
-                                                        messages=[{"role": "user", "content": "hi"}],
-                                                        extra_body={"ignore_eos": True}))
-                outcome["whole" if chunks[-1].choices[0].finish_reason == "length" else "cut"] += 1
-                waits.append(time.monotonic() - t0)
-            except openai.APIError as exc:
-                outcome[f"{type(exc).__name__}"] += 1
-
-    threads = [threading.Thread(target=load) for _ in range(8)]
+    threads = [threading.Thread(target=load, args=(c, "kimi-k2.5", 16, stop, outcome, waits)) for _ in range(8)]
     for t in threads:
         t.start()
     try:
@@ -233,38 +237,17 @@ def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
     c = client(port, max_retries=0)                    # no retry: every request must succeed on its own
     got: dict = {}
     streaming = threading.Event()
-
-    def long_stream():
-        s = c.chat.completions.create(model="minimax-m2.5", messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=420, stream=True, extra_body={"ignore_eos": True})
-        got["chunks"] = []
-        for ch in s:
-            got["chunks"].append(ch)
-            streaming.set()
-
     stop = threading.Event()
     outcome: Counter = Counter()
     waits: list[float] = []
 
-    def load():
-        while not stop.is_set():
-            t0 = time.monotonic()
-            try:
-                chunks = list(c.chat.completions.create(model="minimax-m2.5", max_tokens=8, stream=True,
-                                                        messages=[{"role": "user", "content": "hi"}],
-                                                        extra_body={"ignore_eos": True}))
-                outcome["whole" if chunks[-1].choices[0].finish_reason == "length" else "cut"] += 1
-                waits.append(time.monotonic() - t0)
-            except openai.APIError as exc:
-                outcome[f"{type(exc).__name__}: {exc}"[:160]] += 1
-
     data = m["c"].model_dump(exclude={"name"})
     data["vllm"]["max_num_seqs"] = 9                   # new files: regen --restart restarts it
     (Path(env["VLLM_ORCH_MODELS"]) / "minimax-m25.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    first = threading.Thread(target=long_stream)
+    first = threading.Thread(target=long_stream, args=(c, "minimax-m2.5", 420, got, streaming))
     first.start()
     assert streaming.wait(30)
-    threads = [threading.Thread(target=load) for _ in range(2)]
+    threads = [threading.Thread(target=load, args=(c, "minimax-m2.5", 8, stop, outcome, waits)) for _ in range(2)]
     for t in threads:
         t.start()
     try:
@@ -277,7 +260,8 @@ def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
     assert r.returncode == 0, r.stdout + r.stderr
     shown = [(a["step"], a.get("result") or "") for a in json.loads(r.stdout)["steps"]]
     steps = [s for s, _ in shown]
-    hold = next(i for i, (s, res) in enumerate(shown) if s == "gateway" and "in flight" in res)
+    hold = next((i for i, (s, res) in enumerate(shown) if s == "gateway" and "in flight" in res), None)
+    assert hold is not None, shown                     # (once on a loaded CI-like run: no such step result)
     assert steps[hold + 1] == "restart minimax-m25" and steps[hold + 2] == "ready minimax-m25", steps
     assert "held for minimax-m25 go on" in shown[hold + 3][1], shown
     assert got["chunks"][-1].choices[0].finish_reason == "length"     # in flight at the restart: whole
