@@ -1,11 +1,16 @@
-"""Numbers as people read them in plans, progress and status, and the one sanitiser of host and
-service text on its way to the terminal."""
+"""Numbers as people read them in plans, progress and status, an address with its port, and the
+one sanitiser of host and service text on its way to the terminal."""
 
 from __future__ import annotations
 
 import re
 
 from rich.markup import escape as markup_escape
+
+
+def hostport(address: str, port: int) -> str:
+    """`10.0.0.1:8000`, `[fd00::1]:8000`: an IPv6 address in brackets (URLs, HAProxy binds, targets)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def fmt_bytes(n: float) -> str:

@@ -222,14 +222,14 @@ def status_of(host: Host, entry: HostEntry, rec: GatewayRecord | None = None) ->
 def summary(res: GatewayResult) -> dict:
     """`status`'s gateway line: its state and URL, the models it routes, and its counters summed."""
     backends = {k: v for k, v in (res.counters.get("backends") or {}).items() if k.startswith("svc_")}
+    loads = [hg.load_of(b) for b in backends.values()]
     return {"state": res.state, "url": res.url, "runs": res.runs, "error": res.error, "port": res.port,
             "metrics_port": res.metrics_port, "listen": res.listen,
             "models": [n for r in res.routes for n in r["models"]],
             "held": [r["service"] for r in res.routes if r["held"]],
             "requests": sum(b.get("requests", 0) for b in backends.values()),
             "errors_5xx": sum(b.get("errors_5xx", 0) for b in backends.values()),
-            "in_flight": sum(hg.load_of(b)[0] for b in backends.values()),
-            "waiting": sum(hg.load_of(b)[1] for b in backends.values())}
+            "in_flight": sum(inflight for inflight, _ in loads), "waiting": sum(waiting for _, waiting in loads)}
 
 
 def status(entry: HostEntry, *, accept_new_host_key: bool = False) -> GatewayResult:

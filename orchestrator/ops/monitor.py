@@ -31,6 +31,7 @@ import yaml
 
 from orchestrator.config.inventory import HostEntry
 from orchestrator.errors import RefusedError
+from orchestrator.fmt import hostport
 from orchestrator.ops import monitor_rules as rules
 from orchestrator.ops.status import HostStatus
 from orchestrator.secret import Secret
@@ -66,10 +67,6 @@ def scrape_address(entry: HostEntry) -> str:
     return "127.0.0.1" if entry.address in ("local", "localhost") else entry.address
 
 
-def _hostport(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
 def fleet(results: list[HostStatus], entries: dict[str, HostEntry],
           facts_of: Callable[[str], ServiceFacts]) -> tuple[list[rules.Target], list[rules.Exporter]]:
     """The scrape targets of every service status found (workers of a multi-node service have no
@@ -90,15 +87,15 @@ def fleet(results: list[HostStatus], entries: dict[str, HostEntry],
             targets.append(rules.Target(
                 host=st.host, service=v.name, model=v.model or v.name, served_name=v.served_name or v.name,
                 gpus=tuple(v.gpus), node_role="head" if v.node_names else "single",
-                vllm_version=st.vllm_version or "unknown", address=_hostport(at, v.port),
+                vllm_version=st.vllm_version or "unknown", address=hostport(at, v.port),
                 keyed=f.keyed, slo_ttft_p95_s=f.slo_ttft_p95_s, on_host=on_host))
         for kind, port in (("node", entry.monitoring.node_exporter_port),
                            ("dcgm", entry.monitoring.dcgm_exporter_port)):
             if port:
-                exporters.append(rules.Exporter(st.host, kind, _hostport(addr, port)))
+                exporters.append(rules.Exporter(st.host, kind, hostport(addr, port)))
         g = st.gateway or {}
         if g.get("metrics_port") and gateway_reachable(g.get("listen") or [], addr):
-            exporters.append(rules.Exporter(st.host, "gateway", _hostport(addr, g["metrics_port"])))
+            exporters.append(rules.Exporter(st.host, "gateway", hostport(addr, g["metrics_port"])))
     return targets, exporters
 
 

@@ -146,6 +146,7 @@ def _around(actions: list[Action], rec: GatewayRecord, head: str) -> tuple[list[
     restarting: set[str] = set()            # held for a restart: released after its readiness gates
     for i, a in enumerate(actions):
         name = a.subject if not a.noop and a.node in (None, head) else None
+        ready = a.step.split()[0] == READY
         if name and a.step in STOPS:
             later = tuple(b.subject for b in actions[i + 1:] if b.subject and not b.noop and b.step in STARTS)
             out.append(drain_action(rec, name, later))
@@ -154,12 +155,12 @@ def _around(actions: list[Action], rec: GatewayRecord, head: str) -> tuple[list[
             restarting.add(name)
         elif name and a.step in STARTS:
             out.append(route_action(rec, name))
-        touched = touched or (bool(name) and a.step.split()[0] != READY)
+        touched = touched or (bool(name) and not ready)
         where[i] = len(out)
         out.append(a)
         if name and a.step == "wake":
             out.append(release_action(rec, name))
-        elif name in restarting and a.step.split()[0] == READY:
+        elif name in restarting and ready:
             out.append(release_action(rec, name, "its readiness gates passed"))
             restarting.discard(name)
     for name in sorted(restarting):         # no readiness step followed: released before the routes follow

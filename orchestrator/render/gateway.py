@@ -32,6 +32,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from orchestrator.fmt import hostport
 from orchestrator.secret import Secret, reveal
 
 # The largest request body the gateway parses to find `model`: HAProxy reads a buffered body from
@@ -113,7 +114,7 @@ class Route:
         a = self.address
         if a in ("0.0.0.0", "::", ""):
             return f"127.0.0.1:{self.port}"
-        return f"[{a}]:{self.port}" if ":" in a else f"{a}:{self.port}"
+        return hostport(a, self.port)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class GatewayConfig:
         return f"{self.folder}/{name}"
 
     def urls(self) -> list[str]:
-        return [f"http://{f'[{a}]' if ':' in a else a}:{self.port}/v1" for a in self.listen]
+        return [f"http://{hostport(a, self.port)}/v1" for a in self.listen]
 
 
 class GatewayInputError(ValueError):
@@ -217,11 +218,11 @@ def render(cfg: GatewayConfig, routes: list[Route], version: str = "") -> dict[s
     ]
     if cfg.metrics_port:        # its own counters for Prometheus: no key, no route to a service
         lines += ["frontend metrics", "  no log"]
-        lines += [f"  bind {f'[{a}]' if ':' in a else a}:{cfg.metrics_port}" for a in cfg.listen]
+        lines += [f"  bind {hostport(a, cfg.metrics_port)}" for a in cfg.listen]
         lines += ["  http-request use-service prometheus-exporter if { path /metrics } { method GET }",
                   f"  http-request return status 404 content-type application/json string {q(NOT_FOUND_PATH)}"]
     lines += ["frontend gateway"]
-    lines += [f"  bind {f'[{a}]' if ':' in a else a}:{cfg.port}" for a in cfg.listen]
+    lines += [f"  bind {hostport(a, cfg.port)}" for a in cfg.listen]
     lines += [
         f"  http-request return status 200 content-type application/json string {q('{}')} "
         "if { path /health } { method GET HEAD }",
