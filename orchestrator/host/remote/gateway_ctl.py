@@ -22,30 +22,33 @@ import time
 
 def cli(run_dir: str, command: str, timeout: float = 5.0) -> str:
     """One command on the master CLI. The master re-executes itself on a reload and opens its socket
-    again: refused (or absent) for a moment, so that is retried for up to 10 s."""
+    again: refused (or absent) for a moment, or a connection it had accepted reset, so that is retried
+    for up to 10 s. Every command here but `reload` only reads; a `reload` whose connection is reset
+    after it was sent is not sent again (the caller waits for its new worker, the reload's proof)."""
     deadline = time.monotonic() + 10
     while True:
+        sent = False
         s = socket.socket(socket.AF_UNIX)
         s.settimeout(timeout)
         try:
             s.connect(f"{run_dir}/master.sock")
-            break
-        except (ConnectionRefusedError, FileNotFoundError):
-            s.close()
+            s.sendall((command + "\n").encode())
+            sent = True
+            s.shutdown(socket.SHUT_WR)
+            out = b""
+            while True:
+                block = s.recv(65536)
+                if not block:
+                    return out.decode(errors="replace")
+                out += block
+        except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError):
+            if sent and command == "reload":
+                return ""
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    try:
-        s.sendall((command + "\n").encode())
-        s.shutdown(socket.SHUT_WR)
-        out = b""
-        while True:
-            block = s.recv(65536)
-            if not block:
-                return out.decode(errors="replace")
-            out += block
-    finally:
-        s.close()
+        finally:
+            s.close()
 
 
 def workers(run_dir: str) -> list[dict]:
