@@ -233,6 +233,11 @@ def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
     refused connection), then the name serves as before."""
     entry, m, env, port = gw
     assert deploy(entry, m["c"]).ok
+    # bounds wide enough for a stream of ~20 s in flight, and for the requests held while it ends
+    inventory = Path(os.environ["VLLM_ORCH_STATE_HOME"]) / "hosts.d" / "sim.yaml"
+    data = yaml.safe_load(inventory.read_text())
+    data["hosts"]["sim"]["gateway"].update(hold_seconds=60, drain_seconds=60)
+    inventory.write_text(yaml.safe_dump(data))
     assert cli(env, "gateway", "up", "--host", "sim").returncode == 0
     c = client(port, max_retries=0)                    # no retry: every request must succeed on its own
     got: dict = {}
@@ -244,7 +249,9 @@ def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
     data = m["c"].model_dump(exclude={"name"})
     data["vllm"]["max_num_seqs"] = 9                   # new files: regen --restart restarts it
     (Path(env["VLLM_ORCH_MODELS"]) / "minimax-m25.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    first = threading.Thread(target=long_stream, args=(c, "minimax-m2.5", 420, got, streaming))
+    # about 20 s of tokens at 84 tok/s: still in flight when a loaded machine's CLI reaches the hold step
+    # (it takes 2 s alone; 420 tokens, 5 s, had ended before it on CI and in a full run here)
+    first = threading.Thread(target=long_stream, args=(c, "minimax-m2.5", 1680, got, streaming))
     first.start()
     assert streaming.wait(30)
     threads = [threading.Thread(target=load, args=(c, "minimax-m2.5", 8, stop, outcome, waits)) for _ in range(2)]
@@ -261,7 +268,7 @@ def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
     shown = [(a["step"], a.get("result") or "") for a in json.loads(r.stdout)["steps"]]
     steps = [s for s, _ in shown]
     hold = next((i for i, (s, res) in enumerate(shown) if s == "gateway" and "in flight" in res), None)
-    assert hold is not None, shown                     # (once on a loaded CI-like run: no such step result)
+    assert hold is not None, shown
     assert steps[hold + 1] == "restart minimax-m25" and steps[hold + 2] == "ready minimax-m25", steps
     assert "held for minimax-m25 go on" in shown[hold + 3][1], shown
     assert got["chunks"][-1].choices[0].finish_reason == "length"     # in flight at the restart: whole
