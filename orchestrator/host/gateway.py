@@ -114,10 +114,7 @@ def current_routes(host: Host, entry: HostEntry, up: Collection[str] = (), down:
             waking = name in up and name not in down
             grouped = entry.gateway.group_of(name) is not None
             routes.append(replace(r, hold=not r.up and (waking or grouped or name in held)))
-    # a name that a service going down and one coming up both serve (a swap between two manifests of
-    # one served name) goes to the one coming up; check_routes refuses what stays ambiguous
-    live = {n for r in routes if r.up for n in r.names}
-    return [r for r in routes if r.up or not set(r.names) & live]
+    return gw.one_per_name(routes)
 
 
 def install_file(host: Host, path: str, data: bytes, user: str, mode: int = 0o600) -> None:
@@ -213,9 +210,16 @@ def drain(host: Host, entry: HostEntry, rec: GatewayRecord, name: str, up: Colle
     if not service(host, entry).state().active:
         return "the gateway does not run"
     # its requests in flight are counted under its backend in every worker, an old one's included
-    # (a name another service takes over is no longer routed to it, its streams go on)
-    answer = ctl(host, entry, "idle", cfg.run_dir, f"svc_{name}", str(cfg.drain_s), timeout=cfg.drain_s + 60)
+    # (a name another service takes over is no longer routed to it, its streams go on); where nothing
+    # listens on its port, they only wait for one (its start failed, or it died): not waited for
+    r = route_of(host, name, state.read_record(host, entry, name), state.read_installed(host, entry, name))
+    answer = ctl(host, entry, "idle", cfg.run_dir, f"svc_{name}", str(cfg.drain_s), *([r.target] if r else []),
+                 timeout=cfg.drain_s + 60)
     left, waited = answer.get("left", 0), answer.get("waited_s", 0)
+    if left and answer.get("closed"):
+        return (f"{left} request(s) of {name} wait for {r.target if r else 'its port'}, where nothing listens: not "
+                f"waited for (they keep waiting for a service on that port, up to the hold bound of {cfg.hold_s} s, "
+                f"then 503 + Retry-After)")
     if left:
         return f"{left} request(s) of {name} still in flight after {waited:.1f} s (drain bound {cfg.drain_s} s)"
     return f"no request of {name} in flight (waited {waited:.1f} s)"

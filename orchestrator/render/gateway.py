@@ -154,6 +154,17 @@ class GatewayInputError(ValueError):
     """A route or key the gateway cannot carry (said in one line)."""
 
 
+def one_per_name(routes: list[Route]) -> list[Route]:
+    """Where services going down and one coming up serve one name (a swap between two manifests of
+    one served name), the name goes to the one coming up: one that serves, else one whose requests
+    wait for it (starting or waking); a route that answers 503 (stopping, asleep) yields to either.
+    What stays ambiguous, check_routes refuses."""
+    live = {n for r in routes if r.up for n in r.names}
+    waiting = {n for r in routes if r.hold and not r.up for n in r.names}
+    return [r for r in routes
+            if r.up or not set(r.names) & (live if r.hold else live | waiting)]
+
+
 def check_routes(routes: list[Route]) -> None:
     """Refuse what would break the files: an unsafe name or key, one name served twice."""
     owner: dict[str, str] = {}

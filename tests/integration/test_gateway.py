@@ -279,3 +279,57 @@ def test_a_regen_restart_holds_new_requests_and_lets_those_in_flight_finish(gw):
     waits.sort()
     print(f"\nregen --restart behind the gateway: {sum(outcome.values())} requests, 0 failed; wait p50 "
           f"{waits[len(waits) // 2]:.2f} s, max {waits[-1]:.2f} s; {shown[hold][1]}")
+
+
+def test_a_failed_swap_and_a_sleep_swap_back_keep_the_endpoint(gw, sim_host):
+    """Two sleep-capable manifests of one served name (and a third whose start dies) behind the
+    gateway, under a load with the client's default retries: the failed swap's rollback does not
+    wait for the requests held for the start that died (nothing listens on its port: they wait for
+    the old model's start instead of the drain bound); a sleep swap, and the one back that wakes a
+    sleeping manifest of the same name, route without a gateway warning; no request fails."""
+    from orchestrator.sim import manager
+
+    entry, m, env, port = gw
+
+    def sleepy(name: str, **serving) -> Manifest:
+        data = m["c"].model_dump()
+        data.update(name=name)
+        data["serving"].update(host="127.0.0.1", port=free_port(), **serving)
+        data["sleep"] = {"level": 1}
+        return Manifest.model_validate(data)
+
+    a, b, bad = sleepy("minimax-m25"), sleepy("minimax-m25-b"), sleepy("minimax-m25-bad")
+    write_models(Path(env["VLLM_ORCH_MODELS"]), [a, b, bad])
+    assert cli(env, "deploy", a.name, "--host", "sim").returncode == 0
+    assert cli(env, "gateway", "up", "--host", "sim").returncode == 0
+    c = client(port)                                   # the client's defaults: 2 retries, Retry-After honoured
+    stop = threading.Event()
+    outcome: Counter = Counter()
+    waits: list[float] = []
+    threads = [threading.Thread(target=load, args=(c, "minimax-m2.5", 8, stop, outcome, waits)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    runs = []
+    try:
+        time.sleep(1)
+        manager.add_fault("sim", "crash-gpu-memory", home=sim_host.home)      # the next start dies (bad's)
+        runs.append(cli(env, "swap", bad.name, "--host", "sim", "--replace", a.name, "--json", timeout=300))
+        runs.append(cli(env, "swap", b.name, "--host", "sim", "--replace", a.name, "--sleep-old",
+                        "--port", str(b.serving.port), "--json", timeout=300))
+        runs.append(cli(env, "swap", a.name, "--host", "sim", "--replace", b.name, "--sleep-old", "--json",
+                        timeout=300))
+        time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    failed, there, back = runs
+    assert failed.returncode == 1 and "serves again" in failed.stdout + failed.stderr, failed.stdout + failed.stderr
+    shown = json.dumps(json.loads(failed.stdout))
+    assert "where nothing listens: not waited for" in shown, shown
+    for r in (there, back):
+        assert r.returncode == 0, r.stdout + r.stderr
+        results = [s.get("result") or "" for s in json.loads(r.stdout)["steps"]]
+        assert not [x for x in results if "could not" in x], results
+    assert "wake" in [s["step"] for s in json.loads(back.stdout)["steps"]]
+    assert set(outcome) == {"whole"}, outcome

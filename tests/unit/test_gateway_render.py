@@ -56,6 +56,22 @@ def test_routes_that_would_break_the_files_are_refused(routes, why):
         gw.render(gw.GatewayConfig("/f", "/f/run", 1), routes)
 
 
+def test_a_name_two_services_serve_in_a_swap_goes_to_the_one_coming_up():
+    """Two manifests of one served name: the one that serves takes it, else the one waking or starting
+    (held); the one stopping or asleep (503) yields. A sleep swap back to a model asleep has neither
+    up: the waking one's route is kept, the other's dropped (both kept, check_routes refused them)."""
+    serving, stopping = gw.Route("a", ("m",), 1), gw.Route("b", ("m",), 2, up=False)
+    waking, asleep = gw.Route("b", ("m",), 2, up=False, hold=True), gw.Route("a", ("m",), 1, up=False)
+    other = gw.Route("c", ("n",), 3, up=False)
+    assert gw.one_per_name([serving, stopping, other]) == [serving, other]
+    assert gw.one_per_name([serving, waking]) == [serving]
+    assert gw.one_per_name([asleep, waking, other]) == [waking, other]
+    assert gw.one_per_name([asleep, stopping]) == [asleep, stopping]     # neither comes up: check_routes says so
+    with pytest.raises(gw.GatewayInputError, match="both serve"):
+        gw.check_routes(gw.one_per_name([asleep, stopping]))
+    gw.check_routes(gw.one_per_name([asleep, waking]))
+
+
 def test_client_keys_are_split_on_commas_and_unsafe_ones_refused():
     assert [k.reveal() for k in gw.parse_client_keys(" a1 , b2,,")] == ["a1", "b2"]
     with pytest.raises(gw.GatewayInputError):

@@ -2,7 +2,9 @@
 
     python - state  RUN_DIR                    -> {"workers": [...], "backends": {NAME: {...}}}
     python - reload RUN_DIR CFG HAPROXY        -> checks CFG (haproxy -c), reloads, waits for the new worker
-    python - idle   RUN_DIR BACKEND TIMEOUT_S  -> waits until no worker has a request of BACKEND in flight
+    python - idle   RUN_DIR BACKEND TIMEOUT_S [HOST:PORT]
+                                               -> waits until no worker has a request of BACKEND in flight,
+                                                  or (HOST:PORT given) nothing listens there any more
 
 Every worker counts: after a reload the old worker finishes the streams it carries, so a drain
 waits for the old workers' requests of the backend too (the master CLI reaches each by `@!PID`).
@@ -49,6 +51,20 @@ def cli(run_dir: str, command: str, timeout: float = 5.0) -> str:
             time.sleep(0.05)
         finally:
             s.close()
+
+
+def refused(target: str) -> bool:
+    """Whether HOST:PORT refuses a connection: nothing listens there, so the requests HAProxy has
+    in flight to it are only waiting for its port (a service that died, or one whose start failed).
+    A connection that times out proves nothing (a busy host) and is not refused."""
+    address, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((address.strip("[]"), int(port)), timeout=1.0):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def workers(run_dir: str) -> list[dict]:
@@ -143,13 +159,19 @@ def main(argv: list[str]) -> int:
             return 1
         elif what == "idle":
             backend, timeout = argv[2], float(argv[3])
+            target = argv[4] if len(argv) > 4 else ""
             t0 = time.monotonic()
+            probed = -1.0
             while True:
                 b = backends(run_dir, [w["pid"] for w in workers(run_dir)]).get(backend, {})
                 left = int(b.get("inflight", 0)) + int(b.get("queued", 0))
                 waited = time.monotonic() - t0
-                if left == 0 or waited >= timeout:
-                    print(json.dumps({"ok": True, "left": left, "waited_s": round(waited, 3)}))
+                closed = False
+                if left and target and waited - probed >= 1.0:
+                    probed = waited
+                    closed = refused(target)
+                if left == 0 or waited >= timeout or closed:
+                    print(json.dumps({"ok": True, "left": left, "waited_s": round(waited, 3), "closed": closed}))
                     return 0
                 time.sleep(0.2)
         else:
