@@ -54,8 +54,8 @@ def run_deploy(nodes: HostEntry | Sequence[HostEntry], m: Manifest, opts: Option
         inputs = parallel(entries, lambda e: gather.for_deploy(sessions[e.name].host, e, m, spec, opts,
                                                                sessions[e.name].lock, facts[e.name]))
         plan = plan_deploy(*inputs)
-        if len(entries) == 1:
-            plan = gateway.with_gateway(plan, gateway.read(sessions[names[0]].host, entries[0]), entries[0])
+        # the head's gateway (a service across nodes is reached at its head; its steps go around the head's)
+        plan = gateway.with_gateway(plan, gateway.read(sessions[names[0]].host, entries[0]), entries[0])
         result = OpResult("deploy", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan)
         if not_run(plan, result, reporter, opts, ask, names[0]):
             if plan.refusal and not dry_run:

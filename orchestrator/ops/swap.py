@@ -114,8 +114,8 @@ def run_swap(nodes: HostEntry | Sequence[HostEntry], m: Manifest, manifests: dic
         sleeping = len(by_name) == 1 and (opts.sleep_old or head_facts.asleep(name) is not None
                                           or sleep_half(head_facts, name))
         plan = plan_sleep_swap(inputs[0]) if sleeping else plan_swap(*inputs, old=old, elsewhere=elsewhere)
-        if len(by_name) == 1:
-            plan = gateway.with_gateway(plan, gateway.read(sessions[names[0]].host, entries[0]), entries[0])
+        # the head's gateway (a service across nodes is reached at its head; its steps go around the head's)
+        plan = gateway.with_gateway(plan, gateway.read(sessions[names[0]].host, entries[0]), entries[0])
         info = dict(plan.info)
         result = OpResult("swap", ", ".join(names), name, ok=False, dry_run=dry_run, plan=plan, extra=dict(info))
         if info.get("noop"):

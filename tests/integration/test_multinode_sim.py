@@ -258,3 +258,64 @@ def test_a_node_lost_while_serving_fails_status_and_a_redeploy_or_stop_acts_on_e
     stop = cli(env, "stop", NAME, "--host", "sim")
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert not running(entries["sim-2"])
+
+
+def test_the_heads_gateway_keeps_the_endpoint_through_a_swap_from_two_nodes_to_one(cluster, tmp_path):
+    """A gateway on the head (sim) routes the 2-node service's name to the head's port; a swap to the
+    one-node manifest of that served name (GPUs of sim only) drains the head, routes the new one and
+    holds its requests while it loads: a load through the gateway sees no failure."""
+    import shutil
+    import tempfile
+    import threading
+    from collections import Counter
+
+    import openai
+
+    env, entries, m = cluster
+    home = manager.sim_home()
+    port = free_port()
+    run_dir = tempfile.mkdtemp(prefix="gw-", dir="/tmp")
+    data = yaml.safe_load(manager.inventory_file(home).read_text())
+    data["hosts"]["sim"]["gateway"] = {"port": port, "run_dir": run_dir, "hold_seconds": 60, "drain_seconds": 20}
+    manager.inventory_file(home).write_text(yaml.safe_dump(data))
+    env = {**env, "VLLM_ORCH_GATEWAY_KEYS": "gw-key-0123456789abcdef"}
+    try:
+        r = cli(env, "deploy", NAME, "--host", "sim,sim-2")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        r = cli(env, "gateway", "up", "--host", "sim")
+        assert r.returncode == 0 and f"127.0.0.1:{m.serving.port}" in r.stdout, r.stdout + r.stderr
+        dry = cli(env, "swap", ONE, "--host", "sim", "--dry-run")
+        assert dry.returncode == 0 and f"drain {NAME} at the gateway" in dry.stdout, dry.stdout + dry.stderr
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="gw-key-0123456789abcdef", timeout=120)
+        stop, outcome = threading.Event(), Counter()
+
+        def load():
+            while not stop.is_set():
+                try:
+                    chunks = list(c.chat.completions.create(model=m.serving.served_model_name, max_tokens=8,
+                                                            stream=True, messages=[{"role": "user", "content": "hi"}],
+                                                            extra_body={"ignore_eos": True}))
+                    outcome["whole" if chunks[-1].choices[0].finish_reason == "length" else "cut"] += 1
+                except openai.APIError as exc:
+                    outcome[f"{type(exc).__name__}: {exc}"[:160]] += 1
+
+        threads = [threading.Thread(target=load) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1)
+            r = cli(env, "swap", ONE, "--host", "sim", "--json")
+            time.sleep(1)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        out = json.loads(r.stdout)
+        assert r.returncode == 0 and out["ok"], r.stdout[-3000:] + r.stderr[-2000:]
+        gateway = [s.get("result") or "" for s in out["steps"] if s["step"] == "gateway"]
+        assert any(f"no request of {NAME} in flight" in g for g in gateway), gateway
+        assert not [g for g in gateway if "could not" in g], gateway
+        assert set(outcome) == {"whole"} and outcome["whole"] > 4, outcome
+    finally:
+        cli(env, "gateway", "down", "--host", "sim")
+        shutil.rmtree(run_dir, ignore_errors=True)
