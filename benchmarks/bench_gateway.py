@@ -184,8 +184,8 @@ def main() -> int:
             return ["regen", "--host", "sim", "--restart"]
 
         def failing_swap() -> list[str]:
-            # the next start on the host (bad's) dies as vLLM does when other processes hold GPU memory
-            manager.add_fault("sim", "crash-gpu-memory", home=home)
+            # its start dies as vLLM does when other processes hold GPU memory
+            manager.add_fault("sim", "crash-gpu-memory", model=bad.name, home=home)
             return swap(bad, c)()
 
         def swap(new: Manifest, old: Manifest, *flags: str):

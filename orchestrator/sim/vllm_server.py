@@ -280,6 +280,7 @@ def own_service(argv: list) -> dict:
     except OSError:
         cgroup = ""
     unit = re.search(r"/(vllm-[^/\s]+\.service)\s*$", cgroup, re.M)
+    same_argv = []
     for folder in STATE_DIRS:
         try:
             records = sorted((folder / "installed").glob("*.json"))
@@ -293,8 +294,17 @@ def own_service(argv: list) -> dict:
                 if Path(rec["unit"]).name == unit.group(1):
                     return rec
             elif rec["unit"].endswith(".sh") and _script_argv(Path(rec["unit"]))[1:] == list(argv[1:]):
-                return rec
-    return {}
+                same_argv.append(rec)
+    if len(same_argv) <= 1:
+        return same_argv[0] if same_argv else {}
+    # two services of one checkpoint, port and flags (a swap gave the new one the old one's port):
+    # the log its start script writes to (`setsid SCRIPT >> LOG_DIR/vllm-NAME.log`) tells them apart
+    try:
+        log = Path(os.readlink("/proc/self/fd/1")).name
+    except OSError:
+        return {}
+    mine = [r for r in same_argv if log == f"vllm-{r.get('service')}.log"]
+    return mine[0] if len(mine) == 1 else {}
 
 
 def _script_argv(script: Path) -> list:

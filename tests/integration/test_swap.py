@@ -164,3 +164,29 @@ def test_unstaged_swap_is_refused_when_even_deleting_the_old_model_is_not_enough
     assert isinstance(refused.error, RefusedError) and "even after deleting" in str(refused.error)
     assert health(Endpoint(sim_host.host, old.serving.port)) == 200
     assert (sim_host.dir / "models" / old.name).is_dir()
+
+
+def test_a_fault_for_one_of_two_services_with_the_same_command_line_fires_on_that_one(sim_host):
+    """Three manifests of one checkpoint, served name and port (as kimi-k25-int4 and its dcp8 variant):
+    after a swap there and back two installed services have the same command line; the
+    simulated vLLM tells them apart by the log its start script writes to (it took the first that
+    matched, so a fault armed for minimax-m25-bad went unfired: issue 41's gateway benchmark)."""
+    from orchestrator.config.manifest import Manifest
+
+    e = entry(sim_host)
+    base = on_port("minimax-m25")
+
+    def named(name: str) -> Manifest:
+        data = base.model_dump()
+        data.update(name=name)
+        return Manifest.model_validate(data)
+
+    a, b, bad = base, named("minimax-m25-b"), named("minimax-m25-bad")
+    manifests = {x.name: x for x in (a, b, bad)}
+    assert deploy(e, a).ok
+    assert swap(e, b, manifests).ok and swap(e, a, manifests).ok         # b's installed unit stays
+    manager.add_fault("sim", "crash-gpu-memory", model=bad.name, home=sim_host.home)
+    result = swap(e, bad, manifests)
+    assert not result.ok and isinstance(result.error, NotReady) and "Free memory on device" in result.error.root_cause
+    assert result.extra["rollback"]["ok"], result.extra["rollback"]
+    assert read_active(sim_host.host, e).model == a.name
