@@ -139,10 +139,13 @@ def test_a_request_wakes_its_model_and_two_loads_take_turns(sim_host, group, tmp
         # the anti-thrash bound: a turn lasts at least min_awake_seconds (plus its swap)
         assert 1 <= swaps <= elapsed / MIN_AWAKE_S + 1, (swaps, elapsed)
 
-        # 3. idle past the ttl: the awake one sleeps again (drained first by the gateway)
+        # 3. idle past the ttl: the awake one sleeps again (drained first by the gateway). Both records
+        # also say asleep for a moment inside a turn's swap (after its release, before its record
+        # step): the ttl's sleep is the one its history line proves
         deadline = time.monotonic() + TTL_S + 30
         while time.monotonic() < deadline:
-            if all(read_record(host, entry, m.name).asleep is not None for m in (a, b)):
+            if read_history(host, entry)[-1].operation == "sleep" and all(
+                    read_record(host, entry, m.name).asleep is not None for m in (a, b)):
                 break
             time.sleep(0.5)
         assert all(read_record(host, entry, m.name).asleep is not None for m in (a, b))
