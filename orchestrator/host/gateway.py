@@ -94,9 +94,14 @@ def route_of(host: Host, name: str, rec: ServiceRecord | None, inst: InstalledRe
                     up=up and not asleep)
 
 
+def recorded_route(host: Host, entry: HostEntry, name: str) -> gw.Route | None:
+    """Service NAME's route by its own records (None: nothing says where it listens)."""
+    return route_of(host, name, state.read_record(host, entry, name), state.read_installed(host, entry, name))
+
+
 def names_of(host: Host, entry: HostEntry, name: str) -> set[str]:
     """The model names service NAME serves, by its records (empty: none recorded)."""
-    r = route_of(host, name, state.read_record(host, entry, name), state.read_installed(host, entry, name))
+    r = recorded_route(host, entry, name)
     return set(r.names) if r is not None else set()
 
 
@@ -212,7 +217,7 @@ def drain(host: Host, entry: HostEntry, rec: GatewayRecord, name: str, up: Colle
     # its requests in flight are counted under its backend in every worker, an old one's included
     # (a name another service takes over is no longer routed to it, its streams go on); where nothing
     # listens on its port, they only wait for one (its start failed, or it died): not waited for
-    r = route_of(host, name, state.read_record(host, entry, name), state.read_installed(host, entry, name))
+    r = recorded_route(host, entry, name)
     answer = ctl(host, entry, "idle", cfg.run_dir, f"svc_{name}", str(cfg.drain_s), *([r.target] if r else []),
                  timeout=cfg.drain_s + 60)
     left, waited = answer.get("left", 0), answer.get("waited_s", 0)

@@ -297,7 +297,7 @@ def own_service(argv: list) -> dict:
                 same_argv.append(rec)
     if len(same_argv) <= 1:
         return same_argv[0] if same_argv else {}
-    # two services of one checkpoint, port and flags (a swap gave the new one the old one's port):
+    # two installed services of one checkpoint, served name, port and flags (two manifests of one port):
     # the log its start script writes to (`setsid SCRIPT >> LOG_DIR/vllm-NAME.log`) tells them apart
     try:
         log = Path(os.readlink("/proc/self/fd/1")).name
